@@ -1,0 +1,165 @@
+"""A batch, end to end, on the Spark driver: plan -> read and write (Spark tasks) -> commit.
+
+`ingest` catches a pipeline up to the end offsets taken when it starts, in as
+many batches as `max_records_per_batch` needs; `stream` repeats that in one
+Spark session until told to stop. Crash anywhere before the commit and nothing
+is visible; the re-run plans again from the same ledger.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from offsetlake import __version__, faults
+from offsetlake.commit import WrittenFile, commit_batch
+from offsetlake.config import PipelineConfig
+from offsetlake.errors import OffsetlakeError
+from offsetlake.formats import table_schema
+from offsetlake.kafka import TP, KafkaCluster
+from offsetlake.ledger import Ledger, RunInfo, flat_offsets, ranges_json, read_ledger
+from offsetlake.planning import BatchPlan, apply_data_loss, cap_ends, split_ranges, start_offsets
+from offsetlake.reader import OffsetRange
+from offsetlake.table import open_table
+from offsetlake.tasks import RESULT_SCHEMA, TaskContext, parse_results, task_function
+
+log = logging.getLogger("offsetlake.batch")
+MAX_BATCHES_PER_RUN = 100_000
+
+
+@dataclass
+class BatchResult:
+    status: str  # committed | up_to_date | already_committed | superseded
+    batch: int | None = None
+    version: int | None = None
+    ranges: list[OffsetRange] = field(default_factory=list)
+    records: int = 0
+    quarantined: int = 0
+    message: str = ""
+
+    def summary(self) -> str:
+        if self.status == "up_to_date":
+            return "up to date: nothing new to ingest"
+        if self.status != "committed":
+            return f"batch {self.batch}: {self.status} ({self.message}); nothing written"
+        span = sum(r.size for r in self.ranges)
+        return (f"batch {self.batch}: committed table version {self.version}: {self.records} rows, "
+                f"{self.quarantined} quarantined, {span} offsets in {len(self.ranges)} ranges")
+
+
+def plan_batch(cfg: PipelineConfig, cluster: KafkaCluster, ledger: Ledger, tps: list[TP],
+               targets: dict[TP, int]) -> BatchPlan:
+    log_starts = cluster.start_offsets(tps)
+    first = ledger.batch is None
+    starts = start_offsets(ledger.offsets, first, cfg.starting_offsets, log_starts, targets)
+    starts, lost = apply_data_loss(starts, log_starts, cfg.on_data_loss)
+    ends = cap_ends(starts, targets, cfg.batch.max_records_per_batch)
+    initialises = first and cfg.starting_offsets == "latest"
+    return BatchPlan(cfg.name, ledger.next_batch(), starts, ends,
+                     ledger_offsets={tp: ledger.offsets.get(tp) for tp in tps},
+                     lost=lost, rewind=ledger.rewind, initialises=initialises)
+
+
+def run_batch(spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], targets: dict[TP, int],
+              run_info: RunInfo, kind: str = "ingest") -> BatchResult:
+    fault_settings = faults.settings_from_env()
+    schema = table_schema(cfg)
+    table = open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name)
+    plan = plan_batch(cfg, cluster, read_ledger(table, cfg.name, tps), tps, targets)
+    faults.hit("after_plan", fault_settings)
+    if not plan.needs_commit:
+        return BatchResult("up_to_date")
+
+    attempt = uuid.uuid4().hex[:16]
+    tasks = split_ranges(plan.ranges, cfg.batch.max_records_per_task)
+    read, data, quarantine = _run_tasks(spark, TaskContext(cfg, plan.batch, attempt, tuple(tasks), fault_settings))
+    faults.hit("after_files_written", fault_settings)
+
+    rows = sum(f.num_records for _, f in data)
+    bad = sum(f.num_records for _, f in quarantine)
+    metadata = {
+        "pipeline": cfg.name, "batch": plan.batch, "kind": kind, "attempt": attempt,
+        "ranges": ranges_json(plan.ranges),
+        "records": {"read": sum(read.values()), "rows": rows, "quarantined": bad},
+        "run": run_info.as_dict(), "offsetlake": __version__,
+    }
+    if plan.lost:
+        metadata["lost"] = ranges_json(OffsetRange(t, p, lo, hi) for (t, p), (lo, hi) in plan.lost.items())
+    if plan.rewind:
+        metadata["rewind"] = plan.rewind
+    if plan.initialises:
+        metadata["initialised_at"] = flat_offsets(plan.ends)
+
+    outcome = commit_batch(
+        plan, cfg.table_path, schema, cfg.table.partition_by,
+        data=[WrittenFile(tasks[i], f) for i, f in data],
+        quarantine=[WrittenFile(tasks[i], f) for i, f in quarantine],
+        quarantine_uri=cfg.quarantine_path, metadata=metadata, attempt=attempt,
+        fault_settings=fault_settings,
+    )
+    faults.hit("after_commit", fault_settings)
+    if outcome.status == "committed":
+        cluster.commit_group_offsets(cfg.consumer_group, plan.ends)
+    return BatchResult(outcome.status, plan.batch, outcome.version, plan.ranges, rows, bad, outcome.reason)
+
+
+def _run_tasks(spark, ctx: TaskContext):
+    if not ctx.tasks:
+        return {}, [], []
+    ddl = ", ".join(f"{f.name} {_SPARK_TYPES[str(f.type)]}" for f in RESULT_SCHEMA)
+    frame = spark.range(0, len(ctx.tasks), 1, numPartitions=len(ctx.tasks)).mapInArrow(task_function(ctx), ddl)
+    try:
+        rows = frame.collect()
+    except Exception as err:  # Spark wraps executor errors: surface ours as one line
+        raise _executor_error(err) from None
+    return parse_results(row.asDict() for row in rows)
+
+
+_SPARK_TYPES = {"int64": "long", "string": "string"}
+
+
+def _executor_error(err: Exception) -> Exception:
+    text = str(err)
+    for cls in OffsetlakeError.__subclasses__():
+        marker = f"offsetlake.errors.{cls.__name__}: "
+        if marker in text:
+            return cls(text.split(marker, 1)[1].splitlines()[0].strip())
+    first = next((line for line in text.splitlines() if line.strip()), type(err).__name__)
+    return OffsetlakeError(f"Spark job failed: {first.strip()[:500]}")
+
+
+def ingest(spark, cfg: PipelineConfig, run_info: RunInfo | None = None,
+           stop: threading.Event | None = None, kind: str = "ingest") -> list[BatchResult]:
+    """Catch up to the end offsets taken now. Returns the result of every batch attempted."""
+    run_info = run_info or RunInfo.from_env()
+    cluster = KafkaCluster(cfg.kafka)
+    tps = cluster.partitions(cfg.topics)
+    targets = cluster.end_offsets(tps, cfg.kafka.isolation_level)
+    results: list[BatchResult] = []
+    for _ in range(MAX_BATCHES_PER_RUN):
+        result = run_batch(spark, cfg, cluster, tps, targets, run_info, kind)
+        results.append(result)
+        log.info(result.summary())
+        if result.status == "up_to_date" or (stop is not None and stop.is_set()):
+            break
+    return results
+
+
+def stream(spark, cfg: PipelineConfig, stop: threading.Event, interval: float | None = None,
+           run_info: RunInfo | None = None, max_seconds: float | None = None, on_batch=None) -> int:
+    """Ingest in a loop in one Spark session until `stop` is set (SIGTERM) or max_seconds pass."""
+    interval = cfg.stream_interval_seconds if interval is None else interval
+    deadline = time.monotonic() + max_seconds if max_seconds else None
+    committed = 0
+    while not stop.is_set():
+        for result in ingest(spark, cfg, run_info, stop):
+            if result.status == "committed":
+                committed += 1
+            if on_batch:
+                on_batch(result)
+        if deadline and time.monotonic() >= deadline:
+            break
+        stop.wait(interval)
+    return committed

@@ -1,0 +1,133 @@
+"""The embedded Kafka broker (noida-db) for tests and `make demo`: start, wait until it answers, stop by PID.
+
+The noida-db console script is a Python wrapper that does not forward signals,
+so we start the binary it wraps directly: the PID we record is the broker's
+own, and SIGTERM reaches it (it snapshots its data on shutdown).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+from offsetlake.errors import KafkaError
+
+HOST = "127.0.0.1"
+
+
+@dataclass
+class Broker:
+    pid: int
+    port: int
+    data_dir: Path
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{HOST}:{self.port}"
+
+
+def binary() -> str:
+    path = files("noida_db").joinpath("noida-db")
+    if not path.is_file():
+        raise KafkaError(f"noida-db binary not found at {path}; is the noida-db package installed?")
+    os.chmod(str(path), 0o755)
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def start(data_dir: Path | str, port: int | None = None, pid_file: Path | str | None = None,
+          log_file: Path | str | None = None, timeout: float = 30.0) -> Broker:
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    log_path = Path(log_file) if log_file else data_dir / "broker.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [binary(), "start", "--data-dir", str(data_dir), "--host", HOST, "--only", "kafka",
+             "--kafka-port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    broker = Broker(proc.pid, port, data_dir)
+    if pid_file:
+        Path(pid_file).write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise KafkaError(f"noida-db exited with code {proc.returncode} on port {port}; see {log_path}")
+        if _answers(port):
+            return broker
+        time.sleep(0.1)
+    stop(proc.pid)
+    raise KafkaError(f"noida-db did not answer on {HOST}:{port} within {timeout:.0f}s; see {log_path}")
+
+
+def _answers(port: int) -> bool:
+    """A Kafka metadata round trip, not just an open socket."""
+    try:
+        with socket.create_connection((HOST, port), timeout=0.5):
+            pass
+    except OSError:
+        return False
+    from confluent_kafka.admin import AdminClient
+    try:
+        AdminClient({"bootstrap.servers": f"{HOST}:{port}"}).list_topics(timeout=2)
+        return True
+    except Exception:
+        return False
+
+
+def stop(pid: int, timeout: float = 20.0) -> bool:
+    """SIGTERM (the broker saves its data), then SIGKILL if it will not go. True if it was running."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child: fall back to probing
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_from_pid_file(pid_file: Path | str) -> bool:
+    path = Path(pid_file)
+    if not path.is_file():
+        return False
+    pid = int(path.read_text().strip() or 0)
+    stopped = pid > 0 and _is_noida(pid) and stop(pid)
+    path.unlink(missing_ok=True)
+    return bool(stopped)
+
+
+def _is_noida(pid: int) -> bool:
+    """Never signal a recycled PID that now belongs to something else."""
+    try:
+        return "noida-db" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False

@@ -1,0 +1,209 @@
+"""The `offsetlake` command. Exit 0 on success; on failure one line on stderr and a non-zero exit."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from offsetlake import broker
+from offsetlake.config import PipelineConfig, load_pipeline
+from offsetlake.errors import ConfigError, OffsetlakeError
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, like every other failure
+        self.exit(EXIT_USAGE, f"offsetlake: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {value}")
+    return value
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="offsetlake", description="Kafka to Delta Lake, exactly once.")
+    parser.add_argument("--pipelines-dir", help="folder of pipeline YAML files (default: include/pipelines)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(name, help_text):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--pipeline", required=True, help="pipeline name (include/pipelines/NAME.yaml)")
+        return p
+
+    p = command("status", "ledger vs Kafka end offsets (lag) per partition")
+    p.add_argument("--json", action="store_true")
+    p = command("history", "the pipeline's committed batches")
+    p.add_argument("--limit", type=_positive_int)
+    p.add_argument("--json", action="store_true")
+    p = command("show", "row count and a sample of the table")
+    p.add_argument("--limit", type=_positive_int, default=5)
+    p = command("ingest", "catch up to the current end offsets, in one or more batches")
+    p.add_argument("--master", help="Spark master (default local[*])")
+    p = command("stream", "ingest in a loop until SIGTERM")
+    p.add_argument("--master")
+    p.add_argument("--interval", type=float, help="seconds between polls (default: the pipeline's)")
+    p.add_argument("--max-seconds", type=float, help="stop after this long")
+    p = command("produce", "write demo events (idempotent and transactional, some aborted)")
+    p.add_argument("--count", type=_positive_int, default=1000)
+    p.add_argument("--topic", help="default: the pipeline's first topic")
+    p.add_argument("--partitions", type=_positive_int, default=4, help="when the topic must be created")
+    p.add_argument("--transactional-share", type=_share, default=0.5)
+    p.add_argument("--abort-share", type=_share, default=0.2)
+    p.add_argument("--seed", type=int)
+
+    b = sub.add_parser("broker", help="the embedded noida-db broker (demo and tests)")
+    b.add_argument("action", choices=["start", "stop"])
+    b.add_argument("--data-dir", default=".offsetlake/broker")
+    b.add_argument("--port", type=_positive_int, default=19092)
+    b.add_argument("--pid-file", default=".offsetlake/broker.pid")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s",
+                        stream=sys.stderr)
+    logging.getLogger("offsetlake.librdkafka").setLevel(logging.CRITICAL)
+    try:
+        return COMMANDS[args.command](args) or 0
+    except OffsetlakeError as err:
+        print(f"offsetlake: error: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("offsetlake: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # still one line; the traceback only when asked for
+        if os.environ.get("OFFSETLAKE_DEBUG"):
+            raise
+        print(f"offsetlake: error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+              file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _pipeline(args) -> PipelineConfig:
+    return load_pipeline(args.pipeline, args.pipelines_dir)
+
+
+def cmd_status(args) -> int:
+    from offsetlake.status import format_status, status
+    rows = status(_pipeline(args))
+    print(json.dumps([r.as_dict() for r in rows]) if args.json else format_status(rows))
+    return 0
+
+
+def cmd_history(args) -> int:
+    from offsetlake.status import format_history, history
+    rows = history(_pipeline(args), args.limit)
+    print(json.dumps(rows) if args.json else format_history(rows))
+    return 0
+
+
+def cmd_show(args) -> int:
+    from offsetlake.table import query
+    cfg = _pipeline(args)
+    total = query(cfg.table_path, "SELECT count(*) AS n FROM t").column(0)[0].as_py()
+    print(f"{cfg.table_path}: {total} rows")
+    sample = query(cfg.table_path, f"SELECT * FROM t ORDER BY kafka_timestamp DESC LIMIT {args.limit}")
+    for row in sample.to_pylist():
+        print("  " + json.dumps(row, default=str))
+    return 0
+
+
+def _session(cfg: PipelineConfig, master: str | None, job: str):
+    from offsetlake.spark import build_session
+    return build_session(f"offsetlake-{job}-{cfg.name}", master)
+
+
+def cmd_ingest(args) -> int:
+    from offsetlake.batch import ingest
+    cfg = _pipeline(args)
+    _check_reachable(cfg)
+    spark = _session(cfg, args.master, "ingest")
+    try:
+        for result in ingest(spark, cfg):
+            print(result.summary(), flush=True)
+    finally:
+        spark.stop()
+    return 0
+
+
+def cmd_stream(args) -> int:
+    from offsetlake.batch import stream
+    cfg = _pipeline(args)
+    _check_reachable(cfg)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())  # finish the batch in flight, then leave
+    spark = _session(cfg, args.master, "stream")
+    try:
+        n = stream(spark, cfg, stop, args.interval, max_seconds=args.max_seconds,
+                   on_batch=lambda r: r.status != "up_to_date" and print(r.summary(), flush=True))
+    finally:
+        spark.stop()
+    print(f"stream stopped after {n} committed batches")
+    return 0
+
+
+def _check_reachable(cfg: PipelineConfig) -> None:
+    """Fail in a second, before a Spark session starts, if Kafka or the topics are not there."""
+    from offsetlake.kafka import KafkaCluster
+    KafkaCluster(cfg.kafka).partitions(cfg.topics)
+
+
+def cmd_produce(args) -> int:
+    from offsetlake.producer import ensure_topic, produce
+    cfg = _pipeline(args)
+    topic = args.topic or cfg.topics[0]
+    if topic not in cfg.topics:
+        raise ConfigError(f"--topic {topic!r} is not one of pipeline {cfg.name!r}'s topics: {cfg.topics}")
+    ensure_topic(cfg.kafka, topic, args.partitions)
+    report = produce(cfg.kafka, topic, args.count, transactional_share=args.transactional_share,
+                     abort_share=args.abort_share, seed=args.seed)
+    print(report)
+    return 0
+
+
+def cmd_broker(args) -> int:
+    if args.action == "stop":
+        stopped = broker.stop_from_pid_file(args.pid_file)
+        print("broker stopped" if stopped else "broker was not running")
+        return 0
+    pid_file = Path(args.pid_file)
+    if pid_file.is_file() and broker._is_noida(int(pid_file.read_text().strip() or 0)):
+        print(f"broker already running (pid {pid_file.read_text().strip()}) on 127.0.0.1:{args.port}")
+        return 0
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    b = broker.start(args.data_dir, args.port, pid_file=pid_file)
+    print(f"broker running: pid {b.pid}, bootstrap servers {b.bootstrap_servers}, data in {b.data_dir}")
+    return 0
+
+
+COMMANDS = {"status": cmd_status, "history": cmd_history, "show": cmd_show, "ingest": cmd_ingest, "stream": cmd_stream,
+            "produce": cmd_produce, "broker": cmd_broker}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Pipeline configuration: one YAML file per pipeline under include/pipelines/.
+
+Validation is pydantic's (extra keys forbidden, strict types) so every mistake
+names its key; errors are flattened to one line because they reach a terminal
+or an Airflow task log. `${VAR}` / `${VAR:-default}` references are resolved
+from the environment at load time so secrets never live in the file.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
+
+from offsetlake.errors import ConfigError
+
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
+# Client settings whose values must never be printed.
+SECRET_HINTS = ("password", "secret", "token", "sasl.oauthbearer.config", "ssl.key.pem", "credentials")
+# Settings offsetlake owns: a pipeline may not override them, because the batch protocol depends on them.
+RESERVED_CLIENT_KEYS = {
+    "bootstrap.servers", "group.id", "isolation.level", "enable.auto.commit",
+    "enable.auto.offset.store", "auto.offset.reset", "enable.partition.eof",
+    "transactional.id",
+}
+FIELD_TYPES = ("string", "long", "int", "double", "float", "boolean", "timestamp", "date", "binary")
+LINEAGE_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp")
+RAW_COLUMNS = ("key", "value")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaSettings(_Strict):
+    bootstrap_servers: StrictStr
+    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    client: dict[StrictStr, StrictStr | StrictInt | StrictBool] = Field(default_factory=dict)
+    timeout_seconds: StrictInt = Field(default=30, gt=0)
+
+    @model_validator(mode="after")
+    def _no_reserved_keys(self):
+        clash = sorted(RESERVED_CLIENT_KEYS & set(self.client))
+        if clash:
+            raise ValueError(f"client setting {clash[0]!r} is managed by offsetlake and cannot be set")
+        return self
+
+    def client_config(self) -> dict[str, Any]:
+        """librdkafka settings shared by every client the platform creates."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.client}
+
+    def __repr_args__(self):
+        for key, value in super().__repr_args__():
+            yield key, (redact_client(value) if key == "client" else value)
+
+
+class SchemaField(_Strict):
+    name: StrictStr = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    type: Literal[FIELD_TYPES]  # type: ignore[valid-type]
+    required: StrictBool = False
+
+
+class RecordFormat(_Strict):
+    type: Literal["json", "raw"]
+    schema_: list[SchemaField] = Field(default_factory=list, alias="schema")
+
+    @model_validator(mode="after")
+    def _schema_matches_type(self):
+        if self.type == "json" and not self.schema_:
+            raise ValueError("format 'json' needs a declared 'schema' (a list of fields)")
+        if self.type == "raw" and self.schema_:
+            raise ValueError("format 'raw' keeps the value as bytes and takes no 'schema'")
+        names = [f.name for f in self.schema_]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"schema field {dupes[0]!r} is declared twice")
+        clash = sorted(set(names) & set(LINEAGE_COLUMNS))
+        if clash:
+            raise ValueError(f"schema field {clash[0]!r} clashes with a lineage column")
+        return self
+
+
+class TableSettings(_Strict):
+    path: StrictStr
+    partition_by: list[StrictStr] = Field(default_factory=list)
+
+
+class BatchSettings(_Strict):
+    max_records_per_batch: StrictInt = Field(default=1_000_000, gt=0)
+    max_records_per_task: StrictInt = Field(default=250_000, gt=0)
+    read_timeout_seconds: StrictInt = Field(default=60, gt=0)
+
+
+class PipelineConfig(_Strict):
+    name: StrictStr = Field(pattern=NAME_RE)
+    topics: list[StrictStr] = Field(min_length=1)
+    kafka: KafkaSettings
+    table: TableSettings
+    format: RecordFormat
+    batch: BatchSettings = Field(default_factory=BatchSettings)
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    on_data_loss: Literal["fail", "skip"] = "fail"
+    schedule: StrictStr | None = "@hourly"
+    stream_interval_seconds: float = Field(default=5.0, gt=0)
+    quarantine: TableSettings | None = None
+    description: StrictStr = ""
+
+    @model_validator(mode="after")
+    def _partition_columns_exist(self):
+        columns = set(self.column_names())
+        for col in self.table.partition_by:
+            if col not in columns:
+                raise ValueError(f"table.partition_by column {col!r} is not a column of the table")
+        if len(set(self.topics)) != len(self.topics):
+            raise ValueError("topics lists a topic twice")
+        return self
+
+    def column_names(self) -> list[str]:
+        payload = [f.name for f in self.format.schema_] if self.format.type == "json" else list(RAW_COLUMNS)
+        return [*payload, *LINEAGE_COLUMNS]
+
+    @property
+    def table_path(self) -> str:
+        return self.table.path
+
+    @property
+    def quarantine_path(self) -> str:
+        return self.quarantine.path if self.quarantine else self.table.path.rstrip("/") + "_quarantine"
+
+    @property
+    def consumer_group(self) -> str:
+        return f"offsetlake.{self.name}"
+
+
+def redact_client(client: dict[str, Any]) -> dict[str, Any]:
+    return {k: ("***" if any(h in k.lower() for h in SECRET_HINTS) else v) for k, v in client.items()}
+
+
+def resolve_env(value: Any, where: str = "") -> Any:
+    """Replace ${VAR} and ${VAR:-default} in every string of a YAML document."""
+    if isinstance(value, dict):
+        return {k: resolve_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match) -> str:
+        var, default = match.group(1), match.group(2)
+        if var in os.environ:
+            return os.environ[var]
+        if default is not None:
+            return default
+        raise ConfigError(f"key {where!r} refers to environment variable {var} which is not set")
+
+    return ENV_REF.sub(substitute, value)
+
+
+def _error_line(source: str, err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    if first["type"] == "extra_forbidden":
+        return f"{source}: unknown key {loc!r}"
+    if first["type"] == "missing":
+        return f"{source}: missing required key {loc!r}"
+    msg = first["msg"].removeprefix("Value error, ")
+    return f"{source}: key {loc!r}: {msg}"
+
+
+def parse_pipeline(raw: Any, source: str, base_dir: Path | None = None) -> PipelineConfig:
+    """Validate a loaded YAML document. Relative table paths resolve against base_dir."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of settings at the top level")
+    resolved = resolve_env(raw)
+    try:
+        cfg = PipelineConfig.model_validate(resolved)
+    except ValidationError as err:
+        raise ConfigError(_error_line(source, err)) from None
+    if base_dir is None:
+        return cfg
+    return _absolute_paths(cfg, base_dir)
+
+
+def _absolute_paths(cfg: PipelineConfig, base_dir: Path) -> PipelineConfig:
+    def absolute(t: TableSettings | None) -> TableSettings | None:
+        if t is None or "://" in t.path or os.path.isabs(t.path):
+            return t
+        return t.model_copy(update={"path": str((base_dir / t.path).resolve())})
+
+    return cfg.model_copy(update={"table": absolute(cfg.table), "quarantine": absolute(cfg.quarantine)})
+
+
+def project_home() -> Path:
+    return Path(os.environ.get("OFFSETLAKE_HOME", os.getcwd())).resolve()
+
+
+def pipelines_dir() -> Path:
+    return Path(os.environ.get("OFFSETLAKE_PIPELINES_DIR", project_home() / "include" / "pipelines"))
+
+
+def load_pipeline(name: str, directory: Path | str | None = None) -> PipelineConfig:
+    """Load include/pipelines/<name>.yaml (or <directory>/<name>.yaml)."""
+    if not re.match(NAME_RE, name or ""):
+        raise ConfigError(f"invalid pipeline name {name!r}: use letters, digits, '_' and '-'")
+    directory = Path(directory) if directory else pipelines_dir()
+    path = directory / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(list_pipelines(directory)) or "none"
+        raise ConfigError(f"unknown pipeline {name!r}: no {path} (known: {known})")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}") from None
+    cfg = parse_pipeline(raw, str(path), base_dir=project_home())
+    if cfg.name != name:
+        raise ConfigError(f"{path}: key 'name' is {cfg.name!r} but the file is named {name!r}")
+    return cfg
+
+
+def list_pipelines(directory: Path | str | None = None) -> list[str]:
+    directory = Path(directory) if directory else pipelines_dir()
+    return sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []

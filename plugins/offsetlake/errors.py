@@ -1,0 +1,21 @@
+"""Errors a user can act on. Each message is one line that names what was wrong."""
+
+
+class OffsetlakeError(Exception):
+    """Base class: the CLI prints str(err) on one line and exits non-zero."""
+
+
+class ConfigError(OffsetlakeError):
+    """A pipeline file or a command-line argument is invalid."""
+
+
+class KafkaError(OffsetlakeError):
+    """The broker is unreachable, a topic is unknown, or a read failed."""
+
+
+class DataLossError(OffsetlakeError):
+    """Offsets the ledger still needs were deleted from Kafka (retention, truncation)."""
+
+
+class TableError(OffsetlakeError):
+    """The Delta table is missing, unreadable, or does not match the pipeline."""

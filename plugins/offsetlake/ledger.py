@@ -1,0 +1,195 @@
+"""The ledger: which batch and which offsets a pipeline has committed, read from the Delta table itself.
+
+Table state (survives checkpoints and log clean-up) is held in Delta `txn`
+actions: `offsetlake:P` = last committed batch number, and
+`offsetlake:P:<topic>:<partition>` = next offset to read. Commit history holds
+the same facts, readable by people, as JSON in each commit's `userMetadata`.
+
+A Delta RESTORE brings back old data files but not old `txn` actions. So when a
+RESTORE landed after the pipeline's last commit, the offsets are taken as of
+the restored version (time travel) and the next commit writes them back.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+
+from deltalake import DeltaTable, Transaction
+
+from offsetlake.kafka import TP
+
+MAX_RESTORE_CHAIN = 20
+
+
+def pipeline_app_id(pipeline: str) -> str:
+    return f"offsetlake:{pipeline}"
+
+
+def partition_app_id(pipeline: str, topic: str, partition: int) -> str:
+    return f"offsetlake:{pipeline}:{topic}:{partition}"
+
+
+def quarantine_app_id(pipeline: str, topic: str, partition: int) -> str:
+    return f"offsetlake:{pipeline}:quarantine:{topic}:{partition}"
+
+
+@dataclass
+class Ledger:
+    batch: int | None  # last committed batch number; None before the first commit
+    offsets: dict[TP, int] = field(default_factory=dict)  # next offset to read
+    table_version: int | None = None
+    rewind: dict | None = None  # set when a RESTORE rewound the offsets and no commit has recorded it yet
+
+    def next_batch(self) -> int:
+        return (self.batch or 0) + 1
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Who ran a commit: Airflow task coordinates, or the CLI."""
+    by: str = "cli"
+    dag_id: str | None = None
+    run_id: str | None = None
+    try_number: int | None = None
+
+    @staticmethod
+    def from_env() -> "RunInfo":
+        dag_id = os.environ.get("AIRFLOW_CTX_DAG_ID")
+        if not dag_id:
+            return RunInfo()
+        try_number = os.environ.get("AIRFLOW_CTX_TRY_NUMBER")
+        return RunInfo("airflow", dag_id, os.environ.get("AIRFLOW_CTX_DAG_RUN_ID"),
+                       int(try_number) if try_number and try_number.isdigit() else None)
+
+    def as_dict(self) -> dict:
+        out = {"by": self.by, "host": socket.gethostname(), "user": _user()}
+        if self.by == "airflow":
+            out.update(dag_id=self.dag_id, run_id=self.run_id, try_number=self.try_number)
+        return out
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        return str(os.getuid())
+
+
+def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
+    """The ledger as the next batch must see it, rewound if a RESTORE requires it."""
+    current = _txn_state(table, pipeline, tps)
+    restore = find_unrecorded_restore(table, pipeline)
+    if restore is None:
+        return current
+    restored_version, restore_commit = restore
+    restored = _ledger_at(table.table_uri, pipeline, tps, restored_version, depth=1)
+    # Batch numbers never go back: a zombie of an old batch must still find its batch committed.
+    return Ledger(
+        batch=current.batch,
+        offsets=restored.offsets,
+        table_version=current.table_version,
+        rewind={"restore_commit": restore_commit, "restored_version": restored_version,
+                "from": flat_offsets(current.offsets), "to": flat_offsets(restored.offsets)},
+    )
+
+
+def _ledger_at(uri: str, pipeline: str, tps: list[TP], version: int, depth: int) -> Ledger:
+    table = DeltaTable(uri, version=version)
+    state = _txn_state(table, pipeline, tps)
+    if depth >= MAX_RESTORE_CHAIN:
+        return state
+    restore = find_unrecorded_restore(table, pipeline)
+    if restore is None:
+        return state
+    return _ledger_at(uri, pipeline, tps, restore[0], depth + 1)
+
+
+def _txn_state(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
+    offsets = {}
+    for topic, partition in tps:
+        version = table.transaction_version(partition_app_id(pipeline, topic, partition))
+        if version is not None:
+            offsets[(topic, partition)] = version
+    return Ledger(table.transaction_version(pipeline_app_id(pipeline)), offsets, table.version())
+
+
+def find_unrecorded_restore(table: DeltaTable, pipeline: str) -> tuple[int, int] | None:
+    """(restored version, RESTORE commit version) of a RESTORE newer than the pipeline's last commit."""
+    for entry in table.history():  # newest first
+        meta = commit_metadata(entry)
+        if meta and meta.get("pipeline") == pipeline:
+            return None
+        if entry.get("operation") == "RESTORE":
+            return _restored_version(table, entry), entry["version"]
+    return None
+
+
+def _restored_version(table: DeltaTable, entry: dict) -> int:
+    params = entry.get("operationParameters") or {}
+    version = params.get("version")
+    if version not in (None, "null", ""):
+        return int(version)
+    stamp = params.get("timestamp") or params.get("datetime")
+    target_ms = _to_epoch_ms(stamp)
+    candidates = [h["version"] for h in table.history() if h["version"] < entry["version"] and h["timestamp"] <= target_ms]
+    return max(candidates) if candidates else 0
+
+
+def _to_epoch_ms(value) -> int:
+    if isinstance(value, (int, float)):
+        return int(value)
+    parsed = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.timezone.utc)
+    return int(parsed.timestamp() * 1000)
+
+
+def commit_metadata(entry: dict) -> dict | None:
+    """The offsetlake userMetadata of one history entry, or None."""
+    raw = entry.get("userMetadata")
+    if not raw:
+        return None
+    try:
+        meta = json.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and "pipeline" in meta else None
+
+
+def pipeline_history(table: DeltaTable, pipeline: str) -> list[dict]:
+    """The pipeline's commits, oldest first: userMetadata plus version and timestamp."""
+    rows = []
+    for entry in reversed(table.history()):
+        meta = commit_metadata(entry)
+        if meta and meta.get("pipeline") == pipeline:
+            rows.append({"version": entry["version"], "timestamp": entry["timestamp"],
+                         "operation": entry.get("operation"), **meta})
+    return rows
+
+
+def txn_actions(pipeline: str, batch: int, offsets: dict[TP, int], prefix=partition_app_id) -> list[Transaction]:
+    now = int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
+    actions = [Transaction(app_id=pipeline_app_id(pipeline), version=batch, last_updated=now)] if batch is not None else []
+    actions += [Transaction(app_id=prefix(pipeline, t, p), version=o, last_updated=now)
+                for (t, p), o in sorted(offsets.items())]
+    return actions
+
+
+def flat_offsets(offsets: dict[TP, int]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(partition)] = offset
+    return out
+
+
+def ranges_json(ranges) -> dict[str, dict[str, list[int]]]:
+    out: dict[str, dict[str, list[int]]] = {}
+    for r in sorted(ranges, key=lambda r: (r.topic, r.partition)):
+        out.setdefault(r.topic, {})[str(r.partition)] = [r.start, r.end]
+    return out
+
+

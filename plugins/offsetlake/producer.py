@@ -1,0 +1,113 @@
+"""Demo and test data: JSON events written by an idempotent and a transactional producer.
+
+Some transactions are aborted on purpose (after their records reached the
+broker, so they occupy offsets): a correct reader must never let one through.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import uuid
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from offsetlake.config import KafkaSettings
+from offsetlake.errors import KafkaError
+from offsetlake.kafka import client_settings
+
+ACTIONS = ("view", "click", "add_to_cart", "purchase", "refund")
+
+
+@dataclass
+class ProduceReport:
+    committed: int = 0
+    aborted: int = 0
+    transactions: int = 0
+    aborted_transactions: int = 0
+
+    def __str__(self) -> str:
+        return (f"produced {self.committed} committed records ({self.transactions} transactions, "
+                f"{self.aborted_transactions} aborted holding {self.aborted} records that readers must skip)")
+
+
+def ensure_topic(settings: KafkaSettings, topic: str, partitions: int) -> None:
+    admin = AdminClient(client_settings(settings))
+    if topic in admin.list_topics(timeout=settings.timeout_seconds).topics:
+        return
+    future = admin.create_topics([NewTopic(topic, partitions, 1)])[topic]
+    try:
+        future.result()
+    except KafkaException as err:
+        if "TOPIC_ALREADY_EXISTS" not in str(err):
+            raise KafkaError(f"cannot create topic {topic!r}: {err}") from None
+
+
+def demo_event(rng: random.Random, seq: int) -> tuple[bytes, bytes]:
+    user = rng.randrange(1, 5000)
+    now = dt.datetime.now(dt.timezone.utc)
+    event = {
+        "event_id": uuid.UUID(int=rng.getrandbits(128)).hex[:20],
+        "user_id": user,
+        "action": rng.choice(ACTIONS),
+        "amount": round(rng.uniform(0, 500), 2),
+        "event_time": now.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "seq": seq,
+    }
+    return str(user).encode(), json.dumps(event, separators=(",", ":")).encode()
+
+
+def _transactional_producer(settings: KafkaSettings, base_id: str, generation: int) -> Producer:
+    producer = Producer(client_settings(settings, **{"transactional.id": f"{base_id}-{generation}", "linger.ms": 5}))
+    producer.init_transactions(settings.timeout_seconds)
+    return producer
+
+
+def produce(settings: KafkaSettings, topic: str, count: int, *, transactional_share: float = 0.5,
+            abort_share: float = 0.2, transaction_size: int = 50, seed: int | None = None,
+            transactional_id: str | None = None, make_record=demo_event) -> ProduceReport:
+    """Write `count` committed records; transactional chunks are aborted with probability `abort_share`."""
+    rng = random.Random(seed)
+    report = ProduceReport()
+    idempotent = Producer(client_settings(settings, **{"enable.idempotence": True, "linger.ms": 5}))
+    base_id = transactional_id or f"offsetlake-demo-{uuid.uuid4().hex[:8]}"
+    transactional = _transactional_producer(settings, base_id, 0)
+    try:
+        seq = 0
+        while report.committed < count:
+            size = min(transaction_size, count - report.committed)
+            if rng.random() >= transactional_share:
+                for _ in range(size):
+                    key, value = make_record(rng, seq)
+                    idempotent.produce(topic, value=value, key=key)
+                    seq += 1
+                idempotent.flush(settings.timeout_seconds)
+                report.committed += size
+                continue
+            abort = rng.random() < abort_share
+            transactional.begin_transaction()
+            for _ in range(size):
+                key, value = make_record(rng, seq)
+                transactional.produce(topic, value=value, key=key)
+                seq += 1
+            transactional.flush(settings.timeout_seconds)  # aborted records must reach the log
+            report.transactions += 1
+            if abort:
+                transactional.abort_transaction(settings.timeout_seconds)
+                report.aborted += size
+                report.aborted_transactions += 1
+                # noida-db 0.2.3 reports every aborted transaction of a partition in each fetch,
+                # not only those overlapping it, so standard clients reading read_committed from
+                # mid-log drop later batches of the same producer id. A fresh producer id after
+                # each abort keeps the embedded broker's results identical to Apache Kafka's.
+                transactional = _transactional_producer(settings, base_id, report.aborted_transactions)
+            else:
+                transactional.commit_transaction(settings.timeout_seconds)
+                report.committed += size
+    except KafkaException as err:
+        raise KafkaError(f"producing to {topic!r} failed: {err.args[0].str() if err.args else err}") from None
+    finally:
+        idempotent.flush(5)
+    return report

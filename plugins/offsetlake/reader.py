@@ -1,0 +1,139 @@
+"""Read exactly one offset range [start, end) of one partition. Runs in Spark executors.
+
+Offsets are not dense: transaction markers occupy offsets, aborted records are
+skipped under read_committed and compacted topics have holes. So a range is
+complete when the consumer's *position* reaches `end`, never when some number
+of records has arrived; anything at or past `end` belongs to the next batch.
+No group subscription and no commits: the Delta table is the only ledger.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError as _KErr, KafkaException, TopicPartition
+
+from offsetlake.config import KafkaSettings
+from offsetlake.errors import DataLossError, KafkaError
+from offsetlake.kafka import client_settings
+
+MESSAGE_SCHEMA = pa.schema([
+    ("key", pa.binary()),
+    ("value", pa.binary()),
+    ("kafka_topic", pa.string()),
+    ("kafka_partition", pa.int32()),
+    ("kafka_offset", pa.int64()),
+    ("kafka_timestamp", pa.timestamp("ms", tz="UTC")),
+])
+_LOST = {_KErr._AUTO_OFFSET_RESET, _KErr.OFFSET_OUT_OF_RANGE}
+_FATAL = {_KErr.UNKNOWN_TOPIC_OR_PART, _KErr._UNKNOWN_TOPIC, _KErr._UNKNOWN_PARTITION,
+          _KErr.TOPIC_AUTHORIZATION_FAILED, _KErr._AUTHENTICATION, _KErr.SASL_AUTHENTICATION_FAILED}
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    topic: str
+    partition: int
+    start: int
+    end: int  # exclusive
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}] [{self.start}, {self.end})"
+
+
+def reader_settings(settings: KafkaSettings, group: str, chunk: int) -> dict:
+    return client_settings(
+        settings,
+        **{
+            "group.id": group,  # required by librdkafka; never joined or committed
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "error",  # a missing offset is data loss, never a silent jump
+            "enable.partition.eof": True,
+            "isolation.level": settings.isolation_level,
+            "queued.max.messages.kbytes": 65536,
+            "fetch.max.bytes": 52428800,
+        },
+    )
+
+
+def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seconds: float,
+               chunk: int = 20_000) -> Iterator[pa.RecordBatch]:
+    """Yield the records of `rng` as Arrow batches (MESSAGE_SCHEMA), in offset order."""
+    if rng.size <= 0:
+        return
+    consumer = Consumer(reader_settings(settings, group, chunk))
+    try:
+        consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
+        position, last_progress = rng.start, time.monotonic()
+        while position < rng.end:
+            messages = consumer.consume(num_messages=chunk, timeout=0.5)
+            columns = _empty_columns()
+            for msg in messages:
+                err = msg.error()
+                if err is not None:
+                    position = max(position, _handle_error(err, msg, rng, position))
+                    continue
+                offset = msg.offset()
+                if offset >= rng.end:
+                    position = rng.end
+                    break
+                _append(columns, msg, offset)
+                position = offset + 1
+            if columns["kafka_offset"]:
+                last_progress = time.monotonic()
+                yield _to_batch(columns, rng)
+            if position < rng.end and not messages:
+                # Markers and aborted records move the position without yielding anything.
+                fetched = consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset
+                if fetched > position:
+                    position, last_progress = fetched, time.monotonic()
+            if position < rng.end and time.monotonic() - last_progress > stall_seconds:
+                raise KafkaError(f"read of {rng} stalled at offset {position} for {stall_seconds:.0f}s "
+                                 f"(broker at {settings.bootstrap_servers} unreachable or topic truncated)")
+    except KafkaException as err:
+        raise KafkaError(f"read of {rng} failed: {err.args[0].str() if err.args else err}") from None
+    finally:
+        consumer.close()
+
+
+def _handle_error(err, msg, rng: OffsetRange, position: int) -> int:
+    code = err.code()
+    if code == _KErr._PARTITION_EOF:
+        return msg.offset()  # the end of what is readable now (LSO or high watermark)
+    if code in _LOST:
+        raise DataLossError(f"records lost: {rng.topic}[{rng.partition}] offsets from {position} are no "
+                            f"longer in Kafka (retention or truncation) while reading {rng}")
+    if code in _FATAL or err.fatal():
+        raise KafkaError(f"read of {rng} failed: {err.str()}")
+    return position  # transient (broker restart, leader change): librdkafka retries
+
+
+def _empty_columns() -> dict[str, list]:
+    return {"key": [], "value": [], "kafka_offset": [], "kafka_timestamp": []}
+
+
+def _append(columns: dict[str, list], msg, offset: int) -> None:
+    columns["key"].append(msg.key())
+    columns["value"].append(msg.value())
+    columns["kafka_offset"].append(offset)
+    ts_type, ts = msg.timestamp()
+    columns["kafka_timestamp"].append(ts if ts_type and ts >= 0 else None)
+
+
+def _to_batch(columns: dict[str, list], rng: OffsetRange) -> pa.RecordBatch:
+    n = len(columns["kafka_offset"])
+    return pa.record_batch([
+        pa.array(columns["key"], pa.binary()),
+        pa.array(columns["value"], pa.binary()),
+        pa.repeat(pa.scalar(rng.topic, pa.string()), n),
+        pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
+        pa.array(columns["kafka_offset"], pa.int64()),
+        pa.array(columns["kafka_timestamp"], pa.timestamp("ms", tz="UTC")),
+    ], schema=MESSAGE_SCHEMA)

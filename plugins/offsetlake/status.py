@@ -1,0 +1,78 @@
+"""Read-only views of a pipeline: lag per partition (ledger vs Kafka) and committed history."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from deltalake.exceptions import TableNotFoundError
+
+from offsetlake.config import PipelineConfig
+from offsetlake.kafka import KafkaCluster
+from offsetlake.ledger import pipeline_history, read_ledger
+from offsetlake.table import open_table
+
+
+@dataclass
+class PartitionStatus:
+    topic: str
+    partition: int
+    committed: int | None  # next offset the ledger will read; None: never ingested
+    log_start: int
+    end: int  # LSO under read_committed, high watermark otherwise
+    lag: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def status(cfg: PipelineConfig) -> list[PartitionStatus]:
+    cluster = KafkaCluster(cfg.kafka)
+    tps = cluster.partitions(cfg.topics)
+    ends = cluster.end_offsets(tps, cfg.kafka.isolation_level)
+    starts = cluster.start_offsets(tps)
+    try:
+        offsets = read_ledger(open_table(cfg.table_path), cfg.name, tps).offsets
+    except Exception as err:  # no table yet: everything is lag
+        if not _is_missing_table(err):
+            raise
+        offsets = {}
+    rows = []
+    for tp in tps:
+        committed = offsets.get(tp)
+        base = committed if committed is not None else starts[tp]
+        rows.append(PartitionStatus(tp[0], tp[1], committed, starts[tp], ends[tp], max(0, ends[tp] - base)))
+    return rows
+
+
+def _is_missing_table(err: Exception) -> bool:
+    return isinstance(err, TableNotFoundError) or "no Delta table at" in str(err)
+
+
+def history(cfg: PipelineConfig, limit: int | None = None) -> list[dict]:
+    rows = pipeline_history(open_table(cfg.table_path), cfg.name)
+    return rows[-limit:] if limit else rows
+
+
+def format_status(rows: list[PartitionStatus]) -> str:
+    header = f"{'topic':<24} {'part':>4} {'committed':>10} {'log start':>10} {'end (LSO)':>10} {'lag':>8}"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        committed = "-" if r.committed is None else str(r.committed)
+        lines.append(f"{r.topic:<24} {r.partition:>4} {committed:>10} {r.log_start:>10} {r.end:>10} {r.lag:>8}")
+    lines.append(f"total lag: {sum(r.lag for r in rows)}")
+    return "\n".join(lines)
+
+
+def format_history(rows: list[dict]) -> str:
+    header = f"{'version':>7}  {'batch':>5}  {'kind':<8} {'rows':>8} {'quar.':>6}  ranges"
+    lines = [header, "-" * 80]
+    for h in rows:
+        records = h.get("records") or {}
+        ranges = "; ".join(f"{t}[{p}] {r[0]}-{r[1]}" for t, parts in (h.get("ranges") or {}).items()
+                           for p, r in parts.items())
+        lines.append(f"{h['version']:>7}  {h.get('batch', '-')!s:>5}  {h.get('kind', '?'):<8} "
+                     f"{records.get('rows', 0):>8} {records.get('quarantined', 0):>6}  {ranges or '(no new offsets)'}")
+        if h.get("rewind"):
+            lines.append(f"{'':>7}  rewound after RESTORE of version {h['rewind']['restored_version']}")
+        if h.get("lost"):
+            lines.append(f"{'':>7}  LOST (deleted before ingest): {h['lost']}")
+    return "\n".join(lines)

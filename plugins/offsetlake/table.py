@@ -1,0 +1,91 @@
+"""Delta table access on the driver (delta-rs). Never import this in executors.
+
+delta-rs runs a tokio runtime that panics in a forked child, and Spark's
+Python workers are forked: DeltaTable objects live on the driver only.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import DeltaTable, QueryBuilder
+from deltalake.exceptions import TableNotFoundError
+
+from offsetlake.errors import TableError
+from offsetlake.files import to_delta_path
+
+
+def open_table(uri: str, schema: pa.Schema | None = None, partition_by: list[str] | None = None,
+               name: str | None = None) -> DeltaTable:
+    """Open the table; create it (empty, version 0) when a schema is given and none exists."""
+    try:
+        table = DeltaTable(uri)
+    except TableNotFoundError:
+        if schema is None:
+            raise TableError(f"no Delta table at {uri}") from None
+        table = _create(uri, schema, partition_by or [], name)
+    except OSError as err:
+        raise TableError(f"cannot open Delta table at {uri}: {err}") from None
+    if schema is not None:
+        check_schema(uri, table, schema, partition_by or [])
+    return table
+
+
+def _create(uri: str, schema: pa.Schema, partition_by: list[str], name: str | None) -> DeltaTable:
+    try:
+        return DeltaTable.create(uri, schema, mode="ignore", partition_by=partition_by or None, name=name)
+    except (OSError, PermissionError) as err:
+        raise TableError(f"cannot create Delta table at {uri}: {err}") from None
+
+
+def check_schema(uri: str, table: DeltaTable, expected: pa.Schema, partition_by: list[str]) -> None:
+    """The table must hold exactly the pipeline's columns, types and partitioning."""
+    actual = pa.schema(table.schema())
+    have = {f.name: f.type for f in actual}
+    for f in expected:
+        if f.name not in have:
+            raise TableError(f"table {uri} has no column {f.name!r} that the pipeline writes")
+        if not _same_type(have[f.name], f.type):
+            raise TableError(f"table {uri} column {f.name!r} is {have[f.name]}, the pipeline writes {f.type}")
+    extra = sorted(set(have) - {f.name for f in expected})
+    if extra:
+        raise TableError(f"table {uri} has column {extra[0]!r} that the pipeline does not write")
+    if list(table.metadata().partition_columns) != list(partition_by):
+        raise TableError(f"table {uri} is partitioned by {table.metadata().partition_columns}, "
+                         f"the pipeline says {partition_by}")
+
+
+def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """Delta has fewer types than Arrow: compare what Delta can tell apart."""
+    def norm(t: pa.DataType):
+        if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+            return pa.string()
+        if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+            return pa.binary()
+        if pa.types.is_timestamp(t):
+            return ("timestamp", t.tz is not None)
+        return t
+    return norm(a) == norm(b)
+
+
+def delete_attempt_files(uri: str, attempt: str, keep: set[str] = frozenset()) -> int:
+    """Remove the files this attempt wrote (its id is in each name) except the committed ones in `keep`."""
+    fs, root = pafs.FileSystem.from_uri(uri)
+    selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
+    removed = 0
+    prefix = root.rstrip("/") + "/"
+    for info in fs.get_file_info(selector):
+        if info.type != pafs.FileType.File or f"-{attempt}-" not in info.base_name or "_delta_log" in info.path:
+            continue
+        if to_delta_path(info.path.removeprefix(prefix)) not in keep:
+            fs.delete_file(info.path)
+            removed += 1
+    return removed
+
+
+def query(uri: str, sql: str) -> pa.Table:
+    """Run SQL over the table (registered as `t`) with delta-rs' DataFusion engine.
+
+    Used instead of DeltaTable.to_pyarrow_dataset(), whose Rust-backed file system
+    aborts the interpreter at exit now and then (measured with deltalake 1.6.6).
+    """
+    return pa.table(QueryBuilder().register("t", open_table(uri)).execute(sql).read_all())

@@ -1,0 +1,74 @@
+"""The Spark side of a batch: one task per offset range, each reads, converts and writes its files.
+
+Tasks run in Spark's Python workers (forked), so nothing here touches delta-rs.
+Each returns a small description of what it wrote; the driver commits those.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import pyarrow as pa
+
+from offsetlake import faults
+from offsetlake.config import PipelineConfig
+from offsetlake.files import DataFile, attempt_file_name, write_files
+from offsetlake.formats import convert
+from offsetlake.reader import MESSAGE_SCHEMA, OffsetRange, read_range
+
+RESULT_SCHEMA = pa.schema([
+    ("task", pa.int64()),
+    ("kind", pa.string()),  # data | quarantine | read (one per task, with record counts)
+    ("file", pa.string()),  # DataFile as JSON, for data and quarantine
+    ("records", pa.int64()),
+])
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    cfg: PipelineConfig
+    batch: int
+    attempt: str
+    tasks: tuple[OffsetRange, ...]
+    fault_settings: dict
+
+
+def run_task(ctx: TaskContext, index: int) -> list[dict]:
+    rng = ctx.tasks[index]
+    cfg = ctx.cfg
+    batches = list(read_range(cfg.kafka, f"{cfg.consumer_group}.reader", rng, cfg.batch.read_timeout_seconds))
+    messages = pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA)
+    faults.hit("after_read", ctx.fault_settings)
+    rows, bad = convert(cfg, messages)
+
+    def name(part: int) -> str:
+        return attempt_file_name(ctx.batch, ctx.attempt, index, part)
+
+    out = [{"task": index, "kind": "read", "file": None, "records": messages.num_rows}]
+    for kind, uri, table, partition_by in (("data", cfg.table_path, rows, cfg.table.partition_by),
+                                           ("quarantine", cfg.quarantine_path, bad, [])):
+        for f in write_files(uri, table, partition_by, name):
+            out.append({"task": index, "kind": kind, "file": f.to_json(), "records": f.num_records})
+    return out
+
+
+def task_function(ctx: TaskContext):
+    """The function given to mapInArrow over spark.range(len(tasks)): each row is a task index."""
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield pa.RecordBatch.from_pylist(run_task(ctx, index), schema=RESULT_SCHEMA)
+    return run
+
+
+def parse_results(rows) -> tuple[dict[int, int], list[tuple[int, DataFile]], list[tuple[int, DataFile]]]:
+    """(records read per task, data files, quarantine files) from the collected task results."""
+    read, data, quarantine = {}, [], []
+    for row in rows:
+        if row["kind"] == "read":
+            read[row["task"]] = row["records"]
+        elif row["kind"] == "data":
+            data.append((row["task"], DataFile.from_json(row["file"])))
+        else:
+            quarantine.append((row["task"], DataFile.from_json(row["file"])))
+    return read, data, quarantine

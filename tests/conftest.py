@@ -1,0 +1,42 @@
+"""Shared services, started once per test session and stopped by PID: a noida-db broker and Spark."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from offsetlake import broker as embedded_broker
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory):
+    """A real Kafka-protocol broker on 127.0.0.1, on a free port, with its own data directory."""
+    data = tmp_path_factory.mktemp("broker")
+    b = embedded_broker.start(data, pid_file=data / "broker.pid")
+    yield b
+    embedded_broker.stop(b.pid)
+
+
+@pytest.fixture(scope="session")
+def bootstrap(broker) -> str:
+    return broker.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from offsetlake.spark import build_session
+    session = build_session("offsetlake-tests", "local[2]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def pipelines_dir(tmp_path):
+    return tmp_path / "pipelines"
+
+
+@pytest.fixture
+def lake(tmp_path):
+    return tmp_path / "lake"

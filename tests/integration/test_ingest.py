@@ -1,0 +1,187 @@
+"""Ingest on a real broker, real Spark and real Delta tables, checked row by row against Kafka."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions
+from deltalake import DeltaTable
+
+from offsetlake.batch import ingest
+from offsetlake.errors import DataLossError
+from offsetlake.ledger import partition_app_id, pipeline_app_id, pipeline_history
+from offsetlake.producer import produce
+from support import assert_exactly_once, create_topic, load, ledger_offsets, table_lineage, unique, write_pipeline
+
+
+@pytest.fixture
+def pipeline(bootstrap, pipelines_dir, lake):
+    """A factory: a new topic and a pipeline reading it."""
+    def make(partitions: int = 3, **overrides):
+        topic = unique("t")
+        create_topic(bootstrap, topic, partitions)
+        name = write_pipeline(pipelines_dir, bootstrap, [topic], lake, **overrides)
+        return load(pipelines_dir, name), topic
+    return make
+
+
+def committed(results):
+    return [r for r in results if r.status == "committed"]
+
+
+def test_only_committed_records_reach_the_table(spark, pipeline):
+    cfg, topic = pipeline(partitions=3)
+    report = produce(cfg.kafka, topic, 3000, transactional_share=0.7, abort_share=0.3, seed=11)
+    assert report.aborted > 0 and report.transactions > 0  # the workload really mixes aborted transactions in
+
+    results = ingest(spark, cfg)
+
+    assert len(committed(results)) == 1 and results[-1].status == "up_to_date"
+    assert assert_exactly_once(cfg) == report.committed
+    offsets = sorted(o for _, _, o in table_lineage(cfg.table_path))
+    assert offsets[-1] > report.committed / 3  # aborted records and markers took offsets: not dense
+
+
+def test_rerun_with_nothing_new_makes_no_commit(spark, pipeline):
+    cfg, topic = pipeline()
+    produce(cfg.kafka, topic, 500, seed=2)
+    ingest(spark, cfg)
+    version = DeltaTable(cfg.table_path).version()
+
+    results = ingest(spark, cfg)
+
+    assert [r.status for r in results] == ["up_to_date"]
+    assert DeltaTable(cfg.table_path).version() == version
+    assert_exactly_once(cfg)
+
+
+def test_backlog_is_split_into_batches_that_tile_the_offsets(spark, pipeline):
+    cfg, topic = pipeline(partitions=3, batch={"max_records_per_batch": 700, "max_records_per_task": 150})
+    produce(cfg.kafka, topic, 3000, abort_share=0.2, seed=3)
+
+    results = ingest(spark, cfg)
+
+    assert len(committed(results)) >= 4
+    history = pipeline_history(DeltaTable(cfg.table_path), cfg.name)
+    assert [h["batch"] for h in history] == list(range(1, len(history) + 1))
+    next_start: dict[tuple[str, str], int] = {}
+    for h in history:
+        span = 0
+        for t, parts in h["ranges"].items():
+            for p, (start, end) in parts.items():
+                assert start == next_start.get((t, p), 0), f"gap or overlap at batch {h['batch']} {t}[{p}]"
+                assert end > start
+                next_start[(t, p)] = end
+                span += end - start
+        assert span <= 700
+    assert {p: o for (_, p), o in ledger_offsets(cfg).items()} == {int(p): o for (_, p), o in next_start.items()}
+    assert_exactly_once(cfg)
+
+
+def test_partition_added_later_is_read_from_its_earliest_offset(spark, pipeline, bootstrap):
+    cfg, topic = pipeline(partitions=2)
+    produce(cfg.kafka, topic, 400, seed=4)
+    ingest(spark, cfg)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_partitions([NewPartitions(topic, 3)])[topic].result()
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(50):
+        producer.produce(topic, partition=2, value=json.dumps({"event_id": f"e{i}", "user_id": i}).encode())
+    producer.flush(10)
+
+    ingest(spark, cfg)
+
+    rows = table_lineage(cfg.table_path)
+    assert sorted(o for _, p, o in rows if p == 2) == list(range(50))
+    assert_exactly_once(cfg)
+
+
+def test_open_transaction_holds_the_batch_at_the_lso(spark, pipeline, bootstrap):
+    cfg, topic = pipeline(partitions=1)
+    produce(cfg.kafka, topic, 100, transactional_share=0.0, seed=5)
+    tx = Producer({"bootstrap.servers": bootstrap, "transactional.id": unique("open")})
+    tx.init_transactions(10)
+    tx.begin_transaction()
+    for i in range(20):
+        tx.produce(topic, value=json.dumps({"event_id": f"open{i}", "user_id": i}).encode())
+    tx.flush(10)
+    produce(cfg.kafka, topic, 30, transactional_share=0.0, seed=6)  # after the open transaction
+
+    ingest(spark, cfg)
+
+    assert ledger_offsets(cfg)[(topic, 0)] == 100  # stops before the open transaction's first record
+    assert len(table_lineage(cfg.table_path)) == 100
+    tx.commit_transaction(10)
+
+    ingest(spark, cfg)
+
+    assert len(table_lineage(cfg.table_path)) == 150
+    assert_exactly_once(cfg)
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+def test_records_deleted_below_the_ledger(spark, pipeline, bootstrap, policy):
+    from confluent_kafka import TopicPartition
+    cfg, topic = pipeline(partitions=1, on_data_loss=policy)
+    produce(cfg.kafka, topic, 100, transactional_share=0.0, seed=7)
+    ingest(spark, cfg)
+    produce(cfg.kafka, topic, 100, transactional_share=0.0, seed=8)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 150)]).values():
+        future.result()
+    version = DeltaTable(cfg.table_path).version()
+
+    if policy == "fail":
+        with pytest.raises(DataLossError, match=rf"{topic}\[0\] offsets \[100, 150\)"):
+            ingest(spark, cfg)
+        assert DeltaTable(cfg.table_path).version() == version
+        return
+    ingest(spark, cfg)
+    last = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
+    assert last["lost"] == {topic: {"0": [100, 150]}}
+    assert last["ranges"] == {topic: {"0": [150, 200]}}
+    offsets = sorted(o for _, _, o in table_lineage(cfg.table_path))
+    assert offsets == list(range(100)) + list(range(150, 200))
+
+
+def test_restore_rewinds_the_ledger_and_the_next_ingest_rereads(spark, pipeline):
+    cfg, topic = pipeline(partitions=2)
+    produce(cfg.kafka, topic, 300, seed=9)
+    ingest(spark, cfg)
+    restore_to = DeltaTable(cfg.table_path).version()
+    produce(cfg.kafka, topic, 300, seed=10)
+    ingest(spark, cfg)
+    rows_before = len(table_lineage(cfg.table_path))
+
+    DeltaTable(cfg.table_path).restore(restore_to)
+    assert len(table_lineage(cfg.table_path)) < rows_before  # the second batch's rows are gone...
+    results = ingest(spark, cfg)
+
+    assert len(committed(results)) == 1
+    last = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
+    assert last["rewind"]["restored_version"] == restore_to
+    assert len(table_lineage(cfg.table_path)) == rows_before  # ...and are back, once each
+    assert_exactly_once(cfg)
+
+
+def test_commit_holds_ranges_offsets_and_statistics(spark, pipeline):
+    cfg, topic = pipeline(partitions=3)
+    produce(cfg.kafka, topic, 900, seed=12)
+    ingest(spark, cfg)
+
+    table = DeltaTable(cfg.table_path)
+    offsets = ledger_offsets(cfg)
+    assert table.transaction_version(pipeline_app_id(cfg.name)) == 1
+    for (t, p), offset in offsets.items():
+        assert table.transaction_version(partition_app_id(cfg.name, t, p)) == offset
+    meta = pipeline_history(table, cfg.name)[-1]
+    assert meta["kind"] == "ingest" and meta["batch"] == 1 and meta["records"]["rows"] == 900
+    assert meta["ranges"] == {topic: {str(p): [0, o] for (_, p), o in sorted(offsets.items())}}
+    assert meta["run"]["by"] == "cli"
+    adds = table.get_add_actions(flatten=True)
+    import pyarrow as pa
+    adds = pa.table(adds)
+    assert sum(adds.column("num_records").to_pylist()) == 900
+    assert all(v is not None for v in adds.column("min.kafka_offset").to_pylist())
+    assert_exactly_once(cfg)

@@ -1,0 +1,150 @@
+"""Helpers shared by the integration tests: pipelines on a test broker, and the exactly-once check."""
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from offsetlake.config import load_pipeline
+from offsetlake.kafka import KafkaCluster
+from offsetlake.ledger import read_ledger
+from offsetlake.table import open_table, query
+
+REPO = Path(__file__).resolve().parents[1]
+
+JSON_SCHEMA = [
+    {"name": "event_id", "type": "string", "required": True},
+    {"name": "user_id", "type": "long", "required": True},
+    {"name": "action", "type": "string"},
+    {"name": "amount", "type": "double"},
+    {"name": "event_time", "type": "timestamp"},
+    {"name": "seq", "type": "long"},
+]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+def write_pipeline(directory: Path, bootstrap: str, topics: list[str], lake: Path, name: str | None = None,
+                   **overrides) -> str:
+    """Write a pipeline YAML into `directory` and return its name."""
+    name = name or unique("p")
+    doc = {
+        "name": name,
+        "topics": topics,
+        "kafka": {"bootstrap_servers": bootstrap, "timeout_seconds": 10},
+        "table": {"path": str(lake / name)},
+        "quarantine": {"path": str(lake / f"{name}_quarantine")},
+        "format": {"type": "json", "schema": JSON_SCHEMA},
+        "batch": {"max_records_per_batch": 100_000, "max_records_per_task": 50_000, "read_timeout_seconds": 20},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(doc.get(key), dict):
+            doc[key] = {**doc[key], **value}
+        else:
+            doc[key] = value
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return name
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
+
+
+def kafka_committed_records(bootstrap: str, topic: str, until: dict[int, int] | None = None) -> dict:
+    """Every record Kafka returns under read_committed: {(topic, partition, offset): value}.
+
+    Reads each partition from its log start up to `until[p]` (default: the LSO now).
+    """
+    cluster = KafkaCluster(_settings(bootstrap))
+    tps = cluster.partitions([topic])
+    ends = cluster.end_offsets(tps, "read_committed")
+    starts = cluster.start_offsets(tps)
+    out = {}
+    for t, p in tps:
+        end = ends[(t, p)] if until is None else until.get(p, 0)
+        if end <= starts[(t, p)]:
+            continue
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("truth"),
+                             "isolation.level": "read_committed", "enable.auto.commit": False,
+                             "enable.partition.eof": True, "auto.offset.reset": "error"})
+        consumer.assign([TopicPartition(t, p, starts[(t, p)])])
+        deadline = time.monotonic() + 60
+        done = False
+        while not done and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 0.5):
+                if msg.error():
+                    if msg.offset() >= end:
+                        done = True
+                    continue
+                if msg.offset() >= end:
+                    done = True
+                    break
+                out[(t, p, msg.offset())] = msg.value()
+            if not done and consumer.position([TopicPartition(t, p)])[0].offset >= end:
+                done = True
+        consumer.close()
+        assert done, f"could not read {t}[{p}] up to {end}"
+    return out
+
+
+def _settings(bootstrap: str):
+    from offsetlake.config import KafkaSettings
+    return KafkaSettings(bootstrap_servers=bootstrap, timeout_seconds=10)
+
+
+def table_lineage(uri: str) -> list[tuple[str, int, int]]:
+    rows = query(uri, "SELECT kafka_topic, kafka_partition, kafka_offset FROM t")
+    return list(zip(rows.column(0).to_pylist(), rows.column(1).to_pylist(), rows.column(2).to_pylist()))
+
+
+def ledger_offsets(cfg) -> dict:
+    tps = KafkaCluster(cfg.kafka).partitions(cfg.topics)
+    return read_ledger(open_table(cfg.table_path), cfg.name, tps).offsets
+
+
+def assert_exactly_once(cfg, caught_up: bool = True) -> int:
+    """Row by row: every (topic, partition, offset) Kafka holds under read_committed below the
+    ledger's committed end is in the table exactly once, and nothing else is. Returns the row count."""
+    rows = table_lineage(cfg.table_path)
+    counts = collections.Counter(rows)
+    duplicated = sorted(k for k, n in counts.items() if n > 1)
+    assert not duplicated, f"{len(duplicated)} duplicated rows, e.g. {duplicated[:5]}"
+    offsets = ledger_offsets(cfg)
+    expected = set()
+    for topic in cfg.topics:
+        until = {p: o for (t, p), o in offsets.items() if t == topic}
+        expected |= set(kafka_committed_records(cfg.kafka.bootstrap_servers, topic, until))
+        if caught_up:
+            lso = KafkaCluster(cfg.kafka).end_offsets(KafkaCluster(cfg.kafka).partitions([topic]), "read_committed")
+            behind = {tp: (offsets.get(tp), end) for tp, end in lso.items() if offsets.get(tp, 0) != end}
+            assert not behind, f"ledger is not at the LSO: {behind}"
+    missing = sorted(expected - set(counts))
+    unexpected = sorted(set(counts) - expected)
+    assert not missing, f"{len(missing)} records missing from the table, e.g. {missing[:5]}"
+    assert not unexpected, f"{len(unexpected)} rows that Kafka does not hold (aborted?), e.g. {unexpected[:5]}"
+    return len(rows)
+
+
+def run_cli(*args, env: dict | None = None, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "offsetlake.cli", *args], env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"offsetlake {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return proc
+
+
+def load(pipelines_dir: Path, name: str):
+    return load_pipeline(name, pipelines_dir)
