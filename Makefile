@@ -33,7 +33,7 @@ test-unit: $(STAMP)
 # Broker on 127.0.0.1:19092, demo events with aborted transactions, two ingests, then the ledger.
 demo: $(STAMP)
 	$(BIN)/offsetlake broker start --data-dir $(DEMO)/broker --pid-file $(DEMO)/broker.pid
-	$(BIN)/offsetlake produce --pipeline demo_events --count 20000 --abort-share 0.2
+	$(BIN)/offsetlake produce --pipeline demo_events --count 20000 --abort-share 0.2 --bad-share 0.002
 	$(BIN)/offsetlake ingest --pipeline demo_events
 	$(BIN)/offsetlake produce --pipeline demo_events --count 5000 --abort-share 0.3
 	$(BIN)/offsetlake ingest --pipeline demo_events

@@ -109,6 +109,12 @@ def table_lineage(uri: str) -> list[tuple[str, int, int]]:
     return list(zip(rows.column(0).to_pylist(), rows.column(1).to_pylist(), rows.column(2).to_pylist()))
 
 
+def quarantine_lineage(cfg) -> list[tuple[str, int, int]]:
+    if not (Path(cfg.quarantine_path) / "_delta_log").is_dir():
+        return []
+    return table_lineage(cfg.quarantine_path)
+
+
 def ledger_offsets(cfg) -> dict:
     tps = KafkaCluster(cfg.kafka).partitions(cfg.topics)
     return read_ledger(open_table(cfg.table_path), cfg.name, tps).offsets
@@ -116,7 +122,8 @@ def ledger_offsets(cfg) -> dict:
 
 def assert_exactly_once(cfg, caught_up: bool = True) -> int:
     """Row by row: every (topic, partition, offset) Kafka holds under read_committed below the
-    ledger's committed end is in the table exactly once, and nothing else is. Returns the row count."""
+    ledger's committed end is in the table exactly once (or, if it did not parse, in the
+    quarantine), and nothing else is. Returns the table's row count."""
     rows = table_lineage(cfg.table_path)
     counts = collections.Counter(rows)
     duplicated = sorted(k for k, n in counts.items() if n > 1)
@@ -130,7 +137,9 @@ def assert_exactly_once(cfg, caught_up: bool = True) -> int:
             lso = KafkaCluster(cfg.kafka).end_offsets(KafkaCluster(cfg.kafka).partitions([topic]), "read_committed")
             behind = {tp: (offsets.get(tp), end) for tp, end in lso.items() if offsets.get(tp, 0) != end}
             assert not behind, f"ledger is not at the LSO: {behind}"
-    missing = sorted(expected - set(counts))
+    quarantined = set(quarantine_lineage(cfg))
+    assert not quarantined & set(counts), "records both in the table and in the quarantine"
+    missing = sorted(expected - set(counts) - quarantined)
     unexpected = sorted(set(counts) - expected)
     assert not missing, f"{len(missing)} records missing from the table, e.g. {missing[:5]}"
     assert not unexpected, f"{len(unexpected)} rows that Kafka does not hold (aborted?), e.g. {unexpected[:5]}"

@@ -45,13 +45,13 @@ def _share(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="offsetlake", description="Kafka to Delta Lake, exactly once.")
-    parser.add_argument("--pipelines-dir", help="folder of pipeline YAML files (default: include/pipelines)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def command(name, help_text):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--pipeline", required=True, help="pipeline name (include/pipelines/NAME.yaml)")
+        p.add_argument("--pipelines-dir", help="folder of pipeline YAML files (default: include/pipelines)")
         return p
 
     p = command("status", "ledger vs Kafka end offsets (lag) per partition")
@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=_positive_int, default=4, help="when the topic must be created")
     p.add_argument("--transactional-share", type=_share, default=0.5)
     p.add_argument("--abort-share", type=_share, default=0.2)
+    p.add_argument("--bad-share", type=_share, default=0.0, help="share of records the schema rejects")
     p.add_argument("--seed", type=int)
 
     b = sub.add_parser("broker", help="the embedded noida-db broker (demo and tests)")
@@ -182,7 +183,7 @@ def cmd_produce(args) -> int:
         raise ConfigError(f"--topic {topic!r} is not one of pipeline {cfg.name!r}'s topics: {cfg.topics}")
     ensure_topic(cfg.kafka, topic, args.partitions)
     report = produce(cfg.kafka, topic, args.count, transactional_share=args.transactional_share,
-                     abort_share=args.abort_share, seed=args.seed)
+                     abort_share=args.abort_share, seed=args.seed, bad_share=args.bad_share)
     print(report)
     return 0
 

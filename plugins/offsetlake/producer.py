@@ -65,11 +65,29 @@ def _transactional_producer(settings: KafkaSettings, base_id: str, generation: i
     return producer
 
 
+BAD_VALUES = (
+    b'{"event_id": "broken',  # not JSON
+    b'{"event_id": "e", "user_id": "not a number"}',  # wrong type
+    b'{"action": "view"}',  # required fields missing
+    b"\xff\xfe not utf-8",
+)
+
+
+def with_bad_records(make_record, share: float):
+    """A record maker that emits records the demo schema rejects, with probability `share`."""
+    def make(rng: random.Random, seq: int) -> tuple[bytes, bytes]:
+        key, value = make_record(rng, seq)
+        return (key, rng.choice(BAD_VALUES)) if rng.random() < share else (key, value)
+    return make
+
+
 def produce(settings: KafkaSettings, topic: str, count: int, *, transactional_share: float = 0.5,
             abort_share: float = 0.2, transaction_size: int = 50, seed: int | None = None,
-            transactional_id: str | None = None, make_record=demo_event) -> ProduceReport:
+            transactional_id: str | None = None, make_record=demo_event, bad_share: float = 0.0) -> ProduceReport:
     """Write `count` committed records; transactional chunks are aborted with probability `abort_share`."""
     rng = random.Random(seed)
+    if bad_share:
+        make_record = with_bad_records(make_record, bad_share)
     report = ProduceReport()
     idempotent = Producer(client_settings(settings, **{"enable.idempotence": True, "linger.ms": 5}))
     base_id = transactional_id or f"offsetlake-demo-{uuid.uuid4().hex[:8]}"

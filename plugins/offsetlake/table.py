@@ -11,7 +11,7 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 
 from offsetlake.errors import TableError
-from offsetlake.files import to_delta_path
+from offsetlake.files import from_delta_path, to_delta_path
 
 
 def open_table(uri: str, schema: pa.Schema | None = None, partition_by: list[str] | None = None,
@@ -89,3 +89,9 @@ def query(uri: str, sql: str) -> pa.Table:
     aborts the interpreter at exit now and then (measured with deltalake 1.6.6).
     """
     return pa.table(QueryBuilder().register("t", open_table(uri)).execute(sql).read_all())
+
+
+def committed_files(uri: str) -> set[str]:
+    """Paths (relative, as on disk) of the data files the current table version references."""
+    actions = pa.table(open_table(uri).get_add_actions(flatten=True))
+    return {from_delta_path(p) for p in actions.column("path").to_pylist()}

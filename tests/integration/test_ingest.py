@@ -185,3 +185,30 @@ def test_commit_holds_ranges_offsets_and_statistics(spark, pipeline):
     assert sum(adds.column("num_records").to_pylist()) == 900
     assert all(v is not None for v in adds.column("min.kafka_offset").to_pylist())
     assert_exactly_once(cfg)
+
+
+def test_bad_records_are_quarantined_and_every_record_is_accounted_for(spark, pipeline):
+    cfg, topic = pipeline(partitions=2)
+    produce(cfg.kafka, topic, 1000, bad_share=0.05, seed=21)
+
+    results = ingest(spark, cfg)
+
+    assert_quarantine_accounts_for_the_rest(cfg)
+    assert sum(r.quarantined for r in results) > 0
+
+
+def assert_quarantine_accounts_for_the_rest(cfg):
+    """table rows + quarantine rows = Kafka's read_committed records, each exactly once."""
+    from offsetlake.table import query
+    from support import kafka_committed_records
+    rows = table_lineage(cfg.table_path)
+    bad = query(cfg.quarantine_path, "SELECT kafka_topic, kafka_partition, kafka_offset, value, error FROM t")
+    bad_keys = list(zip(*(bad.column(i).to_pylist() for i in range(3))))
+    assert len(set(bad_keys)) == len(bad_keys), "a record was quarantined twice"
+    assert not set(bad_keys) & set(rows), "a record is both in the table and the quarantine"
+    truth = kafka_committed_records(cfg.kafka.bootstrap_servers, cfg.topics[0])
+    assert set(rows) | set(bad_keys) == set(truth)
+    assert len(rows) + len(bad_keys) == len(truth)
+    for key, value, error in zip(bad_keys, bad.column(3).to_pylist(), bad.column(4).to_pylist()):
+        assert value == truth[key] and error  # raw bytes kept, with the reason
+    return len(bad_keys)

@@ -1,0 +1,184 @@
+"""Crashes, duplicate runs and zombies, with real job processes killed by SIGKILL.
+
+Each job here is a real `offsetlake ingest` process (driver, JVM, Python
+workers); the re-run happens in this test process. Every check is row by row
+against what Kafka holds under read_committed.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from offsetlake.batch import ingest
+from offsetlake.ledger import pipeline_history
+from offsetlake.producer import produce
+from offsetlake.table import committed_files
+from support import REPO, assert_exactly_once, table_lineage, create_topic, load, unique, write_pipeline
+
+pytestmark = pytest.mark.slow
+FAULT_POINTS = ["after_plan", "after_read", "after_files_written", "before_commit", "after_commit"]
+
+
+@pytest.fixture
+def pipeline(bootstrap, pipelines_dir, lake):
+    def make(partitions: int = 3, records: int = 1200, **overrides):
+        topic = unique("t")
+        create_topic(bootstrap, topic, partitions)
+        name = write_pipeline(pipelines_dir, bootstrap, [topic], lake, **overrides)
+        cfg = load(pipelines_dir, name)
+        if records:
+            produce(cfg.kafka, topic, records, transactional_share=0.6, abort_share=0.25, seed=hash(name) % 1000)
+        return cfg
+    return make
+
+
+def ingest_process(cfg, pipelines_dir: Path, env: dict | None = None) -> subprocess.Popen:
+    full_env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "offsetlake.cli", "ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir)],
+        env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def data_files_on_disk(table_path: str) -> set[str]:
+    root = Path(table_path)
+    return {str(p.relative_to(root)) for p in root.rglob("*.parquet") if "_delta_log" not in p.parts}
+
+
+def pipeline_commits(cfg) -> list[dict]:
+    try:
+        return pipeline_history(DeltaTable(cfg.table_path), cfg.name)
+    except Exception:  # the table may not exist yet
+        return []
+
+
+@pytest.mark.parametrize("point", FAULT_POINTS)
+def test_job_killed_at_each_fault_point_then_rerun_is_exact(spark, pipeline, pipelines_dir, point):
+    cfg = pipeline()
+    job = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": f"{point}:exit"})
+    job.communicate(timeout=300)
+    assert job.returncode == -signal.SIGKILL, f"the job was not killed at {point}"
+    commits_after_crash = pipeline_commits(cfg)
+    assert len(commits_after_crash) == (1 if point == "after_commit" else 0)
+
+    results = ingest(spark, cfg)
+
+    new_commits = [r for r in results if r.status == "committed"]
+    assert len(new_commits) == (0 if point == "after_commit" else 1)
+    assert_exactly_once(cfg)
+    # Orphans of the killed attempt may remain on disk, but the table references none of them.
+    referenced = committed_files(cfg.table_path)
+    assert referenced <= data_files_on_disk(cfg.table_path)
+
+
+def test_two_ingests_started_together_are_exact(pipeline, pipelines_dir):
+    cfg = pipeline(records=3000, batch={"max_records_per_batch": 600, "max_records_per_task": 200})
+    jobs = [ingest_process(cfg, pipelines_dir) for _ in range(2)]
+    outputs = [job.communicate(timeout=300) for job in jobs]
+
+    assert [job.returncode for job in jobs] == [0, 0], outputs
+    history = pipeline_commits(cfg)
+    assert [h["batch"] for h in history] == list(range(1, len(history) + 1))
+    assert_exactly_once(cfg)
+
+
+@pytest.mark.parametrize("pause_at", ["after_files_written", "before_commit"])
+def test_zombie_attempt_finds_its_batch_committed_and_writes_nothing(spark, pipeline, pipelines_dir, tmp_path, pause_at):
+    cfg = pipeline()
+    fault_dir = tmp_path / "faults"
+    zombie = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": f"{pause_at}:pause",
+                                                 "OFFSETLAKE_FAULT_DIR": str(fault_dir)})
+    _wait_for(fault_dir / f"{pause_at}.reached", zombie)
+    zombie_files = data_files_on_disk(cfg.table_path)
+    assert zombie_files, "the zombie should have written its files before pausing"
+
+    ingest(spark, cfg)  # the retry: runs the same batch to completion
+    version = DeltaTable(cfg.table_path).version()
+    (fault_dir / f"{pause_at}.release").touch()
+    out, err = zombie.communicate(timeout=300)
+
+    assert zombie.returncode == 0, err
+    assert "batch 1: already_committed" in out
+    assert DeltaTable(cfg.table_path).version() == version  # the zombie committed nothing
+    assert not zombie_files & data_files_on_disk(cfg.table_path)  # and removed its own files
+    assert data_files_on_disk(cfg.table_path) == committed_files(cfg.table_path)
+    assert_exactly_once(cfg)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"job exited ({proc.returncode}) before reaching {path.name}: {proc.stderr.read()[-2000:]}")
+        assert time.monotonic() < deadline, f"job never reached {path.name}"
+        time.sleep(0.2)
+
+
+def test_stream_ingests_as_records_arrive_and_stops_on_sigterm(pipeline, pipelines_dir, bootstrap):
+    cfg = pipeline(records=300)
+    full_env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1"}
+    job = subprocess.Popen([sys.executable, "-m", "offsetlake.cli", "stream", "--pipeline", cfg.name,
+                            "--pipelines-dir", str(pipelines_dir), "--interval", "0.5"],
+                           env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_until(lambda: len(pipeline_commits(cfg)) >= 1, job)
+        produce(cfg.kafka, cfg.topics[0], 200, seed=99)
+        _wait_until(lambda: len(table_lineage(cfg.table_path)) == 500, job)  # caught up, in later batches
+    finally:
+        job.send_signal(signal.SIGTERM)
+        out, err = job.communicate(timeout=120)
+    assert job.returncode == 0, err
+    assert "stream stopped after" in out
+    assert len(pipeline_commits(cfg)) >= 2
+    assert_exactly_once(cfg)
+
+
+def _wait_until(condition, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"stream exited early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+        assert time.monotonic() < deadline, "timed out waiting for the stream"
+        time.sleep(0.5)
+
+
+def test_spark_submit_runs_the_ingest_job(pipeline, pipelines_dir):
+    cfg = pipeline(records=500)
+    spark_submit = Path(sys.executable).parent / "spark-submit"
+    env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1",
+           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    proc = subprocess.run(
+        [str(spark_submit), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+         "--conf", "spark.driver.bindAddress=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
+         str(REPO / "jobs" / "ingest.py"), "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir),
+         "--dag-id", "demo_dag", "--run-id", "manual__1", "--try-number", "2"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = pipeline_commits(cfg)[-1]["run"]
+    assert (run["by"], run["dag_id"], run["run_id"], run["try_number"]) == ("airflow", "demo_dag", "manual__1", 2)
+    assert_exactly_once(cfg)
+
+
+def test_crash_between_quarantine_and_table_commits_quarantines_each_record_once(spark, pipeline, pipelines_dir):
+    from test_ingest import assert_quarantine_accounts_for_the_rest
+    cfg = pipeline(records=0)
+    produce(cfg.kafka, cfg.topics[0], 600, bad_share=0.1, seed=31)
+    job = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": "before_commit:exit"})
+    job.communicate(timeout=300)
+    assert job.returncode == -signal.SIGKILL
+    assert pipeline_commits(cfg) == []  # the table commit never happened...
+    assert DeltaTable(cfg.quarantine_path).version() >= 1  # ...but the quarantine commit did
+    produce(cfg.kafka, cfg.topics[0], 300, bad_share=0.1, seed=32)  # the retry plans a longer range
+
+    ingest(spark, cfg)
+
+    assert assert_quarantine_accounts_for_the_rest(cfg) > 0
+    assert_exactly_once(cfg)
