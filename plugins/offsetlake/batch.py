@@ -74,7 +74,7 @@ def run_batch(spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], 
 
     attempt = uuid.uuid4().hex[:16]
     tasks = split_ranges(plan.ranges, cfg.batch.max_records_per_task)
-    read, data, quarantine = _run_tasks(spark, TaskContext(cfg, plan.batch, attempt, tuple(tasks), fault_settings))
+    read, data, quarantine = run_tasks(spark, TaskContext(cfg, plan.batch, attempt, tuple(tasks), fault_settings))
     faults.hit("after_files_written", fault_settings)
 
     rows = sum(f.num_records for _, f in data)
@@ -105,7 +105,7 @@ def run_batch(spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], 
     return BatchResult(outcome.status, plan.batch, outcome.version, plan.ranges, rows, bad, outcome.reason)
 
 
-def _run_tasks(spark, ctx: TaskContext):
+def run_tasks(spark, ctx: TaskContext):
     if not ctx.tasks:
         return {}, [], []
     ddl = ", ".join(f"{f.name} {_SPARK_TYPES[str(f.type)]}" for f in RESULT_SCHEMA)

@@ -43,6 +43,15 @@ def _share(text: str) -> float:
     return value
 
 
+def _timestamp(text: str):
+    import datetime as dt
+    try:
+        value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an ISO 8601 time like 2026-11-22T10:00:00Z, got {text!r}") from None
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="offsetlake", description="Kafka to Delta Lake, exactly once.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
@@ -67,6 +76,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master")
     p.add_argument("--interval", type=float, help="seconds between polls (default: the pipeline's)")
     p.add_argument("--max-seconds", type=float, help="stop after this long")
+    p = command("backfill", "re-read offset ranges and replace their rows in one commit")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--ranges", help="topic:partition:start-end[,...] (end exclusive)")
+    group.add_argument("--from", dest="time_from", type=_timestamp, help="time window start (ISO 8601)")
+    p.add_argument("--to", dest="time_to", type=_timestamp, help="time window end (ISO 8601), with --from")
+    p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
+    p.add_argument("--master")
+    p = command("audit", "compare the table with Kafka row by row and check the ledger")
+    p.add_argument("--ranges", help="topic:partition:start-end[,...] (default: all still in Kafka)")
+    p.add_argument("--json", action="store_true")
+    p = command("repair", "audit, then backfill every span with missing, duplicated or unexpected rows")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--master")
+    p = command("cleanup", "delete files no commit references (killed attempts), older than a safety window")
+    p.add_argument("--older-than", type=_positive_int, default=3600, help="seconds (default 3600)")
+    p.add_argument("--dry-run", action="store_true")
+    p = command("reset", "move the ledger to given offsets, recorded as a reset commit")
+    p.add_argument("--offsets", required=True, help="topic:partition=offset[,...]")
+    p.add_argument("--reason", required=True)
+    p = command("restore", "Delta RESTORE to a version, with the ledger as of that version, in one commit")
+    p.add_argument("--version", required=True, type=int)
     p = command("produce", "write demo events (idempotent and transactional, some aborted)")
     p.add_argument("--count", type=_positive_int, default=1000)
     p.add_argument("--topic", help="default: the pipeline's first topic")
@@ -169,6 +199,96 @@ def cmd_stream(args) -> int:
     return 0
 
 
+def cmd_backfill(args) -> int:
+    from offsetlake.backfill import backfill, parse_ranges, ranges_for_time_window
+    from offsetlake.kafka import KafkaCluster
+    cfg = _pipeline(args)
+    _check_reachable(cfg)
+    if args.ranges:
+        ranges = parse_ranges(args.ranges)
+    else:
+        if args.time_to is None:
+            raise ConfigError("--from needs --to")
+        ranges = ranges_for_time_window(cfg, KafkaCluster(cfg.kafka), args.time_from, args.time_to)
+        if not ranges:
+            print("no records in that time window")
+            return 0
+    if args.dry_run:
+        print(backfill(None, cfg, ranges, dry_run=True).summary())
+        return 0
+    spark = _session(cfg, args.master, "backfill")
+    try:
+        print(backfill(spark, cfg, ranges).summary())
+    finally:
+        spark.stop()
+    return 0
+
+
+def cmd_audit(args) -> int:
+    from offsetlake.audit import audit
+    from offsetlake.backfill import parse_ranges
+    cfg = _pipeline(args)
+    report = audit(cfg, parse_ranges(args.ranges) if args.ranges else None)
+    print(json.dumps(report.as_dict()) if args.json else report.format())
+    if not report.ok:
+        problems = sum(len(p.missing) + len(p.duplicated) + len(p.unexpected) for p in report.partitions)
+        raise OffsetlakeError(f"audit found {problems} bad offsets and "
+                              f"{len(report.continuity) + len(report.sanity)} ledger issues in {cfg.name}")
+    return 0
+
+
+def cmd_repair(args) -> int:
+    from offsetlake.audit import audit, repair
+    cfg = _pipeline(args)
+    _check_reachable(cfg)
+    spark = None if args.dry_run else _session(cfg, args.master, "repair")
+    try:
+        before, result = repair(spark, cfg, dry_run=args.dry_run)
+    finally:
+        if spark is not None:
+            spark.stop()
+    print(before.format())
+    if result is None:
+        print("nothing to repair")
+        return 0
+    print(result.summary())
+    if not args.dry_run:
+        after = audit(cfg)
+        print(after.format())
+        if not after.ok:
+            raise OffsetlakeError("repair finished but audit still finds problems")
+    return 0
+
+
+def cmd_cleanup(args) -> int:
+    from offsetlake.maintenance import cleanup
+    cfg = _pipeline(args)
+    for uri in (cfg.table_path, cfg.quarantine_path):
+        try:
+            print(cleanup(uri, args.older_than, args.dry_run).summary())
+        except OffsetlakeError as err:
+            if uri == cfg.table_path:
+                raise
+            print(f"{uri}: skipped ({err})")
+    return 0
+
+
+def cmd_reset(args) -> int:
+    from offsetlake.maintenance import parse_offsets, reset
+    cfg = _pipeline(args)
+    version = reset(cfg, parse_offsets(args.offsets), args.reason)
+    print(f"ledger reset recorded in table version {version}")
+    return 0
+
+
+def cmd_restore(args) -> int:
+    from offsetlake.maintenance import restore
+    cfg = _pipeline(args)
+    version = restore(cfg, args.version)
+    print(f"table restored to version {args.version} with its ledger, as table version {version}")
+    return 0
+
+
 def _check_reachable(cfg: PipelineConfig) -> None:
     """Fail in a second, before a Spark session starts, if Kafka or the topics are not there."""
     from offsetlake.kafka import KafkaCluster
@@ -203,7 +323,9 @@ def cmd_broker(args) -> int:
     return 0
 
 
-COMMANDS = {"status": cmd_status, "history": cmd_history, "show": cmd_show, "ingest": cmd_ingest, "stream": cmd_stream,
+COMMANDS = {"status": cmd_status, "history": cmd_history, "show": cmd_show, "backfill": cmd_backfill,
+            "audit": cmd_audit, "repair": cmd_repair, "cleanup": cmd_cleanup, "reset": cmd_reset,
+            "restore": cmd_restore, "ingest": cmd_ingest, "stream": cmd_stream,
             "produce": cmd_produce, "broker": cmd_broker}
 
 if __name__ == "__main__":

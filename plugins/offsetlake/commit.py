@@ -23,13 +23,12 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
 from offsetlake import faults
-from offsetlake.files import DataFile, from_delta_path, open_filesystem, write_files
+from offsetlake.files import DataFile, from_delta_path, read_file, write_file
 from offsetlake.formats import QUARANTINE_SCHEMA
 from offsetlake.ledger import Ledger, quarantine_app_id, read_ledger, txn_actions
 from offsetlake.planning import BatchPlan
@@ -155,9 +154,9 @@ def _uncovered_part(uri: str, written: WrittenFile, covered_to: int | None, atte
         return written.file
     if covered_to >= rng.end:
         return None
-    fs, root = open_filesystem(uri)
-    rows = pq.read_table(f"{root.rstrip('/')}/{from_delta_path(written.file.path)}", filesystem=fs)
+    rows = read_file(uri, written.file.path)
     rows = rows.filter(pc.greater_equal(rows["kafka_offset"], covered_to))
+    if rows.num_rows == 0:
+        return None
     name = from_delta_path(written.file.path).replace(".parquet", f"-from{covered_to}.parquet")
-    rewritten = write_files(uri, rows, [], lambda _: name)
-    return rewritten[0] if rewritten else None
+    return write_file(uri, name, rows, {})

@@ -61,25 +61,47 @@ def write_files(table_uri: str, table: pa.Table, partition_by: list[str], name_f
     """Write `table` (split by partition values) and return one DataFile per file written."""
     if table.num_rows == 0:
         return []
-    fs, root = open_filesystem(table_uri)
     written = []
     for part_no, (values, rows) in enumerate(_split_by_partition(table, partition_by)):
         rel_dir = "/".join(f"{quote(c, safe='')}={_dir_value(values[c])}" for c in partition_by)
         rel_path = f"{rel_dir}/{name_for_part(part_no)}" if rel_dir else name_for_part(part_no)
-        full = f"{root.rstrip('/')}/{rel_path}"
-        fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
         data = rows.drop_columns(partition_by) if partition_by else rows
-        pq.write_table(data, full, filesystem=fs, compression="zstd", compression_level=1)
-        info = fs.get_file_info(full)
-        written.append(DataFile(
-            path=to_delta_path(rel_path),
-            size=info.size,
-            modification_time=int(info.mtime.timestamp() * 1000) if info.mtime else 0,
-            partition_values={c: _partition_string(values[c]) for c in partition_by},
-            stats=delta_stats(data),
-            num_records=data.num_rows,
-        ))
+        written.append(write_file(table_uri, rel_path, data, {c: _partition_string(values[c]) for c in partition_by}))
     return written
+
+
+def write_file(table_uri: str, rel_path: str, data: pa.Table, partition_values: dict) -> DataFile:
+    """Write one Parquet file (data without partition columns) at `rel_path` under the table."""
+    fs, root = open_filesystem(table_uri)
+    full = f"{root.rstrip('/')}/{rel_path}"
+    fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
+    pq.write_table(data, full, filesystem=fs, compression="zstd", compression_level=1)
+    info = fs.get_file_info(full)
+    return DataFile(
+        path=to_delta_path(rel_path),
+        size=info.size,
+        modification_time=int(info.mtime.timestamp() * 1000) if info.mtime else 0,
+        partition_values=dict(partition_values),
+        stats=delta_stats(data),
+        num_records=data.num_rows,
+    )
+
+
+def read_file(table_uri: str, delta_path: str, columns: list[str] | None = None) -> pa.Table:
+    fs, root = open_filesystem(table_uri)
+    return plain_types(pq.read_table(f"{root.rstrip('/')}/{from_delta_path(delta_path)}", filesystem=fs, columns=columns))
+
+
+def plain_types(table: pa.Table) -> pa.Table:
+    """Other writers (DataFusion, delta-rs) use string_view/large types; Arrow kernels here want plain ones."""
+    def plain(field: pa.Field) -> pa.Field:
+        t = field.type
+        if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+            return field.with_type(pa.string())
+        if pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
+            return field.with_type(pa.binary())
+        return field
+    return table.cast(pa.schema([plain(f) for f in table.schema]))
 
 
 def _split_by_partition(table: pa.Table, partition_by: list[str]):

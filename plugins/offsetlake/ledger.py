@@ -23,6 +23,8 @@ from deltalake import DeltaTable, Transaction
 from offsetlake.kafka import TP
 
 MAX_RESTORE_CHAIN = 20
+# Commits that set the ledger (carry txn actions). Backfills rewrite rows but leave the ledger alone.
+LEDGER_KINDS = ("ingest", "reset", "restore")
 
 
 def pipeline_app_id(pipeline: str) -> str:
@@ -86,7 +88,7 @@ def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     if restore is None:
         return current
     restored_version, restore_commit = restore
-    restored = _ledger_at(table.table_uri, pipeline, tps, restored_version, depth=1)
+    restored = ledger_at(table.table_uri, pipeline, tps, restored_version, depth=1)
     # Batch numbers never go back: a zombie of an old batch must still find its batch committed.
     return Ledger(
         batch=current.batch,
@@ -97,7 +99,7 @@ def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     )
 
 
-def _ledger_at(uri: str, pipeline: str, tps: list[TP], version: int, depth: int) -> Ledger:
+def ledger_at(uri: str, pipeline: str, tps: list[TP], version: int, depth: int) -> Ledger:
     table = DeltaTable(uri, version=version)
     state = _txn_state(table, pipeline, tps)
     if depth >= MAX_RESTORE_CHAIN:
@@ -105,7 +107,7 @@ def _ledger_at(uri: str, pipeline: str, tps: list[TP], version: int, depth: int)
     restore = find_unrecorded_restore(table, pipeline)
     if restore is None:
         return state
-    return _ledger_at(uri, pipeline, tps, restore[0], depth + 1)
+    return ledger_at(uri, pipeline, tps, restore[0], depth + 1)
 
 
 def _txn_state(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
@@ -121,7 +123,7 @@ def find_unrecorded_restore(table: DeltaTable, pipeline: str) -> tuple[int, int]
     """(restored version, RESTORE commit version) of a RESTORE newer than the pipeline's last commit."""
     for entry in table.history():  # newest first
         meta = commit_metadata(entry)
-        if meta and meta.get("pipeline") == pipeline:
+        if meta and meta.get("pipeline") == pipeline and meta.get("kind") in LEDGER_KINDS:
             return None
         if entry.get("operation") == "RESTORE":
             return _restored_version(table, entry), entry["version"]

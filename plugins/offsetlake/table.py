@@ -11,16 +11,16 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 
 from offsetlake.errors import TableError
-from offsetlake.files import from_delta_path, to_delta_path
+from offsetlake.files import from_delta_path, plain_types, to_delta_path
 
 
 def open_table(uri: str, schema: pa.Schema | None = None, partition_by: list[str] | None = None,
-               name: str | None = None) -> DeltaTable:
-    """Open the table; create it (empty, version 0) when a schema is given and none exists."""
+               name: str | None = None, create: bool = True) -> DeltaTable:
+    """Open the table and check its schema; create it (empty, version 0) when asked and none exists."""
     try:
         table = DeltaTable(uri)
     except TableNotFoundError:
-        if schema is None:
+        if schema is None or not create:
             raise TableError(f"no Delta table at {uri}") from None
         table = _create(uri, schema, partition_by or [], name)
     except OSError as err:
@@ -88,7 +88,9 @@ def query(uri: str, sql: str) -> pa.Table:
     Used instead of DeltaTable.to_pyarrow_dataset(), whose Rust-backed file system
     aborts the interpreter at exit now and then (measured with deltalake 1.6.6).
     """
-    return pa.table(QueryBuilder().register("t", open_table(uri)).execute(sql).read_all())
+    result = pa.table(QueryBuilder().register("t", open_table(uri)).execute(sql).read_all())
+    return plain_types(result)
+
 
 
 def committed_files(uri: str) -> set[str]:

@@ -3,7 +3,6 @@ import datetime as dt
 import json
 
 import pyarrow as pa
-import pytest
 
 from offsetlake.config import parse_pipeline
 from offsetlake.files import delta_stats, write_files

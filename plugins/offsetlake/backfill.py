@@ -1,0 +1,245 @@
+"""Backfill: re-read exact offset ranges and replace the table's rows for them, in ONE Delta commit.
+
+The commit removes every file holding rows of those offsets (a file that also
+holds other offsets is rewritten without them) and adds the re-read rows, so
+readers see either the old rows or the new ones, never both or neither. Run it
+twice, get the same table. It never moves the ledger: offsets past the
+ledger's committed end belong to ingest and are refused, and so are offsets
+Kafka no longer holds.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import RemoveAction
+
+from offsetlake import __version__, faults
+from offsetlake.batch import run_tasks
+from offsetlake.commit import MAX_ATTEMPTS, add_actions
+from offsetlake.config import PipelineConfig
+from offsetlake.errors import ConfigError, DataLossError, OffsetlakeError
+from offsetlake.files import DataFile, from_delta_path, read_file, write_file
+from offsetlake.formats import table_schema
+from offsetlake.kafka import TP, KafkaCluster
+from offsetlake.ledger import RunInfo, ranges_json, read_ledger
+from offsetlake.planning import split_ranges
+from offsetlake.reader import OffsetRange
+from offsetlake.table import delete_attempt_files, open_table, query
+from offsetlake.tasks import TaskContext
+
+log = logging.getLogger("offsetlake.backfill")
+RANGE_RE = re.compile(r"^\s*([A-Za-z0-9._-]{1,249}):(\d{1,9}):(\d{1,18})-(\d{1,18})\s*$")
+LINEAGE_KEYS = ("kafka_topic", "kafka_partition", "kafka_offset")
+
+
+@dataclass
+class BackfillResult:
+    status: str  # committed | dry_run | nothing_to_do
+    ranges: list[OffsetRange]
+    version: int | None = None
+    rows_removed: int = 0
+    rows_added: int = 0
+    files_removed: int = 0
+    files_rewritten: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def summary(self) -> str:
+        spans = ", ".join(str(r) for r in self.ranges)
+        if self.status == "dry_run":
+            return f"dry run: would re-read {spans}, replacing {self.rows_removed} rows now in the table"
+        return (f"backfill committed table version {self.version}: {spans}; {self.rows_removed} rows removed, "
+                f"{self.rows_added} added ({self.files_removed} files removed, {self.files_rewritten} rewritten)")
+
+    def as_dict(self) -> dict:
+        return {"status": self.status, "version": self.version, "ranges": ranges_json(self.ranges),
+                "rows_removed": self.rows_removed, "rows_added": self.rows_added}
+
+
+def parse_ranges(text: str) -> list[OffsetRange]:
+    """`topic:partition:start-end[,...]` (end exclusive) from the command line."""
+    ranges = []
+    for item in (text or "").split(","):
+        match = RANGE_RE.match(item)
+        if not match:
+            raise ConfigError(f"bad range {item.strip()!r}: expected topic:partition:start-end, e.g. events:0:100-200")
+        topic, partition, start, end = match.groups()
+        ranges.append(OffsetRange(topic, int(partition), int(start), int(end)))
+    return ranges
+
+
+def ranges_for_time_window(cfg: PipelineConfig, cluster: KafkaCluster, start: dt.datetime,
+                           end: dt.datetime) -> list[OffsetRange]:
+    """Offsets of records with timestamps in [start, end), per partition, via offsets_for_times."""
+    if end <= start:
+        raise ConfigError(f"time window end {end.isoformat()} is not after its start {start.isoformat()}")
+    tps = cluster.partitions(cfg.topics)
+    ends_now = cluster.end_offsets(tps, cfg.kafka.isolation_level)
+    lo = cluster.offsets_for_time(tps, int(start.timestamp() * 1000))
+    hi = cluster.offsets_for_time(tps, int(end.timestamp() * 1000))
+    ranges = []
+    for tp in tps:
+        first = lo[tp] if lo[tp] >= 0 else ends_now[tp]  # -1: no record at or after the time
+        last = hi[tp] if hi[tp] >= 0 else ends_now[tp]
+        if last > first:
+            ranges.append(OffsetRange(tp[0], tp[1], first, last))
+    return ranges
+
+
+def validate(cfg: PipelineConfig, cluster: KafkaCluster, ranges: list[OffsetRange],
+             committed: dict[TP, int]) -> None:
+    """Every problem is refused before anything is read or written."""
+    if not ranges:
+        raise ConfigError("no offset ranges to backfill")
+    known = set(cluster.partitions(cfg.topics))
+    log_starts = cluster.start_offsets(sorted({(r.topic, r.partition) for r in ranges} & known))
+    seen: dict[TP, list[OffsetRange]] = {}
+    for r in ranges:
+        tp = (r.topic, r.partition)
+        if r.topic not in cfg.topics:
+            raise ConfigError(f"topic {r.topic!r} is not read by pipeline {cfg.name!r} (topics: {cfg.topics})")
+        if tp not in known:
+            raise ConfigError(f"unknown partition {r.topic}[{r.partition}]")
+        if r.end <= r.start:
+            raise ConfigError(f"range {r}: end must be greater than start")
+        if r.end > committed.get(tp, 0):
+            raise ConfigError(f"range {r} goes past the ledger's committed end {committed.get(tp, 0)} "
+                              f"for {r.topic}[{r.partition}]: ingest owns those offsets")
+        if r.start < log_starts[tp]:
+            raise DataLossError(f"range {r}: offsets [{r.start}, {log_starts[tp]}) are no longer in Kafka "
+                                f"(retention); they cannot be re-read")
+        for other in seen.get(tp, []):
+            if r.start < other.end and other.start < r.end:
+                raise ConfigError(f"ranges {other} and {r} overlap")
+        seen.setdefault(tp, []).append(r)
+
+
+def backfill(spark, cfg: PipelineConfig, ranges: list[OffsetRange], run_info: RunInfo | None = None,
+             dry_run: bool = False) -> BackfillResult:
+    run_info = run_info or RunInfo.from_env()
+    cluster = KafkaCluster(cfg.kafka)
+    schema = table_schema(cfg)
+    table = open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name, create=False)
+    tps = cluster.partitions(cfg.topics)
+    ledger = read_ledger(table, cfg.name, tps)
+    ranges = sorted(ranges, key=lambda r: (r.topic, r.partition, r.start))
+    validate(cfg, cluster, ranges, ledger.offsets)
+    if dry_run:
+        return BackfillResult("dry_run", ranges, rows_removed=_rows_in(cfg.table_path, ranges))
+
+    attempt = uuid.uuid4().hex[:16]
+    fault_settings = faults.settings_from_env()
+    tasks = split_ranges(ranges, cfg.batch.max_records_per_task)
+    landed = False
+    new_files: list[DataFile] = []
+    rewritten: list[DataFile] = []
+    try:
+        read, data, _quarantine = run_tasks(spark, TaskContext(cfg, ledger.batch or 0, attempt, tuple(tasks),
+                                                                fault_settings))
+        new_files = [f for _, f in data]
+        for _ in range(MAX_ATTEMPTS):
+            table = open_table(cfg.table_path)
+            removes, rewritten, removed_rows = _replacement(cfg, table, ranges, attempt)
+            metadata = {
+                "pipeline": cfg.name, "kind": "backfill", "attempt": attempt, "ranges": ranges_json(ranges),
+                "records": {"read": sum(read.values()), "rows": sum(f.num_records for f in new_files),
+                            "removed": removed_rows},
+                "run": run_info.as_dict(), "offsetlake": __version__,
+            }
+            faults.hit("before_commit", fault_settings)
+            try:
+                table.create_write_transaction(
+                    [*removes, *add_actions(new_files + rewritten)], mode="append", schema=schema,
+                    partition_by=cfg.table.partition_by or None,
+                    commit_properties=CommitProperties(
+                        custom_metadata={"userMetadata": json.dumps(metadata, separators=(",", ":"))},
+                        max_commit_retries=0),
+                )
+            except CommitFailedError:
+                log.info("backfill: a concurrent commit landed first; planning the replacement again")
+                _delete_files(cfg.table_path, rewritten)
+                continue
+            landed = True
+            return BackfillResult("committed", ranges, table.version() + 1, removed_rows,
+                                  metadata["records"]["rows"], len(removes) - len(rewritten), len(rewritten))
+        raise OffsetlakeError(f"backfill gave up after {MAX_ATTEMPTS} commit conflicts")
+    finally:
+        keep = {f.path for f in new_files + rewritten} if landed else set()
+        delete_attempt_files(cfg.table_path, attempt, keep=keep)
+        delete_attempt_files(cfg.quarantine_path, attempt)  # bad records were quarantined at ingest
+
+
+def _rows_in(uri: str, ranges: list[OffsetRange]) -> int:
+    lineage = query(uri, "SELECT kafka_topic, kafka_partition, kafka_offset FROM t")
+    return int(pc.sum(_in_ranges(lineage, ranges)).as_py() or 0)
+
+
+def _in_ranges(lineage: pa.Table, ranges: list[OffsetRange]) -> pa.ChunkedArray:
+    mask = pa.chunked_array([pa.array([False] * lineage.num_rows)])
+    for r in ranges:
+        hit = pc.and_(pc.and_(pc.equal(lineage["kafka_topic"], r.topic),
+                              pc.equal(lineage["kafka_partition"], r.partition)),
+                      pc.and_(pc.greater_equal(lineage["kafka_offset"], r.start),
+                              pc.less(lineage["kafka_offset"], r.end)))
+        mask = pc.or_(mask, hit)
+    return mask
+
+
+def _replacement(cfg: PipelineConfig, table, ranges: list[OffsetRange], attempt: str):
+    """Remove actions for every file holding rows in `ranges`; files that also hold other rows are rewritten."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    removes, rewritten, removed_rows = [], [], 0
+    now = int(time.time() * 1000)
+    for i, row in enumerate(actions.to_pylist()):
+        if not _may_overlap(row, ranges):
+            continue
+        partition_values = {c: row.get(f"partition.{c}") for c in cfg.table.partition_by}
+        rows = _with_partition_columns(read_file(cfg.table_path, row["path"]), partition_values)
+        hit = _in_ranges(rows, ranges)
+        hits = int(pc.sum(hit).as_py() or 0)
+        if hits == 0:
+            continue
+        removed_rows += hits
+        removes.append(RemoveAction(row["path"], True, now, row["size_bytes"], partition_values or None))
+        if hits < rows.num_rows:
+            kept = rows.filter(pc.invert(hit))
+            kept = kept.drop_columns([c for c in partition_values if c in kept.column_names])
+            base = from_delta_path(row["path"]).rsplit("/", 1)
+            name = f"part-rewrite-{attempt}-{i:05d}.zstd.parquet"
+            rel = f"{base[0]}/{name}" if len(base) == 2 else name
+            rewritten.append(write_file(cfg.table_path, rel, kept, partition_values))
+    return removes, rewritten, removed_rows
+
+
+def _may_overlap(action: dict, ranges: list[OffsetRange]) -> bool:
+    """Data skipping on the file's statistics; files without them are read."""
+    lo_off, hi_off = action.get("min.kafka_offset"), action.get("max.kafka_offset")
+    lo_p, hi_p = action.get("min.kafka_partition"), action.get("max.kafka_partition")
+    if None in (lo_off, hi_off, lo_p, hi_p):
+        return True
+    return any(lo_p <= r.partition <= hi_p and lo_off < r.end and r.start <= hi_off for r in ranges)
+
+
+def _with_partition_columns(rows: pa.Table, partition_values: dict) -> pa.Table:
+    """Lineage columns may be partition columns, which live in the path, not the file."""
+    for col, value in partition_values.items():
+        if col in LINEAGE_KEYS and col not in rows.column_names:
+            typ = pa.int32() if col == "kafka_partition" else pa.int64() if col == "kafka_offset" else pa.string()
+            rows = rows.append_column(col, pa.array([value] * rows.num_rows).cast(typ))
+    return rows
+
+
+def _delete_files(uri: str, files: list[DataFile]) -> None:
+    from offsetlake.files import open_filesystem
+    fs, root = open_filesystem(uri)
+    for f in files:
+        fs.delete_file(f"{root.rstrip('/')}/{from_delta_path(f.path)}")

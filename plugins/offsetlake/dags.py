@@ -1,0 +1,177 @@
+"""Airflow DAGs for every pipeline in include/pipelines/: ingest, stream, backfill and recovery.
+
+dags/offsetlake_pipelines.py only calls build_dags(). Spark steps are
+SparkSubmitOperators on the `spark_default` connection running jobs/*.py, so
+delta-rs never runs inside Airflow's forked task processes. Trigger forms are
+Params (types checked by Airflow) plus a `validate` task (everything else);
+Spark steps receive only what `validate` normalised.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Asset, Param, task
+
+from offsetlake.config import PipelineConfig, list_pipelines, load_pipeline, pipelines_dir, project_home
+from offsetlake.spark import LOCAL_DEFAULTS, read_defaults
+
+RESULTS_DIR_ENV = "OFFSETLAKE_RESULTS_DIR"
+START = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def result_file(dag_id: str, run_id: str, task_id: str) -> str:
+    """Where a Spark step writes its JSON result for the publishing task (names made path-safe)."""
+    root = Path(os.environ.get(RESULTS_DIR_ENV) or Path(os.environ.get("AIRFLOW_HOME", "/tmp")) / "offsetlake-results")
+    safe = [re.sub(r"[^A-Za-z0-9_.-]", "_", part) for part in (dag_id, run_id, task_id)]
+    return str(root.joinpath(*safe)) + ".json"
+
+
+def table_asset(cfg: PipelineConfig) -> Asset:
+    uri = cfg.table_path if "://" in cfg.table_path else f"file://{cfg.table_path}"
+    return Asset(name=f"offsetlake.{cfg.name}", uri=uri)
+
+
+def spark_step(cfg: PipelineConfig, job: str, *args: str, task_id: str | None = None) -> SparkSubmitOperator:
+    task_id = task_id or job
+    home = project_home()
+    return SparkSubmitOperator(
+        task_id=task_id,
+        application=str(home / "jobs" / f"{job}.py"),
+        conn_id="spark_default",
+        name=f"offsetlake-{job}-{cfg.name}",
+        conf={**LOCAL_DEFAULTS, **read_defaults(), "spark.pyspark.python": sys.executable},
+        env_vars={"PYSPARK_PYTHON": sys.executable, "OFFSETLAKE_HOME": str(home)},
+        application_args=[
+            "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir()),
+            "--dag-id", "{{ dag.dag_id }}", "--run-id", "{{ run_id }}", "--try-number", "{{ ti.try_number }}",
+            "--result-file", "{{ result_file(dag.dag_id, run_id, ti.task_id) }}",
+            *args,
+        ],
+    )
+
+
+def publish_task(cfg: PipelineConfig, step_id: str):
+    """Emit the table's Asset event with the committed ranges; skipped when nothing was committed."""
+    asset = table_asset(cfg)
+
+    @task(task_id="publish", outlets=[asset])
+    def publish(*, outlet_events, dag, run_id):
+        from airflow.sdk.exceptions import AirflowSkipException
+        result = json.loads(Path(result_file(dag.dag_id, run_id, step_id)).read_text())
+        if not result.get("ranges") or result.get("status") == "dry_run":
+            raise AirflowSkipException("nothing committed: no Asset event")
+        outlet_events[asset].extra = {k: result[k] for k in ("pipeline", "kind", "ranges") if k in result}
+        return result
+
+    return publish()
+
+
+def _dag(cfg: PipelineConfig, kind: str, **kwargs) -> DAG:
+    return DAG(
+        dag_id=f"offsetlake__{cfg.name}__{kind}",
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["offsetlake", cfg.name, kind],
+        user_defined_macros={"result_file": result_file},
+        render_template_as_native_obj=False,
+        **kwargs,
+    )
+
+
+def ingest_dag(cfg: PipelineConfig) -> DAG:
+    with _dag(cfg, "ingest", schedule=cfg.schedule or "@hourly",
+              description=f"Ingest {', '.join(cfg.topics)} into {cfg.table_path}, exactly once") as dag:
+        spark_step(cfg, "ingest") >> publish_task(cfg, "ingest")
+    return dag
+
+
+def stream_dag(cfg: PipelineConfig) -> DAG:
+    params = {"max_seconds": Param(3300, type="integer", minimum=10, maximum=86400,
+                                   description="how long this run streams before the next run takes over")}
+    with _dag(cfg, "stream", schedule="@hourly", params=params,
+              description=f"Micro-batches of {cfg.name} in one Spark session, for a bounded time per run") as dag:
+        spark_step(cfg, "stream", "--max-seconds", "{{ params.max_seconds | int }}")
+    return dag
+
+
+def backfill_dag(cfg: PipelineConfig) -> DAG:
+    range_item = {
+        "type": "object", "additionalProperties": False, "required": ["topic", "partition", "start", "end"],
+        "properties": {
+            "topic": {"type": "string", "enum": list(cfg.topics)},
+            "partition": {"type": "integer", "minimum": 0},
+            "start": {"type": "integer", "minimum": 0},
+            "end": {"type": "integer", "minimum": 1},
+        },
+    }
+    params = {
+        "pipeline": Param(cfg.name, type="string", enum=[cfg.name], description="the pipeline this DAG runs"),
+        "ranges": Param([], type="array", items=range_item,
+                        description='offset ranges, end exclusive: [{"topic": "t", "partition": 0, "start": 0, "end": 100}]'),
+        "time_from": Param(None, type=["null", "string"], format="date-time",
+                           description="or a time window start (ISO 8601), resolved with offsets_for_times"),
+        "time_to": Param(None, type=["null", "string"], format="date-time", description="time window end"),
+        "dry_run": Param(False, type="boolean", description="show the plan and change nothing"),
+    }
+    with _dag(cfg, "backfill", schedule=None, params=params,
+              description=f"Re-read offset ranges of {cfg.name} and replace their rows in one commit") as dag:
+        @task(task_id="validate")
+        def validate(params) -> str:
+            from offsetlake.trigger import backfill_ranges
+            return backfill_ranges(cfg, dict(params))
+
+        ranges = validate()
+        step = spark_step(cfg, "backfill", "--ranges", "{{ ti.xcom_pull(task_ids='validate') }}",
+                          "--dry-run", "{{ 'true' if params.dry_run else 'false' }}")
+        ranges >> step >> publish_task(cfg, "backfill")
+    return dag
+
+
+def recovery_dag(cfg: PipelineConfig) -> DAG:
+    offset_item = {
+        "type": "object", "additionalProperties": False, "required": ["topic", "partition", "offset"],
+        "properties": {"topic": {"type": "string", "enum": list(cfg.topics)},
+                       "partition": {"type": "integer", "minimum": 0}, "offset": {"type": "integer", "minimum": 0}},
+    }
+    params = {
+        "pipeline": Param(cfg.name, type="string", enum=[cfg.name]),
+        "repair": Param(False, type="boolean", description="backfill what the audit finds"),
+        "cleanup": Param(False, type="boolean", description="delete files no commit references"),
+        "cleanup_older_than_seconds": Param(3600, type="integer", minimum=60),
+        "reset": Param(False, type="boolean", description="move the ledger to reset_offsets (operators only)"),
+        "reset_offsets": Param([], type="array", items=offset_item),
+        "reset_reason": Param("", type="string", maxLength=500),
+    }
+    with _dag(cfg, "recovery", schedule="@daily", params=params,
+              description=f"Audit {cfg.name} against Kafka; repair, clean up or reset when asked") as dag:
+        @task(task_id="validate")
+        def validate(params) -> dict:
+            from offsetlake.trigger import recovery_args
+            return recovery_args(cfg, dict(params))
+
+        args = validate()
+        pull = "{{{{ ti.xcom_pull(task_ids='validate')['{}'] }}}}".format
+        step = spark_step(cfg, "recovery", "--repair", pull("repair"), "--cleanup", pull("cleanup"),
+                          "--older-than", pull("older_than"), "--reset-offsets", pull("reset_offsets"),
+                          "--reason", pull("reason"))
+        args >> step
+    return dag
+
+
+def pipeline_dags(cfg: PipelineConfig) -> list[DAG]:
+    return [ingest_dag(cfg), stream_dag(cfg), backfill_dag(cfg), recovery_dag(cfg)]
+
+
+def build_dags(directory: str | Path | None = None) -> dict[str, DAG]:
+    dags: dict[str, DAG] = {}
+    for name in list_pipelines(directory):
+        for dag in pipeline_dags(load_pipeline(name, directory)):
+            dags[dag.dag_id] = dag
+    return dags

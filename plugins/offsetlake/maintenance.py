@@ -1,0 +1,148 @@
+"""Operator actions: clean up orphaned files, reset the ledger, restore the table with its ledger."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable
+from deltalake.exceptions import CommitFailedError
+
+from offsetlake import __version__
+from offsetlake.commit import MAX_ATTEMPTS
+from offsetlake.config import PipelineConfig
+from offsetlake.errors import ConfigError, OffsetlakeError
+from offsetlake.files import from_delta_path, open_filesystem
+from offsetlake.formats import table_schema
+from offsetlake.kafka import TP, KafkaCluster
+from offsetlake.ledger import RunInfo, ledger_at, flat_offsets, read_ledger, txn_actions
+from offsetlake.table import open_table
+
+DEFAULT_CLEANUP_AGE_SECONDS = 3600  # older than any batch in flight: a batch writes and commits within minutes
+
+
+@dataclass
+class CleanupResult:
+    table: str
+    deleted: list[str]
+    kept_recent: int
+    dry_run: bool
+
+    def summary(self) -> str:
+        verb = "would delete" if self.dry_run else "deleted"
+        return (f"{self.table}: {verb} {len(self.deleted)} orphaned files; kept {self.kept_recent} unreferenced "
+                f"files younger than the safety window (a batch may still be writing them)")
+
+
+def referenced_files(uri: str) -> set[str]:
+    """Every data file any commit still in the log (or its checkpoint) adds: time travel may need it."""
+    fs, root = open_filesystem(uri)
+    log_dir = f"{root.rstrip('/')}/_delta_log"
+    paths: set[str] = set()
+    for info in fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True)):
+        if info.base_name.endswith(".json") and info.base_name[:20].isdigit():
+            with fs.open_input_stream(info.path) as stream:
+                for line in stream.read().decode().splitlines():
+                    action = json.loads(line) if line.strip() else {}
+                    for kind in ("add", "remove"):
+                        if kind in action:
+                            paths.add(from_delta_path(action[kind]["path"]))
+        elif ".checkpoint" in info.base_name and info.base_name.endswith(".parquet"):
+            adds = pq.read_table(info.path, filesystem=fs, columns=["add"]).column("add").to_pylist()
+            paths.update(from_delta_path(a["path"]) for a in adds if a)
+    return paths
+
+
+def cleanup(uri: str, older_than_seconds: int = DEFAULT_CLEANUP_AGE_SECONDS, dry_run: bool = False) -> CleanupResult:
+    """Delete files under the table that no commit references and that are older than the window."""
+    if older_than_seconds < 60:
+        raise ConfigError("cleanup safety window must be at least 60 seconds: younger files may belong to a batch in flight")
+    open_table(uri)  # fail clearly if there is no table here
+    fs, root = open_filesystem(uri)
+    prefix = root.rstrip("/") + "/"
+    referenced = referenced_files(uri)
+    cutoff = time.time() - older_than_seconds
+    deleted, recent = [], 0
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        rel = info.path.removeprefix(prefix)
+        if info.type != pafs.FileType.File or rel.startswith("_delta_log/") or not rel.endswith(".parquet"):
+            continue
+        if rel in referenced:
+            continue
+        if info.mtime and info.mtime.timestamp() > cutoff:
+            recent += 1
+            continue
+        if not dry_run:
+            fs.delete_file(info.path)
+        deleted.append(rel)
+    return CleanupResult(uri, sorted(deleted), recent, dry_run)
+
+
+def parse_offsets(text: str) -> dict[TP, int]:
+    """`topic:partition=offset[,...]` from the command line."""
+    out: dict[TP, int] = {}
+    for item in (text or "").split(","):
+        where, _, offset = item.strip().rpartition("=")
+        topic, _, partition = where.rpartition(":")
+        if not (topic and partition.isdigit() and offset.isdigit()):
+            raise ConfigError(f"bad offset {item.strip()!r}: expected topic:partition=offset, e.g. events:0=1200")
+        out[(topic, int(partition))] = int(offset)
+    return out
+
+
+def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run_info: RunInfo | None = None) -> int:
+    """Move the ledger to `offsets` as a `reset` commit (no data). Returns the table version."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ConfigError("reset needs a reason (it is recorded in the table history)")
+    cluster = KafkaCluster(cfg.kafka)
+    tps = cluster.partitions(cfg.topics)
+    starts, ends = cluster.start_offsets(tps), cluster.end_offsets(tps, cfg.kafka.isolation_level)
+    for tp, offset in offsets.items():
+        if tp not in starts:
+            raise ConfigError(f"unknown partition {tp[0]}[{tp[1]}] for pipeline {cfg.name!r}")
+        if not starts[tp] <= offset <= ends[tp]:
+            raise ConfigError(f"offset {offset} for {tp[0]}[{tp[1]}] is outside what Kafka holds "
+                              f"[{starts[tp]}, {ends[tp]}]")
+    run_info = run_info or RunInfo.from_env()
+    for _ in range(MAX_ATTEMPTS):
+        table = open_table(cfg.table_path, table_schema(cfg), cfg.table.partition_by, cfg.name)
+        ledger = read_ledger(table, cfg.name, tps)
+        new = {**ledger.offsets, **offsets}
+        batch = ledger.next_batch()
+        metadata = {"pipeline": cfg.name, "batch": batch, "kind": "reset", "reason": reason[:500],
+                    "from": flat_offsets(ledger.offsets), "offsets": flat_offsets(new),
+                    "run": run_info.as_dict(), "offsetlake": __version__}
+        try:
+            table.create_write_transaction(
+                [], mode="append", schema=table_schema(cfg), partition_by=cfg.table.partition_by or None,
+                commit_properties=CommitProperties(
+                    custom_metadata={"userMetadata": json.dumps(metadata, separators=(",", ":"))},
+                    max_commit_retries=0, app_transactions=txn_actions(cfg.name, batch, new)))
+            return table.version() + 1
+        except CommitFailedError:
+            continue
+    raise OffsetlakeError(f"reset gave up after {MAX_ATTEMPTS} commit conflicts")
+
+
+def restore(cfg: PipelineConfig, version: int, run_info: RunInfo | None = None) -> int:
+    """Delta RESTORE to `version` and, in the same commit, the ledger as it was at that version."""
+    table = open_table(cfg.table_path)
+    if not 0 <= version < table.version():
+        raise ConfigError(f"version {version} is not an earlier version of {cfg.table_path} (now {table.version()})")
+    cluster = KafkaCluster(cfg.kafka)
+    tps = cluster.partitions(cfg.topics)
+    current = read_ledger(table, cfg.name, tps)
+    then = ledger_at(cfg.table_path, cfg.name, tps, version, depth=1)
+    # Partitions the ledger did not know at that version start again from their earliest offset.
+    offsets = {**cluster.start_offsets(tps), **then.offsets}
+    batch = current.next_batch()
+    metadata = {"pipeline": cfg.name, "batch": batch, "kind": "restore", "restored_version": version,
+                "from": flat_offsets(current.offsets), "offsets": flat_offsets(offsets),
+                "run": (run_info or RunInfo.from_env()).as_dict(), "offsetlake": __version__}
+    DeltaTable(cfg.table_path).restore(version, commit_properties=CommitProperties(
+        custom_metadata={"userMetadata": json.dumps(metadata, separators=(",", ":"))},
+        app_transactions=txn_actions(cfg.name, batch, offsets)))
+    return DeltaTable(cfg.table_path).version()

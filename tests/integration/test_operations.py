@@ -1,0 +1,202 @@
+"""Backfill, audit, repair, cleanup, reset and restore on a real broker, Spark and Delta tables."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from offsetlake.audit import audit, repair
+from offsetlake.backfill import backfill
+from offsetlake.batch import ingest
+from offsetlake.errors import ConfigError, DataLossError
+from offsetlake.ledger import pipeline_history
+from offsetlake.maintenance import cleanup, reset, restore
+from offsetlake.producer import produce
+from offsetlake.reader import OffsetRange
+from offsetlake.table import committed_files, query
+from support import assert_exactly_once, create_topic, ledger_offsets, load, unique, write_pipeline
+
+
+@pytest.fixture
+def ingested(spark, bootstrap, pipelines_dir, lake):
+    """A factory: a topic with committed, aborted and idempotent records, ingested into a table."""
+    def make(partitions: int = 2, records: int = 1000, **overrides):
+        topic = unique("t")
+        create_topic(bootstrap, topic, partitions)
+        name = write_pipeline(pipelines_dir, bootstrap, [topic], lake, **overrides)
+        cfg = load(pipelines_dir, name)
+        produce(cfg.kafka, topic, records, transactional_share=0.6, abort_share=0.25, seed=len(name))
+        ingest(spark, cfg)
+        return cfg, topic
+    return make
+
+
+def full_rows(cfg) -> list[dict]:
+    return query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_topic, kafka_partition, kafka_offset").to_pylist()
+
+
+def test_backfill_twice_gives_the_same_table_row_by_row(spark, ingested):
+    cfg, topic = ingested(batch={"max_records_per_batch": 400, "max_records_per_task": 150})
+    before = full_rows(cfg)
+    ledger = ledger_offsets(cfg)
+    ranges = [OffsetRange(topic, 0, 37, 301), OffsetRange(topic, 1, 0, ledger[(topic, 1)])]
+
+    first = backfill(spark, cfg, ranges)
+    second = backfill(spark, cfg, ranges)
+
+    assert first.status == second.status == "committed"
+    assert first.rows_removed == first.rows_added == second.rows_added > 0
+    assert first.files_rewritten > 0  # boundary files at offsets 37 and 301 were rewritten
+    assert full_rows(cfg) == before
+    assert ledger_offsets(cfg) == ledger  # backfill never moves the ledger
+    kinds = [h["kind"] for h in pipeline_history(DeltaTable(cfg.table_path), cfg.name)]
+    assert kinds[-2:] == ["backfill", "backfill"]
+    assert_exactly_once(cfg)
+
+
+def test_backfill_dry_run_changes_nothing(ingested):
+    cfg, topic = ingested()
+    version = DeltaTable(cfg.table_path).version()
+    result = backfill(None, cfg, [OffsetRange(topic, 0, 0, 100)], dry_run=True)
+    assert result.status == "dry_run" and result.rows_removed > 0
+    assert DeltaTable(cfg.table_path).version() == version
+
+
+def test_backfill_refuses_bad_ranges_before_reading(ingested, bootstrap):
+    cfg, topic = ingested()
+    end = ledger_offsets(cfg)[(topic, 0)]
+    version = DeltaTable(cfg.table_path).version()
+    cases = [
+        ([OffsetRange(topic, 0, 10, end + 1)], ConfigError, "past the ledger's committed end"),
+        ([OffsetRange(topic, 0, 50, 10)], ConfigError, "end must be greater than start"),
+        ([OffsetRange(topic, 9, 0, 10)], ConfigError, "unknown partition"),
+        ([OffsetRange("other", 0, 0, 10)], ConfigError, "not read by pipeline"),
+        ([OffsetRange(topic, 0, 0, 50), OffsetRange(topic, 0, 40, 60)], ConfigError, "overlap"),
+    ]
+    for ranges, error, text in cases:
+        with pytest.raises(error, match=text):
+            backfill(None, cfg, ranges)
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 20)]).values():
+        future.result()
+    with pytest.raises(DataLossError, match=r"offsets \[0, 20\) are no longer in Kafka"):
+        backfill(None, cfg, [OffsetRange(topic, 0, 0, 50)])
+    assert DeltaTable(cfg.table_path).version() == version
+
+
+def test_backfill_while_ingest_runs_is_exact(spark, ingested, pipelines_dir):
+    from test_failures import ingest_process
+    cfg, topic = ingested(records=800, batch={"max_records_per_batch": 300, "max_records_per_task": 100})
+    produce(cfg.kafka, topic, 2000, seed=77)
+    job = ingest_process(cfg, pipelines_dir)
+    try:
+        for _ in range(3):
+            backfill(spark, cfg, [OffsetRange(topic, 0, 0, 200), OffsetRange(topic, 1, 100, 250)])
+    finally:
+        out, err = job.communicate(timeout=300)
+    assert job.returncode == 0, err
+    assert_exactly_once(cfg)
+
+
+def test_audit_finds_damage_and_repair_fixes_it(spark, ingested):
+    cfg, topic = ingested(partitions=2, records=1200)
+    assert audit(cfg).ok
+    table = DeltaTable(cfg.table_path)
+    table.delete("kafka_partition = 0 AND kafka_offset >= 100 AND kafka_offset < 130")
+    copies = query(cfg.table_path, "SELECT * FROM t WHERE kafka_partition = 1 AND kafka_offset < 25")
+    write_deltalake(cfg.table_path, copies, mode="append")
+
+    report = audit(cfg)
+
+    assert not report.ok
+    by_partition = {p.partition: p for p in report.partitions}
+    assert by_partition[0].missing and all(100 <= o < 130 for o in by_partition[0].missing)
+    assert by_partition[1].duplicated == sorted(copies.column("kafka_offset").to_pylist())
+    assert not by_partition[0].duplicated and not by_partition[1].missing
+
+    _, result = repair(spark, cfg)
+
+    assert result is not None and result.status == "committed"
+    assert audit(cfg).ok
+    assert_exactly_once(cfg)
+
+
+def test_audit_flags_ledger_gaps(ingested):
+    from offsetlake.audit import continuity_issues
+    history = [
+        {"version": 1, "batch": 1, "kind": "ingest", "ranges": {"t": {"0": [0, 10]}}},
+        {"version": 2, "batch": 2, "kind": "ingest", "ranges": {"t": {"0": [12, 20]}}},
+        {"version": 3, "batch": 3, "kind": "backfill", "ranges": {"t": {"0": [0, 5]}}},
+        {"version": 4, "batch": 4, "kind": "reset", "offsets": {"t": {"0": 50}}},
+        {"version": 5, "batch": 5, "kind": "ingest", "ranges": {"t": {"0": [50, 60]}}},
+    ]
+    assert continuity_issues(history) == ["batch 2 (version 2): t[0] starts at 12 but the ledger stood at 10 (gap)"]
+
+
+def test_cleanup_removes_a_killed_attempts_files_and_keeps_committed_ones(spark, ingested, pipelines_dir):
+    from test_failures import data_files_on_disk, ingest_process
+    cfg, topic = ingested()
+    produce(cfg.kafka, topic, 300, seed=5)
+    job = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": "after_files_written:exit"})
+    job.communicate(timeout=300)
+    assert job.returncode == -signal.SIGKILL
+    committed = committed_files(cfg.table_path)
+    orphans = data_files_on_disk(cfg.table_path) - committed
+    assert orphans
+    assert cleanup(cfg.table_path, older_than_seconds=3600).deleted == []  # too young: maybe in flight
+    old = time.time() - 7200
+    for name in data_files_on_disk(cfg.table_path):
+        os.utime(Path(cfg.table_path) / name, (old, old))
+
+    result = cleanup(cfg.table_path, older_than_seconds=3600)
+
+    assert set(result.deleted) == orphans
+    assert data_files_on_disk(cfg.table_path) == committed
+    ingest(spark, cfg)
+    assert_exactly_once(cfg)
+
+
+def test_reset_is_recorded_and_the_next_ingest_starts_there(spark, ingested):
+    cfg, topic = ingested(partitions=1, records=300)
+    end = ledger_offsets(cfg)[(topic, 0)]
+    produce(cfg.kafka, topic, 200, transactional_share=0.0, seed=3)
+    skip_to = end + 50
+
+    version = reset(cfg, {(topic, 0): skip_to}, "skip 50 poison records")
+    ingest(spark, cfg)
+
+    history = pipeline_history(DeltaTable(cfg.table_path), cfg.name)
+    reset_commit = next(h for h in history if h["version"] == version)
+    assert reset_commit["kind"] == "reset" and reset_commit["reason"] == "skip 50 poison records"
+    assert history[-1]["kind"] == "ingest" and history[-1]["ranges"][topic]["0"][0] == skip_to
+    rows = query(cfg.table_path, f"SELECT count(*) AS n FROM t WHERE kafka_offset >= {end} AND kafka_offset < {skip_to}")
+    assert rows.column(0)[0].as_py() == 0
+    with pytest.raises(ConfigError, match="needs a reason"):
+        reset(cfg, {(topic, 0): 0}, "  ")
+    with pytest.raises(ConfigError, match="outside what Kafka holds"):
+        reset(cfg, {(topic, 0): 10**9}, "too far")
+
+
+def test_offsetlake_restore_rewinds_in_the_same_commit(spark, ingested):
+    cfg, topic = ingested(partitions=2, records=400)
+    version = DeltaTable(cfg.table_path).version()
+    produce(cfg.kafka, topic, 400, seed=8)
+    ingest(spark, cfg)
+    rows = len(full_rows(cfg))
+
+    restored = restore(cfg, version)
+
+    last = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
+    assert last["version"] == restored and last["kind"] == "restore" and last["restored_version"] == version
+    assert len(full_rows(cfg)) < rows
+    ingest(spark, cfg)
+    reread = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
+    assert reread["kind"] == "ingest" and "rewind" not in reread  # the restore commit already rewound
+    assert len(full_rows(cfg)) == rows
+    assert_exactly_once(cfg)
