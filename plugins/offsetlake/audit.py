@@ -30,6 +30,7 @@ class PartitionAudit:
     table_rows: int = 0
     quarantined: int = 0
     missing: list[int] = field(default_factory=list)
+    skipped: int = 0  # records an operator reset (or on_data_loss: skip) chose to leave out
     duplicated: list[int] = field(default_factory=list)
     unexpected: list[int] = field(default_factory=list)
 
@@ -95,8 +96,10 @@ def audit(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> Audit
                   for t, p in tps]
     table_rows = _lineage_counts(cfg.table_path)
     quarantined = _lineage_counts(cfg.quarantine_path, missing_ok=True)
-    report = AuditReport(cfg.name, [_audit_partition(cfg, r, table_rows, quarantined) for r in ranges])
-    report.continuity = continuity_issues(pipeline_history(table, cfg.name))
+    history = pipeline_history(table, cfg.name)
+    skipped = skipped_ranges(history)
+    report = AuditReport(cfg.name, [_audit_partition(cfg, r, table_rows, quarantined, skipped) for r in ranges])
+    report.continuity = continuity_issues(history)
     report.sanity = sanity_issues(ledger.offsets, cluster.end_offsets(tps, cfg.kafka.isolation_level))
     return report
 
@@ -122,15 +125,35 @@ def _kafka_offsets(cfg: PipelineConfig, rng: OffsetRange) -> list[int]:
     return offsets
 
 
-def _audit_partition(cfg: PipelineConfig, rng: OffsetRange, table_rows: dict, quarantined: dict) -> PartitionAudit:
+def skipped_ranges(history: list[dict]) -> dict[tuple[str, int], list[tuple[int, int]]]:
+    """Offsets the ledger jumped over on purpose: forward resets and losses recorded with on_data_loss: skip."""
+    out: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for h in history:
+        if h.get("kind") == "reset":
+            for t, parts in (h.get("offsets") or {}).items():
+                for p, to in parts.items():
+                    start = (h.get("from") or {}).get(t, {}).get(p)
+                    if start is not None and to > start:
+                        out.setdefault((t, int(p)), []).append((start, to))
+        for t, parts in (h.get("lost") or {}).items():
+            for p, (lo, hi) in parts.items():
+                out.setdefault((t, int(p)), []).append((lo, hi))
+    return out
+
+
+def _audit_partition(cfg: PipelineConfig, rng: OffsetRange, table_rows: dict, quarantined: dict,
+                     skipped: dict) -> PartitionAudit:
     kafka = set(_kafka_offsets(cfg, rng))
     rows = {o: n for o, n in table_rows.get((rng.topic, rng.partition), Counter()).items() if rng.start <= o < rng.end}
     bad = {o: n for o, n in quarantined.get((rng.topic, rng.partition), Counter()).items() if rng.start <= o < rng.end}
     seen = Counter(rows) + Counter(bad)
+    spans = skipped.get((rng.topic, rng.partition), [])
+    absent = kafka - set(seen)
+    excused = {o for o in absent if any(lo <= o < hi for lo, hi in spans)}
     return PartitionAudit(
         rng.topic, rng.partition, rng.start, rng.end,
         kafka_records=len(kafka), table_rows=sum(rows.values()), quarantined=sum(bad.values()),
-        missing=sorted(kafka - set(seen)),
+        missing=sorted(absent - excused), skipped=len(excused),
         duplicated=sorted(o for o, n in seen.items() if n > 1 and o in kafka),
         unexpected=sorted(o for o in seen if o not in kafka),
     )

@@ -1,0 +1,42 @@
+"""Airflow for tests: a private AIRFLOW_HOME with a SQLite DB migrated once per session.
+
+Airflow reads its configuration when first imported, so the environment is set
+here, at collection, before any test module imports airflow.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="offsetlake-airflow-"))
+
+AIRFLOW_ENV = {
+    "AIRFLOW_HOME": str(AIRFLOW_HOME),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+    "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME}/airflow.db",
+    "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+    "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+    "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+    "OFFSETLAKE_HOME": str(REPO),
+    "OFFSETLAKE_RESULTS_DIR": str(AIRFLOW_HOME / "results"),
+    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # spark-submit
+    "SPARK_LOCAL_IP": "127.0.0.1",
+}
+os.environ.update(AIRFLOW_ENV)
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    proc = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True, text=True,
+                          timeout=900, env={**os.environ})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return AIRFLOW_HOME

@@ -1,0 +1,199 @@
+"""The DAGs, run for real with dag.test(): real broker, spark-submit, Delta tables on disk."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from offsetlake.batch import ingest
+from offsetlake.ledger import pipeline_history
+from offsetlake.producer import produce
+from offsetlake.table import query
+from support import REPO, assert_exactly_once, create_topic, ledger_offsets, load, unique, write_pipeline
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def pipeline(bootstrap, pipelines_dir, lake, monkeypatch, airflow_db):
+    """A factory: a topic with data and a pipeline; DAG steps find it through OFFSETLAKE_PIPELINES_DIR."""
+    monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(pipelines_dir))
+
+    def make(partitions: int = 2, records: int = 600, **overrides):
+        topic = unique("t")
+        create_topic(bootstrap, topic, partitions)
+        name = write_pipeline(pipelines_dir, bootstrap, [topic], lake, **overrides)
+        cfg = load(pipelines_dir, name)
+        produce(cfg.kafka, topic, records, transactional_share=0.6, abort_share=0.25, seed=len(name))
+        return cfg, topic
+    return make
+
+
+def run(dag, conf: dict | None = None) -> tuple[str, dict[str, str]]:
+    dr = dag.test(run_conf=conf or {})
+    states = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
+    return str(dr.state), states
+
+
+def asset_events(cfg) -> list[dict]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    with create_session() as session:
+        events = (session.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                  .filter(AssetModel.name == f"offsetlake.{cfg.name}").order_by(AssetEvent.id).all())
+        return [dict(e.extra or {}) for e in events]
+
+
+def full_rows(cfg) -> list[dict]:
+    return query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_topic, kafka_partition, kafka_offset").to_pylist()
+
+
+def test_the_dag_file_parses_into_four_dags_per_pipeline(monkeypatch, airflow_db):
+    from airflow.dag_processing.dagbag import DagBag
+    monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(REPO / "include" / "pipelines"))
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    ids = {f"offsetlake__demo_events__{k}" for k in ("ingest", "stream", "backfill", "recovery")}
+    assert ids <= set(bag.dags)
+    ingest_dag = bag.dags["offsetlake__demo_events__ingest"]
+    assert ingest_dag.max_active_runs == 1 and not ingest_dag.catchup
+    assert type(bag.dags["offsetlake__demo_events__backfill"].timetable).__name__ == "NullTimetable"  # manual only
+    steps = [t for t in ingest_dag.tasks if t.task_type == "SparkSubmitOperator"]
+    assert steps and steps[0]._conn_id == "spark_default" and steps[0].application.endswith("jobs/ingest.py")
+
+
+def test_ingest_dag_commits_with_airflow_coordinates_and_emits_an_asset_event(pipeline):
+    from offsetlake.dags import ingest_dag
+    cfg, topic = pipeline()
+
+    state, tasks = run(ingest_dag(cfg))
+
+    assert state == "success", tasks
+    assert_exactly_once(cfg)
+    last = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
+    assert last["run"]["by"] == "airflow" and last["run"]["dag_id"] == f"offsetlake__{cfg.name}__ingest"
+    assert last["run"]["run_id"] and last["run"]["try_number"] == 1
+    events = asset_events(cfg)
+    assert events and events[-1]["ranges"] == {topic: {str(p): [0, o] for (_, p), o in ledger_offsets(cfg).items()}}
+
+
+def test_backfill_dag_twice_gives_the_same_table_and_an_asset_event(spark, pipeline):
+    from offsetlake.dags import backfill_dag
+    cfg, topic = pipeline()
+    ingest(spark, cfg)
+    before = full_rows(cfg)
+    conf = {"ranges": [{"topic": topic, "partition": 0, "start": 5, "end": 120},
+                       {"topic": topic, "partition": 1, "start": 0, "end": 60}]}
+
+    for _ in range(2):
+        state, tasks = run(backfill_dag(cfg), conf)
+        assert state == "success", tasks
+
+    assert full_rows(cfg) == before
+    kinds = [h["kind"] for h in pipeline_history(DeltaTable(cfg.table_path), cfg.name)]
+    assert kinds[-2:] == ["backfill", "backfill"]
+    assert asset_events(cfg)[-1]["ranges"] == {topic: {"0": [5, 120], "1": [0, 60]}}
+    assert_exactly_once(cfg)
+
+
+def test_backfill_past_the_ledger_is_refused(spark, pipeline):
+    from offsetlake.dags import backfill_dag
+    cfg, topic = pipeline()
+    ingest(spark, cfg)
+    end = ledger_offsets(cfg)[(topic, 0)]
+    version = DeltaTable(cfg.table_path).version()
+
+    state, tasks = run(backfill_dag(cfg), {"ranges": [{"topic": topic, "partition": 0, "start": 0, "end": end + 10}]})
+
+    assert state == "failed" and tasks["backfill"] == "failed"
+    assert DeltaTable(cfg.table_path).version() == version
+
+
+@pytest.mark.parametrize("conf, why", [
+    ({"ranges": [{"topic": "TOPIC", "partition": 0, "start": 50, "end": 10}]}, "end < start"),
+    ({"ranges": [{"topic": "TOPIC", "partition": 7, "start": 0, "end": 10}]}, "unknown partition"),
+    ({"ranges": [{"topic": "TOPIC", "partition": 0, "start": 0, "end": 10}],
+      "time_from": "2026-01-01T00:00:00Z", "time_to": "2026-01-02T00:00:00Z"}, "ranges and window"),
+    ({}, "nothing asked"),
+])
+def test_backfill_form_errors_stop_before_spark(pipeline, conf, why):
+    from offsetlake.dags import backfill_dag
+    cfg, topic = pipeline(records=50)
+    conf = json.loads(json.dumps(conf).replace("TOPIC", topic))
+
+    state, tasks = run(backfill_dag(cfg), conf)
+
+    assert state == "failed", why
+    assert tasks["validate"] == "failed"
+    assert tasks["backfill"] == "upstream_failed"  # the Spark step never ran
+    assert not DeltaTable.is_deltatable(cfg.table_path)
+
+
+@pytest.mark.parametrize("conf", [
+    {"pipeline": "someone_else"},  # unknown pipeline
+    {"ranges": [{"topic": "TOPIC", "partition": 0, "start": "0; rm -rf /", "end": 10}]},  # non-integer offset
+    {"ranges": [{"topic": "../../etc", "partition": 0, "start": 0, "end": 10}]},  # path as a topic
+    {"dry_run": "yes"},
+])
+def test_backfill_form_type_errors_are_rejected_at_trigger(pipeline, conf):
+    from airflow.sdk.definitions.param import ParamValidationError
+    from offsetlake.dags import backfill_dag
+    cfg, topic = pipeline(records=10)
+    conf = json.loads(json.dumps(conf).replace("TOPIC", topic))
+    with pytest.raises(ParamValidationError):
+        backfill_dag(cfg).test(run_conf=conf)
+
+
+@pytest.mark.parametrize("reason", ["x; rm -rf /", "../../etc/passwd", "$(whoami)", "a\nb"])
+def test_recovery_reason_with_shell_or_path_is_rejected(pipeline, reason):
+    from offsetlake.dags import recovery_dag
+    cfg, topic = pipeline(records=10)
+    conf = {"reset": True, "reset_offsets": [{"topic": topic, "partition": 0, "offset": 0}], "reset_reason": reason}
+
+    state, tasks = run(recovery_dag(cfg), conf)
+
+    assert state == "failed" and tasks["validate"] == "failed" and tasks["recovery"] == "upstream_failed"
+
+
+def test_recovery_dag_audits_and_repairs_injected_damage(spark, pipeline):
+    from offsetlake.dags import recovery_dag
+    cfg, topic = pipeline(records=800)
+    ingest(spark, cfg)
+    DeltaTable(cfg.table_path).delete("kafka_partition = 0 AND kafka_offset < 40")
+    write_deltalake(cfg.table_path, query(cfg.table_path, "SELECT * FROM t WHERE kafka_partition = 1 AND kafka_offset < 10"),
+                    mode="append")
+
+    state, tasks = run(recovery_dag(cfg))  # audit only: finds the damage and fails loudly
+    assert state == "failed" and tasks["recovery"] == "failed"
+
+    state, tasks = run(recovery_dag(cfg), {"repair": True, "cleanup": True})
+    assert state == "success", tasks
+    assert_exactly_once(cfg)
+
+
+def test_recovery_dag_reset_moves_the_ledger(spark, pipeline):
+    from offsetlake.dags import recovery_dag
+    cfg, topic = pipeline(partitions=1, records=200)
+    ingest(spark, cfg)
+    end = ledger_offsets(cfg)[(topic, 0)]
+    produce(cfg.kafka, topic, 100, transactional_share=0.0, seed=4)
+
+    state, tasks = run(recovery_dag(cfg), {"reset": True, "reset_reason": "skip a bad deploy (INC-42)",
+                                           "reset_offsets": [{"topic": topic, "partition": 0, "offset": end + 30}]})
+
+    assert state == "success", tasks
+    last = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
+    assert last["kind"] == "reset" and last["reason"] == "skip a bad deploy (INC-42)"
+    ingest(spark, cfg)
+    assert pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]["ranges"][topic]["0"][0] == end + 30
+
+
+def test_stream_dag_runs_for_a_bounded_time(pipeline):
+    from offsetlake.dags import stream_dag
+    cfg, topic = pipeline(records=300)
+
+    state, tasks = run(stream_dag(cfg), {"max_seconds": 12})
+
+    assert state == "success", tasks
+    assert_exactly_once(cfg)
