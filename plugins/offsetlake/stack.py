@@ -1,0 +1,217 @@
+"""The embedded Airflow stack for `make demo` and the end-to-end test.
+
+Airflow runs as four separate processes (api-server, scheduler, dag-processor,
+triggerer), each with its own pid file, never `airflow standalone` (which
+leaves orphaned workers when its parent is killed). Each is started in its own
+process group so that stopping it by PID also stops the workers it forked.
+Everything binds to 127.0.0.1. Login: the simple auth manager with one admin
+user whose password is generated per AIRFLOW_HOME.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from offsetlake.errors import OffsetlakeError
+
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+HOST = "127.0.0.1"
+USER = "admin"
+
+
+def _secret(home: Path, name: str) -> str:
+    path = home / name
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(24))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def password(home: Path) -> str:
+    passwords = home / "simple_auth_manager_passwords.json"
+    if not passwords.exists():
+        passwords.write_text(json.dumps({USER: secrets.token_urlsafe(12)}))
+        passwords.chmod(0o600)
+    return json.loads(passwords.read_text())[USER]
+
+
+def environment(home: Path, port: int, repo: Path, pipelines: Path | None = None,
+                spark_master: str = "local[*]", extra: dict | None = None) -> dict[str, str]:
+    home.mkdir(parents=True, exist_ok=True)
+    password(home)
+    base_url = f"http://{HOST}:{port}"
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(repo / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(repo / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "simple_auth_manager_passwords.json"),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__API__HOST": HOST,
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": base_url,
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base_url}/execution/",
+        "AIRFLOW__API_AUTH__JWT_SECRET": _secret(home, "jwt_secret"),
+        "AIRFLOW__API__SECRET_KEY": _secret(home, "api_secret"),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
+        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        "AIRFLOW__TRIGGERER__ENABLE_HEALTH_CHECK": "False",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": spark_master}),
+        "OFFSETLAKE_HOME": str(repo),
+        "OFFSETLAKE_RESULTS_DIR": str(home / "results"),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # spark-submit
+        "SPARK_LOCAL_IP": HOST,
+    }
+    if pipelines:
+        env["OFFSETLAKE_PIPELINES_DIR"] = str(pipelines)
+    env.update(extra or {})
+    return env
+
+
+def _airflow(*args: str) -> list[str]:
+    return [sys.executable, "-m", "airflow", *args]
+
+
+def start(env: dict[str, str], timeout: float = 180) -> dict[str, int]:
+    """Migrate the DB, start the four components, wait until the API answers. Returns {component: pid}."""
+    home = Path(env["AIRFLOW_HOME"])
+    migrate = subprocess.run(_airflow("db", "migrate"), env=env, capture_output=True, text=True, timeout=900)
+    if migrate.returncode != 0:
+        raise OffsetlakeError(f"airflow db migrate failed: {migrate.stderr.strip().splitlines()[-1:]}")
+    pids = {}
+    for component in COMPONENTS:
+        args = ("api-server", "--host", HOST, "--port", env["AIRFLOW__API__PORT"]) if component == "api-server" else (component,)
+        with open(home / f"{component}.log", "ab") as log:
+            proc = subprocess.Popen(_airflow(*args), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        (home / f"{component}.pid").write_text(f"{proc.pid}\n")
+        pids[component] = proc.pid
+    wait_healthy(env["AIRFLOW__API__BASE_URL"], timeout)
+    return pids
+
+
+def wait_healthy(base_url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base_url}/api/v2/monitor/health", timeout=5) as resp:
+                health = json.loads(resp.read())
+            if health.get("metadatabase", {}).get("status") == "healthy":
+                return
+            last = str(health)
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            last = str(err)
+        time.sleep(1)
+    raise OffsetlakeError(f"Airflow API at {base_url} not healthy after {timeout:.0f}s: {last}")
+
+
+def stop(home: Path, timeout: float = 30) -> list[str]:
+    """SIGTERM each component's process group (by its pid file), SIGKILL what will not stop."""
+    stopped = []
+    for component in COMPONENTS:
+        pid_file = home / f"{component}.pid"
+        if not pid_file.exists():
+            continue
+        pid = int(pid_file.read_text().strip() or 0)
+        if pid > 0 and _is_airflow(pid):
+            _stop_group(pid, timeout)
+            stopped.append(component)
+        pid_file.unlink(missing_ok=True)
+    return stopped
+
+
+def _is_airflow(pid: int) -> bool:
+    try:
+        return b"airflow" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _stop_group(pid: int, timeout: float) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class Api:
+    """A small client for Airflow's REST API v2 (token from POST /auth/token)."""
+
+    def __init__(self, base_url: str, username: str, password_: str):
+        self.base_url = base_url
+        token = self._call("POST", "/auth/token", {"username": username, "password": password_}, auth=False)
+        self.token = token["access_token"]
+
+    def _call(self, method: str, path: str, body: dict | None = None, auth: bool = True):
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        if auth:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                text = resp.read()
+        except urllib.error.HTTPError as err:
+            raise OffsetlakeError(f"Airflow API {method} {path}: HTTP {err.code}: {err.read()[:300]!r}") from None
+        return json.loads(text) if text else None
+
+    def get(self, path: str):
+        return self._call("GET", path)
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 180) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.get(f"/api/v2/dags/{dag_id}")
+            except OffsetlakeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+
+    def unpause(self, dag_id: str) -> None:
+        self._call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+    def trigger(self, dag_id: str, conf: dict | None = None) -> str:
+        run = self._call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
+        return run["dag_run_id"]
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 600) -> str:
+        deadline = time.monotonic() + timeout
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id, safe='')}"
+        while time.monotonic() < deadline:
+            state = self.get(path)["state"]
+            if state in ("success", "failed"):
+                return state
+            time.sleep(2)
+        raise OffsetlakeError(f"run {run_id} of {dag_id} did not finish within {timeout:.0f}s")
