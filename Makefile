@@ -7,8 +7,9 @@ STAMP  := $(VENV)/.installed-stamp
 DEMO   := .offsetlake
 export OFFSETLAKE_HOME := $(CURDIR)
 export SPARK_LOCAL_IP := 127.0.0.1
+export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install test test-unit demo down bench clean prerequisites
+.PHONY: install test test-unit demo demo-cli down clean prerequisites
 
 install: $(STAMP)
 
@@ -30,20 +31,21 @@ test: $(STAMP)
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
 
-# Broker on 127.0.0.1:19092, demo events with aborted transactions, two ingests, then the ledger.
+# Broker, demo producer, Airflow (UI on 127.0.0.1:8080) with the demo DAGs unpaused and a first ingest run.
 demo: $(STAMP)
+	$(BIN)/python -m offsetlake.demo up
+
+# Stops everything `make demo` started, by pid file.
+down:
+	-test -x $(BIN)/python && $(BIN)/python -m offsetlake.demo down
+
+# The pipeline without Airflow: broker, demo events, ingest, status and history.
+demo-cli: $(STAMP)
 	$(BIN)/offsetlake broker start --data-dir $(DEMO)/broker --pid-file $(DEMO)/broker.pid
 	$(BIN)/offsetlake produce --pipeline demo_events --count 20000 --abort-share 0.2 --bad-share 0.002
 	$(BIN)/offsetlake ingest --pipeline demo_events
-	$(BIN)/offsetlake produce --pipeline demo_events --count 5000 --abort-share 0.3
-	$(BIN)/offsetlake ingest --pipeline demo_events
-	@echo; echo "== offsetlake status (ledger vs Kafka end offsets)"; $(BIN)/offsetlake status --pipeline demo_events
-	@echo; echo "== offsetlake history (one Delta commit per batch, offsets in the same commit)"; $(BIN)/offsetlake history --pipeline demo_events
-	@echo; echo "== offsetlake show"; $(BIN)/offsetlake show --pipeline demo_events --limit 3
-	@echo; echo "Table: $(CURDIR)/$(DEMO)/lake/demo_events   Stop the broker: make down"
-
-down:
-	-$(BIN)/offsetlake broker stop --pid-file $(DEMO)/broker.pid
+	$(BIN)/offsetlake status --pipeline demo_events
+	$(BIN)/offsetlake history --pipeline demo_events
 
 clean: down
 	rm -rf $(DEMO)

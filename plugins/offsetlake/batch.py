@@ -8,6 +8,7 @@ is visible; the re-run plans again from the same ledger.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -152,6 +153,7 @@ def stream(spark, cfg: PipelineConfig, stop: threading.Event, interval: float | 
     """Ingest in a loop in one Spark session until `stop` is set (SIGTERM) or max_seconds pass."""
     interval = cfg.stream_interval_seconds if interval is None else interval
     deadline = time.monotonic() + max_seconds if max_seconds else None
+    parent = os.getppid()
     committed = 0
     while not stop.is_set():
         for result in ingest(spark, cfg, run_info, stop):
@@ -162,4 +164,8 @@ def stream(spark, cfg: PipelineConfig, stop: threading.Event, interval: float | 
         if deadline and time.monotonic() >= deadline:
             break
         stop.wait(interval)
+        if os.getppid() != parent:
+            # Our parent (spark-submit's JVM, an Airflow worker, a shell) is gone: nobody can stop us.
+            log.warning("stream: parent process %s exited; stopping", parent)
+            break
     return committed

@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transactional-share", type=_share, default=0.5)
     p.add_argument("--abort-share", type=_share, default=0.2)
     p.add_argument("--bad-share", type=_share, default=0.0, help="share of records the schema rejects")
+    p.add_argument("--every", type=float, help="keep producing --count records every this many seconds until SIGTERM")
     p.add_argument("--seed", type=int)
 
     b = sub.add_parser("broker", help="the embedded noida-db broker (demo and tests)")
@@ -302,10 +303,15 @@ def cmd_produce(args) -> int:
     if topic not in cfg.topics:
         raise ConfigError(f"--topic {topic!r} is not one of pipeline {cfg.name!r}'s topics: {cfg.topics}")
     ensure_topic(cfg.kafka, topic, args.partitions)
-    report = produce(cfg.kafka, topic, args.count, transactional_share=args.transactional_share,
-                     abort_share=args.abort_share, seed=args.seed, bad_share=args.bad_share)
-    print(report)
-    return 0
+    stop = threading.Event()
+    if args.every:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while True:
+        report = produce(cfg.kafka, topic, args.count, transactional_share=args.transactional_share,
+                         abort_share=args.abort_share, seed=args.seed, bad_share=args.bad_share)
+        print(report, flush=True)
+        if not args.every or stop.wait(args.every):
+            return 0
 
 
 def cmd_broker(args) -> int:

@@ -66,6 +66,7 @@ def environment(home: Path, port: int, repo: Path, pipelines: Path | None = None
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base_url}/execution/",
         "AIRFLOW__API_AUTH__JWT_SECRET": _secret(home, "jwt_secret"),
         "AIRFLOW__API__SECRET_KEY": _secret(home, "api_secret"),
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",  # unpause on purpose, DAG by DAG
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
