@@ -1,0 +1,66 @@
+"""Trigger-form validation (pure logic; the Kafka metadata lookup is a stub here)."""
+import pytest
+
+from offsetlake.config import parse_pipeline
+from offsetlake.errors import ConfigError
+from offsetlake.trigger import backfill_ranges, recovery_args
+
+CFG = parse_pipeline({"name": "p", "topics": ["t"], "kafka": {"bootstrap_servers": "x:1"},
+                      "table": {"path": "/tmp/p"}, "format": {"type": "raw"}}, "p.yaml")
+
+
+class TwoPartitions:
+    def partitions(self, topics):
+        return [("t", 0), ("t", 1)]
+
+
+def ranges(*items, **extra):
+    return backfill_ranges(CFG, {"ranges": list(items), **extra}, TwoPartitions())
+
+
+def test_ranges_become_canonical_arguments():
+    assert ranges({"topic": "t", "partition": 1, "start": 5, "end": 9},
+                  {"topic": "t", "partition": 0, "start": 0, "end": 3}) == "t:1:5-9,t:0:0-3"
+
+
+@pytest.mark.parametrize("item, message", [
+    ({"topic": "t", "partition": 0, "start": 9, "end": 5}, "must be greater than start"),
+    ({"topic": "t", "partition": 4, "start": 0, "end": 5}, r"unknown partition t\[4\]"),
+    ({"topic": "u", "partition": 0, "start": 0, "end": 5}, "not one of the pipeline's topics"),
+    ({"topic": "t", "partition": 0, "start": "0", "end": 5}, "start must be a whole number"),
+    ({"topic": "t", "partition": True, "start": 0, "end": 5}, "partition must be a whole number"),
+    ({"topic": "t", "partition": 0, "start": 0, "end": 5, "path": "/etc"}, "must be an object with"),
+])
+def test_bad_ranges_are_refused(item, message):
+    with pytest.raises(ConfigError, match=message):
+        ranges(item)
+
+
+def test_unknown_pipeline_and_mixed_modes_are_refused():
+    with pytest.raises(ConfigError, match="unknown pipeline 'q'"):
+        ranges({"topic": "t", "partition": 0, "start": 0, "end": 1}, pipeline="q")
+    with pytest.raises(ConfigError, match="not both"):
+        ranges({"topic": "t", "partition": 0, "start": 0, "end": 1}, time_from="2026-01-01T00:00:00Z")
+    with pytest.raises(ConfigError, match="give ranges, or both"):
+        backfill_ranges(CFG, {}, TwoPartitions())
+
+
+def test_recovery_arguments():
+    assert recovery_args(CFG, {"repair": True}) == {"repair": "true", "cleanup": "false", "older_than": "3600",
+                                                    "reset_offsets": "", "reason": ""}
+    args = recovery_args(CFG, {"reset": True, "reset_reason": "bad deploy (INC-7)",
+                               "reset_offsets": [{"topic": "t", "partition": 0, "offset": 42}]})
+    assert args["reset_offsets"] == "t:0=42" and args["reason"] == "bad deploy (INC-7)"
+
+
+@pytest.mark.parametrize("conf, message", [
+    ({"reset": True, "reset_reason": "x", "reset_offsets": []}, "reset_offsets is empty"),
+    ({"reset": False, "reset_offsets": [{"topic": "t", "partition": 0, "offset": 1}]}, "reset is false"),
+    ({"reset": True, "reset_reason": "`id`", "reset_offsets": [{"topic": "t", "partition": 0, "offset": 1}]}, "no paths or shell"),
+    ({"reset": True, "reset_reason": "/etc/passwd", "reset_offsets": [{"topic": "t", "partition": 0, "offset": 1}]}, "no paths or shell"),
+    ({"cleanup_older_than_seconds": 5}, "between 60"),
+    ({"repair": "yes"}, "true or false"),
+])
+def test_bad_recovery_forms_are_refused(conf, message):
+    with pytest.raises(ConfigError, match=message):
+        recovery_args(CFG, conf)
