@@ -57,6 +57,19 @@ def write_pipeline(directory: Path, bootstrap: str, topics: list[str], lake: Pat
     return name
 
 
+def new_pipeline(bootstrap: str, pipelines_dir: Path, lake: Path, partitions: int = 3, records: int = 0,
+                 **overrides):
+    """A new topic, a pipeline reading it, and `records` committed records among aborted transactions."""
+    from offsetlake.producer import produce
+    topic = unique("t")
+    create_topic(bootstrap, topic, partitions)
+    name = write_pipeline(pipelines_dir, bootstrap, [topic], lake, **overrides)
+    cfg = load(pipelines_dir, name)
+    if records:
+        produce(cfg.kafka, topic, records, transactional_share=0.6, abort_share=0.25, seed=len(name))
+    return cfg, topic
+
+
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()

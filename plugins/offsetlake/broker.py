@@ -7,7 +7,6 @@ own, and SIGTERM reaches it (it snapshots its data on shutdown).
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -15,9 +14,11 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
+from offsetlake import processes
 from offsetlake.errors import KafkaError
 
 HOST = "127.0.0.1"
+MARKER = "noida-db"
 
 
 @dataclass
@@ -88,46 +89,13 @@ def _answers(port: int) -> bool:
 
 def stop(pid: int, timeout: float = 20.0) -> bool:
     """SIGTERM (the broker saves its data), then SIGKILL if it will not go. True if it was running."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
-    return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-        if waited == pid:
-            return False
-    except ChildProcessError:
-        pass  # not our child: fall back to probing
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    return processes.stop(pid, timeout)
 
 
 def stop_from_pid_file(pid_file: Path | str) -> bool:
-    path = Path(pid_file)
-    if not path.is_file():
-        return False
-    pid = int(path.read_text().strip() or 0)
-    stopped = pid > 0 and _is_noida(pid) and stop(pid)
-    path.unlink(missing_ok=True)
-    return bool(stopped)
+    return processes.stop_from_pid_file(Path(pid_file), MARKER)
 
 
-def _is_noida(pid: int) -> bool:
-    """Never signal a recycled PID that now belongs to something else."""
-    try:
-        return "noida-db" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
+def running_from_pid_file(pid_file: Path | str) -> int | None:
+    pid = processes.read_pid(Path(pid_file))
+    return pid if processes.runs(pid, MARKER) else None

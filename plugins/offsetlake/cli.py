@@ -320,8 +320,9 @@ def cmd_broker(args) -> int:
         print("broker stopped" if stopped else "broker was not running")
         return 0
     pid_file = Path(args.pid_file)
-    if pid_file.is_file() and broker._is_noida(int(pid_file.read_text().strip() or 0)):
-        print(f"broker already running (pid {pid_file.read_text().strip()}) on 127.0.0.1:{args.port}")
+    running = broker.running_from_pid_file(pid_file)
+    if running:
+        print(f"broker already running (pid {running}) on 127.0.0.1:{args.port}")
         return 0
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     b = broker.start(args.data_dir, args.port, pid_file=pid_file)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from offsetlake import broker, stack
+from offsetlake import broker, processes, stack
 from offsetlake.config import load_pipeline, project_home
 from offsetlake.errors import OffsetlakeError
 
@@ -86,21 +86,9 @@ def down() -> None:
     base = _dir()
     stopped = stack.stop(base / "airflow")
     print(f"stopped Airflow components: {', '.join(stopped) or 'none running'}")
-    pid_file = base / "producer.pid"
-    if pid_file.exists():
-        pid = int(pid_file.read_text().strip() or 0)
-        if pid and b"offsetlake.cli" in _cmdline(pid):
-            broker.stop(pid)
-            print("stopped the demo producer")
-        pid_file.unlink(missing_ok=True)
+    if processes.stop_from_pid_file(base / "producer.pid", "offsetlake.cli"):
+        print("stopped the demo producer")
     print("broker stopped" if broker.stop_from_pid_file(base / "broker.pid") else "broker was not running")
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from offsetlake import processes
 from offsetlake.errors import OffsetlakeError
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -124,46 +124,8 @@ def wait_healthy(base_url: str, timeout: float) -> None:
 
 def stop(home: Path, timeout: float = 30) -> list[str]:
     """SIGTERM each component's process group (by its pid file), SIGKILL what will not stop."""
-    stopped = []
-    for component in COMPONENTS:
-        pid_file = home / f"{component}.pid"
-        if not pid_file.exists():
-            continue
-        pid = int(pid_file.read_text().strip() or 0)
-        if pid > 0 and _is_airflow(pid):
-            _stop_group(pid, timeout)
-            stopped.append(component)
-        pid_file.unlink(missing_ok=True)
-    return stopped
-
-
-def _is_airflow(pid: int) -> bool:
-    try:
-        return b"airflow" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def _stop_group(pid: int, timeout: float) -> None:
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        time.sleep(0.2)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    return [c for c in COMPONENTS
+            if processes.stop_from_pid_file(home / f"{c}.pid", "airflow", group=True, timeout=timeout)]
 
 
 class Api:

@@ -10,7 +10,7 @@ from offsetlake.batch import ingest
 from offsetlake.ledger import pipeline_history
 from offsetlake.producer import produce
 from offsetlake.table import query
-from support import REPO, assert_exactly_once, create_topic, ledger_offsets, load, unique, write_pipeline
+from support import REPO, assert_exactly_once, ledger_offsets, new_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -21,12 +21,7 @@ def pipeline(bootstrap, pipelines_dir, lake, monkeypatch, airflow_db):
     monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(pipelines_dir))
 
     def make(partitions: int = 2, records: int = 600, **overrides):
-        topic = unique("t")
-        create_topic(bootstrap, topic, partitions)
-        name = write_pipeline(pipelines_dir, bootstrap, [topic], lake, **overrides)
-        cfg = load(pipelines_dir, name)
-        produce(cfg.kafka, topic, records, transactional_share=0.6, abort_share=0.25, seed=len(name))
-        return cfg, topic
+        return new_pipeline(bootstrap, pipelines_dir, lake, partitions, records, **overrides)
     return make
 
 

@@ -20,7 +20,7 @@ from offsetlake.batch import ingest
 from offsetlake.ledger import pipeline_history
 from offsetlake.producer import produce
 from offsetlake.table import committed_files
-from support import REPO, assert_exactly_once, table_lineage, create_topic, load, unique, write_pipeline
+from support import REPO, assert_exactly_once, new_pipeline, table_lineage
 
 pytestmark = pytest.mark.slow
 FAULT_POINTS = ["after_plan", "after_read", "after_files_written", "before_commit", "after_commit"]
@@ -28,14 +28,9 @@ FAULT_POINTS = ["after_plan", "after_read", "after_files_written", "before_commi
 
 @pytest.fixture
 def pipeline(bootstrap, pipelines_dir, lake):
+    """A factory: a pipeline whose topic already holds `records` committed records (and aborted ones)."""
     def make(partitions: int = 3, records: int = 1200, **overrides):
-        topic = unique("t")
-        create_topic(bootstrap, topic, partitions)
-        name = write_pipeline(pipelines_dir, bootstrap, [topic], lake, **overrides)
-        cfg = load(pipelines_dir, name)
-        if records:
-            produce(cfg.kafka, topic, records, transactional_share=0.6, abort_share=0.25, seed=hash(name) % 1000)
-        return cfg
+        return new_pipeline(bootstrap, pipelines_dir, lake, partitions, records, **overrides)[0]
     return make
 
 

@@ -1,6 +1,7 @@
 """Ingest on a real broker, real Spark and real Delta tables, checked row by row against Kafka."""
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -12,18 +13,13 @@ from offsetlake.batch import ingest
 from offsetlake.errors import DataLossError
 from offsetlake.ledger import partition_app_id, pipeline_app_id, pipeline_history
 from offsetlake.producer import produce
-from support import assert_exactly_once, create_topic, load, ledger_offsets, table_lineage, unique, write_pipeline
+from support import assert_exactly_once, ledger_offsets, new_pipeline, table_lineage, unique
 
 
 @pytest.fixture
 def pipeline(bootstrap, pipelines_dir, lake):
-    """A factory: a new topic and a pipeline reading it."""
-    def make(partitions: int = 3, **overrides):
-        topic = unique("t")
-        create_topic(bootstrap, topic, partitions)
-        name = write_pipeline(pipelines_dir, bootstrap, [topic], lake, **overrides)
-        return load(pipelines_dir, name), topic
-    return make
+    """A factory: a new topic and a pipeline reading it; each test produces its own records."""
+    return functools.partial(new_pipeline, bootstrap, pipelines_dir, lake)
 
 
 def committed(results):

@@ -18,18 +18,14 @@ from offsetlake.maintenance import cleanup, reset, restore
 from offsetlake.producer import produce
 from offsetlake.reader import OffsetRange
 from offsetlake.table import committed_files, query
-from support import assert_exactly_once, create_topic, ledger_offsets, load, unique, write_pipeline
+from support import assert_exactly_once, ledger_offsets, new_pipeline
 
 
 @pytest.fixture
 def ingested(spark, bootstrap, pipelines_dir, lake):
     """A factory: a topic with committed, aborted and idempotent records, ingested into a table."""
     def make(partitions: int = 2, records: int = 1000, **overrides):
-        topic = unique("t")
-        create_topic(bootstrap, topic, partitions)
-        name = write_pipeline(pipelines_dir, bootstrap, [topic], lake, **overrides)
-        cfg = load(pipelines_dir, name)
-        produce(cfg.kafka, topic, records, transactional_share=0.6, abort_share=0.25, seed=len(name))
+        cfg, topic = new_pipeline(bootstrap, pipelines_dir, lake, partitions, records, **overrides)
         ingest(spark, cfg)
         return cfg, topic
     return make
