@@ -50,6 +50,12 @@ class BatchResult:
                 f"{self.quarantined} quarantined, {span} offsets in {len(self.ranges)} ranges")
 
 
+def print_progress(result: BatchResult) -> None:
+    """Stream progress for a terminal or a task log: every batch that did something."""
+    if result.status != "up_to_date":
+        print(result.summary(), flush=True)
+
+
 def plan_batch(cfg: PipelineConfig, cluster: KafkaCluster, ledger: Ledger, tps: list[TP],
                targets: dict[TP, int]) -> BatchPlan:
     log_starts = cluster.start_offsets(tps)

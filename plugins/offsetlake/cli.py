@@ -184,7 +184,7 @@ def cmd_ingest(args) -> int:
 
 
 def cmd_stream(args) -> int:
-    from offsetlake.batch import stream
+    from offsetlake.batch import print_progress, stream
     cfg = _pipeline(args)
     _check_reachable(cfg)
     stop = threading.Event()
@@ -193,7 +193,7 @@ def cmd_stream(args) -> int:
     spark = _session(cfg, args.master, "stream")
     try:
         n = stream(spark, cfg, stop, args.interval, max_seconds=args.max_seconds,
-                   on_batch=lambda r: r.status != "up_to_date" and print(r.summary(), flush=True))
+                   on_batch=print_progress)
     finally:
         spark.stop()
     print(f"stream stopped after {n} committed batches")

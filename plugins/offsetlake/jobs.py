@@ -90,7 +90,7 @@ def ingest_main(argv=None) -> int:
 
 
 def stream_main(argv=None) -> int:
-    from offsetlake.batch import stream
+    from offsetlake.batch import print_progress, stream
 
     def add(parser):
         parser.add_argument("--max-seconds", type=float, required=True)
@@ -104,7 +104,7 @@ def stream_main(argv=None) -> int:
         spark = _session(cfg, "stream")
         try:
             n = stream(spark, cfg, stop, args.interval, run, max_seconds=args.max_seconds,
-                       on_batch=lambda r: r.status != "up_to_date" and print(r.summary(), flush=True))
+                       on_batch=print_progress)
         finally:
             spark.stop()
         print(f"stream stopped after {n} committed batches", flush=True)

@@ -47,7 +47,7 @@ class OffsetRange:
         return f"{self.topic}[{self.partition}] [{self.start}, {self.end})"
 
 
-def reader_settings(settings: KafkaSettings, group: str, chunk: int) -> dict:
+def reader_settings(settings: KafkaSettings, group: str) -> dict:
     return client_settings(
         settings,
         **{
@@ -68,7 +68,7 @@ def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seco
     """Yield the records of `rng` as Arrow batches (MESSAGE_SCHEMA), in offset order."""
     if rng.size <= 0:
         return
-    consumer = Consumer(reader_settings(settings, group, chunk))
+    consumer = Consumer(reader_settings(settings, group))
     try:
         consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
         position, last_progress = rng.start, time.monotonic()

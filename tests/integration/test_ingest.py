@@ -175,6 +175,9 @@ def test_commit_holds_ranges_offsets_and_statistics(spark, pipeline):
     assert meta["kind"] == "ingest" and meta["batch"] == 1 and meta["records"]["rows"] == 900
     assert meta["ranges"] == {topic: {str(p): [0, o] for (_, p), o in sorted(offsets.items())}}
     assert meta["run"]["by"] == "cli"
+    from offsetlake.kafka import KafkaCluster
+    mirrored = KafkaCluster(cfg.kafka).group_offsets(cfg.consumer_group, sorted(offsets))
+    assert mirrored == offsets  # lag tools see the ledger through the consumer group
     adds = table.get_add_actions(flatten=True)
     import pyarrow as pa
     adds = pa.table(adds)
