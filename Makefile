@@ -9,7 +9,7 @@ export OFFSETLAKE_HOME := $(CURDIR)
 export SPARK_LOCAL_IP := 127.0.0.1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install test test-unit demo demo-cli down clean prerequisites
+.PHONY: install test test-unit demo demo-cli down bench clean prerequisites
 
 install: $(STAMP)
 
@@ -34,6 +34,10 @@ test-unit: $(STAMP)
 # Broker, demo producer, Airflow (UI on 127.0.0.1:8080) with the demo DAGs unpaused and a first ingest run.
 demo: $(STAMP)
 	$(BIN)/python -m offsetlake.demo up
+
+# Throughput next to the raw Kafka read rate, in one run (not part of make test).
+bench: $(STAMP)
+	$(BIN)/python tests/benchmarks/bench_ingest.py $(BENCH_ARGS)
 
 # Stops everything `make demo` started, by pid file.
 down:

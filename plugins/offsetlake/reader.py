@@ -59,6 +59,10 @@ def reader_settings(settings: KafkaSettings, group: str) -> dict:
             "isolation.level": settings.isolation_level,
             "queued.max.messages.kbytes": 65536,
             "fetch.max.bytes": 52428800,
+            # noida-db 0.2.3 ignores fetch.max.bytes and answers with the partition's whole tail
+            # (a 140 MB response was measured for 1M records); librdkafka's 100 MB default then
+            # rejects every response and the read stalls. Apache Kafka honours fetch.max.bytes.
+            "receive.message.max.bytes": 1_000_000_000,
         },
     )
 
