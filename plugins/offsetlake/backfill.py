@@ -165,8 +165,8 @@ def backfill(spark, cfg: PipelineConfig, ranges: list[OffsetRange], run_info: Ru
                         max_commit_retries=0),
                 )
             except CommitFailedError:
+                # Rewrites that do not land are this attempt's files: the finally block removes them.
                 log.info("backfill: a concurrent commit landed first; planning the replacement again")
-                _delete_files(cfg.table_path, rewritten)
                 continue
             landed = True
             return BackfillResult("committed", ranges, table.version() + 1, removed_rows,
@@ -184,7 +184,7 @@ def _rows_in(uri: str, ranges: list[OffsetRange]) -> int:
 
 
 def _in_ranges(lineage: pa.Table, ranges: list[OffsetRange]) -> pa.ChunkedArray:
-    mask = pa.chunked_array([pa.array([False] * lineage.num_rows)])
+    mask = pa.repeat(False, lineage.num_rows)
     for r in ranges:
         hit = pc.and_(pc.and_(pc.equal(lineage["kafka_topic"], r.topic),
                               pc.equal(lineage["kafka_partition"], r.partition)),
@@ -237,9 +237,3 @@ def _with_partition_columns(rows: pa.Table, partition_values: dict) -> pa.Table:
             rows = rows.append_column(col, pa.array([value] * rows.num_rows).cast(typ))
     return rows
 
-
-def _delete_files(uri: str, files: list[DataFile]) -> None:
-    from offsetlake.files import open_filesystem
-    fs, root = open_filesystem(uri)
-    for f in files:
-        fs.delete_file(f"{root.rstrip('/')}/{from_delta_path(f.path)}")

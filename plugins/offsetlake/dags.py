@@ -80,7 +80,6 @@ def _dag(cfg: PipelineConfig, kind: str, **kwargs) -> DAG:
         max_active_runs=1,
         tags=["offsetlake", cfg.name, kind],
         user_defined_macros={"result_file": result_file},
-        render_template_as_native_obj=False,
         **kwargs,
     )
 

@@ -88,7 +88,7 @@ def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     if restore is None:
         return current
     restored_version, restore_commit = restore
-    restored = ledger_at(table.table_uri, pipeline, tps, restored_version, depth=1)
+    restored = ledger_at(table.table_uri, pipeline, tps, restored_version)
     # Batch numbers never go back: a zombie of an old batch must still find its batch committed.
     return Ledger(
         batch=current.batch,
@@ -99,7 +99,8 @@ def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     )
 
 
-def ledger_at(uri: str, pipeline: str, tps: list[TP], version: int, depth: int) -> Ledger:
+def ledger_at(uri: str, pipeline: str, tps: list[TP], version: int, depth: int = 1) -> Ledger:
+    """The ledger as of `version`, following RESTOREs that version itself had not recorded."""
     table = DeltaTable(uri, version=version)
     state = _txn_state(table, pipeline, tps)
     if depth >= MAX_RESTORE_CHAIN:

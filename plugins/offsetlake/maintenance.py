@@ -107,8 +107,9 @@ def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run_info: Ru
             raise ConfigError(f"offset {offset} for {tp[0]}[{tp[1]}] is outside what Kafka holds "
                               f"[{starts[tp]}, {ends[tp]}]")
     run_info = run_info or RunInfo.from_env()
+    schema = table_schema(cfg)
     for _ in range(MAX_ATTEMPTS):
-        table = open_table(cfg.table_path, table_schema(cfg), cfg.table.partition_by, cfg.name)
+        table = open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name)
         ledger = read_ledger(table, cfg.name, tps)
         new = {**ledger.offsets, **offsets}
         batch = ledger.next_batch()
@@ -117,7 +118,7 @@ def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run_info: Ru
                     "run": run_info.as_dict(), "offsetlake": __version__}
         try:
             table.create_write_transaction(
-                [], mode="append", schema=table_schema(cfg), partition_by=cfg.table.partition_by or None,
+                [], mode="append", schema=schema, partition_by=cfg.table.partition_by or None,
                 commit_properties=CommitProperties(
                     custom_metadata={"userMetadata": json.dumps(metadata, separators=(",", ":"))},
                     max_commit_retries=0, app_transactions=txn_actions(cfg.name, batch, new)))
@@ -135,7 +136,7 @@ def restore(cfg: PipelineConfig, version: int, run_info: RunInfo | None = None) 
     cluster = KafkaCluster(cfg.kafka)
     tps = cluster.partitions(cfg.topics)
     current = read_ledger(table, cfg.name, tps)
-    then = ledger_at(cfg.table_path, cfg.name, tps, version, depth=1)
+    then = ledger_at(cfg.table_path, cfg.name, tps, version)
     # Partitions the ledger did not know at that version start again from their earliest offset.
     offsets = {**cluster.start_offsets(tps), **then.offsets}
     batch = current.next_batch()

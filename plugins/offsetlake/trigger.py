@@ -57,9 +57,9 @@ def backfill_ranges(cfg: PipelineConfig, conf: dict, cluster: KafkaCluster | Non
     if raw_ranges:
         ranges = [_range(cfg, item, i) for i, item in enumerate(raw_ranges)]
         known = set(cluster.partitions(cfg.topics))
-        for r in ranges:
+        for i, r in enumerate(ranges):
             if (r.topic, r.partition) not in known:
-                raise ConfigError(f"ranges[{ranges.index(r)}]: unknown partition {r.topic}[{r.partition}]")
+                raise ConfigError(f"ranges[{i}]: unknown partition {r.topic}[{r.partition}]")
     else:
         from offsetlake.backfill import ranges_for_time_window
         ranges = ranges_for_time_window(cfg, cluster, _time(window[0], "time_from"), _time(window[1], "time_to"))
