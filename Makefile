@@ -9,7 +9,7 @@ export OFFSETLAKE_HOME := $(CURDIR)
 export SPARK_LOCAL_IP := 127.0.0.1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install test test-unit demo demo-cli down bench clean prerequisites
+.PHONY: install test test-unit demo demo-cli down bench chaos clean prerequisites
 
 install: $(STAMP)
 
@@ -53,3 +53,7 @@ demo-cli: $(STAMP)
 
 clean: down
 	rm -rf $(DEMO)
+
+# Hundreds of injected crashes, then a row-by-row audit (CHAOS_ARGS="--faults 200 --seed N").
+chaos: $(STAMP)
+	$(BIN)/python tests/chaos/harness.py $(CHAOS_ARGS)

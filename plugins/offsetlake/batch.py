@@ -23,6 +23,7 @@ from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.ledger import Ledger, RunInfo, flat_offsets, ranges_json, read_ledger
 from offsetlake.planning import BatchPlan, apply_data_loss, cap_ends, split_ranges, start_offsets
 from offsetlake.reader import OffsetRange
+from offsetlake.spark import session_of
 from offsetlake.table import open_table
 from offsetlake.tasks import RESULT_SCHEMA, TaskContext, parse_results, task_function
 
@@ -116,7 +117,7 @@ def run_tasks(spark, ctx: TaskContext):
     if not ctx.tasks:
         return {}, [], []
     ddl = ", ".join(f"{f.name} {_SPARK_TYPES[str(f.type)]}" for f in RESULT_SCHEMA)
-    frame = spark.range(0, len(ctx.tasks), 1, numPartitions=len(ctx.tasks)).mapInArrow(task_function(ctx), ddl)
+    frame = session_of(spark).range(0, len(ctx.tasks), 1, numPartitions=len(ctx.tasks)).mapInArrow(task_function(ctx), ddl)
     try:
         rows = frame.collect()
     except Exception as err:  # Spark wraps executor errors: surface ours as one line

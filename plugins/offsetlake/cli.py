@@ -12,7 +12,7 @@ from pathlib import Path
 
 from offsetlake import broker
 from offsetlake.config import PipelineConfig, load_pipeline
-from offsetlake.errors import ConfigError, OffsetlakeError
+from offsetlake.errors import ConfigError, OffsetlakeError, one_line
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args) or 0
     except OffsetlakeError as err:
-        print(f"offsetlake: error: {err}", file=sys.stderr)
+        print(f"offsetlake: error: {one_line(err)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("offsetlake: interrupted", file=sys.stderr)
@@ -131,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # still one line; the traceback only when asked for
         if os.environ.get("OFFSETLAKE_DEBUG"):
             raise
-        print(f"offsetlake: error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
-              file=sys.stderr)
+        print(f"offsetlake: error: {type(err).__name__}: {one_line(err)}", file=sys.stderr)
         return EXIT_FAILED
 
 
@@ -170,11 +169,16 @@ def _session(cfg: PipelineConfig, master: str | None, job: str):
     return build_session(f"offsetlake-{job}-{cfg.name}", master)
 
 
+def _lazy_session(cfg: PipelineConfig, master: str | None, job: str):
+    from offsetlake.spark import LazySession
+    return LazySession(f"offsetlake-{job}-{cfg.name}", master)
+
+
 def cmd_ingest(args) -> int:
     from offsetlake.batch import ingest
     cfg = _pipeline(args)
     _check_reachable(cfg)
-    spark = _session(cfg, args.master, "ingest")
+    spark = _lazy_session(cfg, args.master, "ingest")
     try:
         for result in ingest(spark, cfg):
             print(result.summary(), flush=True)
@@ -190,7 +194,7 @@ def cmd_stream(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())  # finish the batch in flight, then leave
-    spark = _session(cfg, args.master, "stream")
+    spark = _lazy_session(cfg, args.master, "stream")
     try:
         n = stream(spark, cfg, stop, args.interval, max_seconds=args.max_seconds,
                    on_batch=print_progress)

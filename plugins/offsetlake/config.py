@@ -30,6 +30,8 @@ RESERVED_CLIENT_KEYS = {
 FIELD_TYPES = ("string", "long", "int", "double", "float", "boolean", "timestamp", "date", "binary")
 LINEAGE_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp")
 RAW_COLUMNS = ("key", "value")
+UNKNOWN_FIELDS_COLUMN = "_unknown_fields"  # unknown_fields: keep -> JSON text of the undeclared fields
+DEFAULT_MAX_VALUE_BYTES = 1_048_576  # Kafka's own default message size limit
 
 
 class _Strict(BaseModel):
@@ -67,6 +69,11 @@ class SchemaField(_Strict):
 class RecordFormat(_Strict):
     type: Literal["json", "raw"]
     schema_: list[SchemaField] = Field(default_factory=list, alias="schema")
+    # Schema drift: fields the schema does not declare are dropped, or kept as JSON text in
+    # UNKNOWN_FIELDS_COLUMN. A declared field whose type changes sends the record to quarantine.
+    unknown_fields: Literal["drop", "keep"] = "drop"
+    # Values above this many bytes go to quarantine instead of the table.
+    max_value_bytes: StrictInt = Field(default=DEFAULT_MAX_VALUE_BYTES, gt=0)
 
     @model_validator(mode="after")
     def _schema_matches_type(self):
@@ -78,9 +85,11 @@ class RecordFormat(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"schema field {dupes[0]!r} is declared twice")
-        clash = sorted(set(names) & set(LINEAGE_COLUMNS))
+        clash = sorted(set(names) & {*LINEAGE_COLUMNS, UNKNOWN_FIELDS_COLUMN})
         if clash:
-            raise ValueError(f"schema field {clash[0]!r} clashes with a lineage column")
+            raise ValueError(f"schema field {clash[0]!r} clashes with a column offsetlake adds")
+        if self.type == "raw" and self.unknown_fields == "keep":
+            raise ValueError("'unknown_fields: keep' needs format 'json' (raw keeps the whole value anyway)")
         return self
 
 
@@ -121,6 +130,8 @@ class PipelineConfig(_Strict):
 
     def column_names(self) -> list[str]:
         payload = [f.name for f in self.format.schema_] if self.format.type == "json" else list(RAW_COLUMNS)
+        if self.format.unknown_fields == "keep":
+            payload.append(UNKNOWN_FIELDS_COLUMN)
         return [*payload, *LINEAGE_COLUMNS]
 
     @property

@@ -19,3 +19,8 @@ class DataLossError(OffsetlakeError):
 
 class TableError(OffsetlakeError):
     """The Delta table is missing, unreadable, or does not match the pipeline."""
+
+
+def one_line(text: object) -> str:
+    """Messages from libraries (delta-rs, librdkafka, Spark) may span lines; a terminal or task log gets one."""
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())

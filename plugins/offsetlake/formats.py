@@ -13,8 +13,9 @@ import json
 import math
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from offsetlake.config import LINEAGE_COLUMNS, PipelineConfig, SchemaField
+from offsetlake.config import LINEAGE_COLUMNS, UNKNOWN_FIELDS_COLUMN, PipelineConfig, SchemaField
 
 ARROW_TYPES = {
     "string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64(),
@@ -42,6 +43,8 @@ def table_schema(cfg: PipelineConfig) -> pa.Schema:
         payload = [pa.field("key", pa.binary()), pa.field("value", pa.binary())]
     else:
         payload = [pa.field(f.name, ARROW_TYPES[f.type]) for f in cfg.format.schema_]
+    if cfg.format.unknown_fields == "keep":
+        payload.append(pa.field(UNKNOWN_FIELDS_COLUMN, pa.string()))
     return pa.schema([*payload, *LINEAGE_SCHEMA])
 
 
@@ -51,10 +54,31 @@ def _lineage(messages: pa.Table) -> list[pa.ChunkedArray]:
 
 def convert(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa.Table]:
     """Return (rows for the table, rows for the quarantine)."""
+    messages, oversized = _split_oversized(messages, cfg.format.max_value_bytes)
     if cfg.format.type == "raw":
         columns = [messages.column("key"), messages.column("value"), *_lineage(messages)]
-        return pa.Table.from_arrays(columns, schema=table_schema(cfg)), QUARANTINE_SCHEMA.empty_table()
-    return _convert_json(cfg, messages)
+        table, quarantine = pa.Table.from_arrays(columns, schema=table_schema(cfg)), QUARANTINE_SCHEMA.empty_table()
+    else:
+        table, quarantine = _convert_json(cfg, messages)
+    if oversized is not None:
+        quarantine = pa.concat_tables([quarantine, oversized]).sort_by([("kafka_partition", "ascending"),
+                                                                        ("kafka_offset", "ascending")])
+    return table, quarantine
+
+
+def _split_oversized(messages: pa.Table, limit: int) -> tuple[pa.Table, pa.Table | None]:
+    """Values above `limit` bytes are quarantined whole: a table row that size hurts every reader."""
+    sizes = pc.binary_length(messages.column("value")).fill_null(0)
+    too_big = pc.greater(sizes, limit)
+    if not pc.any(too_big).as_py():
+        return messages, None
+    big = messages.filter(too_big)
+    errors = [f"value is {n} bytes, above format.max_value_bytes ({limit})"
+              for n in pc.binary_length(big.column("value")).to_pylist()]
+    quarantine = pa.Table.from_arrays(
+        [*_lineage(big), big.column("key"), big.column("value"), pa.array(errors, pa.string())],
+        schema=QUARANTINE_SCHEMA)
+    return messages.filter(pc.invert(too_big)), quarantine
 
 
 class BadRecord(ValueError):
@@ -63,14 +87,16 @@ class BadRecord(ValueError):
 
 def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa.Table]:
     fields = cfg.format.schema_
+    keep_unknown = cfg.format.unknown_fields == "keep"
     values = messages.column("value").to_pylist()
     good_rows: list[int] = []
     parsed: dict[str, list] = {f.name: [] for f in fields}
+    unknown: list[str | None] = []
     bad_rows: list[int] = []
     errors: list[str] = []
     for i, raw in enumerate(values):
         try:
-            record = _parse_record(raw, fields)
+            record, extra = _parse_record(raw, fields)
         except BadRecord as err:
             bad_rows.append(i)
             errors.append(str(err))
@@ -78,9 +104,13 @@ def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa
         good_rows.append(i)
         for f in fields:
             parsed[f.name].append(record[f.name])
+        if keep_unknown:
+            unknown.append(json.dumps(extra, ensure_ascii=False, separators=(",", ":")) if extra else None)
     schema = table_schema(cfg)
     good = messages.take(pa.array(good_rows, pa.int64()))
     columns = [pa.array(parsed[f.name], ARROW_TYPES[f.type]) for f in fields]
+    if keep_unknown:
+        columns.append(pa.array(unknown, pa.string()))
     table = pa.Table.from_arrays([*columns, *_lineage(good)], schema=schema)
     bad = messages.take(pa.array(bad_rows, pa.int64()))
     quarantine = pa.Table.from_arrays(
@@ -90,7 +120,8 @@ def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa
     return table, quarantine
 
 
-def _parse_record(raw: bytes | None, fields: list[SchemaField]) -> dict:
+def _parse_record(raw: bytes | None, fields: list[SchemaField]) -> tuple[dict, dict]:
+    """(declared fields coerced to their types, the fields the schema does not declare)."""
     if raw is None:
         raise BadRecord("value is null (tombstone)")
     try:
@@ -113,7 +144,7 @@ def _parse_record(raw: bytes | None, fields: list[SchemaField]) -> dict:
             out[f.name] = _coerce(value, f.type)
         except (TypeError, ValueError, OverflowError) as err:
             raise BadRecord(f"field {f.name!r}: {err}") from None
-    return out
+    return out, {k: v for k, v in record.items() if k not in out}
 
 
 def _coerce(value, type_: str):

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 from offsetlake.config import PipelineConfig, load_pipeline
-from offsetlake.errors import ConfigError, OffsetlakeError
+from offsetlake.errors import ConfigError, OffsetlakeError, one_line
 from offsetlake.ledger import RunInfo
 
 
@@ -47,7 +47,7 @@ def _run(prog: str, argv, add_arguments, body) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(result))
     except OffsetlakeError as err:
-        print(f"offsetlake: error: {err}", file=sys.stderr, flush=True)
+        print(f"offsetlake: error: {one_line(err)}", file=sys.stderr, flush=True)
         return 1
     return 0
 

@@ -7,6 +7,7 @@ Python logger instead of stderr: a down broker otherwise prints a line a second.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Iterable
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
@@ -19,6 +20,7 @@ log = logging.getLogger("offsetlake.kafka")
 librdkafka_log = logging.getLogger("offsetlake.librdkafka")
 
 TP = tuple[str, int]  # (topic, partition)
+AUTH_FAILURE = re.compile(r"SASL|SSL|authenticat|handshake", re.IGNORECASE)
 
 
 def client_settings(settings: KafkaSettings, **extra) -> dict:
@@ -40,15 +42,34 @@ class KafkaCluster:
         self.settings = settings
         self.timeout = settings.timeout_seconds
         self._admin: AdminClient | None = None
+        self._broker_errors: list[str] = []
 
     @property
     def admin(self) -> AdminClient:
         if self._admin is None:
-            self._admin = AdminClient(client_settings(self.settings))
+            self._admin = AdminClient(client_settings(self.settings, error_cb=self._remember))
         return self._admin
 
+    def _remember(self, err) -> None:
+        self._broker_errors.append(err.str())
+
     def _fail(self, what: str, err: Exception) -> KafkaError:
-        return KafkaError(f"Kafka at {self.settings.bootstrap_servers}: {what}: {_describe(err)}")
+        where = f"Kafka at {self.settings.bootstrap_servers}"
+        cause = self._connection_cause()
+        if cause and AUTH_FAILURE.search(cause):
+            return KafkaError(f"{where}: authentication failed: {cause}")
+        return KafkaError(f"{where}: {what}: {_describe(err)}" + (f"; last connection error: {cause}" if cause else ""))
+
+    def _connection_cause(self) -> str | None:
+        """librdkafka reports why it could not connect (refused, SASL, SSL) only through error_cb."""
+        if self._admin is None:
+            return None
+        self._admin.poll(0.2)
+        specific = [e for e in self._broker_errors if "brokers are down" not in e]
+        if not specific:
+            return None
+        # "sasl_plaintext://host:port/bootstrap: SASL authentication error: ... (after 0ms in state AUTH_REQ)"
+        return re.sub(r"\s*\(after \d+ms in state [A-Z_]+.*\)$", "", specific[-1].split("/bootstrap: ", 1)[-1])
 
     def partitions(self, topics: Iterable[str]) -> list[TP]:
         """Every partition of the topics; an unknown topic is an error (never auto-created)."""

@@ -23,6 +23,7 @@ from deltalake import DeltaTable, Transaction
 from offsetlake.kafka import TP
 
 MAX_RESTORE_CHAIN = 20
+MAX_HISTORY_READS = 5  # re-read when a commit lands while we read the history
 # Commits that set the ledger (carry txn actions). Backfills rewrite rows but leave the ledger alone.
 LEDGER_KINDS = ("ingest", "reset", "restore")
 
@@ -84,11 +85,12 @@ def _user() -> str:
 def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     """The ledger as the next batch must see it, rewound if a RESTORE requires it."""
     current = _txn_state(table, pipeline, tps)
-    restore = find_unrecorded_restore(table, pipeline)
+    history = commit_history(table)
+    restore = find_unrecorded_restore(history, pipeline, table.version())
     if restore is None:
         return current
     restored_version, restore_commit = restore
-    restored = ledger_at(table.table_uri, pipeline, tps, restored_version)
+    restored = ledger_at(table.table_uri, pipeline, tps, restored_version, history=history)
     # Batch numbers never go back: a zombie of an old batch must still find its batch committed.
     return Ledger(
         batch=current.batch,
@@ -99,16 +101,35 @@ def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     )
 
 
-def ledger_at(uri: str, pipeline: str, tps: list[TP], version: int, depth: int = 1) -> Ledger:
+def ledger_at(uri: str, pipeline: str, tps: list[TP], version: int, depth: int = 1,
+              history: list[dict] | None = None) -> Ledger:
     """The ledger as of `version`, following RESTOREs that version itself had not recorded."""
     table = DeltaTable(uri, version=version)
     state = _txn_state(table, pipeline, tps)
     if depth >= MAX_RESTORE_CHAIN:
         return state
-    restore = find_unrecorded_restore(table, pipeline)
+    history = history if history is not None else commit_history(DeltaTable(uri))
+    restore = find_unrecorded_restore(history, pipeline, version)
     if restore is None:
         return state
-    return ledger_at(uri, pipeline, tps, restore[0], depth + 1)
+    return ledger_at(uri, pipeline, tps, restore[0], depth + 1, history)
+
+
+def commit_history(table: DeltaTable) -> list[dict]:
+    """The table's commits up to the version `table` has loaded, newest first, truly numbered.
+
+    delta-rs 1.6.6 lists every commit in the log from `history()` but numbers them down
+    from the version the object has loaded: on a time-travelled or stale object every
+    number is off (the chaos harness found a rewind to the wrong offsets this way). So we
+    read the history of the latest version, checked unchanged across the read, and keep
+    the commits up to the object's version.
+    """
+    for _ in range(MAX_HISTORY_READS):
+        latest = DeltaTable(table.table_uri)
+        entries = latest.history()
+        if DeltaTable(table.table_uri).version() == latest.version():
+            break
+    return [e for e in entries if e["version"] <= table.version()]
 
 
 def _txn_state(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
@@ -120,25 +141,28 @@ def _txn_state(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     return Ledger(table.transaction_version(pipeline_app_id(pipeline)), offsets, table.version())
 
 
-def find_unrecorded_restore(table: DeltaTable, pipeline: str) -> tuple[int, int] | None:
-    """(restored version, RESTORE commit version) of a RESTORE newer than the pipeline's last commit."""
-    for entry in table.history():  # newest first
+def find_unrecorded_restore(history: list[dict], pipeline: str, version: int) -> tuple[int, int] | None:
+    """(restored version, RESTORE commit version) of a RESTORE at or before `version` that is newer
+    than the pipeline's last commit."""
+    for entry in history:  # newest first
+        if entry["version"] > version:
+            continue
         meta = commit_metadata(entry)
         if meta and meta.get("pipeline") == pipeline and meta.get("kind") in LEDGER_KINDS:
             return None
         if entry.get("operation") == "RESTORE":
-            return _restored_version(table, entry), entry["version"]
+            return _restored_version(history, entry), entry["version"]
     return None
 
 
-def _restored_version(table: DeltaTable, entry: dict) -> int:
+def _restored_version(history: list[dict], entry: dict) -> int:
     params = entry.get("operationParameters") or {}
     version = params.get("version")
     if version not in (None, "null", ""):
         return int(version)
     stamp = params.get("timestamp") or params.get("datetime")
     target_ms = _to_epoch_ms(stamp)
-    candidates = [h["version"] for h in table.history() if h["version"] < entry["version"] and h["timestamp"] <= target_ms]
+    candidates = [h["version"] for h in history if h["version"] < entry["version"] and h["timestamp"] <= target_ms]
     return max(candidates) if candidates else 0
 
 
@@ -166,7 +190,7 @@ def commit_metadata(entry: dict) -> dict | None:
 def pipeline_history(table: DeltaTable, pipeline: str) -> list[dict]:
     """The pipeline's commits, oldest first: userMetadata plus version and timestamp."""
     rows = []
-    for entry in reversed(table.history()):
+    for entry in reversed(commit_history(table)):
         meta = commit_metadata(entry)
         if meta and meta.get("pipeline") == pipeline:
             rows.append({"version": entry["version"], "timestamp": entry["timestamp"],

@@ -129,21 +129,31 @@ def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run_info: Ru
 
 
 def restore(cfg: PipelineConfig, version: int, run_info: RunInfo | None = None) -> int:
-    """Delta RESTORE to `version` and, in the same commit, the ledger as it was at that version."""
-    table = open_table(cfg.table_path)
-    if not 0 <= version < table.version():
-        raise ConfigError(f"version {version} is not an earlier version of {cfg.table_path} (now {table.version()})")
+    """Delta RESTORE to `version` and, in the same commit, the ledger as it was at that version.
+
+    Committed with no automatic retry: a batch committed meanwhile would otherwise
+    be rebased under the restore, its rows kept while the ledger goes back to
+    `version`, and the next ingest would read them again. We start over instead.
+    """
     cluster = KafkaCluster(cfg.kafka)
     tps = cluster.partitions(cfg.topics)
-    current = read_ledger(table, cfg.name, tps)
-    then = ledger_at(cfg.table_path, cfg.name, tps, version)
-    # Partitions the ledger did not know at that version start again from their earliest offset.
-    offsets = {**cluster.start_offsets(tps), **then.offsets}
-    batch = current.next_batch()
-    metadata = {"pipeline": cfg.name, "batch": batch, "kind": "restore", "restored_version": version,
-                "from": flat_offsets(current.offsets), "offsets": flat_offsets(offsets),
-                "run": (run_info or RunInfo.from_env()).as_dict(), "offsetlake": __version__}
-    DeltaTable(cfg.table_path).restore(version, commit_properties=CommitProperties(
-        custom_metadata={"userMetadata": json.dumps(metadata, separators=(",", ":"))},
-        app_transactions=txn_actions(cfg.name, batch, offsets)))
-    return DeltaTable(cfg.table_path).version()
+    for _ in range(MAX_ATTEMPTS):
+        table = open_table(cfg.table_path)
+        if not 0 <= version < table.version():
+            raise ConfigError(f"version {version} is not an earlier version of {cfg.table_path} (now {table.version()})")
+        current = read_ledger(table, cfg.name, tps)
+        then = ledger_at(cfg.table_path, cfg.name, tps, version)
+        # Partitions the ledger did not know at that version start again from their earliest offset.
+        offsets = {**cluster.start_offsets(tps), **then.offsets}
+        batch = current.next_batch()
+        metadata = {"pipeline": cfg.name, "batch": batch, "kind": "restore", "restored_version": version,
+                    "from": flat_offsets(current.offsets), "offsets": flat_offsets(offsets),
+                    "run": (run_info or RunInfo.from_env()).as_dict(), "offsetlake": __version__}
+        try:
+            table.restore(version, commit_properties=CommitProperties(
+                custom_metadata={"userMetadata": json.dumps(metadata, separators=(",", ":"))},
+                app_transactions=txn_actions(cfg.name, batch, offsets), max_commit_retries=0))
+        except CommitFailedError:
+            continue
+        return table.version()  # restore, unlike a write transaction, moves the table object on
+    raise OffsetlakeError(f"restore gave up after {MAX_ATTEMPTS} commit conflicts")

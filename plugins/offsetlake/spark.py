@@ -39,6 +39,33 @@ def build_session(app_name: str, master: str | None = None, extra_conf: dict | N
     return builder.getOrCreate()
 
 
+class LazySession:
+    """A Spark session started on first use: a run with nothing to read never starts a JVM.
+
+    `offsetlake ingest` on an up-to-date pipeline then answers in about a second
+    instead of the JVM's start-up time, and a job killed while planning costs as little.
+    """
+
+    def __init__(self, app_name: str, master: str | None = None):
+        self.app_name, self.master = app_name, master
+        self._session = None
+
+    def get(self):
+        if self._session is None:
+            self._session = build_session(self.app_name, self.master)
+        return self._session
+
+    def stop(self) -> None:
+        if self._session is not None:
+            self._session.stop()
+            self._session = None
+
+
+def session_of(spark):
+    """The SparkSession behind `spark`, which may be a LazySession."""
+    return spark.get() if isinstance(spark, LazySession) else spark
+
+
 def read_defaults() -> dict[str, str]:
     """include/spark-defaults.conf, in spark-defaults format (key whitespace value)."""
     home = Path(os.environ.get("OFFSETLAKE_HOME", os.getcwd()))

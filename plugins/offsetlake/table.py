@@ -8,7 +8,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import DeltaTable, QueryBuilder
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from offsetlake.errors import TableError
 from offsetlake.files import from_delta_path, plain_types, to_delta_path
@@ -33,7 +33,7 @@ def open_table(uri: str, schema: pa.Schema | None = None, partition_by: list[str
 def _create(uri: str, schema: pa.Schema, partition_by: list[str], name: str | None) -> DeltaTable:
     try:
         return DeltaTable.create(uri, schema, mode="ignore", partition_by=partition_by or None, name=name)
-    except (OSError, PermissionError) as err:
+    except (OSError, DeltaError) as err:  # not writable, not a directory, no such bucket...
         raise TableError(f"cannot create Delta table at {uri}: {err}") from None
 
 

@@ -196,3 +196,23 @@ def test_offsetlake_restore_rewinds_in_the_same_commit(spark, ingested):
     assert reread["kind"] == "ingest" and "rewind" not in reread  # the restore commit already rewound
     assert len(full_rows(cfg)) == rows
     assert_exactly_once(cfg)
+
+
+def test_restore_after_an_operator_restore_takes_the_ledger_of_the_version_asked_for(spark, ingested):
+    """Found by the chaos harness: the ledger "as of version 1" followed a RESTORE committed later
+    (history() lists the whole log even for a table loaded at an old version), so the rewind went
+    to the wrong offsets and 6,500 records were never read again."""
+    cfg, topic = ingested(partitions=2, records=300)  # version 1
+    first = ledger_offsets(cfg)
+    for seed in (11, 12):
+        produce(cfg.kafka, topic, 300, seed=seed)
+        ingest(spark, cfg)  # versions 2, 3
+    DeltaTable(cfg.table_path).restore(2)  # an operator's RESTORE, no ledger of its own: version 4
+
+    restore(cfg, 1)
+
+    last = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
+    assert last["offsets"] == {topic: {str(p): o for (_, p), o in first.items()}}
+    assert ledger_offsets(cfg) == first
+    ingest(spark, cfg)
+    assert_exactly_once(cfg)

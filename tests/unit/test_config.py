@@ -30,6 +30,7 @@ def test_a_valid_pipeline_gets_defaults():
     assert cfg.starting_offsets == "earliest" and cfg.on_data_loss == "fail"
     assert cfg.quarantine_path == "/lake/orders_quarantine"
     assert cfg.column_names()[-4:] == ["kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp"]
+    assert cfg.format.unknown_fields == "drop" and cfg.format.max_value_bytes == 1_048_576
 
 
 @pytest.mark.parametrize("mutate, expected", [
@@ -42,13 +43,17 @@ def test_a_valid_pipeline_gets_defaults():
      "'group.id' is managed by offsetlake"),
     (lambda d: d["format"].update(type="raw"), "takes no 'schema'"),
     (lambda d: d["format"].update(schema=[]), "needs a declared 'schema'"),
-    (lambda d: d["format"]["schema"].append({"name": "kafka_offset", "type": "long"}), "clashes with a lineage column"),
+    (lambda d: d["format"]["schema"].append({"name": "kafka_offset", "type": "long"}), "clashes with a column offsetlake adds"),
     (lambda d: d["format"]["schema"].append({"name": "x", "type": "decimal"}), "key 'format.schema.1.type'"),
     (lambda d: d["table"].update(partition_by=["nope"]), "'nope' is not a column"),
     (lambda d: d.update(name="../etc"), "key 'name'"),
     (lambda d: d["batch"].update(max_records_per_task=0) if "batch" in d else d.update(batch={"max_records_per_task": 0}),
      "key 'batch.max_records_per_task'"),
     (lambda d: d.update(on_data_loss="ignore"), "key 'on_data_loss'"),
+    (lambda d: d["format"].update(unknown_fields="merge"), "key 'format.unknown_fields'"),
+    (lambda d: d["format"].update(type="raw", schema=[], unknown_fields="keep"), "needs format 'json'"),
+    (lambda d: d["format"]["schema"].append({"name": "_unknown_fields", "type": "string"}), "clashes with a column"),
+    (lambda d: d["format"].update(max_value_bytes=0), "key 'format.max_value_bytes'"),
 ])
 def test_mistakes_name_the_key(mutate, expected):
     doc = base()

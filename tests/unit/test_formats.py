@@ -3,6 +3,7 @@ import datetime as dt
 import json
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from offsetlake.config import parse_pipeline
 from offsetlake.files import delta_stats, write_files
@@ -97,3 +98,44 @@ def test_partitioned_files_go_to_hive_directories(tmp_path):
     assert by_value["2026-01-01"].num_records == 2
     assert by_value[None].path.startswith("day=__HIVE_DEFAULT_PARTITION__/")
     assert all((tmp_path / f.path).is_file() for f in files)
+
+
+def test_schema_drift_new_fields_dropped_by_default_kept_as_json_text_when_asked():
+    values = [json.dumps({"id": 1, "name": "a", "coupon": "X1", "tags": ["a", "é"]}).encode(),
+              json.dumps({"id": 2}).encode()]
+    dropped, _ = convert(pipeline(JSON), messages(values))
+    assert "_unknown_fields" not in dropped.column_names
+    kept, bad = convert(pipeline({**JSON, "unknown_fields": "keep"}), messages(values))
+    assert kept.schema == table_schema(pipeline({**JSON, "unknown_fields": "keep"}))
+    extra = kept.column("_unknown_fields").to_pylist()
+    assert json.loads(extra[0]) == {"coupon": "X1", "tags": ["a", "é"]}
+    assert extra[1] is None and bad.num_rows == 0
+
+
+def test_schema_drift_type_change_goes_to_quarantine_even_when_keeping_unknown_fields():
+    values = [json.dumps({"id": 1, "ok": "yes"}).encode(), json.dumps({"id": 2.5}).encode()]
+    rows, bad = convert(pipeline({**JSON, "unknown_fields": "keep"}), messages(values))
+    assert rows.num_rows == 0
+    assert bad.column("error").to_pylist() == ["field 'ok': expected true or false, got str",
+                                               "field 'id': expected an integer, got float"]
+
+
+def test_values_above_the_size_limit_are_quarantined_whole_in_both_formats():
+    big = json.dumps({"id": 3, "name": "x" * 5000}).encode()
+    values = [json.dumps({"id": 1}).encode(), big, None]
+    for fmt in ({**JSON, "max_value_bytes": 4096}, {"type": "raw", "max_value_bytes": 4096}):
+        rows, bad = convert(pipeline(fmt), messages(values))
+        row = bad.filter(pc.equal(bad.column("kafka_offset"), 101))
+        assert row.column("value").to_pylist() == [big]
+        assert row.column("error").to_pylist() == [f"value is {len(big)} bytes, above format.max_value_bytes (4096)"]
+        assert 101 not in rows.column("kafka_offset").to_pylist()
+        assert 100 in rows.column("kafka_offset").to_pylist()
+
+
+def test_null_keys_are_kept_and_null_values_are_tombstones():
+    msgs = messages([b"v", None]).set_column(0, "key", pa.array([None, b"k"], pa.binary()))
+    rows, bad = convert(pipeline({"type": "raw"}), msgs)
+    assert rows.column("key").to_pylist() == [None, b"k"] and rows.column("value").to_pylist() == [b"v", None]
+    rows, bad = convert(pipeline(JSON), messages([json.dumps({"id": 1}).encode(), None]))
+    assert rows.column("id").to_pylist() == [1]
+    assert bad.column("error").to_pylist() == ["value is null (tombstone)"]

@@ -1,0 +1,562 @@
+"""Chaos harness: hundreds of injected faults against real jobs, then a row-by-row verdict.
+
+A broker of its own (noida-db), a 4-partition topic fed all the time by
+idempotent and transactional producers (aborted and long-open transactions,
+1% bad records), and a driver that runs `offsetlake ingest`, `stream` and
+`backfill` as real processes while it injects, in an order drawn from a seed:
+
+  kill@<point>        SIGKILL the job at a protocol step (OFFSETLAKE_FAULT=<point>:exit)
+  kill@random <job>   SIGKILL an ingest, stream or backfill at a random moment
+  duplicate runs      two ingests of the same pipeline at once
+  zombie@<point>      an ingest frozen at a step while a retry commits, then let go
+  broker restart      SIGTERM the broker mid-batch, start it again on the same port
+  restore             Delta RESTORE to an earlier version (delta-rs, as an operator would,
+                      or `offsetlake restore`), sometimes while an ingest runs
+  cleanup             `offsetlake cleanup` while an ingest runs
+
+After every fault the table is checked for duplicated offsets (before a
+restore could erase the evidence, the full check below runs too). At the end
+the producers stop, one clean ingest catches up, and every (topic, partition,
+offset) Kafka returns under read_committed must be in the table or the
+quarantine exactly once, and nothing else. The seed replays the fault
+schedule; thread and process timing still vary from run to run.
+
+    python tests/chaos/harness.py --faults 200 [--seed N] [--workdir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+for path in (REPO / "tests", REPO / "tests" / "chaos"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from deltalake import DeltaTable  # noqa: E402
+from deltalake.exceptions import CommitFailedError  # noqa: E402
+
+import logging  # noqa: E402
+
+from offsetlake import broker as embedded_broker  # noqa: E402
+from offsetlake.audit import audit  # noqa: E402
+from offsetlake.kafka import KafkaCluster  # noqa: E402
+from offsetlake.ledger import pipeline_history  # noqa: E402
+from offsetlake.maintenance import cleanup, restore  # noqa: E402
+from offsetlake.table import open_table  # noqa: E402
+from support import (create_topic, kafka_committed_records, ledger_offsets, load, quarantine_lineage,  # noqa: E402
+                     table_lineage, write_pipeline)
+from workload import Workload  # noqa: E402
+
+POINTS = ("after_plan", "after_read", "after_files_written", "before_commit", "after_commit")
+PARTITIONS = 4
+# Every kind once (in a seeded order) before the rest are drawn by weight: a short run still covers them all.
+KINDS = {
+    **{f"kill@{p}": 3 for p in POINTS},
+    "kill@random ingest": 3, "kill@random stream": 2, "kill@random backfill": 2,
+    "duplicate runs": 2, "zombie@after_files_written": 1, "zombie@before_commit": 1,
+    "broker restart": 2, "restore (delta-rs)": 1, "restore (offsetlake)": 1, "cleanup during ingest": 2,
+}
+JOB_TIMEOUT = 300
+
+
+class ChaosFailure(AssertionError):
+    pass
+
+
+class Stillness:
+    """Faults run side by side in lanes; a full row-by-row check needs the table to hold still."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._busy = 0
+        self._still = False
+
+    @contextmanager
+    def busy(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._still)
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def still(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._still)
+            self._still = True
+            self._cond.wait_for(lambda: self._busy == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._still = False
+                self._cond.notify_all()
+
+
+@dataclass
+class Job:
+    """A real offsetlake process in its own process group (driver, JVM and Python workers)."""
+    name: str
+    proc: subprocess.Popen
+    log: Path
+    broker_restarts: int  # how many restarts had happened when it started
+
+    def wait(self, timeout: float | None = JOB_TIMEOUT) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def reap(self) -> None:
+        """Whatever the killed driver left behind (its JVM) goes with its group."""
+        self.kill()
+
+    def tail(self, lines: int = 5) -> str:
+        text = self.log.read_text(errors="replace").strip().splitlines() if self.log.exists() else []
+        return " | ".join(line for line in text[-lines:])
+
+
+@dataclass
+class Summary:
+    seed: int
+    faults: collections.Counter = field(default_factory=collections.Counter)
+    job_failures: list[str] = field(default_factory=list)
+    batches: int = 0
+    kafka_records: int = 0
+    table_rows: int = 0
+    quarantined: int = 0
+    missing: int = 0
+    duplicated: int = 0
+    unexpected: int = 0
+    audit_ok: bool = False
+    seconds: float = 0.0
+    produced: dict = field(default_factory=dict)
+    examples: list = field(default_factory=list)
+
+    @property
+    def injected(self) -> int:
+        return sum(self.faults.values())
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.duplicated or self.unexpected) and self.audit_ok
+
+    def table(self) -> str:
+        width = max(len(k) for k in [*self.faults, "duplicated (offsets twice)"]) + 2
+        lines = [f"chaos run, seed {self.seed}: {self.injected} faults injected in {self.seconds:.0f} s",
+                 "-" * (width + 10)]
+        lines += [f"{kind:<{width}}{n:>8}" for kind, n in sorted(self.faults.items())]
+        lines += ["-" * (width + 10)]
+        rows = [("batches committed", self.batches), ("kafka records (read_committed)", self.kafka_records),
+                ("table rows", self.table_rows), ("quarantined", self.quarantined),
+                ("missing", self.missing), ("duplicated (offsets twice)", self.duplicated),
+                ("unexpected (not in Kafka)", self.unexpected)]
+        width = max(width, *(len(k) + 2 for k, _ in rows))
+        lines += [f"{k:<{width}}{v:>8}" for k, v in rows]
+        lines += [f"{'offsetlake audit':<{width}}{'ok' if self.audit_ok else 'FAILED':>8}",
+                  f"{'job failures (not injected)':<{width}}{len(self.job_failures):>8}",
+                  f"producers: {dict(self.produced)}"]
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {"seed": self.seed, "faults": dict(self.faults), "injected": self.injected, "batches": self.batches,
+                "kafka_records": self.kafka_records, "table_rows": self.table_rows, "quarantined": self.quarantined,
+                "missing": self.missing, "duplicated": self.duplicated, "unexpected": self.unexpected,
+                "audit_ok": self.audit_ok, "job_failures": self.job_failures, "seconds": round(self.seconds, 1),
+                "produced": self.produced, "examples": self.examples}
+
+
+class Schedule:
+    """Every kind once, in a seeded order (a kind that could not happen yet comes back later),
+    then kinds drawn by weight."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.uncovered = list(KINDS)
+        rng.shuffle(self.uncovered)
+
+    def next(self) -> str:
+        if self.uncovered:
+            return self.uncovered.pop(0)
+        return self.rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+
+    def not_reached(self, kind: str, covered: bool) -> None:
+        if not covered:
+            self.uncovered.append(kind)
+
+
+class Chaos:
+    def __init__(self, workdir: Path, seed: int, log, lanes: int = 2):
+        self.workdir, self.seed, self.log, self.lanes = workdir, seed, log, lanes
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+        self.stillness = Stillness()
+        self.broker_restarts = 0
+        self.live: list[Job] = []
+        self.summary = Summary(seed)
+        self.broker = embedded_broker.start(workdir / "broker")
+        self.topic = f"chaos_{seed}"
+        create_topic(self.broker.bootstrap_servers, self.topic, PARTITIONS)
+        self.pipelines = workdir / "pipelines"
+        name = write_pipeline(self.pipelines, self.broker.bootstrap_servers, [self.topic], workdir / "lake",
+                              name=f"chaos_{seed}", batch={"max_records_per_batch": 4000,
+                                                           "max_records_per_task": 1500,
+                                                           "read_timeout_seconds": 30})
+        self.cfg = load(self.pipelines, name)
+        self.workload = Workload(self.cfg.kafka, self.topic, seed)
+        self.jobs = 0
+
+    # -- processes -------------------------------------------------------------------------------
+
+    def start(self, command: str, *args: str, fault: str | None = None, fault_dir: Path | None = None) -> Job:
+        with self.lock:
+            self.jobs += 1
+            number = self.jobs
+        log = self.workdir / "logs" / f"{number:04d}-{command}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        # One Spark core and a JVM tuned to start fast: many short jobs share two cores here,
+        # and neither changes the code paths the faults hit.
+        env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1",
+               "OFFSETLAKE_SPARK_MASTER": "local[1]",
+               "JDK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+        env.pop("OFFSETLAKE_FAULT", None)
+        if fault:
+            env["OFFSETLAKE_FAULT"] = fault
+            env["OFFSETLAKE_FAULT_DIR"] = str(fault_dir or self.workdir)
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "offsetlake.cli", command, "--pipeline", self.cfg.name,
+                 "--pipelines-dir", str(self.pipelines), *args],
+                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        job = Job(f"{command}#{number}", proc, log, self.broker_restarts)
+        with self.lock:
+            self.live = [j for j in self.live if j.proc.poll() is None] + [job]
+        return job
+
+    def running_jobs(self) -> int:
+        with self.lock:
+            return sum(1 for job in self.live if job.proc.poll() is None)
+
+    def finish(self, job: Job, may_fail: bool = False) -> int | None:
+        """Wait for a job nobody killed; a failure is recorded unless a fault explains it."""
+        rc = job.wait()
+        job.reap()
+        may_fail = may_fail or job.broker_restarts != self.broker_restarts  # another lane restarted it
+        if rc is None:
+            self.summary.job_failures.append(f"{job.name}: still running after {JOB_TIMEOUT}s, killed")
+        elif rc != 0 and not may_fail:
+            self.summary.job_failures.append(f"{job.name}: exit {rc}: {job.tail(2)}")
+        return rc
+
+    def restart_broker(self, rng: random.Random) -> None:
+        with self.lock:
+            self.broker_restarts += 1
+        embedded_broker.stop(self.broker.pid)
+        time.sleep(rng.uniform(0.2, 3.0))
+        self.broker = embedded_broker.start(self.broker.data_dir, port=self.broker.port)
+        with self.lock:
+            self.broker_restarts += 1  # jobs started while it was down may fail too
+        self.workload.broker_restarted()
+
+    # -- faults: each returns True if the fault really happened -------------------------------------
+
+    def kill_at(self, rng: random.Random, point: str) -> bool:
+        job = self.start("ingest", fault=f"{point}:exit")
+        rc = job.wait()
+        job.reap()
+        return rc == -signal.SIGKILL
+
+    def kill_random(self, rng: random.Random, command: str) -> bool:
+        args: tuple[str, ...] = ()
+        if command == "stream":
+            args = ("--interval", "0.5")
+        elif command == "backfill":
+            span = self.committed_span(rng)
+            if span is None:
+                return False
+            args = ("--ranges", span)
+        job = self.start(command, *args)
+        if job.wait(rng.uniform(0.5, 10.0)) is not None:
+            self.finish(job)
+            return False  # done before the kill: no fault
+        job.kill()
+        return True
+
+    def committed_span(self, rng: random.Random) -> str | None:
+        """A random offset range below the ledger, for a backfill."""
+        offsets = {tp: o for tp, o in ledger_offsets(self.cfg).items() if o and o > 1}
+        if not offsets:
+            return None
+        (topic, partition), end = rng.choice(sorted(offsets.items()))
+        start = rng.randrange(0, end - 1)
+        return f"{topic}:{partition}:{start}-{rng.randint(start + 1, min(end, start + 3000))}"
+
+    def duplicate_runs(self, rng: random.Random) -> bool:
+        first, second = self.start("ingest"), self.start("ingest")
+        self.finish(first)
+        self.finish(second)
+        return True
+
+    def zombie(self, rng: random.Random, point: str) -> bool:
+        """The zombie freezes at `point` with its batch written; a retry of the same batch, held
+        just before its commit until then, commits; then the zombie goes on with its stale attempt.
+        Both start together so their JVMs start side by side."""
+        zombie_dir, retry_dir = (self.workdir / "faults" / uuid.uuid4().hex[:8] for _ in range(2))
+        zombie_dir.mkdir(parents=True)
+        retry_dir.mkdir(parents=True)
+        zombie = self.start("ingest", fault=f"{point}:pause", fault_dir=zombie_dir)
+        retry = self.start("ingest", fault="after_files_written:pause", fault_dir=retry_dir)
+        reached = zombie_dir / f"{point}.reached"
+        self.wait_for(reached, zombie)
+        self.wait_for(retry_dir / "after_files_written.reached", retry)
+        (retry_dir / "after_files_written.release").touch()
+        self.finish(retry)
+        (zombie_dir / f"{point}.release").touch()
+        self.finish(zombie)  # must stand down (already committed / superseded) and exit 0
+        return reached.exists()
+
+    @staticmethod
+    def wait_for(marker: Path, job: Job) -> None:
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while not marker.exists() and job.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def alongside_a_job(self, rng: random.Random, action) -> None:
+        """Hit the jobs other lanes are running; if there are none, start an ingest to hit."""
+        job = None if self.running_jobs() else self.start("ingest")
+        time.sleep(rng.uniform(0.5, 6.0))
+        action()
+        if job is not None:
+            self.finish(job)
+
+    def broker_restart(self, rng: random.Random) -> bool:
+        self.alongside_a_job(rng, lambda: self.restart_broker(rng))  # the job may fail, with a clear error
+        return True
+
+    def restore(self, rng: random.Random, how: str) -> bool:
+        """(The lane has just checked the table row by row: a restore could erase a duplicate.)"""
+        if not Path(self.cfg.table_path, "_delta_log").is_dir():
+            return False
+        version = DeltaTable(self.cfg.table_path).version()
+        if version < 2:  # version 0 is the empty table, version 1 the first batch
+            return False
+        target = rng.randint(max(1, version - 6), version - 1)
+
+        def restore_now():
+            if how == "offsetlake":
+                restore(self.cfg, target)
+                return
+            for _ in range(10):  # an operator re-runs a RESTORE that lost a race with a commit
+                try:
+                    DeltaTable(self.cfg.table_path).restore(target)
+                    return
+                except CommitFailedError:
+                    time.sleep(0.2)
+        self.alongside_a_job(rng, restore_now)
+        return True
+
+    def cleanup_during_ingest(self, rng: random.Random) -> bool:
+        def clean():
+            cleanup(self.cfg.table_path, 60)
+            if Path(self.cfg.quarantine_path, "_delta_log").is_dir():
+                cleanup(self.cfg.quarantine_path, 60)
+        self.alongside_a_job(rng, clean)
+        return True
+
+    def inject(self, rng: random.Random, kind: str) -> bool:
+        if kind.startswith("kill@random "):
+            return self.kill_random(rng, kind.split()[1])
+        if kind.startswith("kill@"):
+            return self.kill_at(rng, kind.removeprefix("kill@"))
+        if kind.startswith("zombie@"):
+            return self.zombie(rng, kind.removeprefix("zombie@"))
+        if kind.startswith("restore"):
+            return self.restore(rng, "delta-rs" if "delta-rs" in kind else "offsetlake")
+        return {"duplicate runs": self.duplicate_runs, "broker restart": self.broker_restart,
+                "cleanup during ingest": self.cleanup_during_ingest}[kind](rng)
+
+    # -- checks --------------------------------------------------------------------------------------
+
+    def check_duplicates(self, when: str) -> None:
+        if not Path(self.cfg.table_path, "_delta_log").is_dir():
+            return
+        rows = table_lineage(self.cfg.table_path)
+        twice = [k for k, n in collections.Counter(rows).items() if n > 1]
+        both = set(rows) & set(quarantine_lineage(self.cfg))
+        if twice or both:
+            self.summary.duplicated = len(twice) + len(both)
+            self.summary.examples = sorted(twice or both)[:5]
+            raise ChaosFailure(f"{when}: {len(twice)} offsets twice in the table, {len(both)} in table and "
+                               f"quarantine, e.g. {self.summary.examples}")
+
+    def verify(self, when: str) -> None:
+        """Row by row against Kafka read_committed, below the ledger's end (it need not be caught up)."""
+        if not Path(self.cfg.table_path, "_delta_log").is_dir():
+            return
+        self.tally(ledger_offsets(self.cfg))
+        s = self.summary
+        if s.missing or s.duplicated or s.unexpected:
+            raise ChaosFailure(f"{when}: {s.missing} missing, {s.duplicated} duplicated, {s.unexpected} "
+                               f"unexpected rows, e.g. {s.examples}")
+
+    def tally(self, until: dict) -> None:
+        rows = table_lineage(self.cfg.table_path)
+        # The quarantine commit comes first, so a job killed before its table commit leaves the
+        # quarantine ahead of the ledger; the next batch skips those. Count them once the ledger is there.
+        quarantined = [q for q in quarantine_lineage(self.cfg) if q[2] < until.get(q[:2], 0)]
+        counts = collections.Counter(rows)
+        expected = set(kafka_committed_records(self.broker.bootstrap_servers, self.topic,
+                                               {p: o for (_, p), o in until.items()}))
+        seen = set(counts) | set(quarantined)
+        s = self.summary
+        s.kafka_records, s.table_rows, s.quarantined = len(expected), len(rows), len(quarantined)
+        missing, unexpected = sorted(expected - seen), sorted(seen - expected)
+        twice = sorted(k for k, n in counts.items() if n > 1) + sorted(set(counts) & set(quarantined))
+        s.missing, s.unexpected, s.duplicated = len(missing), len(unexpected), len(twice)
+        s.examples = (missing or unexpected or twice)[:5]
+
+    def final_verdict(self) -> None:
+        self.workload.stop()
+        self.summary.produced = dict(self.workload.counts)
+        job = self.start("ingest")
+        if self.finish(job) != 0:
+            raise ChaosFailure(f"the final clean ingest failed: {job.tail(3)}")
+        cluster = KafkaCluster(self.cfg.kafka)
+        tps = cluster.partitions([self.topic])
+        lso = cluster.end_offsets(tps, "read_committed")
+        ledger = ledger_offsets(self.cfg)
+        if ledger != lso:
+            raise ChaosFailure(f"after the final ingest the ledger {ledger} is not at the LSO {lso}")
+        self.tally(ledger)
+        history = pipeline_history(open_table(self.cfg.table_path), self.cfg.name)
+        self.summary.batches = sum(1 for h in history if h.get("kind") == "ingest")
+        self.summary.audit_ok = audit(self.cfg).ok
+
+    # -- the run ---------------------------------------------------------------------------------------
+
+    def lane(self, number: int, schedule, faults: int, errors: list) -> None:
+        rng = random.Random(self.seed * 1000 + number)
+        try:
+            while not errors:
+                with self.lock:
+                    if self.summary.injected >= faults and (not schedule.uncovered or self.summary.injected >= 2 * faults):
+                        return
+                    kind = schedule.next()
+                t0 = time.monotonic()
+                if kind.startswith("restore"):
+                    with self.stillness.still():
+                        self.verify(f"before {kind}")  # a restore could erase the evidence of a duplicate
+                with self.stillness.busy():
+                    injected = self.inject(rng, kind)
+                with self.lock:
+                    if injected:
+                        self.summary.faults[kind] += 1
+                    else:
+                        schedule.not_reached(kind, covered=self.summary.faults[kind] > 0)
+                    done = self.summary.injected
+                self.log(f"[{done:>4}/{faults}] lane {number} {kind:<28} "
+                         f"{'injected' if injected else 'not reached'} ({time.monotonic() - t0:.1f} s)")
+                self.check_duplicates(f"after {kind}")
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread
+            errors.append(err)
+
+    def run(self, faults: int) -> Summary:
+        started = time.monotonic()
+        self.workload.start()
+        time.sleep(2)
+        errors: list[BaseException] = []
+        schedule = Schedule(self.rng)
+        try:
+            lanes = [threading.Thread(target=self.lane, args=(n, schedule, faults, errors), name=f"lane-{n}")
+                     for n in range(1, self.lanes + 1)]
+            for t in lanes:
+                t.start()
+            for t in lanes:
+                t.join()
+            if errors:
+                raise errors[0]
+            self.final_verdict()
+        finally:
+            self.workload.stop_event.set()
+            self.summary.seconds = time.monotonic() - started
+        return self.summary
+
+    def close(self) -> None:
+        embedded_broker.stop(self.broker.pid)
+
+
+def _print(*args) -> None:
+    print(*args, flush=True)
+
+
+def run(faults: int, seed: int | None = None, workdir: Path | None = None, log=_print, lanes: int = 2) -> Summary:
+    seed = random.randrange(1_000_000) if seed is None else seed
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="offsetlake-chaos-"))
+    log(f"chaos: seed {seed}, {faults} faults, work in {workdir}")
+    logging.getLogger("offsetlake.librdkafka").setLevel(logging.CRITICAL)  # a restarting broker is expected
+    chaos = Chaos(workdir, seed, log, lanes)
+    try:
+        summary = chaos.run(faults)
+    except ChaosFailure as err:
+        chaos.summary.seconds = chaos.summary.seconds or 0.0
+        log(chaos.summary.table())
+        raise ChaosFailure(f"{err} -- replay: make chaos CHAOS_ARGS='--seed {seed} --faults {faults}'") from None
+    finally:
+        chaos.close()
+    (workdir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
+    log(summary.table())
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--faults", type=int, default=200)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--lanes", type=int, default=2, help="faults injected side by side (default 2)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, table, broker data)")
+    args = parser.parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="offsetlake-chaos-"))
+    try:
+        summary = run(args.faults, args.seed, workdir, lanes=args.lanes)
+    except ChaosFailure as err:
+        print(f"CHAOS FAILED: {err}", file=sys.stderr)
+        print(f"logs kept in {workdir}", file=sys.stderr)
+        return 1
+    if not summary.ok:
+        print(f"CHAOS FAILED: seed {summary.seed}: audit failed -- replay: make chaos "
+              f"CHAOS_ARGS='--seed {summary.seed} --faults {args.faults}'", file=sys.stderr)
+        return 1
+    if not args.keep and not args.workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

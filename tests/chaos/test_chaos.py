@@ -1,0 +1,28 @@
+"""The short chaos run inside `make test`: at least 20 faults, every kind at least once.
+
+`make chaos` runs the same harness with 200. A failure names the seed; replay
+it with OFFSETLAKE_CHAOS_SEED=<seed> make test, or make chaos CHAOS_ARGS="--seed <seed>".
+"""
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from chaos.harness import KINDS, run
+
+pytestmark = pytest.mark.slow
+FAULTS = 20
+
+
+def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path):
+    seed = int(os.environ.get("OFFSETLAKE_CHAOS_SEED") or random.randrange(1_000_000))
+    summary = run(FAULTS, seed, tmp_path / "chaos")  # raises, naming the seed, at the first loss or duplicate
+
+    assert summary.injected >= FAULTS
+    assert set(summary.faults) == set(KINDS), f"seed {seed}: never injected {set(KINDS) - set(summary.faults)}"
+    assert (summary.missing, summary.duplicated, summary.unexpected) == (0, 0, 0), summary.examples
+    assert summary.kafka_records == summary.table_rows + summary.quarantined > 0
+    assert summary.audit_ok, f"seed {seed}: offsetlake audit disagrees"
+    assert summary.job_failures == [], f"seed {seed}: jobs failed with no fault to explain it"

@@ -1,0 +1,132 @@
+"""The chaos harness's producers: Kafka traffic that keeps coming while jobs are killed.
+
+Two threads write the demo events (1% of them records the schema rejects):
+one mixes idempotent writes with short transactions, some aborted after their
+records reached the log; the other holds transactions open for seconds, so the
+last stable offset stalls behind them, then commits or aborts them.
+
+Both survive a broker restart: on any error the transactional producer is
+abandoned and a new one starts under a fresh transactional id. A fresh id is
+also taken after every abort, and after every broker restart (noida-db aborts
+open transactions when it restarts): noida-db 0.2.3 lists every aborted
+transaction of a partition in each fetch, so a standard client reading from
+mid-log would drop later records of an aborting producer id. Apache Kafka
+does not; without this the harness would report the broker's losses as ours.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import uuid
+from collections import Counter
+
+from confluent_kafka import KafkaException, Producer
+
+from offsetlake.config import KafkaSettings
+from offsetlake.kafka import client_settings
+from offsetlake.producer import demo_event, with_bad_records
+
+CHUNK = 20
+TIMEOUT = 10
+
+
+class Workload:
+    def __init__(self, settings: KafkaSettings, topic: str, seed: int, pause_seconds: float = 0.1):
+        self.settings, self.topic, self.pause = settings, topic, pause_seconds
+        self.stop_event = threading.Event()
+        self.counts: Counter = Counter()
+        self._generation = itertools.count()
+        self._epoch = 0  # bumped on broker restart: every transactional producer starts afresh
+        self._make = with_bad_records(demo_event, 0.01)
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._mixed, args=(random.Random(seed),), daemon=True, name="chaos-mixed"),
+            threading.Thread(target=self._long_open, args=(random.Random(seed + 1),), daemon=True, name="chaos-open"),
+        ]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        """Finish: the open transaction is committed or aborted, nothing is left pending."""
+        self.stop_event.set()
+        for t in self._threads:
+            t.join(timeout=60)
+
+    def broker_restarted(self) -> None:
+        with self._lock:
+            self._epoch += 1
+
+    def _record(self, rng: random.Random) -> tuple[bytes, bytes]:
+        return self._make(rng, next(self._seq))
+
+    def _transactional(self) -> tuple[Producer, int]:
+        with self._lock:
+            epoch = self._epoch
+        producer = Producer(client_settings(self.settings, **{
+            "transactional.id": f"chaos-{uuid.uuid4().hex[:8]}-{next(self._generation)}",
+            "transaction.timeout.ms": 60_000, "linger.ms": 5}))
+        producer.init_transactions(TIMEOUT)
+        return producer, epoch
+
+    def _fresh(self, epoch: int) -> bool:
+        with self._lock:
+            return epoch == self._epoch
+
+    def _transaction(self, rng: random.Random, state: dict, size: int, hold: float, abort: bool) -> None:
+        """One transaction on state['producer'], renewed after an abort, an error or a broker restart."""
+        try:
+            if state.get("producer") is None or not self._fresh(state["epoch"]):
+                state["producer"], state["epoch"] = self._transactional()
+            producer = state["producer"]
+            producer.begin_transaction()
+            for _ in range(size):
+                key, value = self._record(rng)
+                producer.produce(self.topic, value=value, key=key)
+            producer.flush(TIMEOUT)  # the records reach the log whether we commit or abort
+            if hold:
+                self.stop_event.wait(hold)
+            if abort or not self._fresh(state["epoch"]):
+                producer.abort_transaction(TIMEOUT)
+                self.counts["transactions aborted"] += 1
+                state["producer"] = None
+            else:
+                producer.commit_transaction(TIMEOUT)
+                self.counts["transactions committed"] += 1
+        except KafkaException:
+            self.counts["producer errors (broker away)"] += 1
+            state["producer"] = None
+            self.stop_event.wait(0.5)
+
+    def _idempotent(self) -> Producer:
+        return Producer(client_settings(self.settings, **{"enable.idempotence": True, "linger.ms": 5}))
+
+    def _mixed(self, rng: random.Random) -> None:
+        idempotent = self._idempotent()
+        state: dict = {}
+        while not self.stop_event.is_set():
+            if rng.random() < 0.5:
+                try:
+                    for _ in range(CHUNK):
+                        key, value = self._record(rng)
+                        idempotent.produce(self.topic, value=value, key=key)
+                    idempotent.poll(0)
+                    self.counts["idempotent chunks"] += 1
+                except BufferError:
+                    idempotent.poll(1)
+                except KafkaException:  # fatal idempotence error after a restart: start a new producer
+                    self.counts["producer errors (broker away)"] += 1
+                    idempotent = self._idempotent()
+            else:
+                self._transaction(rng, state, CHUNK, 0, abort=rng.random() < 0.25)
+            self.stop_event.wait(self.pause)
+        idempotent.flush(30)
+
+    def _long_open(self, rng: random.Random) -> None:
+        state: dict = {}
+        while not self.stop_event.is_set():
+            self._transaction(rng, state, rng.randint(5, 30), rng.uniform(1, 6), abort=rng.random() < 0.3)
+            self.stop_event.wait(rng.uniform(0.5, 3))

@@ -1,0 +1,168 @@
+"""Bad records and bad operational input, against the real broker, Spark and Delta.
+
+Bad records never stop a batch: they land in the quarantine table (raw bytes,
+offsets, error) and the ledger covers them. Bad operational input stops the
+job with one line naming the cause, a non-zero exit, and no commit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+from deltalake import DeltaTable
+
+from offsetlake import broker as embedded_broker
+from offsetlake.batch import ingest
+from offsetlake.producer import produce
+from offsetlake.table import query
+from support import (REPO, assert_exactly_once, create_topic, load, new_pipeline, run_cli, unique,
+                     write_pipeline)
+from test_cli import assert_one_line_failure
+from test_failures import data_files_on_disk, ingest_process
+
+pytestmark = pytest.mark.slow
+BIG = 600_000  # above the pipeline's max_value_bytes below, within the broker's 1 MB message limit
+
+
+def send(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None]]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                         "message.max.bytes": 2_000_000})
+    failures = []
+    for key, value in records:
+        producer.produce(topic, value=value, key=key, partition=0,
+                         on_delivery=lambda err, msg: err and failures.append(err))
+    producer.flush(30)
+    assert not failures, failures
+
+
+def good(n: int, **extra) -> bytes:
+    return json.dumps({"event_id": f"e{n}", "user_id": n, "action": "view", "amount": 1.5,
+                       "event_time": "2026-11-22T10:00:00Z", "seq": n, **extra}).encode()
+
+
+BAD_RECORDS = [  # (key, value, the error the quarantine row must carry; None = a table row)
+    (b"k0", good(0), None),
+    (None, good(1), None),  # null key: a normal record
+    (b"k2", good(2, coupon="X1", tags=["a"]), None),  # schema drift: a new field
+    (b"k3", b'{"event_id": "broken', "value is not JSON"),
+    (b"k4", json.dumps({"event_id": "e4", "user_id": "4"}).encode(), "field 'user_id': expected an integer, got str"),
+    (b"k5", json.dumps({"action": "view"}).encode(), "required field 'event_id' is missing or null"),
+    (b"k6", b"\xff\xfe not utf-8", "value is not"),
+    (b"k7", None, "value is null (tombstone)"),
+    (b"k8", json.dumps({"event_id": "e8", "user_id": 8, "amount": "12.50"}).encode(),
+     "field 'amount': expected a number, got str"),  # drift: a declared field changed type
+    (b"k9", good(9, note="x" * BIG), f"above format.max_value_bytes (100000)"),
+    (b"k10", json.dumps({"event_id": "e10", "user_id": None}).encode(), "required field 'user_id'"),
+    (b"k11", good(11), None),
+]
+
+
+def test_bad_records_are_quarantined_and_the_batch_goes_on(spark, bootstrap, pipelines_dir, lake):
+    cfg, topic = new_pipeline(bootstrap, pipelines_dir, lake, partitions=1,
+                              format={"unknown_fields": "keep", "max_value_bytes": 100_000})
+    send(bootstrap, topic, [(k, v) for k, v, _ in BAD_RECORDS])
+    produce(cfg.kafka, topic, 200, seed=3, abort_share=0.3, bad_share=0.1)  # more, among aborted transactions
+
+    committed = [r for r in ingest(spark, cfg) if r.status == "committed"]
+    assert len(committed) == 1 and committed[0].quarantined >= len([e for *_, e in BAD_RECORDS if e])
+    assert_exactly_once(cfg)  # table rows + quarantine rows = every record Kafka holds, each once
+
+    rows = query(cfg.quarantine_path, "SELECT kafka_offset, key, value, error FROM t WHERE kafka_offset < 12 "
+                                      "ORDER BY kafka_offset").to_pylist()
+    expected = {offset: (key, value, error) for offset, (key, value, error) in enumerate(BAD_RECORDS) if error}
+    assert [r["kafka_offset"] for r in rows] == sorted(expected)
+    for r in rows:
+        key, value, error = expected[r["kafka_offset"]]
+        assert error in r["error"], (r["kafka_offset"], r["error"])
+        assert bytes(r["key"]) == key and (None if r["value"] is None else bytes(r["value"])) == value
+    table = {r["kafka_offset"]: r for r in query(cfg.table_path, "SELECT kafka_offset, event_id, _unknown_fields "
+                                                                   "FROM t WHERE kafka_offset < 12").to_pylist()}
+    assert sorted(table) == [0, 1, 2, 11]
+    assert json.loads(table[2]["_unknown_fields"]) == {"coupon": "X1", "tags": ["a"]}
+    assert table[0]["_unknown_fields"] is None
+
+    versions = DeltaTable(cfg.table_path).version(), DeltaTable(cfg.quarantine_path).version()
+    assert {r.status for r in ingest(spark, cfg)} == {"up_to_date"}
+    assert (DeltaTable(cfg.table_path).version(), DeltaTable(cfg.quarantine_path).version()) == versions
+
+
+def test_deleted_topic_is_named_and_nothing_is_committed(spark, bootstrap, pipelines_dir, lake):
+    cfg, topic = new_pipeline(bootstrap, pipelines_dir, lake, partitions=2, records=100)
+    ingest(spark, cfg)
+    version = DeltaTable(cfg.table_path).version()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result(timeout=30)
+    proc = run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir))
+    assert_one_line_failure(proc, f"unknown topic '{topic}'")
+    assert DeltaTable(cfg.table_path).version() == version
+
+
+def test_broker_lost_mid_read_fails_in_one_line_and_leaves_nothing(tmp_path, pipelines_dir, lake):
+    own = embedded_broker.start(tmp_path / "own-broker")  # this test stops its broker
+    try:
+        cfg, _ = new_pipeline(own.bootstrap_servers, pipelines_dir, lake, partitions=2, records=300,
+                              batch={"read_timeout_seconds": 4})
+        faults = tmp_path / "faults"
+        proc = ingest_process(cfg, pipelines_dir, env={"OFFSETLAKE_FAULT": "after_plan:pause",
+                                                       "OFFSETLAKE_FAULT_DIR": str(faults)})
+        deadline = time.monotonic() + 60
+        while not (faults / "after_plan.reached").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        embedded_broker.stop(own.pid)  # the plan is made; now every read finds no broker
+        (faults / "after_plan.release").touch()
+        _, stderr = proc.communicate(timeout=240)
+    finally:
+        embedded_broker.stop(own.pid)
+    lines = stderr.strip().splitlines()
+    assert proc.returncode == 1 and lines[-1].startswith("offsetlake: error: ")
+    assert "stalled" in lines[-1] and own.bootstrap_servers in lines[-1], lines[-1]
+    assert DeltaTable(cfg.table_path).version() == 0  # created, never committed to
+    assert data_files_on_disk(cfg.table_path) == set()
+
+
+def test_authentication_failure_is_named(pipelines_dir, lake, bootstrap, monkeypatch):
+    monkeypatch.setenv("OFFSETLAKE_TEST_PASSWORD", "pw-" + unique("s"))
+    name = write_pipeline(pipelines_dir, bootstrap, ["t"], lake, kafka={"timeout_seconds": 3, "client": {
+        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+        "sasl.username": "offsetlake", "sasl.password": "${OFFSETLAKE_TEST_PASSWORD}"}})
+    proc = run_cli("ingest", "--pipeline", name, "--pipelines-dir", str(pipelines_dir), timeout=60)
+    assert_one_line_failure(proc, "authentication failed", "SASL")
+    assert os.environ["OFFSETLAKE_TEST_PASSWORD"] not in proc.stderr + proc.stdout
+    assert not (lake / name).exists()
+
+
+def test_unwritable_table_path_is_named_before_reading(bootstrap, pipelines_dir, lake, tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the table's parent directory should be")
+    cfg, _ = new_pipeline(bootstrap, pipelines_dir, lake, partitions=1, records=50,
+                          table={"path": str(blocker / "events")})
+    proc = run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir))
+    assert_one_line_failure(proc, "cannot create Delta table", str(blocker / "events"))
+    assert blocker.is_file() and not Path(cfg.quarantine_path).exists()
+
+
+def test_table_with_another_schema_is_refused_untouched(spark, bootstrap, pipelines_dir, lake):
+    cfg, topic = new_pipeline(bootstrap, pipelines_dir, lake, partitions=1, records=50)
+    ingest(spark, cfg)
+    version = DeltaTable(cfg.table_path).version()
+    produce(cfg.kafka, topic, 50, seed=9)
+    path = pipelines_dir / f"{cfg.name}.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["format"]["schema"][1]["type"] = "string"  # user_id: long in the table, string in the pipeline
+    path.write_text(yaml.safe_dump(doc))
+    proc = run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir))
+    assert_one_line_failure(proc, cfg.table_path, "'user_id'", "string")
+    doc["format"]["schema"][1]["type"] = "long"
+    doc["format"]["unknown_fields"] = "keep"  # a column the table does not have
+    path.write_text(yaml.safe_dump(doc))
+    proc = run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir))
+    assert_one_line_failure(proc, "no column '_unknown_fields'")
+    assert DeltaTable(cfg.table_path).version() == version
+    assert_exactly_once(cfg, caught_up=False)

@@ -1,0 +1,66 @@
+"""A Kafka password given through ${ENV} never shows up in output, errors, logs or the table.
+
+noida-db accepts SASL/PLAIN with any credentials, so the pipeline really
+authenticates with the secret; then every place the secret could leak is read:
+stdout and stderr of each command (verbose, with Spark's own logging), error
+messages of failing commands, and every file the platform wrote (Delta logs
+with their userMetadata, checkpoints, data files).
+"""
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from offsetlake.producer import produce
+from support import create_topic, load, run_cli, unique, write_pipeline
+
+pytestmark = pytest.mark.slow
+PASSWORD_VAR = "OFFSETLAKE_TEST_KAFKA_PASSWORD"
+
+
+def sasl(mechanism: str = "PLAIN") -> dict:
+    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism, "sasl.username": "offsetlake",
+            "sasl.password": "${" + PASSWORD_VAR + "}"}
+
+
+def files_containing(root: Path, secret: bytes) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and secret in p.read_bytes()]
+
+
+def test_the_kafka_password_never_leaks(bootstrap, pipelines_dir, lake, tmp_path, monkeypatch):
+    secret = f"pw-{uuid.uuid4().hex}"
+    monkeypatch.setenv(PASSWORD_VAR, secret)
+    env = {PASSWORD_VAR: secret}
+    topic = unique("t")
+    create_topic(bootstrap, topic, 2)
+    name = write_pipeline(pipelines_dir, bootstrap, [topic], lake, kafka={"client": sasl()})
+    cfg = load(pipelines_dir, name)
+    assert cfg.kafka.client["sasl.password"] == secret  # the real secret is what the clients get
+    produce(cfg.kafka, topic, 300, seed=5, bad_share=0.05)
+    args = ("--pipeline", name, "--pipelines-dir", str(pipelines_dir))
+
+    outputs = [run_cli("-v", "ingest", *args, env=env, check=True)]
+    for command in (("status",), ("history", "--json"), ("history",), ("show",), ("audit",),
+                    ("backfill", "--ranges", f"{topic}:0:0-10", "--dry-run")):
+        outputs.append(run_cli("-v", *command, *args, env=env, check=True))
+    assert "batch 1: committed" in outputs[0].stdout
+
+    # Failing commands carry the secret in their configuration too.
+    scram = write_pipeline(pipelines_dir, bootstrap, [topic], lake, kafka={"client": sasl("SCRAM-SHA-256"),
+                                                                         "timeout_seconds": 3})
+    away = write_pipeline(pipelines_dir, "127.0.0.1:1", [topic], lake, kafka={"client": sasl(), "timeout_seconds": 2})
+    broken = write_pipeline(pipelines_dir, bootstrap, [topic], lake, kafka={"client": sasl()},
+                            batch={"max_records_per_batch": "${" + PASSWORD_VAR + "}"})
+    failures = [run_cli("-v", "ingest", "--pipeline", p, "--pipelines-dir", str(pipelines_dir), env=env, timeout=120)
+                for p in (scram, away, broken)]
+    assert all(f.returncode == 1 for f in failures), [f.stderr for f in failures]
+    assert "authentication failed" in failures[0].stderr
+    assert "127.0.0.1:1" in failures[1].stderr
+    assert "batch.max_records_per_batch" in failures[2].stderr
+
+    for proc in outputs + failures:
+        assert secret not in proc.stdout + proc.stderr, proc.args
+    assert files_containing(lake, secret.encode()) == []
+    assert files_containing(pipelines_dir, secret.encode()) == []  # the files hold only ${...}

@@ -1,0 +1,89 @@
+"""Kafka security settings reach every client the platform creates, and secrets stay out of text.
+
+Fast unit test: the confluent-kafka client classes are replaced by a recorder
+that keeps the settings each client would have been built with.
+"""
+import pytest
+
+from offsetlake import kafka, producer, reader
+from offsetlake.config import parse_pipeline
+from offsetlake.reader import OffsetRange
+
+SECURITY = {
+    "security.protocol": "SASL_SSL",
+    "sasl.mechanism": "SCRAM-SHA-512",
+    "sasl.username": "offsetlake",
+    "sasl.password": "${OFFSETLAKE_TEST_KAFKA_PASSWORD}",
+    "ssl.ca.location": "/etc/ssl/kafka-ca.pem",
+    "ssl.endpoint.identification.algorithm": "https",
+}
+SECRET = "s3cr3t-Pa55"
+
+
+class Built(Exception):
+    """Raised by the recorder once it has the settings: no network is touched."""
+
+
+@pytest.fixture
+def cfg(monkeypatch):
+    monkeypatch.setenv("OFFSETLAKE_TEST_KAFKA_PASSWORD", SECRET)
+    return parse_pipeline({
+        "name": "secure", "topics": ["orders"], "table": {"path": "/lake/orders"},
+        "kafka": {"bootstrap_servers": "kafka-1:9093", "client": SECURITY},
+        "format": {"type": "raw"},
+    }, "secure.yaml")
+
+
+@pytest.fixture
+def built(monkeypatch):
+    seen: dict[str, dict] = {}
+
+    def recorder(name):
+        def make(settings, *args, **kwargs):
+            seen[name] = settings
+            raise Built(name)
+        return make
+
+    monkeypatch.setattr(kafka, "AdminClient", recorder("planner (admin)"))
+    monkeypatch.setattr(kafka, "Consumer", recorder("group offsets"))
+    monkeypatch.setattr(reader, "Consumer", recorder("reader"))
+    monkeypatch.setattr(producer, "Producer", recorder("producer"))
+    monkeypatch.setattr(producer, "AdminClient", recorder("topic admin"))
+    return seen
+
+
+def test_security_settings_reach_every_client(cfg, built):
+    cluster = kafka.KafkaCluster(cfg.kafka)
+    calls = {
+        "planner (admin)": lambda: cluster.partitions(cfg.topics),
+        "group offsets": lambda: cluster.commit_group_offsets(cfg.consumer_group, {("orders", 0): 10}),
+        "reader": lambda: list(reader.read_range(cfg.kafka, "g", OffsetRange("orders", 0, 0, 10), 5)),
+        "producer": lambda: producer.produce(cfg.kafka, "orders", 1),
+        "topic admin": lambda: producer.ensure_topic(cfg.kafka, "orders", 1),
+    }
+    for name, call in calls.items():
+        with pytest.raises(Built):
+            call()
+        settings = built[name]
+        for key, value in SECURITY.items():
+            expected = SECRET if key == "sasl.password" else value
+            assert settings.get(key) == expected, f"{name}: {key} is {settings.get(key)!r}"
+        assert settings["bootstrap.servers"] == "kafka-1:9093"
+    # group offsets are read as well as written
+    with pytest.raises(Built):
+        cluster.group_offsets(cfg.consumer_group, [("orders", 0)])
+    assert built["group offsets"]["sasl.password"] == SECRET
+
+
+def test_the_reader_keeps_its_own_protocol_settings(cfg, built):
+    with pytest.raises(Built):
+        list(reader.read_range(cfg.kafka, "g", OffsetRange("orders", 0, 0, 10), 5))
+    settings = built["reader"]
+    assert settings["isolation.level"] == "read_committed"
+    assert settings["enable.auto.commit"] is False and settings["auto.offset.reset"] == "error"
+
+
+def test_secrets_are_redacted_from_the_config_repr(cfg):
+    text = repr(cfg) + str(cfg) + repr(cfg.kafka)
+    assert SECRET not in text
+    assert "sasl.username" in text  # not a secret: shown
