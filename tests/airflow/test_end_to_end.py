@@ -2,9 +2,14 @@
 
 The test starts them (each by PID), logs in over REST, triggers the backfill
 DAG with a conf, waits for success, and checks the table row by row and the
-Asset event the run emitted.
+Asset event the run emitted. The pipeline authenticates to Kafka (SASL/PLAIN)
+with a password from the environment: afterwards no task log, component log,
+the Airflow database or any table file may contain it.
 """
 from __future__ import annotations
+
+import uuid
+from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
@@ -20,18 +25,25 @@ from support import REPO, assert_exactly_once, create_topic, load, unique, write
 pytestmark = pytest.mark.slow
 
 
-def test_backfill_triggered_over_rest_runs_on_real_airflow(spark, bootstrap, tmp_path):
+SECRET_VAR = "OFFSETLAKE_TEST_KAFKA_PASSWORD"
+
+
+def test_backfill_triggered_over_rest_runs_on_real_airflow(spark, bootstrap, tmp_path, monkeypatch):
+    secret = f"pw-{uuid.uuid4().hex}"
+    monkeypatch.setenv(SECRET_VAR, secret)
     topic = unique("t")
     create_topic(bootstrap, topic, 2)
     pipelines = tmp_path / "pipelines"
-    name = write_pipeline(pipelines, bootstrap, [topic], tmp_path / "lake")
+    name = write_pipeline(pipelines, bootstrap, [topic], tmp_path / "lake", kafka={"client": {
+        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "offsetlake",
+        "sasl.password": "${" + SECRET_VAR + "}"}})
     cfg = load(pipelines, name)
     produce(cfg.kafka, topic, 800, transactional_share=0.6, abort_share=0.25, seed=5)
     ingest(spark, cfg)
     before = query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_partition, kafka_offset").to_pylist()
 
     home = tmp_path / "airflow"
-    env = stack.environment(home, free_port(), REPO, pipelines, spark_master="local[2]")
+    env = stack.environment(home, free_port(), REPO, pipelines, spark_master="local[2]", extra={SECRET_VAR: secret})
     try:
         stack.start(env)
         api = stack.Api(env["AIRFLOW__API__BASE_URL"], stack.USER, stack.password(home))
@@ -55,6 +67,13 @@ def test_backfill_triggered_over_rest_runs_on_real_airflow(spark, bootstrap, tmp
     assert query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_partition, kafka_offset").to_pylist() == before
     assert_exactly_once(cfg)
     assert mine and mine[-1]["extra"]["ranges"] == {topic: {"0": [10, 200]}}
+
+    task_logs = [p for p in (home / "logs").rglob("*") if p.is_file()]
+    assert any("backfill" in p.read_text(errors="replace") and "spark-submit" in p.read_text(errors="replace")
+               for p in task_logs), "no task log of the Spark step to check"
+    leaked = [str(p) for root in (home, tmp_path / "lake", pipelines) for p in Path(root).rglob("*")
+              if p.is_file() and secret.encode() in p.read_bytes()]
+    assert leaked == []
 
 
 def _logs(home) -> str:

@@ -3,37 +3,55 @@
 Not collected by pytest. Prints a table and writes tests/benchmarks/results.json.
 Rates are compared as ratios within the run because this machine is shared.
 
-    python tests/benchmarks/bench_ingest.py [--records 1000000] [--partitions 4]
+  raw read            one confluent-kafka consumer, read_committed, the whole topic: the anchor
+  ingest raw / json   offsetlake ingest from an empty table to fully committed (session start apart)
+  exactly-once cost   the same batch committed by the protocol (ledger read, verdict, txn, no
+                      rebase) against a plain Delta append of the same kind of files (bench only)
+  small batch         `ingest` of 1,000 new records in a warm session
+  stream latency      a record's Kafka commit to its Delta commit, `stream` with a warm session
+  scale               --scale-records (default 10M) in 1M-record batches: rate and peak memory
+
+    python tests/benchmarks/bench_ingest.py [--records 1000000] [--scale-records 10000000]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import statistics
 import tempfile
+import threading
 import time
+import uuid
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from offsetlake import broker
-from offsetlake.batch import ingest
+from offsetlake.batch import ingest, run_tasks, stream
+from offsetlake.commit import add_actions
 from offsetlake.config import parse_pipeline
+from offsetlake.formats import table_schema
 from offsetlake.kafka import KafkaCluster
+from offsetlake.planning import split_ranges
 from offsetlake.producer import ensure_topic
+from offsetlake.reader import OffsetRange
 from offsetlake.spark import build_session
+from offsetlake.table import open_table
+from offsetlake.tasks import TaskContext
 
 RESULTS = Path(__file__).with_name("results.json")
 ACTIONS = ("view", "click", "add_to_cart", "purchase", "refund")
 
 
-def produce(bootstrap: str, topic: str, count: int) -> float:
+def produce(bootstrap: str, topic: str, count: int, start: int = 0) -> float:
     """~110-byte JSON events through an idempotent producer. Returns seconds."""
-    rng = random.Random(1)
+    rng = random.Random(1 + start)
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
                          "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
     started = time.perf_counter()
-    for i in range(count):
+    for i in range(start, start + count):
         value = (f'{{"event_id":"e{i:012d}","user_id":{rng.randrange(5000)},"action":"{rng.choice(ACTIONS)}",'
                  f'"amount":{rng.uniform(0, 500):.2f},"event_time":"2026-11-22T10:00:00.000Z","seq":{i}}}')
         while True:
@@ -70,6 +88,12 @@ def raw_read(bootstrap: str, topic: str, ends: dict) -> tuple[int, float]:
     return n, elapsed
 
 
+JSON_FORMAT = {"type": "json", "schema": [
+    {"name": "event_id", "type": "string", "required": True}, {"name": "user_id", "type": "long"},
+    {"name": "action", "type": "string"}, {"name": "amount", "type": "double"},
+    {"name": "event_time", "type": "timestamp"}, {"name": "seq", "type": "long"}]}
+
+
 def pipeline(name: str, bootstrap: str, topic: str, lake: Path, fmt: dict):
     return parse_pipeline({
         "name": name, "topics": [topic], "kafka": {"bootstrap_servers": bootstrap},
@@ -84,35 +108,183 @@ def timed_ingest(spark, cfg) -> tuple[int, float]:
     return sum(r.records for r in results), time.perf_counter() - started
 
 
+def plain_append(spark, cfg) -> tuple[int, float]:
+    """Bench only: the batch ingest would plan (one batch, same tasks, same files), committed as a
+    plain Delta append: no ledger read, no verdict, no txn, no userMetadata, rebase allowed."""
+    started = time.perf_counter()
+    cluster = KafkaCluster(cfg.kafka)
+    tps = cluster.partitions(cfg.topics)
+    ends = cluster.end_offsets(tps, "read_committed")
+    schema = table_schema(cfg)
+    table = open_table(cfg.table_path, schema, [], cfg.name)
+    ranges = [OffsetRange(t, p, 0, end) for (t, p), end in ends.items() if end > 0]
+    tasks = split_ranges(ranges, cfg.batch.max_records_per_task)
+    _, data, _ = run_tasks(spark, TaskContext(cfg, 1, uuid.uuid4().hex[:16], tuple(tasks), {"faults": {}}))
+    table.create_write_transaction(add_actions([f for _, f in data]), mode="append", schema=schema)
+    return sum(f.num_records for _, f in data), time.perf_counter() - started
+
+
+def exactly_once_overhead(spark, make_cfg, rounds: int = 2) -> tuple[float, float, int]:
+    """Alternate protocol ingest and plain append on fresh tables; compare the best of each."""
+    protocol, plain, n = [], [], 0
+    for i in range(rounds):
+        n, seconds = timed_ingest(spark, make_cfg(f"bench_eo_{i}"))
+        protocol.append(seconds)
+        _, seconds = plain_append(spark, make_cfg(f"bench_plain_{i}"))
+        plain.append(seconds)
+    return min(protocol), min(plain), n
+
+
+def stream_latency(spark, cfg, bootstrap: str, topic: str, samples: int = 12) -> tuple[list[float], list[float]]:
+    """Seconds from a transaction's commit in Kafka to the Delta commit holding it; and batch times."""
+    stop = threading.Event()
+    committed_at: dict[int, float] = {}  # batch -> when its Delta commit returned
+    batch_seconds: list[float] = []
+    covered: list[tuple[float, dict]] = []  # (when, ends) per committed batch
+
+    def on_batch(result):
+        if result.status == "committed":
+            now = time.perf_counter()
+            committed_at[result.batch] = now
+            covered.append((now, {(r.topic, r.partition): r.end for r in result.ranges}))
+
+    worker = threading.Thread(target=stream, args=(spark, cfg, stop), kwargs={"interval": 0.1, "on_batch": on_batch})
+    worker.start()
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"bench-{uuid.uuid4().hex[:6]}"})
+    producer.init_transactions(10)
+    sent: list[tuple[float, dict]] = []
+    for i in range(samples):
+        time.sleep(1.0)
+        offsets = {}
+        producer.begin_transaction()
+        for j in range(10):
+            producer.produce(topic, value=b'{"event_id":"s","user_id":1}', partition=j % 4,
+                             on_delivery=lambda err, msg: offsets.__setitem__((msg.topic(), msg.partition()),
+                                                                              max(offsets.get((msg.topic(), msg.partition()), -1), msg.offset())))
+        producer.commit_transaction(10)
+        sent.append((time.perf_counter(), dict(offsets)))
+    deadline = time.perf_counter() + 30
+    while time.perf_counter() < deadline and not all(_when_covered(covered, o) for _, o in sent):
+        time.sleep(0.1)
+    stop.set()
+    worker.join()
+    latencies = [_when_covered(covered, o) - t for t, o in sent if _when_covered(covered, o)]
+    times = sorted(committed_at.items())
+    batch_seconds = [b - a for (_, a), (_, b) in zip(times, times[1:])]
+    return latencies, batch_seconds
+
+
+def _when_covered(covered: list[tuple[float, dict]], offsets: dict) -> float | None:
+    """When the first Delta commit at or past every one of these offsets returned."""
+    need = dict(offsets)
+    for when, ends in covered:
+        for tp in [tp for tp, o in need.items() if ends.get(tp, -1) > o]:
+            del need[tp]
+        if not need:
+            return when
+    return None
+
+
+class PeakMemory:
+    """Peak resident memory (VmRSS sampled 4x a second) of this process and of every process
+    under it (the JVM, Spark's Python workers) while the block runs."""
+
+    def __init__(self):
+        self.peaks: dict[int, tuple[str, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self):
+        while not self._stop.wait(0.25):
+            for pid in _descendants(os.getpid()) | {os.getpid()}:
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                hwm = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+                self.peaks[pid] = (cmd, max(hwm, self.peaks.get(pid, ("", 0))[1]))
+
+    def by_role(self) -> dict[str, float]:
+        """MB: the driver (this Python), the JVM, the largest Python worker."""
+        roles = {"driver (python)": 0, "jvm": 0, "python worker (largest)": 0}
+        for pid, (cmd, kb) in self.peaks.items():
+            role = ("driver (python)" if pid == os.getpid() else "jvm" if "java" in cmd.split(" ")[0]
+                    else "python worker (largest)")
+            roles[role] = max(roles[role], kb)
+        return {k: round(v / 1024, 1) for k, v in roles.items()}
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--scale-records", type=int, default=10_000_000, help="0 skips the scale run")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="offsetlake-bench-"))
     b = broker.start(work / "broker")
+    lake = work / "lake"
+    out: dict = {"records": args.records, "scale_records": args.scale_records}
     try:
         topic = "bench.events"
-        cfg_any = pipeline("bench_raw", b.bootstrap_servers, topic, work / "lake", {"type": "raw"})
-        ensure_topic(cfg_any.kafka, topic, 4)
-        produce_s = produce(b.bootstrap_servers, topic, args.records)
-        cluster = KafkaCluster(cfg_any.kafka)
+        cfg_raw = pipeline("bench_raw", b.bootstrap_servers, topic, lake, {"type": "raw"})
+        ensure_topic(cfg_raw.kafka, topic, 4)
+        out["produce_seconds"] = produce(b.bootstrap_servers, topic, args.records)
+        cluster = KafkaCluster(cfg_raw.kafka)
         ends = cluster.end_offsets(cluster.partitions([topic]), "read_committed")
         n_raw, raw_s = raw_read(b.bootstrap_servers, topic, ends)
 
         started = time.perf_counter()
         spark = build_session("offsetlake-bench")
         spark.range(4, numPartitions=4).count()  # start the Python workers
-        session_s = time.perf_counter() - started
+        out["spark_session_seconds"] = time.perf_counter() - started
 
-        n_rawfmt, rawfmt_s = timed_ingest(spark, cfg_any)
-        cfg_json = pipeline("bench_json", b.bootstrap_servers, topic, work / "lake", {"type": "json", "schema": [
-            {"name": "event_id", "type": "string", "required": True}, {"name": "user_id", "type": "long"},
-            {"name": "action", "type": "string"}, {"name": "amount", "type": "double"},
-            {"name": "event_time", "type": "timestamp"}, {"name": "seq", "type": "long"}]})
-        n_json, json_s = timed_ingest(spark, cfg_json)
+        with PeakMemory() as mem_1m:
+            n_rawfmt, rawfmt_s = timed_ingest(spark, cfg_raw)
+        n_json, json_s = timed_ingest(spark, pipeline("bench_json", b.bootstrap_servers, topic, lake, JSON_FORMAT))
+        eo_s, plain_s, n_eo = exactly_once_overhead(
+            spark, lambda name: pipeline(name, b.bootstrap_servers, topic, lake, {"type": "raw"}))
 
-        produce(b.bootstrap_servers, topic, 1000)
-        n_small, small_s = timed_ingest(spark, cfg_any)
+        produce(b.bootstrap_servers, topic, 1000, start=args.records)
+        n_small, small_s = timed_ingest(spark, cfg_raw)
+        latencies, batch_seconds = stream_latency(spark, cfg_raw, b.bootstrap_servers, topic)
+
+        scale = None
+        if args.scale_records:
+            scale_topic = "bench.scale"
+            cfg_scale = pipeline("bench_scale", b.bootstrap_servers, scale_topic, lake, {"type": "raw"})
+            ensure_topic(cfg_scale.kafka, scale_topic, 4)
+            out["scale_produce_seconds"] = produce(b.bootstrap_servers, scale_topic, args.scale_records)
+            scale_ends = cluster.end_offsets(cluster.partitions([scale_topic]), "read_committed")
+            n_scale_raw, scale_raw_s = raw_read(b.bootstrap_servers, scale_topic, scale_ends)
+            with PeakMemory() as mem_scale:
+                n_scale, scale_s = timed_ingest(spark, cfg_scale)
+            scale = (n_scale_raw, scale_raw_s, n_scale, scale_s, mem_scale.by_role())
         spark.stop()
     finally:
         broker.stop(b.pid)
@@ -122,16 +294,41 @@ def main() -> None:
         ("raw read (1 consumer, read_committed)", n_raw, raw_s, raw_rate, 1.0),
         ("offsetlake ingest, raw format", n_rawfmt, rawfmt_s, n_rawfmt / rawfmt_s, n_rawfmt / rawfmt_s / raw_rate),
         ("offsetlake ingest, json format", n_json, json_s, n_json / json_s, n_json / json_s / raw_rate),
+        ("raw format, exactly-once protocol (best of 2)", n_eo, eo_s, n_eo / eo_s, n_eo / eo_s / raw_rate),
+        ("raw format, plain append (best of 2)", n_eo, plain_s, n_eo / plain_s, n_eo / plain_s / raw_rate),
         ("small batch (1,000 new records, warm)", n_small, small_s, n_small / small_s, None),
     ]
-    print(f"\nproduced {args.records} records in {produce_s:.1f}s; Spark session start {session_s:.1f}s (reported apart)")
-    print(f"{'measure':<42} {'records':>9} {'seconds':>8} {'rec/s':>10} {'of raw read':>12}")
-    for name, n, s, rate, ratio in rows:
-        print(f"{name:<42} {n:>9} {s:>8.2f} {rate:>10.0f} {'' if ratio is None else f'{ratio:.1%}':>12}")
-    RESULTS.write_text(json.dumps({"records": args.records, "produce_seconds": produce_s,
-                                   "spark_session_seconds": session_s,
-                                   "rows": [dict(zip(("measure", "records", "seconds", "rate", "ratio"), r)) for r in rows]},
-                                  indent=2))
+    if scale:
+        n_scale_raw, scale_raw_s, n_scale, scale_s, _ = scale
+        scale_raw_rate = n_scale_raw / scale_raw_s
+        rows += [("scale: raw read", n_scale_raw, scale_raw_s, scale_raw_rate, 1.0),
+                 ("scale: offsetlake ingest, raw format", n_scale, scale_s, n_scale / scale_s,
+                  n_scale / scale_s / scale_raw_rate)]
+    print(f"\nproduced {args.records} records in {out['produce_seconds']:.1f}s; "
+          f"Spark session start {out['spark_session_seconds']:.1f}s (reported apart)")
+    print(f"{'measure':<48} {'records':>9} {'seconds':>8} {'rec/s':>10} {'of raw read':>12}")
+    for name, n, sec, rate, ratio in rows:
+        print(f"{name:<48} {n:>9} {sec:>8.2f} {rate:>10.0f} {'' if ratio is None else f'{ratio:.1%}':>12}")
+
+    overhead = eo_s / plain_s - 1
+    print(f"\nexactly-once bookkeeping over a plain append: {overhead:+.1%} (target <= 3%)")
+    print(f"targets: raw format {rows[1][4]:.1%} of raw read (>= 30%), json {rows[2][4]:.1%} (>= 17%)")
+    if latencies:
+        print(f"stream: Kafka commit -> Delta commit median {statistics.median(latencies):.2f}s, "
+              f"max {max(latencies):.2f}s over {len(latencies)} transactions (target < 2s); "
+              f"median time between committed batches {statistics.median(batch_seconds) if batch_seconds else 0:.2f}s")
+    print(f"peak memory during the {args.records:,} ingest (MB): {mem_1m.by_role()}")
+    if scale:
+        rate_1m, rate_scale = rows[1][3], rows[-1][3]
+        print(f"scale: {args.scale_records:,} records at {rate_scale:.0f} rec/s = {rate_scale / rate_1m:.0%} of the "
+              f"{args.records:,} run (target >= 85%); peak memory (MB): {scale[4]}")
+    out.update({
+        "rows": [dict(zip(("measure", "records", "seconds", "rate", "ratio"), r)) for r in rows],
+        "exactly_once_overhead": overhead, "stream_latency_seconds": latencies,
+        "stream_batch_interval_seconds": batch_seconds, "peak_memory_mb": mem_1m.by_role(),
+        "scale_peak_memory_mb": scale[4] if scale else None,
+    })
+    RESULTS.write_text(json.dumps(out, indent=2))
     print(f"written to {RESULTS}")
 
 
