@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import deque
 from typing import Iterable
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
@@ -42,7 +43,7 @@ class KafkaCluster:
         self.settings = settings
         self.timeout = settings.timeout_seconds
         self._admin: AdminClient | None = None
-        self._broker_errors: list[str] = []
+        self._broker_errors: deque[str] = deque(maxlen=20)  # the latest, for error messages
 
     @property
     def admin(self) -> AdminClient:

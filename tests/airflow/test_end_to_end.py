@@ -8,6 +8,8 @@ the Airflow database or any table file may contain it.
 """
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from deltalake import DeltaTable
 from offsetlake import stack
 from offsetlake.batch import ingest
 from offsetlake.broker import free_port
+from offsetlake.errors import OffsetlakeError
 from offsetlake.ledger import pipeline_history
 from offsetlake.producer import produce
 from offsetlake.table import query
@@ -46,7 +49,14 @@ def test_backfill_triggered_over_rest_runs_on_real_airflow(spark, bootstrap, tmp
     env = stack.environment(home, free_port(), REPO, pipelines, spark_master="local[2]", extra={SECRET_VAR: secret})
     try:
         stack.start(env)
-        api = stack.Api(env["AIRFLOW__API__BASE_URL"], stack.USER, stack.password(home))
+        base_url = env["AIRFLOW__API__BASE_URL"]
+        for user, password in ((stack.USER, "wrong"), ("nobody", stack.password(home))):
+            with pytest.raises(OffsetlakeError, match="HTTP 401"):
+                stack.Api(base_url, user, password)  # a login is required, and checked
+        with pytest.raises(urllib.error.HTTPError) as anonymous:
+            urllib.request.urlopen(f"{base_url}/api/v2/dags", timeout=30)
+        assert anonymous.value.code in (401, 403)
+        api = stack.Api(base_url, stack.USER, stack.password(home))
         dag_id = f"offsetlake__{name}__backfill"
         api.wait_for_dag(dag_id)
         api.unpause(dag_id)

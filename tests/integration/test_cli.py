@@ -76,3 +76,6 @@ def test_ingest_status_and_history(pipelines_dir, lake, bootstrap):
     assert [h["batch"] for h in history] == [1] and history[0]["records"]["rows"] == 400
     text = run_cli("history", *args, check=True).stdout
     assert f"{topic}[0] 0-" in text
+    again = run_cli("ingest", *args, check=True)
+    assert again.stdout.strip() == "up to date: nothing new to ingest"
+    assert "log4j" in ingest.stderr and "log4j" not in again.stderr  # nothing to read: no JVM started
