@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable
+from deltalake import CommitProperties
 from deltalake.exceptions import CommitFailedError
 
 from offsetlake import __version__

@@ -21,8 +21,7 @@ from offsetlake import broker as embedded_broker
 from offsetlake.batch import ingest
 from offsetlake.producer import produce
 from offsetlake.table import query
-from support import (REPO, assert_exactly_once, create_topic, load, new_pipeline, run_cli, unique,
-                     write_pipeline)
+from support import assert_exactly_once, new_pipeline, run_cli, unique, write_pipeline
 from test_cli import assert_one_line_failure
 from test_failures import data_files_on_disk, ingest_process
 
@@ -57,7 +56,7 @@ BAD_RECORDS = [  # (key, value, the error the quarantine row must carry; None = 
     (b"k7", None, "value is null (tombstone)"),
     (b"k8", json.dumps({"event_id": "e8", "user_id": 8, "amount": "12.50"}).encode(),
      "field 'amount': expected a number, got str"),  # drift: a declared field changed type
-    (b"k9", good(9, note="x" * BIG), f"above format.max_value_bytes (100000)"),
+    (b"k9", good(9, note="x" * BIG), "above format.max_value_bytes (100000)"),
     (b"k10", json.dumps({"event_id": "e10", "user_id": None}).encode(), "required field 'user_id'"),
     (b"k11", good(11), None),
 ]
