@@ -77,7 +77,9 @@ def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seco
         consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
         position, last_progress = rng.start, time.monotonic()
         while position < rng.end:
-            messages = consumer.consume(num_messages=chunk, timeout=0.5)
+            # consume() waits for num_messages or the timeout: asking for no more than the range can
+            # still hold, with a short timeout, keeps the last call of a small range from idling.
+            messages = consumer.consume(num_messages=min(chunk, rng.end - position), timeout=0.1)
             columns = _empty_columns()
             for msg in messages:
                 err = msg.error()
