@@ -168,5 +168,10 @@ def run_cli(*args, env: dict | None = None, timeout: float = 300, check: bool = 
     return proc
 
 
+def files_containing(root: Path, needle: bytes) -> list[str]:
+    """Every file under `root` whose bytes contain `needle` (a secret that must not be there)."""
+    return [str(p) for p in Path(root).rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
 def load(pipelines_dir: Path, name: str):
     return load_pipeline(name, pipelines_dir)

@@ -72,13 +72,15 @@ def _split_oversized(messages: pa.Table, limit: int) -> tuple[pa.Table, pa.Table
     too_big = pc.greater(sizes, limit)
     if not pc.any(too_big).as_py():
         return messages, None
-    big = messages.filter(too_big)
-    errors = [f"value is {n} bytes, above format.max_value_bytes ({limit})"
-              for n in pc.binary_length(big.column("value")).to_pylist()]
-    quarantine = pa.Table.from_arrays(
-        [*_lineage(big), big.column("key"), big.column("value"), pa.array(errors, pa.string())],
+    errors = [f"value is {n} bytes, above format.max_value_bytes ({limit})" for n in sizes.filter(too_big).to_pylist()]
+    return messages.filter(pc.invert(too_big)), _quarantine_rows(messages.filter(too_big), errors)
+
+
+def _quarantine_rows(bad: pa.Table, errors: list[str]) -> pa.Table:
+    """Quarantine rows: the records' lineage, raw key and value bytes, and why."""
+    return pa.Table.from_arrays(
+        [*_lineage(bad), bad.column("key"), bad.column("value"), pa.array(errors, pa.string())],
         schema=QUARANTINE_SCHEMA)
-    return messages.filter(pc.invert(too_big)), quarantine
 
 
 class BadRecord(ValueError):
@@ -112,12 +114,7 @@ def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa
     if keep_unknown:
         columns.append(pa.array(unknown, pa.string()))
     table = pa.Table.from_arrays([*columns, *_lineage(good)], schema=schema)
-    bad = messages.take(pa.array(bad_rows, pa.int64()))
-    quarantine = pa.Table.from_arrays(
-        [*_lineage(bad), bad.column("key"), bad.column("value"), pa.array(errors, pa.string())],
-        schema=QUARANTINE_SCHEMA,
-    )
-    return table, quarantine
+    return table, _quarantine_rows(messages.take(pa.array(bad_rows, pa.int64())), errors)
 
 
 def _parse_record(raw: bytes | None, fields: list[SchemaField]) -> tuple[dict, dict]:

@@ -121,14 +121,17 @@ def commit_history(table: DeltaTable) -> list[dict]:
     delta-rs 1.6.6 lists every commit in the log from `history()` but numbers them down
     from the version the object has loaded: on a time-travelled or stale object every
     number is off (the chaos harness found a rewind to the wrong offsets this way). So we
-    read the history of the latest version, checked unchanged across the read, and keep
-    the commits up to the object's version.
+    read the history from an object at the latest version, checked unchanged across the
+    read, and keep the commits up to `table`'s version. The caller's object usually is the
+    latest: then one extra load, to check, is all it costs.
     """
+    current = table
     for _ in range(MAX_HISTORY_READS):
+        entries = current.history()
         latest = DeltaTable(table.table_uri)
-        entries = latest.history()
-        if DeltaTable(table.table_uri).version() == latest.version():
+        if latest.version() == current.version():
             break
+        current = latest
     return [e for e in entries if e["version"] <= table.version()]
 
 

@@ -150,15 +150,11 @@ def exactly_once_overhead(spark, make_cfg, rounds: int = 5) -> tuple[float, floa
 def stream_latency(spark, cfg, bootstrap: str, topic: str, samples: int = 12) -> tuple[list[float], list[float]]:
     """Seconds from a transaction's commit in Kafka to the Delta commit holding it; and batch times."""
     stop = threading.Event()
-    committed_at: dict[int, float] = {}  # batch -> when its Delta commit returned
-    batch_seconds: list[float] = []
-    covered: list[tuple[float, dict]] = []  # (when, ends) per committed batch
+    covered: list[tuple[float, dict]] = []  # (when its Delta commit returned, range ends) per committed batch
 
     def on_batch(result):
         if result.status == "committed":
-            now = time.perf_counter()
-            committed_at[result.batch] = now
-            covered.append((now, {(r.topic, r.partition): r.end for r in result.ranges}))
+            covered.append((time.perf_counter(), {(r.topic, r.partition): r.end for r in result.ranges}))
 
     worker = threading.Thread(target=stream, args=(spark, cfg, stop), kwargs={"interval": 0.1, "on_batch": on_batch})
     worker.start()
@@ -181,8 +177,7 @@ def stream_latency(spark, cfg, bootstrap: str, topic: str, samples: int = 12) ->
     stop.set()
     worker.join()
     latencies = [_when_covered(covered, o) - t for t, o in sent if _when_covered(covered, o)]
-    times = sorted(committed_at.items())
-    batch_seconds = [b - a for (_, a), (_, b) in zip(times, times[1:])]
+    batch_seconds = [b - a for (a, _), (b, _) in zip(covered, covered[1:])]
     return latencies, batch_seconds
 
 

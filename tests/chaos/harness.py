@@ -127,15 +127,12 @@ class Job:
             return None
 
     def kill(self) -> None:
+        """SIGKILL the job's whole group: the driver and whatever it started (JVM, Python workers)."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait()
-
-    def reap(self) -> None:
-        """Whatever the killed driver left behind (its JVM) goes with its group."""
-        self.kill()
 
     def tail(self, lines: int = 5) -> str:
         text = self.log.read_text(errors="replace").strip().splitlines() if self.log.exists() else []
@@ -266,7 +263,7 @@ class Chaos:
     def finish(self, job: Job, may_fail: bool = False) -> int | None:
         """Wait for a job nobody killed; a failure is recorded unless a fault explains it."""
         rc = job.wait()
-        job.reap()
+        job.kill()  # whatever the driver left behind (its JVM) goes with its group
         may_fail = may_fail or job.broker_restarts != self.broker_restarts  # another lane restarted it
         if rc is None:
             self.summary.job_failures.append(f"{job.name}: still running after {JOB_TIMEOUT}s, killed")
@@ -289,7 +286,7 @@ class Chaos:
     def kill_at(self, rng: random.Random, point: str) -> bool:
         job = self.start("ingest", fault=f"{point}:exit")
         rc = job.wait()
-        job.reap()
+        job.kill()  # whatever the driver left behind (its JVM) goes with its group
         return rc == -signal.SIGKILL
 
     def kill_random(self, rng: random.Random, command: str) -> bool:
@@ -524,7 +521,6 @@ def run(faults: int, seed: int | None = None, workdir: Path | None = None, log=_
     try:
         summary = chaos.run(faults)
     except ChaosFailure as err:
-        chaos.summary.seconds = chaos.summary.seconds or 0.0
         log(chaos.summary.table())
         raise ChaosFailure(f"{err} -- replay: make chaos CHAOS_ARGS='--seed {seed} --faults {faults}'") from None
     finally:

@@ -9,12 +9,11 @@ with their userMetadata, checkpoints, data files).
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 
 import pytest
 
 from offsetlake.producer import produce
-from support import create_topic, load, run_cli, unique, write_pipeline
+from support import create_topic, files_containing, load, run_cli, unique, write_pipeline
 
 pytestmark = pytest.mark.slow
 PASSWORD_VAR = "OFFSETLAKE_TEST_KAFKA_PASSWORD"
@@ -23,10 +22,6 @@ PASSWORD_VAR = "OFFSETLAKE_TEST_KAFKA_PASSWORD"
 def sasl(mechanism: str = "PLAIN") -> dict:
     return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism, "sasl.username": "offsetlake",
             "sasl.password": "${" + PASSWORD_VAR + "}"}
-
-
-def files_containing(root: Path, secret: bytes) -> list[str]:
-    return [str(p) for p in root.rglob("*") if p.is_file() and secret in p.read_bytes()]
 
 
 def test_the_kafka_password_never_leaks(bootstrap, pipelines_dir, lake, tmp_path, monkeypatch):
