@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import json
 import math
+import operator
+import sys
+from typing import Annotated, Any
+
+import msgspec
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -90,31 +96,147 @@ class BadRecord(ValueError):
 def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa.Table]:
     fields = cfg.format.schema_
     keep_unknown = cfg.format.unknown_fields == "keep"
-    values = messages.column("value").to_pylist()
-    good_rows: list[int] = []
-    parsed: dict[str, list] = {f.name: [] for f in fields}
+    # The fast decoder drops undeclared fields, so `keep` goes through the reference parser only.
+    fast = None if keep_unknown else FastDecoder.for_schema(tuple((f.name, f.type, f.required) for f in fields))
+    values = messages.column("value")
+    records = fast.decode_all(values) if fast else [None] * len(values)
     unknown: list[str | None] = []
     bad_rows: list[int] = []
     errors: list[str] = []
-    for i, raw in enumerate(values):
+    refused = [i for i, r in enumerate(records) if r is None]
+    for i, raw in zip(refused, values.take(pa.array(refused, pa.int64())).to_pylist()):
+        # What the fast decoder refused, the reference parser decides: it accepts some of it
+        # (NaN in an undeclared field, UTF-16, epoch-millisecond timestamps) and words the errors.
         try:
             record, extra = _parse_record(raw, fields)
+            extra_json = _unknown_json(extra) if keep_unknown else None
         except BadRecord as err:
             bad_rows.append(i)
             errors.append(str(err))
             continue
-        good_rows.append(i)
-        for f in fields:
-            parsed[f.name].append(record[f.name])
-        if keep_unknown:
-            unknown.append(json.dumps(extra, ensure_ascii=False, separators=(",", ":")) if extra else None)
-    schema = table_schema(cfg)
-    good = messages.take(pa.array(good_rows, pa.int64()))
-    columns = [pa.array(parsed[f.name], ARROW_TYPES[f.type]) for f in fields]
+        records[i] = fast.from_dict(record) if fast else record
+        unknown.append(extra_json)
+    good_rows = [i for i, r in enumerate(records) if r is not None]
+    good = [records[i] for i in good_rows] if bad_rows else records
+    get = fast.getter if fast else operator.itemgetter
+    columns = [pa.array(list(map(get(f.name), good)), ARROW_TYPES[f.type]) for f in fields]
     if keep_unknown:
         columns.append(pa.array(unknown, pa.string()))
-    table = pa.Table.from_arrays([*columns, *_lineage(good)], schema=schema)
+    lineage = _lineage(messages.take(pa.array(good_rows, pa.int64())) if bad_rows else messages)
+    table = pa.Table.from_arrays([*columns, *lineage], schema=table_schema(cfg))
     return table, _quarantine_rows(messages.take(pa.array(bad_rows, pa.int64())), errors)
+
+
+class FastDecoder:
+    """msgspec decodes a record straight into the declared fields, ~5x faster than json.loads and
+    coercing field by field. It must never accept what `_parse_record` (the reference) refuses or
+    read a value differently; `tests/unit/test_formats.py` checks the two side by side. So it is
+    strict where the reference is (no string-to-number, bounded integers, finite numbers), it takes
+    timestamps, dates and binary as raw JSON and coerces them with the reference's `_coerce`, and a
+    value that is not UTF-8 anywhere (msgspec only checks the strings it keeps) is refused.
+    """
+
+    def __init__(self, schema: tuple[tuple[str, str, bool], ...]):
+        self._names = {name: f"f{i}" for i, (name, _, _) in enumerate(schema)}  # any JSON key, even `class`
+        spec = []
+        self._coerced = []  # (attribute, type, required) decoded as raw JSON, coerced afterwards
+        for name, type_, required in schema:
+            attr = self._names[name]
+            decoded = _STRICT_TYPES.get(type_, Any)
+            if decoded is Any:
+                self._coerced.append((attr, type_, required))
+            if required:
+                spec.append((attr, decoded))
+            else:
+                spec.append((attr, decoded | None if decoded is not Any else Any, None))
+        self._struct = msgspec.defstruct("Record", spec, kw_only=True, rename={a: n for n, a in self._names.items()})
+        self._decode = msgspec.json.Decoder(self._struct).decode
+
+    @staticmethod
+    @functools.lru_cache(maxsize=16)
+    def for_schema(schema: tuple[tuple[str, str, bool], ...]) -> "FastDecoder":
+        return FastDecoder(schema)
+
+    def decode_all(self, values: pa.ChunkedArray) -> list:
+        """One decoded record per value, None where the reference parser has to decide."""
+        decode = self._decode
+        out = []
+        for raw in values.to_pylist():
+            try:
+                out.append(decode(raw))
+            except (msgspec.DecodeError, TypeError):  # TypeError: a null value (tombstone)
+                out.append(None)
+        for i in _invalid_utf8(values):
+            out[i] = None
+        for attr, type_, required in self._coerced:
+            for i, record in enumerate(out):
+                if record is None:
+                    continue
+                value = getattr(record, attr)
+                if value is None:
+                    if required:
+                        out[i] = None
+                    continue
+                try:
+                    setattr(record, attr, _coerce(value, type_))
+                except (TypeError, ValueError, OverflowError):
+                    out[i] = None
+        return out
+
+    def from_dict(self, record: dict):
+        return self._struct(**{self._names[name]: value for name, value in record.items()})
+
+    def getter(self, name: str):
+        return operator.attrgetter(self._names[name])
+
+
+_MAX_DOUBLE = sys.float_info.max
+_STRICT_TYPES = {
+    "string": str,
+    "long": Annotated[int, msgspec.Meta(ge=INT64[0], le=INT64[1])],
+    "int": Annotated[int, msgspec.Meta(ge=INT32[0], le=INT32[1])],
+    "double": Annotated[float, msgspec.Meta(ge=-_MAX_DOUBLE, le=_MAX_DOUBLE)],  # no inf, as the reference
+    "float": Annotated[float, msgspec.Meta(ge=-_MAX_DOUBLE, le=_MAX_DOUBLE)],
+    "boolean": bool,
+}
+
+
+def _invalid_utf8(values: pa.ChunkedArray) -> list[int]:
+    """Positions of values that are not UTF-8 (one vectorised check when all are, the usual case)."""
+    try:
+        values.cast(pa.string())
+        return []
+    except pa.ArrowInvalid:
+        pass
+    bad = []
+    for i, raw in enumerate(values.to_pylist()):
+        try:
+            if raw is not None:
+                raw.decode("utf-8")
+        except UnicodeDecodeError:
+            bad.append(i)
+    return bad
+
+
+def _unknown_json(extra: dict) -> str | None:
+    if not extra:
+        return None
+    try:
+        # allow_nan=False: NaN or Infinity would make text no JSON reader (Spark, DuckDB) accepts.
+        text = json.dumps(extra, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        _check_unicode(text)
+    except ValueError as err:
+        raise BadRecord(f"undeclared fields: {err}") from None
+    return text
+
+
+def _check_unicode(text: str) -> None:
+    """A JSON escape like \\ud800 (a lone surrogate) makes a str that is not Unicode: Arrow cannot store it."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("text holds a lone surrogate escape, which is not valid Unicode") from None
 
 
 def _parse_record(raw: bytes | None, fields: list[SchemaField]) -> tuple[dict, dict]:
@@ -149,6 +271,7 @@ def _coerce(value, type_: str):
     if type_ == "string":
         if not isinstance(value, str):
             raise TypeError(f"expected a string, got {type(value).__name__}")
+        _check_unicode(value)
         return value
     if type_ in ("long", "int"):
         if isinstance(value, bool) or not isinstance(value, int):

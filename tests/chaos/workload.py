@@ -29,6 +29,10 @@ from offsetlake.producer import demo_event, with_bad_records
 
 CHUNK = 20
 TIMEOUT = 10
+# A fatal producer error after a broker restart can reach us as a SystemError chained to the
+# KafkaException: confluent-kafka runs the log callback while that error is still pending
+# (confluent-kafka-python issues #729 and #865). Either way the producer is replaced.
+PRODUCER_ERRORS = (KafkaException, SystemError)
 
 
 class Workload:
@@ -96,7 +100,7 @@ class Workload:
             else:
                 producer.commit_transaction(TIMEOUT)
                 self.counts["transactions committed"] += 1
-        except KafkaException:
+        except PRODUCER_ERRORS:
             self.counts["producer errors (broker away)"] += 1
             state["producer"] = None
             self.stop_event.wait(0.5)
@@ -117,7 +121,7 @@ class Workload:
                     self.counts["idempotent chunks"] += 1
                 except BufferError:
                     idempotent.poll(1)
-                except KafkaException:  # fatal idempotence error after a restart: start a new producer
+                except PRODUCER_ERRORS:  # fatal idempotence error after a restart: start a new producer
                     self.counts["producer errors (broker away)"] += 1
                     idempotent = self._idempotent()
             else:

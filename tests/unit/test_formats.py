@@ -4,10 +4,12 @@ import json
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from hypothesis import given, settings, strategies as st
 
 from offsetlake.config import parse_pipeline
 from offsetlake.files import delta_stats, write_files
-from offsetlake.formats import QUARANTINE_SCHEMA, convert, table_schema
+from offsetlake.formats import (ARROW_TYPES, QUARANTINE_SCHEMA, BadRecord, FastDecoder, _parse_record, convert,
+                                table_schema)
 from offsetlake.reader import MESSAGE_SCHEMA
 
 
@@ -139,3 +141,88 @@ def test_null_keys_are_kept_and_null_values_are_tombstones():
     rows, bad = convert(pipeline(JSON), messages([json.dumps({"id": 1}).encode(), None]))
     assert rows.column("id").to_pylist() == [1]
     assert bad.column("error").to_pylist() == ["value is null (tombstone)"]
+
+
+# The fast JSON decoder (msgspec) must agree with the reference parser on every value: same verdict,
+# same row. Values are built from fragments chosen to sit on the edges where JSON parsers differ.
+EVERY_TYPE = {"type": "json", "schema": [
+    {"name": "s", "type": "string", "required": True}, {"name": "l", "type": "long"}, {"name": "i", "type": "int"},
+    {"name": "d", "type": "double"}, {"name": "f", "type": "float"}, {"name": "b", "type": "boolean"},
+    {"name": "t", "type": "timestamp"}, {"name": "dt", "type": "date", "required": True},
+    {"name": "bin", "type": "binary"}, {"name": "class", "type": "string"},
+]}
+EDGE_VALUES = [
+    '"a"', '"\\u00e9"', '"\\ud800"', '"\\udc00x"', '"\\ud83d\\ude00"', '""', "5", "-0", "5.0", "1e3", "1E+2", "-1.5e-7",
+    "1e400", "-1e400", "NaN", "Infinity", "-Infinity", "2147483647", "2147483648", "-2147483649",
+    "9223372036854775807", "9223372036854775808", "-9223372036854775809", "18446744073709551616",
+    "123456789012345678901234567890", "true", "false", "null", "[1]", '{"a":1}',
+    '"2026-01-02T03:04:05Z"', '"2026-01-02 03:04:05.123456"', '"2026-01-02T03:04:05.123+02:00"',
+    '"2026-01-02T03:04:05.1234567Z"', '"2026-02-30T00:00:00Z"', '"2026-01-02t03:04:05z"', '"20260102T030405"',
+    '"2026-01-02T24:00:00"', "1700000000000", "1.7e12", '"2026-01-02"', '"20260102"', '"2026-W01-1"',
+    '"aGVsbG8="', '"aGVsbG8"', '"not base64!"',
+]
+VALID = {"s": '"a"', "l": "1", "i": "2", "d": "2.5", "f": "0.1", "b": "true", "t": '"2026-01-02T03:04:05Z"',
+         "dt": '"2026-01-02"', "bin": '"aGk="', "class": '"c"'}
+KEYS = ["s", "l", "i", "d", "f", "b", "t", "dt", "bin", "class", "x", "\\u0073", "S"]
+
+
+@st.composite
+def json_values(draw):
+    # A valid record, then a few members changed or added (a repeated key: the last one counts).
+    members = [(k, v) for k, v in VALID.items() if draw(st.booleans()) or k in ("s", "dt")]
+    edge = st.sampled_from(EDGE_VALUES)
+    value = st.one_of(edge, edge, edge, st.floats(allow_nan=False).map(repr), st.integers().map(str))
+    members += draw(st.lists(st.tuples(st.sampled_from(KEYS), value), min_size=1, max_size=3))
+    text = "{" + ",".join(f'"{k}":{v}' for k, v in members) + "}"
+    wrap = draw(st.sampled_from(["plain"] * 6 + ["space", "trailing", "two", "bom", "utf16", "latin1", "array", "null"]))
+    if wrap == "null":
+        return None
+    data = text.encode()
+    return {"plain": data, "space": b" \n" + data + b"\t", "trailing": data + b"x", "two": data + data,
+            "bom": b"\xef\xbb\xbf" + data, "utf16": text.encode("utf-16"), "array": b"[" + data + b"]",
+            "latin1": data[:-1] + b',"x":"\xe9"}' if len(data) > 2 else b'{"x":"\xe9"}'}[wrap]
+
+
+def assert_fast_path_agrees_with_reference(values):
+    cfg = pipeline(EVERY_TYPE)
+    rows, bad = convert(cfg, messages(values))
+    fields = cfg.format.schema_
+    expected, expected_bad = [], []
+    for offset, raw in enumerate(values, start=100):
+        try:
+            expected.append((offset, _parse_record(raw, fields)[0]))
+        except BadRecord as err:
+            expected_bad.append((offset, str(err)))
+    assert rows.column("kafka_offset").to_pylist() == [o for o, _ in expected]
+    for f in fields:
+        want = pa.array([r[f.name] for _, r in expected], ARROW_TYPES[f.type])
+        assert rows.column(f.name).combine_chunks().equals(want), f.name
+    assert list(zip(bad.column("kafka_offset").to_pylist(), bad.column("error").to_pylist())) == expected_bad
+    return rows.num_rows
+
+
+def test_fast_json_decoder_agrees_with_the_reference_on_every_edge_value_of_every_field():
+    values = []
+    for key in KEYS:
+        for value in EDGE_VALUES:
+            members = {**VALID, key: value}
+            values.append(("{" + ",".join(f'"{k}":{v}' for k, v in members.items()) + "}").encode())
+            values.append(("{" + ",".join(f'"{k}":{v}' for k, v in VALID.items()) + f',"{key}":{value}}}').encode())
+            values.append(("{" + ",".join(f'"{k}":{v}' for k, v in VALID.items() if k != key) + "}").encode())
+    accepted = assert_fast_path_agrees_with_reference(values)
+    assert 0 < accepted < len(values)
+
+
+@given(st.lists(json_values(), min_size=1, max_size=20))
+@settings(max_examples=300, deadline=None)
+def test_fast_json_decoder_agrees_with_the_reference_parser(values):
+    assert_fast_path_agrees_with_reference(values)
+
+
+def test_fast_json_decoder_takes_ordinary_records_itself():
+    """Guards the test above: the fast path must really be the one deciding ordinary records."""
+    cfg = pipeline(EVERY_TYPE)
+    decoder = FastDecoder.for_schema(tuple((f.name, f.type, f.required) for f in cfg.format.schema_))
+    ordinary = b'{"s":"a","l":1,"d":2.5,"t":"2026-01-02T03:04:05Z","dt":"2026-01-02","bin":"aGk=","class":"c"}'
+    decoded = decoder.decode_all(pa.chunked_array([pa.array([ordinary, b'{"s":1,"dt":"2026-01-02"}'])]))
+    assert decoded[0] is not None and decoded[1] is None
