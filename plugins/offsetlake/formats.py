@@ -17,7 +17,6 @@ import sys
 from typing import Annotated, Any
 
 import msgspec
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -148,7 +147,7 @@ class FastDecoder:
             if required:
                 spec.append((attr, decoded))
             else:
-                spec.append((attr, decoded | None if decoded is not Any else Any, None))
+                spec.append((attr, decoded if decoded is Any else decoded | None, None))
         self._struct = msgspec.defstruct("Record", spec, kw_only=True, rename={a: n for n, a in self._names.items()})
         self._decode = msgspec.json.Decoder(self._struct).decode
 
