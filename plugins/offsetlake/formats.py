@@ -96,7 +96,7 @@ def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa
     fields = cfg.format.schema_
     keep_unknown = cfg.format.unknown_fields == "keep"
     # The fast decoder drops undeclared fields, so `keep` goes through the reference parser only.
-    fast = None if keep_unknown else FastDecoder.for_schema(tuple((f.name, f.type, f.required) for f in fields))
+    fast = None if keep_unknown else FastDecoder.for_fields(fields)
     values = messages.column("value")
     records = fast.decode_all(values) if fast else [None] * len(values)
     unknown: list[str | None] = []
@@ -114,15 +114,17 @@ def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa
             errors.append(str(err))
             continue
         records[i] = fast.from_dict(record) if fast else record
-        unknown.append(extra_json)
-    good_rows = [i for i, r in enumerate(records) if r is not None]
-    good = [records[i] for i in good_rows] if bad_rows else records
+        if keep_unknown:
+            unknown.append(extra_json)
+    good, good_messages = records, messages
+    if bad_rows:
+        good_rows = [i for i, r in enumerate(records) if r is not None]
+        good, good_messages = [records[i] for i in good_rows], messages.take(pa.array(good_rows, pa.int64()))
     get = fast.getter if fast else operator.itemgetter
     columns = [pa.array(list(map(get(f.name), good)), ARROW_TYPES[f.type]) for f in fields]
     if keep_unknown:
         columns.append(pa.array(unknown, pa.string()))
-    lineage = _lineage(messages.take(pa.array(good_rows, pa.int64())) if bad_rows else messages)
-    table = pa.Table.from_arrays([*columns, *lineage], schema=table_schema(cfg))
+    table = pa.Table.from_arrays([*columns, *_lineage(good_messages)], schema=table_schema(cfg))
     return table, _quarantine_rows(messages.take(pa.array(bad_rows, pa.int64())), errors)
 
 
@@ -152,9 +154,9 @@ class FastDecoder:
         self._decode = msgspec.json.Decoder(self._struct).decode
 
     @staticmethod
-    @functools.lru_cache(maxsize=16)
-    def for_schema(schema: tuple[tuple[str, str, bool], ...]) -> "FastDecoder":
-        return FastDecoder(schema)
+    def for_fields(fields: list[SchemaField]) -> "FastDecoder":
+        """One decoder per schema, built once per worker process (a struct type and its decoder)."""
+        return _decoder_for(tuple((f.name, f.type, f.required) for f in fields))
 
     def decode_all(self, values: pa.ChunkedArray) -> list:
         """One decoded record per value, None where the reference parser has to decide."""
@@ -187,6 +189,11 @@ class FastDecoder:
 
     def getter(self, name: str):
         return operator.attrgetter(self._names[name])
+
+
+@functools.lru_cache(maxsize=16)
+def _decoder_for(schema: tuple[tuple[str, str, bool], ...]) -> FastDecoder:
+    return FastDecoder(schema)
 
 
 _MAX_DOUBLE = sys.float_info.max

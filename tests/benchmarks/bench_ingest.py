@@ -420,7 +420,8 @@ def main() -> None:
           + " (a broker that honours fetch.max.bytes answers with at most 1 MiB)")
     out.update({
         "rows": [dict(zip(("measure", "records", "seconds", "rate", "ratio"), r)) for r in rows],
-        "exactly_once_overhead": overhead, "exactly_once_overhead_direct": direct, "exactly_once_seconds": eo, "stream_latency_seconds": latencies,
+        "exactly_once_overhead": overhead, "exactly_once_overhead_direct": direct, "exactly_once_seconds": eo,
+        "stream_latency_seconds": latencies,
         "stream_batch_interval_seconds": batch_seconds, "peak_memory_mb": mem_1m.by_role(),
         "scale_peak_memory_mb": scale[4] if scale else None, "largest_fetch_response_bytes": fetch_bytes,
     })

@@ -222,7 +222,7 @@ def test_fast_json_decoder_agrees_with_the_reference_parser(values):
 def test_fast_json_decoder_takes_ordinary_records_itself():
     """Guards the test above: the fast path must really be the one deciding ordinary records."""
     cfg = pipeline(EVERY_TYPE)
-    decoder = FastDecoder.for_schema(tuple((f.name, f.type, f.required) for f in cfg.format.schema_))
+    decoder = FastDecoder.for_fields(cfg.format.schema_)
     ordinary = b'{"s":"a","l":1,"d":2.5,"t":"2026-01-02T03:04:05Z","dt":"2026-01-02","bin":"aGk=","class":"c"}'
     decoded = decoder.decode_all(pa.chunked_array([pa.array([ordinary, b'{"s":1,"dt":"2026-01-02"}'])]))
     assert decoded[0] is not None and decoded[1] is None
