@@ -10,11 +10,11 @@ ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 \
     SPARK_HOME=/usr/local/lib/python3.11/site-packages/pyspark
 WORKDIR /opt/offsetlake
 COPY requirements.txt pyproject.toml ./
-RUN pip install --no-cache-dir -r requirements.txt \
- && pip install --no-cache-dir psycopg2-binary==2.9.13  # Airflow's metadata DB is Postgres here
-COPY plugins ./plugins
+RUN pip install --no-cache-dir -r requirements.txt
+COPY src ./src
 RUN pip install --no-cache-dir --no-deps -e .
 COPY jobs ./jobs
 COPY dags ./dags
 COPY include ./include
+COPY plugins ./plugins
 ENTRYPOINT ["/usr/bin/tini", "--"]

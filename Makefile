@@ -33,7 +33,7 @@ test-unit: $(STAMP)
 
 # Broker, demo producer, Airflow (UI on 127.0.0.1:8080) with the demo DAGs unpaused and a first ingest run.
 demo: $(STAMP)
-	$(BIN)/python -m offsetlake.demo up
+	$(BIN)/python -m offsetlake.local.demo up
 
 # Throughput next to the raw Kafka read rate, in one run (not part of make test).
 bench: $(STAMP)
@@ -41,7 +41,7 @@ bench: $(STAMP)
 
 # Stops everything `make demo` started, by pid file.
 down:
-	-test -x $(BIN)/python && $(BIN)/python -m offsetlake.demo down
+	-test -x $(BIN)/python && $(BIN)/python -m offsetlake.local.demo down
 
 # The pipeline without Airflow: broker, demo events, ingest, status and history.
 demo-cli: $(STAMP)

@@ -7,6 +7,6 @@ from pathlib import Path
 
 os.environ.setdefault("OFFSETLAKE_HOME", str(Path(__file__).resolve().parents[1]))
 
-from offsetlake.dags import build_dags  # noqa: E402  (needs OFFSETLAKE_HOME first)
+from offsetlake.airflow.dags import build_dags  # noqa: E402  (needs OFFSETLAKE_HOME first)
 
 globals().update(build_dags())

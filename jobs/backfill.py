@@ -1,10 +1,10 @@
-"""spark-submit entry point: offsetlake backfill. Thin on purpose: the work is in offsetlake.jobs.
+"""spark-submit entry point for `offsetlake backfill`: the same code as the command line, nothing else.
 
-    spark-submit jobs/backfill.py --pipeline NAME [--dag-id D --run-id R --try-number N --result-file F] ...
+    spark-submit jobs/backfill.py --pipeline NAME [--dag-id D --run-id R --try-number N] [options of offsetlake backfill]
 """
 import sys
 
-from offsetlake.jobs import backfill_main
+from offsetlake.cli import main
 
 if __name__ == "__main__":
-    sys.exit(backfill_main())
+    sys.exit(main(["backfill", *sys.argv[1:]]))

@@ -1,10 +1,10 @@
-"""spark-submit entry point: offsetlake ingest. Thin on purpose: the work is in offsetlake.jobs.
+"""spark-submit entry point for `offsetlake ingest`: the same code as the command line, nothing else.
 
-    spark-submit jobs/ingest.py --pipeline NAME [--dag-id D --run-id R --try-number N --result-file F] ...
+    spark-submit jobs/ingest.py --pipeline NAME [--dag-id D --run-id R --try-number N] [options of offsetlake ingest]
 """
 import sys
 
-from offsetlake.jobs import ingest_main
+from offsetlake.cli import main
 
 if __name__ == "__main__":
-    sys.exit(ingest_main())
+    sys.exit(main(["ingest", *sys.argv[1:]]))

@@ -1,10 +1,10 @@
-"""spark-submit entry point: offsetlake recovery. Thin on purpose: the work is in offsetlake.jobs.
+"""spark-submit entry point for `offsetlake recover`: the same code as the command line, nothing else.
 
-    spark-submit jobs/recovery.py --pipeline NAME [--dag-id D --run-id R --try-number N --result-file F] ...
+    spark-submit jobs/recovery.py --pipeline NAME [--dag-id D --run-id R --try-number N] [options of offsetlake recover]
 """
 import sys
 
-from offsetlake.jobs import recovery_main
+from offsetlake.cli import main
 
 if __name__ == "__main__":
-    sys.exit(recovery_main())
+    sys.exit(main(["recover", *sys.argv[1:]]))

@@ -1,10 +1,10 @@
-"""spark-submit entry point: offsetlake stream. Thin on purpose: the work is in offsetlake.jobs.
+"""spark-submit entry point for `offsetlake stream`: the same code as the command line, nothing else.
 
-    spark-submit jobs/stream.py --pipeline NAME [--dag-id D --run-id R --try-number N --result-file F] ...
+    spark-submit jobs/stream.py --pipeline NAME [--dag-id D --run-id R --try-number N] [options of offsetlake stream]
 """
 import sys
 
-from offsetlake.jobs import stream_main
+from offsetlake.cli import main
 
 if __name__ == "__main__":
-    sys.exit(stream_main())
+    sys.exit(main(["stream", *sys.argv[1:]]))

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from offsetlake import broker as embedded_broker
+from offsetlake.local import broker as embedded_broker
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
@@ -30,6 +30,25 @@ def spark():
     session = build_session("offsetlake-tests", "local[2]")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def pipeline(request, bootstrap, pipelines_dir, lake, monkeypatch):
+    """A factory: a new topic holding `records` committed records (among aborted transactions), a
+    pipeline reading it into a table under `lake`, optionally ingested once. Returns (cfg, topic).
+
+    OFFSETLAKE_PIPELINES_DIR points at the test's pipelines, for jobs and DAG steps started from here.
+    """
+    from support import new_pipeline
+    monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(pipelines_dir))
+
+    def make(partitions: int = 2, records: int = 0, ingest: bool = False, **overrides):
+        cfg, topic = new_pipeline(bootstrap, pipelines_dir, lake, partitions, records, **overrides)
+        if ingest:
+            from offsetlake.batch import ingest as run_ingest
+            run_ingest(request.getfixturevalue("spark"), cfg)
+        return cfg, topic
+    return make
 
 
 @pytest.fixture

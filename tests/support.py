@@ -10,12 +10,14 @@ import uuid
 from pathlib import Path
 
 import yaml
+from deltalake import DeltaTable
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from offsetlake.config import load_pipeline
 from offsetlake.kafka import KafkaCluster
-from offsetlake.ledger import read_ledger
+from offsetlake.ledger import pipeline_history, read_ledger
+from offsetlake.metadata import HistoryEntry
 from offsetlake.table import open_table, query
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +62,7 @@ def write_pipeline(directory: Path, bootstrap: str, topics: list[str], lake: Pat
 def new_pipeline(bootstrap: str, pipelines_dir: Path, lake: Path, partitions: int = 3, records: int = 0,
                  **overrides):
     """A new topic, a pipeline reading it, and `records` committed records among aborted transactions."""
-    from offsetlake.producer import produce
+    from offsetlake.local.producer import produce
     topic = unique("t")
     create_topic(bootstrap, topic, partitions)
     name = write_pipeline(pipelines_dir, bootstrap, [topic], lake, **overrides)
@@ -175,3 +177,48 @@ def files_containing(root: Path, needle: bytes) -> list[str]:
 
 def load(pipelines_dir: Path, name: str):
     return load_pipeline(name, pipelines_dir)
+
+
+def assert_one_line_failure(proc, *fragments):
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("offsetlake: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def ingest_process(cfg, pipelines_dir: Path, env: dict | None = None) -> subprocess.Popen:
+    full_env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "offsetlake.cli", "ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir)],
+        env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def data_files_on_disk(table_path: str) -> set[str]:
+    root = Path(table_path)
+    return {str(p.relative_to(root)) for p in root.rglob("*.parquet") if "_delta_log" not in p.parts}
+
+
+def pipeline_commits(cfg) -> list[HistoryEntry]:
+    """The pipeline's commits, oldest first ([] before the table exists)."""
+    try:
+        return pipeline_history(DeltaTable(cfg.table_path), cfg.name)
+    except Exception:  # the table may not exist yet
+        return []
+
+
+def assert_quarantine_accounts_for_the_rest(cfg):
+    """table rows + quarantine rows = Kafka's read_committed records, each exactly once."""
+    rows = table_lineage(cfg.table_path)
+    bad = query(cfg.quarantine_path, "SELECT kafka_topic, kafka_partition, kafka_offset, value, error FROM t")
+    bad_keys = list(zip(*(bad.column(i).to_pylist() for i in range(3))))
+    assert len(set(bad_keys)) == len(bad_keys), "a record was quarantined twice"
+    assert not set(bad_keys) & set(rows), "a record is both in the table and the quarantine"
+    truth = kafka_committed_records(cfg.kafka.bootstrap_servers, cfg.topics[0])
+    assert set(rows) | set(bad_keys) == set(truth)
+    assert len(rows) + len(bad_keys) == len(truth)
+    for key, value, error in zip(bad_keys, bad.column(3).to_pylist(), bad.column(4).to_pylist()):
+        assert value == truth[key] and error  # raw bytes kept, with the reason
+    return len(bad_keys)

@@ -7,22 +7,16 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from offsetlake.batch import ingest
-from offsetlake.ledger import pipeline_history
-from offsetlake.producer import produce
+from offsetlake.local.producer import produce
 from offsetlake.table import query
-from support import REPO, assert_exactly_once, ledger_offsets, new_pipeline
+from support import REPO, assert_exactly_once, ledger_offsets, pipeline_commits
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def pipeline(bootstrap, pipelines_dir, lake, monkeypatch, airflow_db):
-    """A factory: a topic with data and a pipeline; DAG steps find it through OFFSETLAKE_PIPELINES_DIR."""
-    monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(pipelines_dir))
-
-    def make(partitions: int = 2, records: int = 600, **overrides):
-        return new_pipeline(bootstrap, pipelines_dir, lake, partitions, records, **overrides)
-    return make
+@pytest.fixture(autouse=True)
+def _airflow(airflow_db):
+    """Every test here runs DAGs: the Airflow DB must be migrated."""
 
 
 def run(dag, conf: dict | None = None) -> tuple[str, dict[str, str]]:
@@ -59,23 +53,23 @@ def test_the_dag_file_parses_into_four_dags_per_pipeline(monkeypatch, airflow_db
 
 
 def test_ingest_dag_commits_with_airflow_coordinates_and_emits_an_asset_event(pipeline):
-    from offsetlake.dags import ingest_dag
-    cfg, topic = pipeline()
+    from offsetlake.airflow.dags import ingest_dag
+    cfg, topic = pipeline(records=600)
 
     state, tasks = run(ingest_dag(cfg))
 
     assert state == "success", tasks
     assert_exactly_once(cfg)
-    last = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
-    assert last["run"]["by"] == "airflow" and last["run"]["dag_id"] == f"offsetlake__{cfg.name}__ingest"
-    assert last["run"]["run_id"] and last["run"]["try_number"] == 1
+    last = pipeline_commits(cfg)[-1]
+    assert last.meta.run.by == "airflow" and last.meta.run.dag_id == f"offsetlake__{cfg.name}__ingest"
+    assert last.meta.run.run_id and last.meta.run.try_number == 1
     events = asset_events(cfg)
-    assert events and events[-1]["ranges"] == {topic: {str(p): [0, o] for (_, p), o in ledger_offsets(cfg).items()}}
+    assert events and events[-1].meta.ranges == {topic: {str(p): [0, o] for (_, p), o in ledger_offsets(cfg).items()}}
 
 
 def test_backfill_dag_twice_gives_the_same_table_and_an_asset_event(spark, pipeline):
-    from offsetlake.dags import backfill_dag
-    cfg, topic = pipeline()
+    from offsetlake.airflow.dags import backfill_dag
+    cfg, topic = pipeline(records=600)
     ingest(spark, cfg)
     before = full_rows(cfg)
     conf = {"ranges": [{"topic": topic, "partition": 0, "start": 5, "end": 120},
@@ -86,15 +80,15 @@ def test_backfill_dag_twice_gives_the_same_table_and_an_asset_event(spark, pipel
         assert state == "success", tasks
 
     assert full_rows(cfg) == before
-    kinds = [h["kind"] for h in pipeline_history(DeltaTable(cfg.table_path), cfg.name)]
+    kinds = [h.meta.kind for h in pipeline_commits(cfg)]
     assert kinds[-2:] == ["backfill", "backfill"]
-    assert asset_events(cfg)[-1]["ranges"] == {topic: {"0": [5, 120], "1": [0, 60]}}
+    assert asset_events(cfg)[-1].meta.ranges == {topic: {"0": [5, 120], "1": [0, 60]}}
     assert_exactly_once(cfg)
 
 
 def test_backfill_past_the_ledger_is_refused(spark, pipeline):
-    from offsetlake.dags import backfill_dag
-    cfg, topic = pipeline()
+    from offsetlake.airflow.dags import backfill_dag
+    cfg, topic = pipeline(records=600)
     ingest(spark, cfg)
     end = ledger_offsets(cfg)[(topic, 0)]
     version = DeltaTable(cfg.table_path).version()
@@ -113,7 +107,7 @@ def test_backfill_past_the_ledger_is_refused(spark, pipeline):
     ({}, "nothing asked"),
 ])
 def test_backfill_form_errors_stop_before_spark(pipeline, conf, why):
-    from offsetlake.dags import backfill_dag
+    from offsetlake.airflow.dags import backfill_dag
     cfg, topic = pipeline(records=50)
     conf = json.loads(json.dumps(conf).replace("TOPIC", topic))
 
@@ -133,7 +127,7 @@ def test_backfill_form_errors_stop_before_spark(pipeline, conf, why):
 ])
 def test_backfill_form_type_errors_are_rejected_at_trigger(pipeline, conf):
     from airflow.sdk.definitions.param import ParamValidationError
-    from offsetlake.dags import backfill_dag
+    from offsetlake.airflow.dags import backfill_dag
     cfg, topic = pipeline(records=10)
     conf = json.loads(json.dumps(conf).replace("TOPIC", topic))
     with pytest.raises(ParamValidationError):
@@ -142,7 +136,7 @@ def test_backfill_form_type_errors_are_rejected_at_trigger(pipeline, conf):
 
 @pytest.mark.parametrize("reason", ["x; rm -rf /", "../../etc/passwd", "$(whoami)", "a\nb"])
 def test_recovery_reason_with_shell_or_path_is_rejected(pipeline, reason):
-    from offsetlake.dags import recovery_dag
+    from offsetlake.airflow.dags import recovery_dag
     cfg, topic = pipeline(records=10)
     conf = {"reset": True, "reset_offsets": [{"topic": topic, "partition": 0, "offset": 0}], "reset_reason": reason}
 
@@ -152,7 +146,7 @@ def test_recovery_reason_with_shell_or_path_is_rejected(pipeline, reason):
 
 
 def test_recovery_dag_audits_and_repairs_injected_damage(spark, pipeline):
-    from offsetlake.dags import recovery_dag
+    from offsetlake.airflow.dags import recovery_dag
     cfg, topic = pipeline(records=800)
     ingest(spark, cfg)
     DeltaTable(cfg.table_path).delete("kafka_partition = 0 AND kafka_offset < 40")
@@ -168,7 +162,7 @@ def test_recovery_dag_audits_and_repairs_injected_damage(spark, pipeline):
 
 
 def test_recovery_dag_reset_moves_the_ledger(spark, pipeline):
-    from offsetlake.dags import recovery_dag
+    from offsetlake.airflow.dags import recovery_dag
     cfg, topic = pipeline(partitions=1, records=200)
     ingest(spark, cfg)
     end = ledger_offsets(cfg)[(topic, 0)]
@@ -178,18 +172,26 @@ def test_recovery_dag_reset_moves_the_ledger(spark, pipeline):
                                            "reset_offsets": [{"topic": topic, "partition": 0, "offset": end + 30}]})
 
     assert state == "success", tasks
-    last = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
-    assert last["kind"] == "reset" and last["reason"] == "skip a bad deploy (INC-42)"
+    last = pipeline_commits(cfg)[-1]
+    assert last.meta.kind == "reset" and last.meta.reason == "skip a bad deploy (INC-42)"
     ingest(spark, cfg)
-    assert pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]["ranges"][topic]["0"][0] == end + 30
+    assert pipeline_commits(cfg)[-1].meta.ranges[topic]["0"][0] == end + 30
 
 
 def test_stream_dag_runs_for_a_bounded_time(pipeline):
-    from offsetlake.dags import stream_dag
+    from offsetlake.airflow.dags import stream_dag
     cfg, topic = pipeline(records=300)
+    bound = 12
 
-    state, tasks = run(stream_dag(cfg), {"max_seconds": 12})
+    dr = stream_dag(cfg).test(run_conf={"max_seconds": bound})
 
-    assert state == "success", tasks
+    assert str(dr.state) == "success"
+    step = next(ti for ti in dr.get_task_instances() if ti.task_id == "stream")
+    ran = (step.end_date - step.start_date).total_seconds()
+    # It streamed until the bound (no sooner), then stopped by itself: not the default 3300 s.
+    # The slack covers spark-submit's JVM start and the batch in flight at the deadline.
+    assert bound <= ran < bound + 150, ran
+    mine = [h for h in pipeline_commits(cfg) if h.meta.run.is_task_try(stream_dag(cfg).dag_id, dr.run_id, None)]
+    assert mine and all(h.meta.kind == "ingest" for h in mine)
     assert_exactly_once(cfg)
 

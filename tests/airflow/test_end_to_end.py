@@ -13,16 +13,15 @@ import urllib.request
 import uuid
 
 import pytest
-from deltalake import DeltaTable
 
-from offsetlake import stack
+from offsetlake.local import stack
 from offsetlake.batch import ingest
-from offsetlake.broker import free_port
+from offsetlake.local.broker import free_port
 from offsetlake.errors import OffsetlakeError
-from offsetlake.ledger import pipeline_history
-from offsetlake.producer import produce
+from offsetlake.local.producer import produce
 from offsetlake.table import query
-from support import REPO, assert_exactly_once, create_topic, files_containing, load, unique, write_pipeline
+from support import (REPO, assert_exactly_once, create_topic, files_containing, load, pipeline_commits, unique,
+                    write_pipeline)
 
 pytestmark = pytest.mark.slow
 
@@ -70,9 +69,9 @@ def test_backfill_triggered_over_rest_runs_on_real_airflow(spark, bootstrap, tmp
     finally:
         stack.stop(home)
 
-    last = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
-    assert last["kind"] == "backfill" and last["run"]["dag_id"] == dag_id and last["run"]["run_id"] == run_id
-    assert last["ranges"] == {topic: {"0": [10, 200]}}
+    last = pipeline_commits(cfg)[-1]
+    assert last.meta.kind == "backfill" and last.meta.run.dag_id == dag_id and last.meta.run.run_id == run_id
+    assert last.meta.ranges == {topic: {"0": [10, 200]}}
     assert query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_partition, kafka_offset").to_pylist() == before
     assert_exactly_once(cfg)
     assert mine and mine[-1]["extra"]["ranges"] == {topic: {"0": [10, 200]}}

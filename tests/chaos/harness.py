@@ -52,7 +52,7 @@ from deltalake.exceptions import CommitFailedError  # noqa: E402
 
 import logging  # noqa: E402
 
-from offsetlake import broker as embedded_broker  # noqa: E402
+from offsetlake.local import broker as embedded_broker  # noqa: E402
 from offsetlake.audit import audit  # noqa: E402
 from offsetlake.kafka import KafkaCluster  # noqa: E402
 from offsetlake.ledger import pipeline_history  # noqa: E402
@@ -452,7 +452,7 @@ class Chaos:
             raise ChaosFailure(f"after the final ingest the ledger {ledger} is not at the LSO {lso}")
         self.tally(ledger)
         history = pipeline_history(open_table(self.cfg.table_path), self.cfg.name)
-        self.summary.batches = sum(1 for h in history if h.get("kind") == "ingest")
+        self.summary.batches = sum(1 for h in history if h.meta.kind == "ingest")
         self.summary.audit_ok = audit(self.cfg).ok
 
     # -- the run ---------------------------------------------------------------------------------------

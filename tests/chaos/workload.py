@@ -25,7 +25,7 @@ from confluent_kafka import KafkaException, Producer
 
 from offsetlake.config import KafkaSettings
 from offsetlake.kafka import client_settings
-from offsetlake.producer import demo_event, with_bad_records
+from offsetlake.local.producer import demo_event, with_bad_records
 
 CHUNK = 20
 TIMEOUT = 10

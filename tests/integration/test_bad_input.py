@@ -17,13 +17,12 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
-from offsetlake import broker as embedded_broker
+from offsetlake.local import broker as embedded_broker
 from offsetlake.batch import ingest
-from offsetlake.producer import produce
+from offsetlake.local.producer import produce
 from offsetlake.table import query
-from support import assert_exactly_once, new_pipeline, run_cli, unique, write_pipeline
-from test_cli import assert_one_line_failure
-from test_failures import data_files_on_disk, ingest_process
+from support import (assert_exactly_once, assert_one_line_failure, data_files_on_disk, ingest_process, new_pipeline,
+                     run_cli, unique, write_pipeline)
 
 pytestmark = pytest.mark.slow
 BIG = 600_000  # above the pipeline's max_value_bytes below, within the broker's 1 MB message limit

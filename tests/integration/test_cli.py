@@ -5,17 +5,8 @@ import json
 
 import pytest
 
-from offsetlake.producer import produce
-from support import create_topic, load, run_cli, unique, write_pipeline
-
-
-def assert_one_line_failure(proc, *fragments):
-    assert proc.returncode != 0
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("offsetlake: error: ")
-    for fragment in fragments:
-        assert fragment in lines[0]
+from offsetlake.local.producer import produce
+from support import assert_one_line_failure, create_topic, load, run_cli, unique, write_pipeline
 
 
 def test_bad_config_names_the_key_and_writes_nothing(pipelines_dir, lake, bootstrap):

@@ -17,76 +17,56 @@ import pytest
 from deltalake import DeltaTable
 
 from offsetlake.batch import ingest
-from offsetlake.ledger import pipeline_history
-from offsetlake.producer import produce
+from offsetlake.local.producer import produce
 from offsetlake.table import committed_files
-from support import REPO, assert_exactly_once, new_pipeline, table_lineage
+from support import (REPO, assert_exactly_once, assert_quarantine_accounts_for_the_rest, data_files_on_disk,
+                    ingest_process, pipeline_commits, table_lineage)
 
 pytestmark = pytest.mark.slow
 FAULT_POINTS = ["after_plan", "after_read", "after_files_written", "before_commit", "after_commit"]
 
 
-@pytest.fixture
-def pipeline(bootstrap, pipelines_dir, lake):
-    """A factory: a pipeline whose topic already holds `records` committed records (and aborted ones)."""
-    def make(partitions: int = 3, records: int = 1200, **overrides):
-        return new_pipeline(bootstrap, pipelines_dir, lake, partitions, records, **overrides)[0]
-    return make
-
-
-def ingest_process(cfg, pipelines_dir: Path, env: dict | None = None) -> subprocess.Popen:
-    full_env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})}
-    return subprocess.Popen(
-        [sys.executable, "-m", "offsetlake.cli", "ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir)],
-        env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-
-
-def data_files_on_disk(table_path: str) -> set[str]:
-    root = Path(table_path)
-    return {str(p.relative_to(root)) for p in root.rglob("*.parquet") if "_delta_log" not in p.parts}
-
-
-def pipeline_commits(cfg) -> list[dict]:
-    try:
-        return pipeline_history(DeltaTable(cfg.table_path), cfg.name)
-    except Exception:  # the table may not exist yet
-        return []
-
-
 @pytest.mark.parametrize("point", FAULT_POINTS)
 def test_job_killed_at_each_fault_point_then_rerun_is_exact(spark, pipeline, pipelines_dir, point):
-    cfg = pipeline()
+    cfg, _ = pipeline(partitions=3, records=1200)
     job = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": f"{point}:exit"})
     job.communicate(timeout=300)
     assert job.returncode == -signal.SIGKILL, f"the job was not killed at {point}"
     commits_after_crash = pipeline_commits(cfg)
     assert len(commits_after_crash) == (1 if point == "after_commit" else 0)
+    killed_attempts_orphans = data_files_on_disk(cfg.table_path) - committed_files(cfg.table_path)
+    if point in ("after_files_written", "before_commit"):
+        assert killed_attempts_orphans, "the killed attempt had written files: the check below must see them"
+    else:
+        assert not killed_attempts_orphans
 
     results = ingest(spark, cfg)
 
     new_commits = [r for r in results if r.status == "committed"]
     assert len(new_commits) == (0 if point == "after_commit" else 1)
     assert_exactly_once(cfg)
-    # Orphans of the killed attempt may remain on disk, but the table references none of them.
+    # The killed attempt's orphans stay on disk (for cleanup), and no commit references any of them;
+    # every referenced file is on disk; the re-run left no orphans of its own.
     referenced = committed_files(cfg.table_path)
+    assert not killed_attempts_orphans & referenced
     assert referenced <= data_files_on_disk(cfg.table_path)
+    assert data_files_on_disk(cfg.table_path) - referenced == killed_attempts_orphans
 
 
 def test_two_ingests_started_together_are_exact(pipeline, pipelines_dir):
-    cfg = pipeline(records=3000, batch={"max_records_per_batch": 600, "max_records_per_task": 200})
+    cfg, _ = pipeline(partitions=3, records=3000, batch={"max_records_per_batch": 600, "max_records_per_task": 200})
     jobs = [ingest_process(cfg, pipelines_dir) for _ in range(2)]
     outputs = [job.communicate(timeout=300) for job in jobs]
 
     assert [job.returncode for job in jobs] == [0, 0], outputs
     history = pipeline_commits(cfg)
-    assert [h["batch"] for h in history] == list(range(1, len(history) + 1))
+    assert [h.meta.batch for h in history] == list(range(1, len(history) + 1))
     assert_exactly_once(cfg)
 
 
 @pytest.mark.parametrize("pause_at", ["after_files_written", "before_commit"])
 def test_zombie_attempt_finds_its_batch_committed_and_writes_nothing(spark, pipeline, pipelines_dir, tmp_path, pause_at):
-    cfg = pipeline()
+    cfg, _ = pipeline(partitions=3, records=1200)
     fault_dir = tmp_path / "faults"
     zombie = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": f"{pause_at}:pause",
                                                  "OFFSETLAKE_FAULT_DIR": str(fault_dir)})
@@ -117,7 +97,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
 
 
 def test_stream_ingests_as_records_arrive_and_stops_on_sigterm(pipeline, pipelines_dir, bootstrap):
-    cfg = pipeline(records=300)
+    cfg, _ = pipeline(partitions=3, records=300)
     full_env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1"}
     job = subprocess.Popen([sys.executable, "-m", "offsetlake.cli", "stream", "--pipeline", cfg.name,
                             "--pipelines-dir", str(pipelines_dir), "--interval", "0.5"],
@@ -145,7 +125,7 @@ def _wait_until(condition, proc: subprocess.Popen, timeout: float = 180) -> None
 
 
 def test_spark_submit_runs_the_ingest_job(pipeline, pipelines_dir):
-    cfg = pipeline(records=500)
+    cfg, _ = pipeline(partitions=3, records=500)
     spark_submit = Path(sys.executable).parent / "spark-submit"
     env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
@@ -157,14 +137,13 @@ def test_spark_submit_runs_the_ingest_job(pipeline, pipelines_dir):
         env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run = pipeline_commits(cfg)[-1]["run"]
-    assert (run["by"], run["dag_id"], run["run_id"], run["try_number"]) == ("airflow", "demo_dag", "manual__1", 2)
+    run = pipeline_commits(cfg)[-1].meta.run
+    assert (run.by, run.dag_id, run.run_id, run.try_number) == ("airflow", "demo_dag", "manual__1", 2)
     assert_exactly_once(cfg)
 
 
 def test_crash_between_quarantine_and_table_commits_quarantines_each_record_once(spark, pipeline, pipelines_dir):
-    from test_ingest import assert_quarantine_accounts_for_the_rest
-    cfg = pipeline(records=0)
+    cfg, _ = pipeline(partitions=3, records=0)
     produce(cfg.kafka, cfg.topics[0], 600, bad_share=0.1, seed=31)
     job = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": "before_commit:exit"})
     job.communicate(timeout=300)

@@ -1,7 +1,6 @@
 """Ingest on a real broker, real Spark and real Delta tables, checked row by row against Kafka."""
 from __future__ import annotations
 
-import functools
 import json
 
 import pytest
@@ -12,14 +11,8 @@ from deltalake import DeltaTable
 from offsetlake.batch import ingest
 from offsetlake.errors import DataLossError
 from offsetlake.ledger import partition_app_id, pipeline_app_id, pipeline_history
-from offsetlake.producer import produce
-from support import assert_exactly_once, ledger_offsets, new_pipeline, table_lineage, unique
-
-
-@pytest.fixture
-def pipeline(bootstrap, pipelines_dir, lake):
-    """A factory: a new topic and a pipeline reading it; each test produces its own records."""
-    return functools.partial(new_pipeline, bootstrap, pipelines_dir, lake)
+from offsetlake.local.producer import produce
+from support import (assert_exactly_once, assert_quarantine_accounts_for_the_rest, ledger_offsets, pipeline_commits, table_lineage, unique)
 
 
 def committed(results):
@@ -40,7 +33,7 @@ def test_only_committed_records_reach_the_table(spark, pipeline):
 
 
 def test_rerun_with_nothing_new_makes_no_commit(spark, pipeline):
-    cfg, topic = pipeline()
+    cfg, topic = pipeline(partitions=3)
     produce(cfg.kafka, topic, 500, seed=2)
     ingest(spark, cfg)
     version = DeltaTable(cfg.table_path).version()
@@ -59,14 +52,14 @@ def test_backlog_is_split_into_batches_that_tile_the_offsets(spark, pipeline):
     results = ingest(spark, cfg)
 
     assert len(committed(results)) >= 4
-    history = pipeline_history(DeltaTable(cfg.table_path), cfg.name)
-    assert [h["batch"] for h in history] == list(range(1, len(history) + 1))
+    history = pipeline_commits(cfg)
+    assert [h.meta.batch for h in history] == list(range(1, len(history) + 1))
     next_start: dict[tuple[str, str], int] = {}
     for h in history:
         span = 0
-        for t, parts in h["ranges"].items():
+        for t, parts in h.meta.ranges.items():
             for p, (start, end) in parts.items():
-                assert start == next_start.get((t, p), 0), f"gap or overlap at batch {h['batch']} {t}[{p}]"
+                assert start == next_start.get((t, p), 0), f"gap or overlap at batch {h.meta.batch} {t}[{p}]"
                 assert end > start
                 next_start[(t, p)] = end
                 span += end - start
@@ -134,9 +127,9 @@ def test_records_deleted_below_the_ledger(spark, pipeline, bootstrap, policy):
         assert DeltaTable(cfg.table_path).version() == version
         return
     ingest(spark, cfg)
-    last = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
-    assert last["lost"] == {topic: {"0": [100, 150]}}
-    assert last["ranges"] == {topic: {"0": [150, 200]}}
+    last = pipeline_commits(cfg)[-1]
+    assert last.meta.lost == {topic: {"0": [100, 150]}}
+    assert last.meta.ranges == {topic: {"0": [150, 200]}}
     offsets = sorted(o for _, _, o in table_lineage(cfg.table_path))
     assert offsets == list(range(100)) + list(range(150, 200))
 
@@ -155,8 +148,8 @@ def test_restore_rewinds_the_ledger_and_the_next_ingest_rereads(spark, pipeline)
     results = ingest(spark, cfg)
 
     assert len(committed(results)) == 1
-    last = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
-    assert last["rewind"]["restored_version"] == restore_to
+    last = pipeline_commits(cfg)[-1]
+    assert last.meta.rewind.restored_version == restore_to
     assert len(table_lineage(cfg.table_path)) == rows_before  # ...and are back, once each
     assert_exactly_once(cfg)
 
@@ -171,10 +164,10 @@ def test_commit_holds_ranges_offsets_and_statistics(spark, pipeline):
     assert table.transaction_version(pipeline_app_id(cfg.name)) == 1
     for (t, p), offset in offsets.items():
         assert table.transaction_version(partition_app_id(cfg.name, t, p)) == offset
-    meta = pipeline_history(table, cfg.name)[-1]
-    assert meta["kind"] == "ingest" and meta["batch"] == 1 and meta["records"]["rows"] == 900
-    assert meta["ranges"] == {topic: {str(p): [0, o] for (_, p), o in sorted(offsets.items())}}
-    assert meta["run"]["by"] == "cli"
+    meta = pipeline_history(table, cfg.name)[-1].meta
+    assert meta.kind == "ingest" and meta.batch == 1 and meta.records.rows == 900
+    assert meta.ranges == {topic: {str(p): [0, o] for (_, p), o in sorted(offsets.items())}}
+    assert meta.run.by == "cli"
     from offsetlake.kafka import KafkaCluster
     mirrored = KafkaCluster(cfg.kafka).group_offsets(cfg.consumer_group, sorted(offsets))
     assert mirrored == offsets  # lag tools see the ledger through the consumer group
@@ -194,20 +187,3 @@ def test_bad_records_are_quarantined_and_every_record_is_accounted_for(spark, pi
 
     assert_quarantine_accounts_for_the_rest(cfg)
     assert sum(r.quarantined for r in results) > 0
-
-
-def assert_quarantine_accounts_for_the_rest(cfg):
-    """table rows + quarantine rows = Kafka's read_committed records, each exactly once."""
-    from offsetlake.table import query
-    from support import kafka_committed_records
-    rows = table_lineage(cfg.table_path)
-    bad = query(cfg.quarantine_path, "SELECT kafka_topic, kafka_partition, kafka_offset, value, error FROM t")
-    bad_keys = list(zip(*(bad.column(i).to_pylist() for i in range(3))))
-    assert len(set(bad_keys)) == len(bad_keys), "a record was quarantined twice"
-    assert not set(bad_keys) & set(rows), "a record is both in the table and the quarantine"
-    truth = kafka_committed_records(cfg.kafka.bootstrap_servers, cfg.topics[0])
-    assert set(rows) | set(bad_keys) == set(truth)
-    assert len(rows) + len(bad_keys) == len(truth)
-    for key, value, error in zip(bad_keys, bad.column(3).to_pylist(), bad.column(4).to_pylist()):
-        assert value == truth[key] and error  # raw bytes kept, with the reason
-    return len(bad_keys)

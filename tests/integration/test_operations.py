@@ -13,30 +13,19 @@ from offsetlake.audit import audit, repair
 from offsetlake.backfill import backfill
 from offsetlake.batch import ingest
 from offsetlake.errors import ConfigError, DataLossError
-from offsetlake.ledger import pipeline_history
 from offsetlake.maintenance import cleanup, reset, restore
-from offsetlake.producer import produce
+from offsetlake.local.producer import produce
 from offsetlake.reader import OffsetRange
 from offsetlake.table import committed_files, query
-from support import assert_exactly_once, ledger_offsets, new_pipeline
-
-
-@pytest.fixture
-def ingested(spark, bootstrap, pipelines_dir, lake):
-    """A factory: a topic with committed, aborted and idempotent records, ingested into a table."""
-    def make(partitions: int = 2, records: int = 1000, **overrides):
-        cfg, topic = new_pipeline(bootstrap, pipelines_dir, lake, partitions, records, **overrides)
-        ingest(spark, cfg)
-        return cfg, topic
-    return make
+from support import (assert_exactly_once, data_files_on_disk, ingest_process, ledger_offsets, pipeline_commits)
 
 
 def full_rows(cfg) -> list[dict]:
     return query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_topic, kafka_partition, kafka_offset").to_pylist()
 
 
-def test_backfill_twice_gives_the_same_table_row_by_row(spark, ingested):
-    cfg, topic = ingested(batch={"max_records_per_batch": 400, "max_records_per_task": 150})
+def test_backfill_twice_gives_the_same_table_row_by_row(spark, pipeline):
+    cfg, topic = pipeline(records=1000, ingest=True, batch={"max_records_per_batch": 400, "max_records_per_task": 150})
     before = full_rows(cfg)
     ledger = ledger_offsets(cfg)
     ranges = [OffsetRange(topic, 0, 37, 301), OffsetRange(topic, 1, 0, ledger[(topic, 1)])]
@@ -49,21 +38,21 @@ def test_backfill_twice_gives_the_same_table_row_by_row(spark, ingested):
     assert first.files_rewritten > 0  # boundary files at offsets 37 and 301 were rewritten
     assert full_rows(cfg) == before
     assert ledger_offsets(cfg) == ledger  # backfill never moves the ledger
-    kinds = [h["kind"] for h in pipeline_history(DeltaTable(cfg.table_path), cfg.name)]
+    kinds = [h.meta.kind for h in pipeline_commits(cfg)]
     assert kinds[-2:] == ["backfill", "backfill"]
     assert_exactly_once(cfg)
 
 
-def test_backfill_dry_run_changes_nothing(ingested):
-    cfg, topic = ingested()
+def test_backfill_dry_run_changes_nothing(pipeline):
+    cfg, topic = pipeline(records=1000, ingest=True)
     version = DeltaTable(cfg.table_path).version()
     result = backfill(None, cfg, [OffsetRange(topic, 0, 0, 100)], dry_run=True)
     assert result.status == "dry_run" and result.rows_removed > 0
     assert DeltaTable(cfg.table_path).version() == version
 
 
-def test_backfill_refuses_bad_ranges_before_reading(ingested, bootstrap):
-    cfg, topic = ingested()
+def test_backfill_refuses_bad_ranges_before_reading(pipeline, bootstrap):
+    cfg, topic = pipeline(records=1000, ingest=True)
     end = ledger_offsets(cfg)[(topic, 0)]
     version = DeltaTable(cfg.table_path).version()
     cases = [
@@ -86,9 +75,9 @@ def test_backfill_refuses_bad_ranges_before_reading(ingested, bootstrap):
     assert DeltaTable(cfg.table_path).version() == version
 
 
-def test_backfill_while_ingest_runs_is_exact(spark, ingested, pipelines_dir):
+def test_backfill_while_ingest_runs_is_exact(spark, pipeline, pipelines_dir):
     from test_failures import ingest_process
-    cfg, topic = ingested(records=800, batch={"max_records_per_batch": 300, "max_records_per_task": 100})
+    cfg, topic = pipeline(records=800, ingest=True, batch={"max_records_per_batch": 300, "max_records_per_task": 100})
     produce(cfg.kafka, topic, 2000, seed=77)
     job = ingest_process(cfg, pipelines_dir)
     try:
@@ -100,8 +89,8 @@ def test_backfill_while_ingest_runs_is_exact(spark, ingested, pipelines_dir):
     assert_exactly_once(cfg)
 
 
-def test_audit_finds_damage_and_repair_fixes_it(spark, ingested):
-    cfg, topic = ingested(partitions=2, records=1200)
+def test_audit_finds_damage_and_repair_fixes_it(spark, pipeline):
+    cfg, topic = pipeline(partitions=2, records=1200, ingest=True)
     assert audit(cfg).ok
     table = DeltaTable(cfg.table_path)
     table.delete("kafka_partition = 0 AND kafka_offset >= 100 AND kafka_offset < 130")
@@ -123,21 +112,8 @@ def test_audit_finds_damage_and_repair_fixes_it(spark, ingested):
     assert_exactly_once(cfg)
 
 
-def test_audit_flags_ledger_gaps(ingested):
-    from offsetlake.audit import continuity_issues
-    history = [
-        {"version": 1, "batch": 1, "kind": "ingest", "ranges": {"t": {"0": [0, 10]}}},
-        {"version": 2, "batch": 2, "kind": "ingest", "ranges": {"t": {"0": [12, 20]}}},
-        {"version": 3, "batch": 3, "kind": "backfill", "ranges": {"t": {"0": [0, 5]}}},
-        {"version": 4, "batch": 4, "kind": "reset", "offsets": {"t": {"0": 50}}},
-        {"version": 5, "batch": 5, "kind": "ingest", "ranges": {"t": {"0": [50, 60]}}},
-    ]
-    assert continuity_issues(history) == ["batch 2 (version 2): t[0] starts at 12 but the ledger stood at 10 (gap)"]
-
-
-def test_cleanup_removes_a_killed_attempts_files_and_keeps_committed_ones(spark, ingested, pipelines_dir):
-    from test_failures import data_files_on_disk, ingest_process
-    cfg, topic = ingested()
+def test_cleanup_removes_a_killed_attempts_files_and_keeps_committed_ones(spark, pipeline, pipelines_dir):
+    cfg, topic = pipeline(records=1000, ingest=True)
     produce(cfg.kafka, topic, 300, seed=5)
     job = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": "after_files_written:exit"})
     job.communicate(timeout=300)
@@ -158,8 +134,8 @@ def test_cleanup_removes_a_killed_attempts_files_and_keeps_committed_ones(spark,
     assert_exactly_once(cfg)
 
 
-def test_reset_is_recorded_and_the_next_ingest_starts_there(spark, ingested):
-    cfg, topic = ingested(partitions=1, records=300)
+def test_reset_is_recorded_and_the_next_ingest_starts_there(spark, pipeline):
+    cfg, topic = pipeline(partitions=1, records=300, ingest=True)
     end = ledger_offsets(cfg)[(topic, 0)]
     produce(cfg.kafka, topic, 200, transactional_share=0.0, seed=3)
     skip_to = end + 50
@@ -167,10 +143,10 @@ def test_reset_is_recorded_and_the_next_ingest_starts_there(spark, ingested):
     version = reset(cfg, {(topic, 0): skip_to}, "skip 50 poison records")
     ingest(spark, cfg)
 
-    history = pipeline_history(DeltaTable(cfg.table_path), cfg.name)
-    reset_commit = next(h for h in history if h["version"] == version)
-    assert reset_commit["kind"] == "reset" and reset_commit["reason"] == "skip 50 poison records"
-    assert history[-1]["kind"] == "ingest" and history[-1]["ranges"][topic]["0"][0] == skip_to
+    history = pipeline_commits(cfg)
+    reset_commit = next(h for h in history if h.version == version)
+    assert reset_commit.meta.kind == "reset" and reset_commit.meta.reason == "skip 50 poison records"
+    assert history[-1].meta.kind == "ingest" and history[-1].meta.ranges[topic]["0"][0] == skip_to
     rows = query(cfg.table_path, f"SELECT count(*) AS n FROM t WHERE kafka_offset >= {end} AND kafka_offset < {skip_to}")
     assert rows.column(0)[0].as_py() == 0
     with pytest.raises(ConfigError, match="needs a reason"):
@@ -179,8 +155,8 @@ def test_reset_is_recorded_and_the_next_ingest_starts_there(spark, ingested):
         reset(cfg, {(topic, 0): 10**9}, "too far")
 
 
-def test_offsetlake_restore_rewinds_in_the_same_commit(spark, ingested):
-    cfg, topic = ingested(partitions=2, records=400)
+def test_offsetlake_restore_rewinds_in_the_same_commit(spark, pipeline):
+    cfg, topic = pipeline(partitions=2, records=400, ingest=True)
     version = DeltaTable(cfg.table_path).version()
     produce(cfg.kafka, topic, 400, seed=8)
     ingest(spark, cfg)
@@ -188,21 +164,21 @@ def test_offsetlake_restore_rewinds_in_the_same_commit(spark, ingested):
 
     restored = restore(cfg, version)
 
-    last = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
-    assert last["version"] == restored and last["kind"] == "restore" and last["restored_version"] == version
+    last = pipeline_commits(cfg)[-1]
+    assert last.version == restored and last.meta.kind == "restore" and last.meta.restored_version == version
     assert len(full_rows(cfg)) < rows
     ingest(spark, cfg)
-    reread = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
-    assert reread["kind"] == "ingest" and "rewind" not in reread  # the restore commit already rewound
+    reread = pipeline_commits(cfg)[-1]
+    assert reread.meta.kind == "ingest" and reread.meta.rewind is None  # the restore commit already rewound
     assert len(full_rows(cfg)) == rows
     assert_exactly_once(cfg)
 
 
-def test_restore_after_an_operator_restore_takes_the_ledger_of_the_version_asked_for(spark, ingested):
+def test_restore_after_an_operator_restore_takes_the_ledger_of_the_version_asked_for(spark, pipeline):
     """Found by the chaos harness: the ledger "as of version 1" followed a RESTORE committed later
     (history() lists the whole log even for a table loaded at an old version), so the rewind went
     to the wrong offsets and 6,500 records were never read again."""
-    cfg, topic = ingested(partitions=2, records=300)  # version 1
+    cfg, topic = pipeline(partitions=2, records=300, ingest=True)  # version 1
     first = ledger_offsets(cfg)
     for seed in (11, 12):
         produce(cfg.kafka, topic, 300, seed=seed)
@@ -211,8 +187,8 @@ def test_restore_after_an_operator_restore_takes_the_ledger_of_the_version_asked
 
     restore(cfg, 1)
 
-    last = pipeline_history(DeltaTable(cfg.table_path), cfg.name)[-1]
-    assert last["offsets"] == {topic: {str(p): o for (_, p), o in first.items()}}
+    last = pipeline_commits(cfg)[-1]
+    assert last.meta.offsets == {topic: {str(p): o for (_, p), o in first.items()}}
     assert ledger_offsets(cfg) == first
     ingest(spark, cfg)
     assert_exactly_once(cfg)

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from offsetlake.producer import produce
+from offsetlake.local.producer import produce
 from support import create_topic, files_containing, load, run_cli, unique, write_pipeline
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,8 @@ that keeps the settings each client would have been built with.
 """
 import pytest
 
-from offsetlake import kafka, producer, reader
+from offsetlake import kafka, reader
+from offsetlake.local import producer
 from offsetlake.config import parse_pipeline
 from offsetlake.reader import OffsetRange
 

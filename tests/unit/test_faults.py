@@ -3,8 +3,12 @@ import pytest
 from offsetlake import faults
 
 
-def test_no_fault_configured_is_a_no_op():
-    faults.hit("before_commit", {"faults": {}, "dir": ".", "driver_pid": 0})
+@pytest.mark.parametrize("configured", [{}, {"after_plan": "pause"}])
+def test_a_point_with_no_fault_configured_returns_at_once_and_leaves_no_trace(tmp_path, configured):
+    # driver_pid 0 would be signalled (this whole process group) if `exit` were taken by mistake.
+    result = faults.hit("before_commit", {"faults": configured, "dir": str(tmp_path), "driver_pid": 0})
+    assert result is None
+    assert list(tmp_path.iterdir()) == []  # no .reached marker: nothing paused
 
 
 def test_parse_faults():

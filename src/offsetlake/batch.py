@@ -11,17 +11,19 @@ import logging
 import os
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 
-from offsetlake import __version__, faults
-from offsetlake.commit import WrittenFile, commit_batch
+from offsetlake import faults
+from offsetlake.commit import Change, Committed, Settled, add_actions, attempt_files, commit, new_attempt_id, verdict
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
+from offsetlake.files import DataFile
 from offsetlake.formats import table_schema
 from offsetlake.kafka import TP, KafkaCluster
-from offsetlake.ledger import Ledger, RunInfo, flat_offsets, ranges_json, read_ledger
+from offsetlake.ledger import Ledger, read_ledger, txn_actions
+from offsetlake.metadata import CommitMetadata, Records, Run, flat_offsets, ranges_json
 from offsetlake.planning import BatchPlan, apply_data_loss, cap_ends, split_ranges, start_offsets
+from offsetlake.quarantine import WrittenFile, commit_quarantine
 from offsetlake.reader import OffsetRange
 from offsetlake.spark import session_of
 from offsetlake.table import open_table
@@ -71,7 +73,7 @@ def plan_batch(cfg: PipelineConfig, cluster: KafkaCluster, ledger: Ledger, tps: 
 
 
 def run_batch(spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], targets: dict[TP, int],
-              run_info: RunInfo, kind: str = "ingest") -> BatchResult:
+              run: Run) -> BatchResult:
     fault_settings = faults.settings_from_env()
     schema = table_schema(cfg)
     table = open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name)
@@ -80,40 +82,44 @@ def run_batch(spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], 
     if not plan.needs_commit:
         return BatchResult("up_to_date")
 
-    attempt = uuid.uuid4().hex[:16]
+    attempt = new_attempt_id()
     tasks = split_ranges(plan.ranges, cfg.batch.max_records_per_task)
-    read, data, quarantine = run_tasks(spark, TaskContext(cfg, plan.batch, attempt, tuple(tasks), fault_settings))
-    faults.hit("after_files_written", fault_settings)
+    with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as kept:
+        read, data, bad = run_tasks(spark, TaskContext(cfg, plan.batch, attempt, tuple(tasks), fault_settings))
+        faults.hit("after_files_written", fault_settings)
+        rows, quarantined = sum(f.num_records for _, f in data), sum(f.num_records for _, f in bad)
+        metadata = batch_metadata(plan, attempt, Records(sum(read.values()), rows, quarantined), run)
 
-    rows = sum(f.num_records for _, f in data)
-    bad = sum(f.num_records for _, f in quarantine)
-    metadata = {
-        "pipeline": cfg.name, "batch": plan.batch, "kind": kind, "attempt": attempt,
-        "ranges": ranges_json(plan.ranges),
-        "records": {"read": sum(read.values()), "rows": rows, "quarantined": bad},
-        "run": run_info.as_dict(), "offsetlake": __version__,
-    }
-    if plan.lost:
-        metadata["lost"] = ranges_json(OffsetRange(t, p, lo, hi) for (t, p), (lo, hi) in plan.lost.items())
-    if plan.rewind:
-        metadata["rewind"] = plan.rewind
-    if plan.initialises:
-        metadata["initialised_at"] = flat_offsets(plan.ends)
+        def decide(table) -> Change | Settled:
+            refused = verdict(read_ledger(table, cfg.name, list(plan.starts)), plan)
+            if refused is not None:
+                return refused
+            kept[cfg.quarantine_path] |= commit_quarantine(
+                plan, [WrittenFile(tasks[i], f) for i, f in bad], cfg.quarantine_path, attempt, run)
+            faults.hit("before_commit", fault_settings)
+            return Change(metadata, add_actions([f for _, f in data]), txn_actions(cfg.name, plan.batch, plan.ends),
+                          schema, cfg.table.partition_by)
 
-    outcome = commit_batch(
-        plan, cfg.table_path, schema, cfg.table.partition_by,
-        data=[WrittenFile(tasks[i], f) for i, f in data],
-        quarantine=[WrittenFile(tasks[i], f) for i, f in quarantine],
-        quarantine_uri=cfg.quarantine_path, metadata=metadata, attempt=attempt,
-        fault_settings=fault_settings,
-    )
+        outcome = commit(cfg.table_path, decide, f"batch {plan.batch}")
+        if isinstance(outcome, Committed):
+            kept[cfg.table_path] = outcome.added_paths()
     faults.hit("after_commit", fault_settings)
-    if outcome.status == "committed":
+    if isinstance(outcome, Committed):
         cluster.commit_group_offsets(cfg.consumer_group, plan.ends)
-    return BatchResult(outcome.status, plan.batch, outcome.version, plan.ranges, rows, bad, outcome.reason)
+        return BatchResult("committed", plan.batch, outcome.version, plan.ranges, rows, quarantined)
+    return BatchResult(outcome.status, plan.batch, None, plan.ranges, rows, quarantined, outcome.reason)
 
 
-def run_tasks(spark, ctx: TaskContext):
+def batch_metadata(plan: BatchPlan, attempt: str, records: Records, run: Run) -> CommitMetadata:
+    return CommitMetadata(
+        plan.pipeline, "ingest", batch=plan.batch, attempt=attempt, ranges=ranges_json(plan.ranges),
+        records=records, run=run,
+        lost=ranges_json(OffsetRange(t, p, lo, hi) for (t, p), (lo, hi) in plan.lost.items()),
+        rewind=plan.rewind, initialised_at=flat_offsets(plan.ends) if plan.initialises else {})
+
+
+def run_tasks(spark, ctx: TaskContext) -> tuple[dict[int, int], list[tuple[int, DataFile]], list[tuple[int, DataFile]]]:
+    """Run one Spark task per range; (records read per task, data files, quarantine files) by task index."""
     if not ctx.tasks:
         return {}, [], []
     ddl = ", ".join(f"{f.name} {_SPARK_TYPES[str(f.type)]}" for f in RESULT_SCHEMA)
@@ -138,16 +144,16 @@ def _executor_error(err: Exception) -> Exception:
     return OffsetlakeError(f"Spark job failed: {first.strip()[:500]}")
 
 
-def ingest(spark, cfg: PipelineConfig, run_info: RunInfo | None = None,
-           stop: threading.Event | None = None, kind: str = "ingest") -> list[BatchResult]:
+def ingest(spark, cfg: PipelineConfig, run: Run | None = None,
+           stop: threading.Event | None = None) -> list[BatchResult]:
     """Catch up to the end offsets taken now. Returns the result of every batch attempted."""
-    run_info = run_info or RunInfo.from_env()
+    run = run or Run.here()
     cluster = KafkaCluster(cfg.kafka)
     tps = cluster.partitions(cfg.topics)
     targets = cluster.end_offsets(tps, cfg.kafka.isolation_level)
     results: list[BatchResult] = []
     for _ in range(MAX_BATCHES_PER_RUN):
-        result = run_batch(spark, cfg, cluster, tps, targets, run_info, kind)
+        result = run_batch(spark, cfg, cluster, tps, targets, run)
         results.append(result)
         log.info(result.summary())
         if result.status == "up_to_date" or (stop is not None and stop.is_set()):
@@ -156,14 +162,14 @@ def ingest(spark, cfg: PipelineConfig, run_info: RunInfo | None = None,
 
 
 def stream(spark, cfg: PipelineConfig, stop: threading.Event, interval: float | None = None,
-           run_info: RunInfo | None = None, max_seconds: float | None = None, on_batch=None) -> int:
+           run: Run | None = None, max_seconds: float | None = None, on_batch=None) -> int:
     """Ingest in a loop in one Spark session until `stop` is set (SIGTERM) or max_seconds pass."""
     interval = cfg.stream_interval_seconds if interval is None else interval
     deadline = time.monotonic() + max_seconds if max_seconds else None
     parent = os.getppid()
     committed = 0
     while not stop.is_set():
-        for result in ingest(spark, cfg, run_info, stop):
+        for result in ingest(spark, cfg, run, stop):
             if result.status == "committed":
                 committed += 1
             if on_batch:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from offsetlake import processes
+from offsetlake.local import processes
 from offsetlake.errors import KafkaError
 
 HOST = "127.0.0.1"

@@ -12,20 +12,15 @@ the restored version (time travel) and the next commit writes them back.
 from __future__ import annotations
 
 import datetime as dt
-import getpass
-import json
-import os
-import socket
 from dataclasses import dataclass, field
 
 from deltalake import DeltaTable, Transaction
 
 from offsetlake.kafka import TP
+from offsetlake.metadata import CommitMetadata, HistoryEntry, Rewind, flat_offsets
 
 MAX_RESTORE_CHAIN = 20
 MAX_HISTORY_READS = 5  # re-read when a commit lands while we read the history
-# Commits that set the ledger (carry txn actions). Backfills rewrite rows but leave the ledger alone.
-LEDGER_KINDS = ("ingest", "reset", "restore")
 
 
 def pipeline_app_id(pipeline: str) -> str:
@@ -45,41 +40,10 @@ class Ledger:
     batch: int | None  # last committed batch number; None before the first commit
     offsets: dict[TP, int] = field(default_factory=dict)  # next offset to read
     table_version: int | None = None
-    rewind: dict | None = None  # set when a RESTORE rewound the offsets and no commit has recorded it yet
+    rewind: Rewind | None = None  # set when a RESTORE rewound the offsets and no commit has recorded it yet
 
     def next_batch(self) -> int:
         return (self.batch or 0) + 1
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """Who ran a commit: Airflow task coordinates, or the CLI."""
-    by: str = "cli"
-    dag_id: str | None = None
-    run_id: str | None = None
-    try_number: int | None = None
-
-    @staticmethod
-    def from_env() -> "RunInfo":
-        dag_id = os.environ.get("AIRFLOW_CTX_DAG_ID")
-        if not dag_id:
-            return RunInfo()
-        try_number = os.environ.get("AIRFLOW_CTX_TRY_NUMBER")
-        return RunInfo("airflow", dag_id, os.environ.get("AIRFLOW_CTX_DAG_RUN_ID"),
-                       int(try_number) if try_number and try_number.isdigit() else None)
-
-    def as_dict(self) -> dict:
-        out = {"by": self.by, "host": socket.gethostname(), "user": _user()}
-        if self.by == "airflow":
-            out.update(dag_id=self.dag_id, run_id=self.run_id, try_number=self.try_number)
-        return out
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # no passwd entry in some containers
-        return str(os.getuid())
 
 
 def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
@@ -96,8 +60,7 @@ def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
         batch=current.batch,
         offsets=restored.offsets,
         table_version=current.table_version,
-        rewind={"restore_commit": restore_commit, "restored_version": restored_version,
-                "from": flat_offsets(current.offsets), "to": flat_offsets(restored.offsets)},
+        rewind=Rewind(restore_commit, restored_version, flat_offsets(current.offsets), flat_offsets(restored.offsets)),
     )
 
 
@@ -146,12 +109,12 @@ def _txn_state(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
 
 def find_unrecorded_restore(history: list[dict], pipeline: str, version: int) -> tuple[int, int] | None:
     """(restored version, RESTORE commit version) of a RESTORE at or before `version` that is newer
-    than the pipeline's last commit."""
+    than the pipeline's last ledger commit."""
     for entry in history:  # newest first
         if entry["version"] > version:
             continue
-        meta = commit_metadata(entry)
-        if meta and meta.get("pipeline") == pipeline and meta.get("kind") in LEDGER_KINDS:
+        meta = CommitMetadata.parse(entry.get("userMetadata"))
+        if meta and meta.pipeline == pipeline and meta.sets_ledger():
             return None
         if entry.get("operation") == "RESTORE":
             return _restored_version(history, entry), entry["version"]
@@ -170,7 +133,8 @@ def _restored_version(history: list[dict], entry: dict) -> int:
 
 
 def _to_epoch_ms(value) -> int:
-    if isinstance(value, (int, float)):
+    """delta-rs 1.6.6 records a timestamp RESTORE as epoch milliseconds in a string; others write ISO 8601."""
+    if isinstance(value, (int, float)) or str(value).isdigit():
         return int(value)
     parsed = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     if parsed.tzinfo is None:
@@ -178,48 +142,19 @@ def _to_epoch_ms(value) -> int:
     return int(parsed.timestamp() * 1000)
 
 
-def commit_metadata(entry: dict) -> dict | None:
-    """The offsetlake userMetadata of one history entry, or None."""
-    raw = entry.get("userMetadata")
-    if not raw:
-        return None
-    try:
-        meta = json.loads(raw)
-    except (TypeError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) and "pipeline" in meta else None
-
-
-def pipeline_history(table: DeltaTable, pipeline: str) -> list[dict]:
-    """The pipeline's commits, oldest first: userMetadata plus version and timestamp."""
+def pipeline_history(table: DeltaTable, pipeline: str) -> list[HistoryEntry]:
+    """The pipeline's commits, oldest first."""
     rows = []
     for entry in reversed(commit_history(table)):
-        meta = commit_metadata(entry)
-        if meta and meta.get("pipeline") == pipeline:
-            rows.append({"version": entry["version"], "timestamp": entry["timestamp"],
-                         "operation": entry.get("operation"), **meta})
+        meta = CommitMetadata.parse(entry.get("userMetadata"))
+        if meta and meta.pipeline == pipeline:
+            rows.append(HistoryEntry(entry["version"], entry["timestamp"], entry.get("operation"), meta))
     return rows
 
 
-def txn_actions(pipeline: str, batch: int, offsets: dict[TP, int], prefix=partition_app_id) -> list[Transaction]:
+def txn_actions(pipeline: str, batch: int | None, offsets: dict[TP, int], prefix=partition_app_id) -> list[Transaction]:
     now = int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
     actions = [Transaction(app_id=pipeline_app_id(pipeline), version=batch, last_updated=now)] if batch is not None else []
     actions += [Transaction(app_id=prefix(pipeline, t, p), version=o, last_updated=now)
                 for (t, p), o in sorted(offsets.items())]
     return actions
-
-
-def flat_offsets(offsets: dict[TP, int]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for (topic, partition), offset in sorted(offsets.items()):
-        out.setdefault(topic, {})[str(partition)] = offset
-    return out
-
-
-def ranges_json(ranges) -> dict[str, dict[str, list[int]]]:
-    out: dict[str, dict[str, list[int]]] = {}
-    for r in sorted(ranges, key=lambda r: (r.topic, r.partition)):
-        out.setdefault(r.topic, {})[str(r.partition)] = [r.start, r.end]
-    return out
-
-

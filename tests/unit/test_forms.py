@@ -3,7 +3,7 @@ import pytest
 
 from offsetlake.config import parse_pipeline
 from offsetlake.errors import ConfigError
-from offsetlake.trigger import backfill_ranges, recovery_args
+from offsetlake.airflow.forms import backfill_ranges, recovery_args
 
 CFG = parse_pipeline({"name": "p", "topics": ["t"], "kafka": {"bootstrap_servers": "x:1"},
                       "table": {"path": "/tmp/p"}, "format": {"type": "raw"}}, "p.yaml")

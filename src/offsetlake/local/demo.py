@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from offsetlake import broker, processes, stack
+from offsetlake.local import broker, processes, stack
 from offsetlake.config import load_pipeline, project_home
 from offsetlake.errors import OffsetlakeError
 

@@ -49,8 +49,11 @@ def from_delta_path(path: str) -> str:
     return unquote(path)
 
 
-def attempt_file_name(batch: int, attempt: str, task: int, part: int) -> str:
-    return f"part-{batch:08d}-{attempt}-t{task:05d}-{part:03d}.zstd.parquet"
+def attempt_file_name(batch: int, attempt: str, task: int, task_attempt: int, part: int) -> str:
+    """`attempt` names the driver's attempt at the batch (clean-up finds its files by it);
+    `task_attempt` is Spark's id of this task attempt, so a retried or speculative copy of
+    a task never writes the path its twin wrote."""
+    return f"part-{batch:08d}-{attempt}-t{task:05d}-a{task_attempt}-{part:03d}.zstd.parquet"
 
 
 def open_filesystem(table_uri: str) -> tuple[pafs.FileSystem, str]:

@@ -8,11 +8,13 @@ import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
-from offsetlake import broker
 from offsetlake.config import PipelineConfig, load_pipeline
 from offsetlake.errors import ConfigError, OffsetlakeError, one_line
+from offsetlake.maintenance import DEFAULT_CLEANUP_AGE_SECONDS
+from offsetlake.metadata import Run
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -30,6 +32,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a number above 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value <= 31_536_000:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0 (at most a year), got {value}")
     return value
 
 
@@ -52,6 +64,26 @@ def _timestamp(text: str):
     return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
 
 
+def _bool(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
+
+
+def _add_dry_run(p: argparse.ArgumentParser) -> None:
+    # `--dry-run` alone, or `--dry-run true|false` where a caller (an Airflow form) fills the value in.
+    p.add_argument("--dry-run", nargs="?", const=True, default=False, type=_bool,
+                   help="show the plan, change nothing")
+
+
+def _add_run(p: argparse.ArgumentParser) -> None:
+    """Who runs a command that commits: recorded in the commit's userMetadata. The Airflow operator sets these."""
+    p.add_argument("--dag-id", help="Airflow DAG id (set by the offsetlake operator)")
+    p.add_argument("--run-id", help="Airflow DAG run id")
+    p.add_argument("--try-number", type=_positive_int, help="Airflow task try number")
+    p.add_argument("--master", help="Spark master (default local[*]; under spark-submit, spark-submit's)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="offsetlake", description="Kafka to Delta Lake, exactly once.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
@@ -71,32 +103,42 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("show", "row count and a sample of the table")
     p.add_argument("--limit", type=_positive_int, default=5)
     p = command("ingest", "catch up to the current end offsets, in one or more batches")
-    p.add_argument("--master", help="Spark master (default local[*])")
+    _add_run(p)
     p = command("stream", "ingest in a loop until SIGTERM")
-    p.add_argument("--master")
-    p.add_argument("--interval", type=float, help="seconds between polls (default: the pipeline's)")
-    p.add_argument("--max-seconds", type=float, help="stop after this long")
+    _add_run(p)
+    p.add_argument("--interval", type=_positive_float, help="seconds between polls (default: the pipeline's)")
+    p.add_argument("--max-seconds", type=_positive_float, help="stop after this long")
     p = command("backfill", "re-read offset ranges and replace their rows in one commit")
+    _add_run(p)
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--ranges", help="topic:partition:start-end[,...] (end exclusive)")
     group.add_argument("--from", dest="time_from", type=_timestamp, help="time window start (ISO 8601)")
     p.add_argument("--to", dest="time_to", type=_timestamp, help="time window end (ISO 8601), with --from")
-    p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
-    p.add_argument("--master")
+    _add_dry_run(p)
     p = command("audit", "compare the table with Kafka row by row and check the ledger")
     p.add_argument("--ranges", help="topic:partition:start-end[,...] (default: all still in Kafka)")
     p.add_argument("--json", action="store_true")
     p = command("repair", "audit, then backfill every span with missing, duplicated or unexpected rows")
-    p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--master")
+    _add_run(p)
+    _add_dry_run(p)
     p = command("cleanup", "delete files no commit references (killed attempts), older than a safety window")
-    p.add_argument("--older-than", type=_positive_int, default=3600, help="seconds (default 3600)")
-    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--older-than", type=_positive_int, default=DEFAULT_CLEANUP_AGE_SECONDS,
+                   help=f"seconds (default {DEFAULT_CLEANUP_AGE_SECONDS})")
+    _add_dry_run(p)
     p = command("reset", "move the ledger to given offsets, recorded as a reset commit")
+    _add_run(p)
     p.add_argument("--offsets", required=True, help="topic:partition=offset[,...]")
     p.add_argument("--reason", required=True)
     p = command("restore", "Delta RESTORE to a version, with the ledger as of that version, in one commit")
+    _add_run(p)
     p.add_argument("--version", required=True, type=int)
+    p = command("recover", "what the recovery DAG runs: [reset,] audit, [repair,] [cleanup]; fails if problems remain")
+    _add_run(p)
+    p.add_argument("--reset-offsets", default="", help="topic:partition=offset[,...]: reset first (needs --reason)")
+    p.add_argument("--reason", default="")
+    p.add_argument("--repair", nargs="?", const=True, default=False, type=_bool)
+    p.add_argument("--cleanup", nargs="?", const=True, default=False, type=_bool)
+    p.add_argument("--older-than", type=_positive_int, default=DEFAULT_CLEANUP_AGE_SECONDS)
     p = command("produce", "write demo events (idempotent and transactional, some aborted)")
     p.add_argument("--count", type=_positive_int, default=1000)
     p.add_argument("--topic", help="default: the pipeline's first topic")
@@ -149,7 +191,7 @@ def cmd_status(args) -> int:
 def cmd_history(args) -> int:
     from offsetlake.status import format_history, history
     rows = history(_pipeline(args), args.limit)
-    print(json.dumps(rows) if args.json else format_history(rows))
+    print(json.dumps([r.as_dict() for r in rows]) if args.json else format_history(rows))
     return 0
 
 
@@ -164,26 +206,28 @@ def cmd_show(args) -> int:
     return 0
 
 
-def _session(cfg: PipelineConfig, master: str | None, job: str):
-    from offsetlake.spark import build_session
-    return build_session(f"offsetlake-{job}-{cfg.name}", master)
+def _run(args) -> Run:
+    return Run.here(args.dag_id, args.run_id, args.try_number)
 
 
-def _lazy_session(cfg: PipelineConfig, master: str | None, job: str):
+@contextmanager
+def _spark(args, cfg: PipelineConfig, job: str):
+    """A Spark session started on first use (a run with nothing to do starts no JVM), always stopped."""
     from offsetlake.spark import LazySession
-    return LazySession(f"offsetlake-{job}-{cfg.name}", master)
+    spark = LazySession(f"offsetlake-{job}-{cfg.name}", args.master)
+    try:
+        yield spark
+    finally:
+        spark.stop()
 
 
 def cmd_ingest(args) -> int:
     from offsetlake.batch import ingest
     cfg = _pipeline(args)
     _check_reachable(cfg)
-    spark = _lazy_session(cfg, args.master, "ingest")
-    try:
-        for result in ingest(spark, cfg):
+    with _spark(args, cfg, "ingest") as spark:
+        for result in ingest(spark, cfg, _run(args)):
             print(result.summary(), flush=True)
-    finally:
-        spark.stop()
     return 0
 
 
@@ -194,13 +238,9 @@ def cmd_stream(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())  # finish the batch in flight, then leave
-    spark = _lazy_session(cfg, args.master, "stream")
-    try:
-        n = stream(spark, cfg, stop, args.interval, max_seconds=args.max_seconds,
-                   on_batch=print_progress)
-    finally:
-        spark.stop()
-    print(f"stream stopped after {n} committed batches")
+    with _spark(args, cfg, "stream") as spark:
+        n = stream(spark, cfg, stop, args.interval, _run(args), max_seconds=args.max_seconds, on_batch=print_progress)
+    print(f"stream stopped after {n} committed batches", flush=True)
     return 0
 
 
@@ -218,14 +258,8 @@ def cmd_backfill(args) -> int:
         if not ranges:
             print("no records in that time window")
             return 0
-    if args.dry_run:
-        print(backfill(None, cfg, ranges, dry_run=True).summary())
-        return 0
-    spark = _session(cfg, args.master, "backfill")
-    try:
-        print(backfill(spark, cfg, ranges).summary())
-    finally:
-        spark.stop()
+    with _spark(args, cfg, "backfill") as spark:
+        print(backfill(spark, cfg, ranges, _run(args), dry_run=args.dry_run).summary(), flush=True)
     return 0
 
 
@@ -236,61 +270,88 @@ def cmd_audit(args) -> int:
     report = audit(cfg, parse_ranges(args.ranges) if args.ranges else None)
     print(json.dumps(report.as_dict()) if args.json else report.format())
     if not report.ok:
-        problems = sum(len(p.missing) + len(p.duplicated) + len(p.unexpected) for p in report.partitions)
-        raise OffsetlakeError(f"audit found {problems} bad offsets and "
+        raise OffsetlakeError(f"audit found {report.problem_count()} bad offsets and "
                               f"{len(report.continuity) + len(report.sanity)} ledger issues in {cfg.name}")
     return 0
 
 
 def cmd_repair(args) -> int:
-    from offsetlake.audit import audit, repair
     cfg = _pipeline(args)
     _check_reachable(cfg)
-    spark = None if args.dry_run else _session(cfg, args.master, "repair")
-    try:
-        before, result = repair(spark, cfg, dry_run=args.dry_run)
-    finally:
-        if spark is not None:
-            spark.stop()
-    print(before.format())
-    if result is None:
-        print("nothing to repair")
-        return 0
-    print(result.summary())
-    if not args.dry_run:
-        after = audit(cfg)
-        print(after.format())
-        if not after.ok:
-            raise OffsetlakeError("repair finished but audit still finds problems")
+    _repair(args, cfg, args.dry_run)
     return 0
+
+
+def _repair(args, cfg: PipelineConfig, dry_run: bool, before=None):
+    """Audit (unless given), backfill every damaged span, audit again. The audit after, or the one before."""
+    from offsetlake.audit import audit, repair
+    with _spark(args, cfg, "repair") as spark:
+        before, result = repair(spark, cfg, _run(args), dry_run=dry_run, report=before)
+    print(before.format(), flush=True)
+    if result is None:
+        print("nothing to repair", flush=True)
+        return before
+    print(result.summary(), flush=True)
+    if dry_run:
+        return before
+    after = audit(cfg)
+    print(after.format(), flush=True)
+    if not after.ok:
+        raise OffsetlakeError("repair finished but audit still finds problems")
+    return after
 
 
 def cmd_cleanup(args) -> int:
+    _cleanup(_pipeline(args), args.older_than, args.dry_run)
+    return 0
+
+
+def _cleanup(cfg: PipelineConfig, older_than: int, dry_run: bool) -> None:
+    """Both tables; the quarantine table may not exist yet (no bad record so far)."""
     from offsetlake.maintenance import cleanup
-    cfg = _pipeline(args)
     for uri in (cfg.table_path, cfg.quarantine_path):
         try:
-            print(cleanup(uri, args.older_than, args.dry_run).summary())
+            print(cleanup(uri, older_than, dry_run).summary(), flush=True)
         except OffsetlakeError as err:
             if uri == cfg.table_path:
                 raise
-            print(f"{uri}: skipped ({err})")
-    return 0
+            print(f"{uri}: skipped ({err})", flush=True)
 
 
 def cmd_reset(args) -> int:
-    from offsetlake.maintenance import parse_offsets, reset
-    cfg = _pipeline(args)
-    version = reset(cfg, parse_offsets(args.offsets), args.reason)
-    print(f"ledger reset recorded in table version {version}")
+    _reset(args, _pipeline(args), args.offsets)
     return 0
+
+
+def _reset(args, cfg: PipelineConfig, offsets: str) -> None:
+    from offsetlake.maintenance import parse_offsets, reset
+    version = reset(cfg, parse_offsets(offsets), args.reason, _run(args))
+    print(f"ledger reset recorded in table version {version}", flush=True)
 
 
 def cmd_restore(args) -> int:
     from offsetlake.maintenance import restore
     cfg = _pipeline(args)
-    version = restore(cfg, args.version)
+    version = restore(cfg, args.version, _run(args))
     print(f"table restored to version {args.version} with its ledger, as table version {version}")
+    return 0
+
+
+def cmd_recover(args) -> int:
+    from offsetlake.audit import audit
+    cfg = _pipeline(args)
+    if args.reset_offsets:
+        _reset(args, cfg, args.reset_offsets)
+    report = audit(cfg)
+    if args.repair and not report.ok:
+        report = _repair(args, cfg, dry_run=False, before=report)
+    else:
+        print(report.format(), flush=True)
+    if args.cleanup:
+        _cleanup(cfg, args.older_than, dry_run=False)
+    if not report.ok:
+        raise OffsetlakeError(f"audit found {report.problem_count()} bad offsets in {cfg.name}"
+                              + ("" if args.repair else "; run again with repair to fix them"))
     return 0
 
 
@@ -301,7 +362,7 @@ def _check_reachable(cfg: PipelineConfig) -> None:
 
 
 def cmd_produce(args) -> int:
-    from offsetlake.producer import ensure_topic, produce
+    from offsetlake.local.producer import ensure_topic, produce
     cfg = _pipeline(args)
     topic = args.topic or cfg.topics[0]
     if topic not in cfg.topics:
@@ -319,6 +380,7 @@ def cmd_produce(args) -> int:
 
 
 def cmd_broker(args) -> int:
+    from offsetlake.local import broker
     if args.action == "stop":
         stopped = broker.stop_from_pid_file(args.pid_file)
         print("broker stopped" if stopped else "broker was not running")
@@ -336,7 +398,7 @@ def cmd_broker(args) -> int:
 
 COMMANDS = {"status": cmd_status, "history": cmd_history, "show": cmd_show, "backfill": cmd_backfill,
             "audit": cmd_audit, "repair": cmd_repair, "cleanup": cmd_cleanup, "reset": cmd_reset,
-            "restore": cmd_restore, "ingest": cmd_ingest, "stream": cmd_stream,
+            "restore": cmd_restore, "recover": cmd_recover, "ingest": cmd_ingest, "stream": cmd_stream,
             "produce": cmd_produce, "broker": cmd_broker}
 
 if __name__ == "__main__":

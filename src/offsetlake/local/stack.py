@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from offsetlake import processes
+from offsetlake.local import processes
 from offsetlake.errors import OffsetlakeError
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")

@@ -15,7 +15,8 @@ from deltalake.exceptions import TableNotFoundError
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, TableError
 from offsetlake.kafka import TP, KafkaCluster
-from offsetlake.ledger import LEDGER_KINDS, pipeline_history, read_ledger
+from offsetlake.ledger import pipeline_history, read_ledger
+from offsetlake.metadata import HistoryEntry, unflat_offsets
 from offsetlake.reader import OffsetRange, read_range
 from offsetlake.table import open_table, query
 
@@ -60,6 +61,9 @@ class AuditReport:
     @property
     def ok(self) -> bool:
         return all(p.ok for p in self.partitions) and not self.continuity and not self.sanity
+
+    def problem_count(self) -> int:
+        return sum(len(p.missing) + len(p.duplicated) + len(p.unexpected) for p in self.partitions)
 
     def repair_ranges(self) -> list[OffsetRange]:
         return [r for p in self.partitions for r in p.problem_ranges()]
@@ -125,17 +129,16 @@ def _kafka_offsets(cfg: PipelineConfig, rng: OffsetRange) -> list[int]:
     return offsets
 
 
-def skipped_ranges(history: list[dict]) -> dict[tuple[str, int], list[tuple[int, int]]]:
+def skipped_ranges(history: list[HistoryEntry]) -> dict[TP, list[tuple[int, int]]]:
     """Offsets the ledger jumped over on purpose: forward resets and losses recorded with on_data_loss: skip."""
-    out: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    out: dict[TP, list[tuple[int, int]]] = {}
     for h in history:
-        if h.get("kind") == "reset":
-            for t, parts in (h.get("offsets") or {}).items():
-                for p, to in parts.items():
-                    start = (h.get("from") or {}).get(t, {}).get(p)
-                    if start is not None and to > start:
-                        out.setdefault((t, int(p)), []).append((start, to))
-        for t, parts in (h.get("lost") or {}).items():
+        if h.meta.kind == "reset":
+            before = unflat_offsets(h.meta.from_)
+            for tp, to in unflat_offsets(h.meta.offsets).items():
+                if tp in before and to > before[tp]:
+                    out.setdefault(tp, []).append((before[tp], to))
+        for t, parts in h.meta.lost.items():
             for p, (lo, hi) in parts.items():
                 out.setdefault((t, int(p)), []).append((lo, hi))
     return out
@@ -159,26 +162,26 @@ def _audit_partition(cfg: PipelineConfig, rng: OffsetRange, table_rows: dict, qu
     )
 
 
-def continuity_issues(history: list[dict]) -> list[str]:
+def continuity_issues(history: list[HistoryEntry]) -> list[str]:
     """Each ingest must start where the ledger stood (previous end, a reset, a rewind or recorded loss)."""
     expected: dict[tuple[str, str], int] = {}
     issues = []
     for h in history:
-        kind = h.get("kind")
-        if kind not in LEDGER_KINDS:
+        meta = h.meta
+        if not meta.sets_ledger():
             continue
-        if kind in ("reset", "restore") or h.get("rewind"):
-            positions = h.get("offsets") or (h.get("rewind") or {}).get("to") or {}
+        if meta.kind in ("reset", "restore") or meta.rewind:
+            positions = meta.offsets or (meta.rewind.to if meta.rewind else {})
             expected = {(t, p): o for t, parts in positions.items() for p, o in parts.items()}
-        for t, parts in (h.get("lost") or {}).items():
+        for t, parts in meta.lost.items():
             for p, (lo, hi) in parts.items():
                 expected[(t, p)] = hi
-        for t, parts in (h.get("ranges") or {}).items():
+        for t, parts in meta.ranges.items():
             for p, (start, end) in parts.items():
                 want = expected.get((t, p))
                 if want is not None and start != want:
                     what = "gap" if start > want else "overlap"
-                    issues.append(f"batch {h.get('batch')} (version {h['version']}): {t}[{p}] starts at {start} "
+                    issues.append(f"batch {meta.batch} (version {h.version}): {t}[{p}] starts at {start} "
                                   f"but the ledger stood at {want} ({what})")
                 expected[(t, p)] = end
     return issues
@@ -189,15 +192,16 @@ def sanity_issues(committed: dict[TP, int], ends: dict[TP, int]) -> list[str]:
             f"recreated or truncated" for (t, p) in sorted(committed) if (t, p) in ends and committed[(t, p)] > ends[(t, p)]]
 
 
-def repair(spark, cfg: PipelineConfig, run_info=None, dry_run: bool = False):
-    """Audit, then backfill every span with a problem. Returns (audit before, backfill result or None)."""
+def repair(spark, cfg: PipelineConfig, run=None, dry_run: bool = False, report: AuditReport | None = None):
+    """Audit (unless `report` is one just made), then backfill every span with a problem.
+    Returns (audit before, backfill result or None)."""
     from offsetlake.backfill import backfill
-    report = audit(cfg)
+    report = report or audit(cfg)
     ranges = report.repair_ranges()
     if not ranges:
         return report, None
     try:
-        return report, backfill(spark, cfg, ranges, run_info, dry_run=dry_run)
+        return report, backfill(spark, cfg, ranges, run, dry_run=dry_run)
     except OffsetlakeError as err:
         raise OffsetlakeError(f"repair could not backfill what audit found: {err}") from None
 

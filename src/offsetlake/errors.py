@@ -24,3 +24,11 @@ class TableError(OffsetlakeError):
 def one_line(text: object) -> str:
     """Messages from libraries (delta-rs, librdkafka, Spark) may span lines; a terminal or task log gets one."""
     return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+class CommitConflictError(OffsetlakeError):
+    """Other writers kept committing first: the change gave up after this many tries, nothing written."""
+
+    def __init__(self, what: str, attempts: int):
+        super().__init__(f"{what}: gave up after {attempts} commit conflicts with concurrent writers; "
+                         f"nothing was written, run it again")

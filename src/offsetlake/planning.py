@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from offsetlake.errors import DataLossError
 from offsetlake.kafka import TP
+from offsetlake.metadata import Rewind
 from offsetlake.reader import OffsetRange
 
 
@@ -23,7 +24,7 @@ class BatchPlan:
     ends: dict[TP, int]  # the ledger after this batch commits (every partition)
     ledger_offsets: dict[TP, int | None] = field(default_factory=dict)  # as read, before defaults
     lost: dict[TP, tuple[int, int]] = field(default_factory=dict)
-    rewind: dict | None = None
+    rewind: Rewind | None = None  # a RESTORE moved the ledger back: this batch records it
     initialises: bool = False  # first batch with starting_offsets=latest: pin the position
 
     @property

@@ -7,17 +7,15 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties
-from deltalake.exceptions import CommitFailedError
 
-from offsetlake import __version__
-from offsetlake.commit import MAX_ATTEMPTS
+from offsetlake.commit import Change, commit, new_attempt_id
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import ConfigError, OffsetlakeError
+from offsetlake.errors import ConfigError
 from offsetlake.files import from_delta_path, open_filesystem
 from offsetlake.formats import table_schema
 from offsetlake.kafka import TP, KafkaCluster
-from offsetlake.ledger import RunInfo, ledger_at, flat_offsets, read_ledger, txn_actions
+from offsetlake.ledger import ledger_at, read_ledger, txn_actions
+from offsetlake.metadata import CommitMetadata, Run, flat_offsets
 from offsetlake.table import open_table
 
 DEFAULT_CLEANUP_AGE_SECONDS = 3600  # older than any batch in flight: a batch writes and commits within minutes
@@ -92,7 +90,7 @@ def parse_offsets(text: str) -> dict[TP, int]:
     return out
 
 
-def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run_info: RunInfo | None = None) -> int:
+def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run: Run | None = None) -> int:
     """Move the ledger to `offsets` as a `reset` commit (no data). Returns the table version."""
     reason = (reason or "").strip()
     if not reason:
@@ -106,39 +104,33 @@ def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run_info: Ru
         if not starts[tp] <= offset <= ends[tp]:
             raise ConfigError(f"offset {offset} for {tp[0]}[{tp[1]}] is outside what Kafka holds "
                               f"[{starts[tp]}, {ends[tp]}]")
-    run_info = run_info or RunInfo.from_env()
     schema = table_schema(cfg)
-    for _ in range(MAX_ATTEMPTS):
-        table = open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name)
+    attempt, run = new_attempt_id(), run or Run.here()
+
+    def decide(table) -> Change:
         ledger = read_ledger(table, cfg.name, tps)
-        new = {**ledger.offsets, **offsets}
-        batch = ledger.next_batch()
-        metadata = {"pipeline": cfg.name, "batch": batch, "kind": "reset", "reason": reason[:500],
-                    "from": flat_offsets(ledger.offsets), "offsets": flat_offsets(new),
-                    "run": run_info.as_dict(), "offsetlake": __version__}
-        try:
-            table.create_write_transaction(
-                [], mode="append", schema=schema, partition_by=cfg.table.partition_by or None,
-                commit_properties=CommitProperties(
-                    custom_metadata={"userMetadata": json.dumps(metadata, separators=(",", ":"))},
-                    max_commit_retries=0, app_transactions=txn_actions(cfg.name, batch, new)))
-            return table.version() + 1
-        except CommitFailedError:
-            continue
-    raise OffsetlakeError(f"reset gave up after {MAX_ATTEMPTS} commit conflicts")
+        new, batch = {**ledger.offsets, **offsets}, ledger.next_batch()
+        metadata = CommitMetadata(cfg.name, "reset", batch=batch, attempt=attempt, reason=reason[:500],
+                                  from_=flat_offsets(ledger.offsets), offsets=flat_offsets(new), run=run)
+        return Change(metadata, txns=txn_actions(cfg.name, batch, new), schema=schema,
+                      partition_by=cfg.table.partition_by)
+
+    return commit(cfg.table_path, decide, "reset",
+                  open_=lambda uri: open_table(uri, schema, cfg.table.partition_by, cfg.name)).version
 
 
-def restore(cfg: PipelineConfig, version: int, run_info: RunInfo | None = None) -> int:
+def restore(cfg: PipelineConfig, version: int, run: Run | None = None) -> int:
     """Delta RESTORE to `version` and, in the same commit, the ledger as it was at that version.
 
-    Committed with no automatic retry: a batch committed meanwhile would otherwise
-    be rebased under the restore, its rows kept while the ledger goes back to
-    `version`, and the next ingest would read them again. We start over instead.
+    Committed with no automatic retry, like every commit: a batch committed meanwhile would
+    otherwise be rebased under the restore, its rows kept while the ledger goes back to
+    `version`, and the next ingest would read them again. We decide again instead.
     """
     cluster = KafkaCluster(cfg.kafka)
     tps = cluster.partitions(cfg.topics)
-    for _ in range(MAX_ATTEMPTS):
-        table = open_table(cfg.table_path)
+    attempt, run = new_attempt_id(), run or Run.here()
+
+    def decide(table) -> Change:
         if not 0 <= version < table.version():
             raise ConfigError(f"version {version} is not an earlier version of {cfg.table_path} (now {table.version()})")
         current = read_ledger(table, cfg.name, tps)
@@ -146,14 +138,8 @@ def restore(cfg: PipelineConfig, version: int, run_info: RunInfo | None = None) 
         # Partitions the ledger did not know at that version start again from their earliest offset.
         offsets = {**cluster.start_offsets(tps), **then.offsets}
         batch = current.next_batch()
-        metadata = {"pipeline": cfg.name, "batch": batch, "kind": "restore", "restored_version": version,
-                    "from": flat_offsets(current.offsets), "offsets": flat_offsets(offsets),
-                    "run": (run_info or RunInfo.from_env()).as_dict(), "offsetlake": __version__}
-        try:
-            table.restore(version, commit_properties=CommitProperties(
-                custom_metadata={"userMetadata": json.dumps(metadata, separators=(",", ":"))},
-                app_transactions=txn_actions(cfg.name, batch, offsets), max_commit_retries=0))
-        except CommitFailedError:
-            continue
-        return table.version()  # restore, unlike a write transaction, moves the table object on
-    raise OffsetlakeError(f"restore gave up after {MAX_ATTEMPTS} commit conflicts")
+        metadata = CommitMetadata(cfg.name, "restore", batch=batch, attempt=attempt, restored_version=version,
+                                  from_=flat_offsets(current.offsets), offsets=flat_offsets(offsets), run=run)
+        return Change(metadata, txns=txn_actions(cfg.name, batch, offsets), restore_version=version)
+
+    return commit(cfg.table_path, decide, "restore").version

@@ -1,8 +1,11 @@
-"""Spark session for offsetlake jobs.
+"""Spark session and settings for offsetlake jobs.
 
-Under spark-submit the master and resources come from spark-submit; run from the
-CLI or tests it is `local[*]` (or OFFSETLAKE_SPARK_MASTER). Everything binds to
-127.0.0.1 and the UI is off unless asked for, because this runs on shared hosts.
+Under spark-submit the master and resources come from spark-submit (and, from
+Airflow, from the `spark_default` connection); run from the CLI or tests the
+master is `local[*]` (or OFFSETLAKE_SPARK_MASTER). The driver binds to loopback
+only when the master is local: on a cluster executors must reach the driver, so
+its address is Spark's own choice (SPARK_LOCAL_IP, else the host name's address).
+The UI is off unless asked for.
 """
 from __future__ import annotations
 
@@ -11,15 +14,23 @@ import sys
 from pathlib import Path
 
 DEFAULTS_FILE = "include/spark-defaults.conf"
-LOCAL_DEFAULTS = {
-    "spark.driver.host": "127.0.0.1",
-    "spark.driver.bindAddress": "127.0.0.1",
+DEFAULTS = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
     "spark.python.worker.reuse": "true",
     "spark.log.level": "WARN",
 }
+LOOPBACK = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+
+
+def is_local(master: str) -> bool:
+    return master.startswith("local")
+
+
+def spark_conf(master: str) -> dict[str, str]:
+    """Settings for a job on `master`: ours, include/spark-defaults.conf, loopback bindings if local."""
+    return {**DEFAULTS, **read_defaults(), **(LOOPBACK if is_local(master) else {})}
 
 
 def build_session(app_name: str, master: str | None = None, extra_conf: dict | None = None):
@@ -31,8 +42,9 @@ def build_session(app_name: str, master: str | None = None, extra_conf: dict | N
     builder = SparkSession.builder.appName(app_name)
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit already set master and conf
     if not under_submit or master:
-        builder = builder.master(master or os.environ.get("OFFSETLAKE_SPARK_MASTER", "local[*]"))
-        for key, value in {**LOCAL_DEFAULTS, **read_defaults()}.items():
+        master = master or os.environ.get("OFFSETLAKE_SPARK_MASTER", "local[*]")
+        builder = builder.master(master)
+        for key, value in spark_conf(master).items():
             builder = builder.config(key, value)
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)

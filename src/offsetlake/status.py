@@ -8,6 +8,7 @@ from deltalake.exceptions import TableNotFoundError
 from offsetlake.config import PipelineConfig
 from offsetlake.kafka import KafkaCluster
 from offsetlake.ledger import pipeline_history, read_ledger
+from offsetlake.metadata import HistoryEntry
 from offsetlake.table import open_table
 
 
@@ -47,7 +48,7 @@ def _is_missing_table(err: Exception) -> bool:
     return isinstance(err, TableNotFoundError) or "no Delta table at" in str(err)
 
 
-def history(cfg: PipelineConfig, limit: int | None = None) -> list[dict]:
+def history(cfg: PipelineConfig, limit: int | None = None) -> list[HistoryEntry]:
     rows = pipeline_history(open_table(cfg.table_path), cfg.name)
     return rows[-limit:] if limit else rows
 
@@ -62,17 +63,43 @@ def format_status(rows: list[PartitionStatus]) -> str:
     return "\n".join(lines)
 
 
-def format_history(rows: list[dict]) -> str:
+def format_history(rows: list[HistoryEntry]) -> str:
     header = f"{'version':>7}  {'batch':>5}  {'kind':<8} {'rows':>8} {'quar.':>6}  ranges"
     lines = [header, "-" * 80]
     for h in rows:
-        records = h.get("records") or {}
-        ranges = "; ".join(f"{t}[{p}] {r[0]}-{r[1]}" for t, parts in (h.get("ranges") or {}).items()
-                           for p, r in parts.items())
-        lines.append(f"{h['version']:>7}  {h.get('batch', '-')!s:>5}  {h.get('kind', '?'):<8} "
-                     f"{records.get('rows', 0):>8} {records.get('quarantined', 0):>6}  {ranges or '(no new offsets)'}")
-        if h.get("rewind"):
-            lines.append(f"{'':>7}  rewound after RESTORE of version {h['rewind']['restored_version']}")
-        if h.get("lost"):
-            lines.append(f"{'':>7}  LOST (deleted before ingest): {h['lost']}")
+        meta = h.meta
+        ranges = "; ".join(f"{t}[{p}] {r[0]}-{r[1]}" for t, parts in meta.ranges.items() for p, r in parts.items())
+        batch = "-" if meta.batch is None else meta.batch
+        lines.append(f"{h.version:>7}  {batch!s:>5}  {meta.kind:<8} {meta.records.rows:>8} "
+                     f"{meta.records.quarantined:>6}  {ranges or '(no new offsets)'}")
+        if meta.rewind:
+            lines.append(f"{'':>7}  rewound after RESTORE of version {meta.rewind.restored_version}")
+        if meta.lost:
+            lines.append(f"{'':>7}  LOST (deleted before ingest): {meta.lost}")
     return "\n".join(lines)
+
+
+def commits_of_task_try(pipeline: str, dag_id: str, run_id: str, try_number: int | None) -> dict:
+    """What one Airflow task try committed to the pipeline's table, read back from the table history.
+
+    JSON-ready (it travels as XCom): the versions, kinds, rows, and the ranges merged per
+    partition from the first start to the last end (consecutive ingest batches tile them).
+    """
+    from offsetlake.config import load_pipeline
+    cfg = load_pipeline(pipeline)
+    try:
+        entries = pipeline_history(open_table(cfg.table_path), pipeline)
+    except Exception as err:
+        if not _is_missing_table(err):
+            raise
+        entries = []
+    mine = [h for h in entries if h.meta.run.is_task_try(dag_id, run_id, try_number)]
+    ranges: dict[str, dict[str, list[int]]] = {}
+    for h in mine:
+        for topic, parts in h.meta.ranges.items():
+            for p, (start, end) in parts.items():
+                first = ranges.setdefault(topic, {}).get(p, [start, end])[0]
+                ranges[topic][p] = [first, end]
+    return {"pipeline": pipeline, "table": cfg.table_path, "versions": [h.version for h in mine],
+            "kinds": sorted({h.meta.kind for h in mine}), "rows": sum(h.meta.records.rows for h in mine),
+            "ranges": ranges}

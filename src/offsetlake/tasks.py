@@ -41,8 +41,10 @@ def run_task(ctx: TaskContext, index: int) -> list[dict]:
     faults.hit("after_read", ctx.fault_settings)
     rows, bad = convert(cfg, messages)
 
+    task_attempt = spark_task_attempt()
+
     def name(part: int) -> str:
-        return attempt_file_name(ctx.batch, ctx.attempt, index, part)
+        return attempt_file_name(ctx.batch, ctx.attempt, index, task_attempt, part)
 
     out = [{"task": index, "kind": "read", "file": None, "records": messages.num_rows}]
     for kind, uri, table, partition_by in (("data", cfg.table_path, rows, cfg.table.partition_by),
@@ -50,6 +52,13 @@ def run_task(ctx: TaskContext, index: int) -> list[dict]:
         for f in write_files(uri, table, partition_by, name):
             out.append({"task": index, "kind": kind, "file": f.to_json(), "records": f.num_records})
     return out
+
+
+def spark_task_attempt() -> int:
+    """Spark's id of the running task attempt, unique within the application (0 outside Spark)."""
+    from pyspark import TaskContext as SparkTaskContext
+    context = SparkTaskContext.get()
+    return context.taskAttemptId() if context is not None else 0
 
 
 def task_function(ctx: TaskContext):

@@ -1,35 +1,24 @@
-"""Airflow DAGs for every pipeline in include/pipelines/: ingest, stream, backfill and recovery.
+"""The DAG factory: per pipeline in include/pipelines/, an ingest, a stream, a backfill and a recovery DAG.
 
 dags/offsetlake_pipelines.py only calls build_dags(). Spark steps are
-SparkSubmitOperators on the `spark_default` connection running jobs/*.py, so
-delta-rs never runs inside Airflow's forked task processes. Trigger forms are
-Params (types checked by Airflow) plus a `validate` task (everything else);
-Spark steps receive only what `validate` normalised.
+`OffsetlakeOperator`s (spark-submit on the `spark_default` connection), so
+delta-rs never runs inside Airflow's forked task processes during a batch.
+Trigger forms are Params (types checked by Airflow) plus a `validate` task
+(`forms.py`, everything else); Spark steps receive only what `validate`
+normalised. Results travel by XCom: each Spark step returns the commits its
+task try made, and `publish` turns them into the table's Asset event.
 """
 from __future__ import annotations
 
 import datetime as dt
-import json
-import os
-import re
-import sys
 from pathlib import Path
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, Param, task
 
-from offsetlake.config import PipelineConfig, list_pipelines, load_pipeline, pipelines_dir, project_home
-from offsetlake.spark import LOCAL_DEFAULTS, read_defaults
+from offsetlake.airflow.operator import OffsetlakeOperator
+from offsetlake.config import PipelineConfig, list_pipelines, load_pipeline
 
-RESULTS_DIR_ENV = "OFFSETLAKE_RESULTS_DIR"
 START = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
-
-
-def result_file(dag_id: str, run_id: str, task_id: str) -> str:
-    """Where a Spark step writes its JSON result for the publishing task (names made path-safe)."""
-    root = Path(os.environ.get(RESULTS_DIR_ENV) or Path(os.environ.get("AIRFLOW_HOME", "/tmp")) / "offsetlake-results")
-    safe = [re.sub(r"[^A-Za-z0-9_.-]", "_", part) for part in (dag_id, run_id, task_id)]
-    return str(root.joinpath(*safe)) + ".json"
 
 
 def table_asset(cfg: PipelineConfig) -> Asset:
@@ -37,36 +26,18 @@ def table_asset(cfg: PipelineConfig) -> Asset:
     return Asset(name=f"offsetlake.{cfg.name}", uri=uri)
 
 
-def spark_step(cfg: PipelineConfig, job: str, *args: str, task_id: str | None = None) -> SparkSubmitOperator:
-    task_id = task_id or job
-    home = project_home()
-    return SparkSubmitOperator(
-        task_id=task_id,
-        application=str(home / "jobs" / f"{job}.py"),
-        conn_id="spark_default",
-        name=f"offsetlake-{job}-{cfg.name}",
-        conf={**LOCAL_DEFAULTS, **read_defaults(), "spark.pyspark.python": sys.executable},
-        env_vars={"PYSPARK_PYTHON": sys.executable, "OFFSETLAKE_HOME": str(home)},
-        application_args=[
-            "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir()),
-            "--dag-id", "{{ dag.dag_id }}", "--run-id", "{{ run_id }}", "--try-number", "{{ ti.try_number }}",
-            "--result-file", "{{ result_file(dag.dag_id, run_id, ti.task_id) }}",
-            *args,
-        ],
-    )
-
-
 def publish_task(cfg: PipelineConfig, step_id: str):
     """Emit the table's Asset event with the committed ranges; skipped when nothing was committed."""
     asset = table_asset(cfg)
 
     @task(task_id="publish", outlets=[asset])
-    def publish(*, outlet_events, dag, run_id):
+    def publish(*, outlet_events, ti):
         from airflow.sdk.exceptions import AirflowSkipException
-        result = json.loads(Path(result_file(dag.dag_id, run_id, step_id)).read_text())
-        if not result.get("ranges") or result.get("status") == "dry_run":
+        result = ti.xcom_pull(task_ids=step_id) or {}
+        if not result.get("versions"):
             raise AirflowSkipException("nothing committed: no Asset event")
-        outlet_events[asset].extra = {k: result[k] for k in ("pipeline", "kind", "ranges") if k in result}
+        outlet_events[asset].extra = {"pipeline": cfg.name, "kind": step_id, "versions": result["versions"],
+                                      "ranges": result["ranges"]}
         return result
 
     return publish()
@@ -79,7 +50,6 @@ def _dag(cfg: PipelineConfig, kind: str, **kwargs) -> DAG:
         catchup=False,
         max_active_runs=1,
         tags=["offsetlake", cfg.name, kind],
-        user_defined_macros={"result_file": result_file},
         **kwargs,
     )
 
@@ -87,7 +57,7 @@ def _dag(cfg: PipelineConfig, kind: str, **kwargs) -> DAG:
 def ingest_dag(cfg: PipelineConfig) -> DAG:
     with _dag(cfg, "ingest", schedule=cfg.schedule or "@hourly",
               description=f"Ingest {', '.join(cfg.topics)} into {cfg.table_path}, exactly once") as dag:
-        spark_step(cfg, "ingest") >> publish_task(cfg, "ingest")
+        OffsetlakeOperator(task_id="ingest", pipeline=cfg.name, command="ingest") >> publish_task(cfg, "ingest")
     return dag
 
 
@@ -96,7 +66,8 @@ def stream_dag(cfg: PipelineConfig) -> DAG:
                                    description="how long this run streams before the next run takes over")}
     with _dag(cfg, "stream", schedule="@hourly", params=params,
               description=f"Micro-batches of {cfg.name} in one Spark session, for a bounded time per run") as dag:
-        spark_step(cfg, "stream", "--max-seconds", "{{ params.max_seconds | int }}")
+        OffsetlakeOperator(task_id="stream", pipeline=cfg.name, command="stream",
+                           arguments=["--max-seconds", "{{ params.max_seconds | int }}"])
     return dag
 
 
@@ -123,12 +94,13 @@ def backfill_dag(cfg: PipelineConfig) -> DAG:
               description=f"Re-read offset ranges of {cfg.name} and replace their rows in one commit") as dag:
         @task(task_id="validate")
         def validate(params) -> str:
-            from offsetlake.trigger import backfill_ranges
+            from offsetlake.airflow.forms import backfill_ranges
             return backfill_ranges(cfg, dict(params))
 
         ranges = validate()
-        step = spark_step(cfg, "backfill", "--ranges", "{{ ti.xcom_pull(task_ids='validate') }}",
-                          "--dry-run", "{{ 'true' if params.dry_run else 'false' }}")
+        step = OffsetlakeOperator(task_id="backfill", pipeline=cfg.name, command="backfill", arguments=[
+            "--ranges", "{{ ti.xcom_pull(task_ids='validate') }}",
+            "--dry-run", "{{ 'true' if params.dry_run else 'false' }}"])
         ranges >> step >> publish_task(cfg, "backfill")
     return dag
 
@@ -152,14 +124,14 @@ def recovery_dag(cfg: PipelineConfig) -> DAG:
               description=f"Audit {cfg.name} against Kafka; repair, clean up or reset when asked") as dag:
         @task(task_id="validate")
         def validate(params) -> dict:
-            from offsetlake.trigger import recovery_args
+            from offsetlake.airflow.forms import recovery_args
             return recovery_args(cfg, dict(params))
 
         args = validate()
         pull = "{{{{ ti.xcom_pull(task_ids='validate')['{}'] }}}}".format
-        step = spark_step(cfg, "recovery", "--repair", pull("repair"), "--cleanup", pull("cleanup"),
-                          "--older-than", pull("older_than"), "--reset-offsets", pull("reset_offsets"),
-                          "--reason", pull("reason"))
+        step = OffsetlakeOperator(task_id="recovery", pipeline=cfg.name, command="recover", arguments=[
+            "--repair", pull("repair"), "--cleanup", pull("cleanup"), "--older-than", pull("older_than"),
+            "--reset-offsets", pull("reset_offsets"), "--reason", pull("reason")])
         args >> step
     return dag
 

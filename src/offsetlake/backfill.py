@@ -10,31 +10,28 @@ Kafka no longer holds.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import re
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties
-from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import RemoveAction
 
-from offsetlake import __version__, faults
+from offsetlake import faults
 from offsetlake.batch import run_tasks
-from offsetlake.commit import MAX_ATTEMPTS, add_actions
+from offsetlake.commit import Change, add_actions, attempt_files, commit, new_attempt_id
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import ConfigError, DataLossError, OffsetlakeError
-from offsetlake.files import DataFile, from_delta_path, read_file, write_file
+from offsetlake.errors import ConfigError, DataLossError
+from offsetlake.files import from_delta_path, read_file, write_file
 from offsetlake.formats import table_schema
 from offsetlake.kafka import TP, KafkaCluster
-from offsetlake.ledger import RunInfo, ranges_json, read_ledger
+from offsetlake.ledger import read_ledger
+from offsetlake.metadata import CommitMetadata, Records, Run, ranges_json
 from offsetlake.planning import split_ranges
 from offsetlake.reader import OffsetRange
-from offsetlake.table import delete_attempt_files, open_table, query
+from offsetlake.table import open_table, query
 from offsetlake.tasks import TaskContext
 
 log = logging.getLogger("offsetlake.backfill")
@@ -123,9 +120,8 @@ def validate(cfg: PipelineConfig, cluster: KafkaCluster, ranges: list[OffsetRang
         seen.setdefault(tp, []).append(r)
 
 
-def backfill(spark, cfg: PipelineConfig, ranges: list[OffsetRange], run_info: RunInfo | None = None,
+def backfill(spark, cfg: PipelineConfig, ranges: list[OffsetRange], run: Run | None = None,
              dry_run: bool = False) -> BackfillResult:
-    run_info = run_info or RunInfo.from_env()
     cluster = KafkaCluster(cfg.kafka)
     schema = table_schema(cfg)
     table = open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name, create=False)
@@ -136,46 +132,31 @@ def backfill(spark, cfg: PipelineConfig, ranges: list[OffsetRange], run_info: Ru
     if dry_run:
         return BackfillResult("dry_run", ranges, rows_removed=_rows_in(cfg.table_path, ranges))
 
-    attempt = uuid.uuid4().hex[:16]
+    attempt = new_attempt_id()
     fault_settings = faults.settings_from_env()
     tasks = split_ranges(ranges, cfg.batch.max_records_per_task)
-    landed = False
-    new_files: list[DataFile] = []
-    rewritten: list[DataFile] = []
-    try:
-        read, data, _quarantine = run_tasks(spark, TaskContext(cfg, ledger.batch or 0, attempt, tuple(tasks),
-                                                                fault_settings))
+    # Bad records of these offsets were quarantined at ingest: this attempt's quarantine files all go.
+    with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as kept:
+        read, data, _bad = run_tasks(spark, TaskContext(cfg, ledger.batch or 0, attempt, tuple(tasks), fault_settings))
         new_files = [f for _, f in data]
-        for _ in range(MAX_ATTEMPTS):
-            table = open_table(cfg.table_path)
+        records = Records(read=sum(read.values()), rows=sum(f.num_records for f in new_files))
+        replaced: dict = {}
+
+        def decide(table) -> Change:
+            # Rewrites decided against a snapshot that loses the race are this attempt's files: they go too.
             removes, rewritten, removed_rows = _replacement(cfg, table, ranges, attempt)
-            metadata = {
-                "pipeline": cfg.name, "kind": "backfill", "attempt": attempt, "ranges": ranges_json(ranges),
-                "records": {"read": sum(read.values()), "rows": sum(f.num_records for f in new_files),
-                            "removed": removed_rows},
-                "run": run_info.as_dict(), "offsetlake": __version__,
-            }
+            replaced.update(files=len(removes) - len(rewritten), rewritten=len(rewritten), rows=removed_rows)
             faults.hit("before_commit", fault_settings)
-            try:
-                table.create_write_transaction(
-                    [*removes, *add_actions(new_files + rewritten)], mode="append", schema=schema,
-                    partition_by=cfg.table.partition_by or None,
-                    commit_properties=CommitProperties(
-                        custom_metadata={"userMetadata": json.dumps(metadata, separators=(",", ":"))},
-                        max_commit_retries=0),
-                )
-            except CommitFailedError:
-                # Rewrites that do not land are this attempt's files: the finally block removes them.
-                log.info("backfill: a concurrent commit landed first; planning the replacement again")
-                continue
-            landed = True
-            return BackfillResult("committed", ranges, table.version() + 1, removed_rows,
-                                  metadata["records"]["rows"], len(removes) - len(rewritten), len(rewritten))
-        raise OffsetlakeError(f"backfill gave up after {MAX_ATTEMPTS} commit conflicts")
-    finally:
-        keep = {f.path for f in new_files + rewritten} if landed else set()
-        delete_attempt_files(cfg.table_path, attempt, keep=keep)
-        delete_attempt_files(cfg.quarantine_path, attempt)  # bad records were quarantined at ingest
+            metadata = CommitMetadata(cfg.name, "backfill", attempt=attempt, ranges=ranges_json(ranges),
+                                      records=Records(records.read, records.rows, removed=removed_rows),
+                                      run=run or Run.here())
+            return Change(metadata, [*removes, *add_actions(new_files + rewritten)], schema=schema,
+                          partition_by=cfg.table.partition_by)
+
+        outcome = commit(cfg.table_path, decide, "backfill")
+        kept[cfg.table_path] = outcome.added_paths()
+    return BackfillResult("committed", ranges, outcome.version, replaced["rows"], records.rows,
+                          replaced["files"], replaced["rewritten"])
 
 
 def _rows_in(uri: str, ranges: list[OffsetRange]) -> int:

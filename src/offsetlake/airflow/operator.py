@@ -1,0 +1,75 @@
+"""`OffsetlakeOperator`: one offsetlake command, for one pipeline, as a Spark application.
+
+It is a `SparkSubmitOperator` (apache-airflow-providers-apache-spark) that knows
+which job to submit and how to read back what the job committed:
+
+- the Spark master and deploy mode come from the connection (`spark_default`);
+- the driver binds to loopback only when that master is `local[...]`: on a
+  cluster, executors must reach the driver, whose address is then Spark's own
+  choice on the worker (SPARK_LOCAL_IP, else the host name);
+- the job file, the pipeline folder and the Python interpreter are resolved on
+  the worker that runs the task, when it runs it: nothing machine-specific is
+  baked into the DAG;
+- every commit the job makes records this task try (dag id, run id, try number)
+  in its `userMetadata`; `execute` reads those commits back from the table's
+  history and returns them, so other tasks get the result by XCom on any worker.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from offsetlake.config import project_home
+from offsetlake.spark import spark_conf
+
+# command -> jobs/<file>.py; each job file runs `offsetlake <command>`.
+JOBS = {"ingest": "ingest", "stream": "stream", "backfill": "backfill", "recover": "recovery"}
+
+
+class OffsetlakeOperator(SparkSubmitOperator):
+    """Run `offsetlake <command> --pipeline <pipeline> <arguments>` through spark-submit.
+
+    :param pipeline: the pipeline's name (include/pipelines/<pipeline>.yaml). (templated)
+    :param command: ``ingest``, ``stream``, ``backfill`` or ``recover``.
+    :param arguments: further arguments of that command, e.g. ``["--ranges", "t:0:0-100"]``;
+        pass only what a validation task has normalised. (templated)
+    :param conn_id: the Spark connection: master (``local[*]``, ``spark://host:7077``, ``yarn``,
+        ``k8s://...``) and, in its extra, ``deploy-mode``.
+    :param kwargs: anything ``SparkSubmitOperator`` takes (``conf``, ``executor_memory``, ...);
+        ``conf`` given here wins over offsetlake's settings.
+
+    ``on_kill`` is SparkSubmitOperator's: it goes to the hook, which stops spark-submit
+    (or the driver on the cluster). A killed job commits nothing it had not committed.
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "pipeline", "arguments")
+
+    def __init__(self, *, pipeline: str, command: str, arguments: Sequence[str] = (),
+                 conn_id: str = "spark_default", **kwargs: Any) -> None:
+        if command not in JOBS:
+            raise ValueError(f"unknown offsetlake command {command!r}: one of {', '.join(JOBS)}")
+        kwargs.setdefault("name", f"offsetlake-{command}-{pipeline}")
+        super().__init__(conn_id=conn_id, **kwargs)
+        self.pipeline = pipeline
+        self.command = command
+        self.arguments = list(arguments)
+
+    def execute(self, context) -> dict:
+        ti = context["ti"]
+        self.application = str(project_home() / "jobs" / f"{JOBS[self.command]}.py")
+        self.application_args = ["--pipeline", self.pipeline, "--dag-id", ti.dag_id, "--run-id", ti.run_id,
+                                 "--try-number", str(ti.try_number), *self.arguments]
+        self.conf = {**spark_conf(self._master()), **(self.conf or {})}
+        super().execute(context)
+        from offsetlake.status import commits_of_task_try  # reads Delta: only in the process that runs the task
+        return commits_of_task_try(self.pipeline, ti.dag_id, ti.run_id, ti.try_number)
+
+    def _master(self) -> str:
+        """The connection's master, as the Spark provider reads it (it defaults to yarn)."""
+        from airflow.sdk import BaseHook
+        try:
+            conn = BaseHook.get_connection(self._conn_id)
+        except Exception:  # the provider falls back to yarn: not local
+            return "yarn"
+        return conn.host or ""

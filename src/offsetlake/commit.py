@@ -1,0 +1,153 @@
+"""The one commit path: every change offsetlake makes to a Delta table goes through `commit()`.
+
+Ingest, quarantine, backfill, reset and restore (and maintenance and upserts to come)
+each say only *what* to write, given a snapshot of the table. How it is written is
+decided here, once:
+
+1. Decide against one snapshot. `commit` opens the table and hands that snapshot to
+   the caller's `decide`, which reads the ledger from it and returns either the
+   `Change` to make or a `Settled` saying why nothing must be written.
+2. A write is refused exactly when `decide` refuses it. For a batch that is
+   `verdict`: the ledger's batch number is at or past ours (a retry, a duplicate
+   run, or a zombie that woke after its retry succeeded), or the ledger's offsets
+   moved since we planned. Nothing is committed and the attempt's files go.
+3. Commit without rebase (`max_commit_retries=0`): the data, the `txn` actions (the
+   ledger) and `userMetadata` in one Delta commit, made against the exact snapshot
+   we decided on. If anyone committed after that snapshot, Delta's put-if-absent of
+   the next log entry fails us, and we go back to 1. Check-then-commit is atomic.
+4. After `MAX_ATTEMPTS` conflicts: `CommitConflictError`, one line, nothing written.
+5. Any other error while committing leaves us unsure whether the commit landed (an
+   object store that times out after the write): we look for this attempt's id in
+   the newest commits before reporting failure, so clean-up never deletes a
+   committed file.
+
+Files are written before the commit under names that carry the attempt id;
+`attempt_files` removes the ones no landed commit references.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction
+
+from offsetlake.errors import CommitConflictError
+from offsetlake.files import DataFile
+from offsetlake.ledger import Ledger
+from offsetlake.metadata import CommitMetadata
+from offsetlake.planning import BatchPlan
+from offsetlake.table import delete_attempt_files, open_table
+
+log = logging.getLogger("offsetlake.commit")
+MAX_ATTEMPTS = 50  # conflicts with unrelated commits (OPTIMIZE, another writer); each retry decides again
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one commit writes, decided against one snapshot."""
+    metadata: CommitMetadata  # must carry the attempt id (see step 5 above)
+    actions: list[AddAction | RemoveAction] = field(default_factory=list)
+    txns: list[Transaction] = field(default_factory=list)  # the ledger: Delta `txn` actions
+    schema: pa.Schema | None = None
+    partition_by: list[str] = field(default_factory=list)
+    restore_version: int | None = None  # a Delta RESTORE to this version instead of a write
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Nothing to write: why."""
+    status: str  # already_committed | superseded | nothing_to_do
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Committed:
+    version: int
+    change: Change
+    status: str = "committed"
+
+    def added_paths(self) -> set[str]:
+        """The files this commit references: clean-up must keep them."""
+        return {a.path for a in self.change.actions if isinstance(a, AddAction)}
+
+
+Decide = Callable[[DeltaTable], "Change | Settled"]
+
+
+def commit(uri: str, decide: Decide, what: str, open_: Callable[[str], DeltaTable] = open_table) -> Committed | Settled:
+    """Open -> decide -> commit without rebase; on a conflict, all again. See the module docstring."""
+    for _ in range(MAX_ATTEMPTS):
+        table = open_(uri)
+        change = decide(table)
+        if isinstance(change, Settled):
+            return change
+        try:
+            return Committed(_apply(table, change), change)
+        except CommitFailedError:
+            log.info("%s: another commit landed first; deciding again", what)
+        except Exception:
+            version = _landed_version(uri, change.metadata.attempt)
+            if version is None:
+                raise
+            return Committed(version, change)
+    raise CommitConflictError(what, MAX_ATTEMPTS)
+
+
+def _apply(table: DeltaTable, change: Change) -> int:
+    properties = CommitProperties(custom_metadata={"userMetadata": change.metadata.to_json()},
+                                  max_commit_retries=0, app_transactions=change.txns or None)
+    if change.restore_version is not None:
+        table.restore(change.restore_version, commit_properties=properties)
+        return table.version()  # restore, unlike a write transaction, moves the table object on
+    table.create_write_transaction(change.actions, mode="append", schema=change.schema,
+                                   partition_by=change.partition_by or None, commit_properties=properties)
+    # No rebase: a successful commit is exactly the version after the snapshot we decided on.
+    return table.version() + 1
+
+
+def _landed_version(uri: str, attempt: str | None) -> int | None:
+    """The version of this attempt's commit if it landed after all, else None."""
+    if not attempt:
+        return None
+    for entry in DeltaTable(uri).history(limit=MAX_ATTEMPTS):
+        meta = CommitMetadata.parse(entry.get("userMetadata"))
+        if meta is not None and meta.attempt == attempt:
+            return entry["version"]
+    return None
+
+
+def new_attempt_id() -> str:
+    """Names one attempt's files and commits, so clean-up and crash checks can find them."""
+    return uuid.uuid4().hex[:16]
+
+
+@contextmanager
+def attempt_files(attempt: str, *uris: str) -> Iterator[dict[str, set[str]]]:
+    """On the way out, however we leave, delete the attempt's files under each table except the
+    paths put in `kept[uri]` (the ones a landed commit references)."""
+    kept: dict[str, set[str]] = {uri: set() for uri in uris}
+    try:
+        yield kept
+    finally:
+        for uri in uris:
+            delete_attempt_files(uri, attempt, keep=kept[uri])
+
+
+def add_actions(files: list[DataFile]) -> list[AddAction]:
+    return [AddAction(f.path, f.size, f.partition_values, f.modification_time, True, f.stats) for f in files]
+
+
+def verdict(ledger: Ledger, plan: BatchPlan) -> Settled | None:
+    """None when the plan may still commit against this ledger; otherwise why it must not."""
+    if ledger.batch is not None and ledger.batch >= plan.batch:
+        return Settled("already_committed", f"batch {plan.batch} is already committed (ledger at batch {ledger.batch})")
+    seen = {tp: ledger.offsets.get(tp) for tp in plan.starts}
+    if seen != plan.ledger_offsets:
+        return Settled("superseded", "the ledger moved since this batch was planned")
+    return None

@@ -1,0 +1,188 @@
+"""The one commit path against real delta-rs tables on disk (no Kafka, no Spark).
+
+What these prove: a commit holds data, ledger and metadata in one version; a
+change decided against a snapshot that someone else moved past is decided
+again, never rebased; a retry or zombie of a committed batch writes nothing and
+its files go; running out of tries is one typed error; clean-up never deletes
+a file a landed commit references.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from offsetlake import commit as commit_module
+from offsetlake.commit import Change, Committed, Settled, add_actions, attempt_files, commit, new_attempt_id, verdict
+from offsetlake.errors import CommitConflictError
+from offsetlake.files import write_file
+from offsetlake.ledger import Ledger, pipeline_history, read_ledger, txn_actions
+from offsetlake.metadata import CommitMetadata, Records, Run
+from offsetlake.planning import BatchPlan
+from offsetlake.table import open_table
+
+SCHEMA = pa.schema([("kafka_partition", pa.int32()), ("kafka_offset", pa.int64())])
+TP0 = ("t", 0)
+
+
+@pytest.fixture
+def table(tmp_path) -> str:
+    uri = str(tmp_path / "table")
+    open_table(uri, SCHEMA, [], "test")
+    return uri
+
+
+def plan(batch: int, start: int, end: int, seen: int | None) -> BatchPlan:
+    return BatchPlan("p", batch, {TP0: start}, {TP0: end}, ledger_offsets={TP0: seen})
+
+
+def data_file(uri: str, attempt: str, start: int, end: int):
+    rows = pa.table({"kafka_partition": pa.array([0] * (end - start), pa.int32()),
+                     "kafka_offset": pa.array(range(start, end), pa.int64())})
+    return write_file(uri, f"part-00000001-{attempt}-t00000-a0-000.zstd.parquet", rows, {})
+
+
+def ingest_change(uri: str, p: BatchPlan, attempt: str, files) -> "commit_module.Decide":
+    """What ingest decides: the verdict on the ledger of the snapshot, then data + txn + metadata."""
+    def decide(table) -> Change | Settled:
+        refused = verdict(read_ledger(table, "p", [TP0]), p)
+        if refused is not None:
+            return refused
+        meta = CommitMetadata("p", "ingest", batch=p.batch, attempt=attempt, ranges={"t": {"0": [p.starts[TP0], p.ends[TP0]]}},
+                              records=Records(rows=sum(f.num_records for f in files)), run=Run.here())
+        return Change(meta, add_actions(files), txn_actions("p", p.batch, p.ends), SCHEMA)
+    return decide
+
+
+def test_verdict_refuses_a_committed_batch_and_a_moved_ledger_only():
+    assert verdict(Ledger(None, {}), plan(1, 0, 10, None)) is None
+    assert verdict(Ledger(1, {TP0: 10}), plan(2, 10, 20, 10)) is None
+    done = verdict(Ledger(2, {TP0: 20}), plan(2, 10, 20, 10))
+    assert done is not None and done.status == "already_committed"
+    moved = verdict(Ledger(1, {TP0: 15}), plan(2, 10, 20, 10))  # a reset moved the ledger meanwhile
+    assert moved is not None and moved.status == "superseded"
+
+
+def test_data_offsets_and_metadata_land_in_one_version(table):
+    attempt = new_attempt_id()
+    f = data_file(table, attempt, 0, 10)
+
+    outcome = commit(table, ingest_change(table, plan(1, 0, 10, None), attempt, [f]), "batch 1")
+
+    assert isinstance(outcome, Committed) and outcome.version == 1
+    assert outcome.added_paths() == {f.path}
+    loaded = DeltaTable(table)
+    assert loaded.version() == 1
+    ledger = read_ledger(loaded, "p", [TP0])
+    assert (ledger.batch, ledger.offsets) == (1, {TP0: 10})
+    entry = pipeline_history(loaded, "p")[-1]
+    assert entry.version == 1 and entry.meta.attempt == attempt and entry.meta.records.rows == 10
+    assert [a for a in loaded.get_add_actions(flatten=True).column("path").to_pylist()] == [f.path]
+
+
+def test_a_retry_of_a_committed_batch_writes_nothing_and_its_files_go(table):
+    first, retry = new_attempt_id(), new_attempt_id()
+    with attempt_files(first, table) as kept:
+        f1 = data_file(table, first, 0, 10)
+        kept[table] = commit(table, ingest_change(table, plan(1, 0, 10, None), first, [f1]), "batch 1").added_paths()
+    with attempt_files(retry, table) as kept:  # the zombie: same batch, planned from the same ledger
+        f2 = data_file(table, retry, 0, 10)
+        outcome = commit(table, ingest_change(table, plan(1, 0, 10, None), retry, [f2]), "batch 1")
+
+    assert isinstance(outcome, Settled) and outcome.status == "already_committed"
+    assert DeltaTable(table).version() == 1
+    on_disk = {p.name for p in Path(table).glob("*.parquet")}
+    assert on_disk == {f1.path}  # the zombie's file is gone, the committed one stays
+
+
+def test_a_commit_that_lost_the_race_is_decided_again_never_rebased(table):
+    """Someone commits the same batch between our snapshot and our commit: Delta refuses ours,
+    we decide again against the new snapshot, and find the batch committed."""
+    ours, theirs = new_attempt_id(), new_attempt_id()
+    f_ours, f_theirs = data_file(table, ours, 0, 10), data_file(table, theirs, 0, 10)
+    decisions = []
+    inner = ingest_change(table, plan(1, 0, 10, None), ours, [f_ours])
+
+    def decide(snapshot):
+        decisions.append(snapshot.version())
+        change = inner(snapshot)
+        if len(decisions) == 1:  # the other writer lands after our snapshot
+            commit(table, ingest_change(table, plan(1, 0, 10, None), theirs, [f_theirs]), "their batch 1")
+        return change
+
+    outcome = commit(table, decide, "batch 1")
+
+    assert decisions == [0, 1]
+    assert isinstance(outcome, Settled) and outcome.status == "already_committed"
+    history = pipeline_history(DeltaTable(table), "p")
+    assert [h.meta.attempt for h in history] == [theirs]  # one commit of batch 1: theirs
+
+
+def test_running_out_of_tries_is_one_typed_error_and_writes_nothing(table, monkeypatch):
+    monkeypatch.setattr(commit_module, "MAX_ATTEMPTS", 3)
+    rivals = iter(range(1, 100))
+
+    def decide(snapshot):
+        change = Change(CommitMetadata("p", "reset", attempt=new_attempt_id()), schema=SCHEMA)
+        batch = next(rivals)  # an unrelated writer commits after every snapshot we take
+        commit(table, lambda t: Change(CommitMetadata("q", "reset", attempt=new_attempt_id()),
+                                       txns=txn_actions("q", batch, {}), schema=SCHEMA), "rival")
+        return change
+
+    with pytest.raises(CommitConflictError) as err:
+        commit(table, decide, "reset")
+
+    assert str(err.value) == ("reset: gave up after 3 commit conflicts with concurrent writers; "
+                              "nothing was written, run it again")
+    assert [m.pipeline for m in offsetlake_commits(table)] == ["q", "q", "q"]
+
+
+def test_an_error_after_the_commit_landed_still_reports_it_committed(table, monkeypatch):
+    """An object store can time out after the write succeeded: we look for our attempt before giving up,
+    so the caller keeps the committed files instead of deleting them."""
+    real_apply = commit_module._apply
+
+    def apply_then_fail(snapshot, change):
+        real_apply(snapshot, change)
+        raise OSError("connection reset while reading the response")
+
+    monkeypatch.setattr(commit_module, "_apply", apply_then_fail)
+    attempt = new_attempt_id()
+    f = data_file(table, attempt, 0, 5)
+
+    outcome = commit(table, ingest_change(table, plan(1, 0, 5, None), attempt, [f]), "batch 1")
+
+    assert isinstance(outcome, Committed) and outcome.version == 1 and outcome.added_paths() == {f.path}
+
+
+def test_an_error_before_anything_landed_is_raised(table, monkeypatch):
+    def fail(snapshot, change):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(commit_module, "_apply", fail)
+    with pytest.raises(OSError, match="no space"):
+        commit(table, ingest_change(table, plan(1, 0, 5, None), new_attempt_id(), []), "batch 1")
+    assert DeltaTable(table).version() == 0
+
+
+def test_attempt_files_removes_only_this_attempts_unkept_files(table):
+    mine, other = new_attempt_id(), new_attempt_id()
+    kept_file = write_file(table, f"a/part-1-{mine}-t00000-a1-000.zstd.parquet", pa.table({"x": [1]}), {})
+    write_file(table, f"a/part-1-{mine}-t00000-a2-000.zstd.parquet", pa.table({"x": [1]}), {})  # a speculative twin
+    write_file(table, f"part-1-{other}-t00000-a0-000.zstd.parquet", pa.table({"x": [1]}), {})
+
+    with pytest.raises(RuntimeError):
+        with attempt_files(mine, table) as kept:
+            kept[table] = {kept_file.path}
+            raise RuntimeError("the job failed after committing")
+
+    left = sorted(str(p.relative_to(table)) for p in Path(table).rglob("*.parquet"))
+    assert left == sorted([kept_file.path, f"part-1-{other}-t00000-a0-000.zstd.parquet"])
+
+
+def offsetlake_commits(uri: str) -> list[CommitMetadata]:
+    """The metadata of every offsetlake commit in the table, any pipeline, oldest first."""
+    metas = (CommitMetadata.parse(e.get("userMetadata")) for e in reversed(DeltaTable(uri).history()))
+    return [m for m in metas if m is not None]

@@ -1,0 +1,137 @@
+"""The ledger and RESTORE detection against real delta-rs tables on disk (no Kafka, no Spark).
+
+A Delta RESTORE brings back old files but not old `txn` actions: the ledger must
+be taken as of the restored version until a pipeline commit records the rewind.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from offsetlake.commit import Change, commit, new_attempt_id
+from offsetlake.ledger import (_restored_version, commit_history, find_unrecorded_restore, ledger_at,
+                               pipeline_history, read_ledger, txn_actions)
+from offsetlake.metadata import CommitMetadata, HistoryEntry, Rewind, Run, flat_offsets
+from offsetlake.table import open_table
+
+SCHEMA = pa.schema([("kafka_offset", pa.int64())])
+TPS = [("t", 0), ("t", 1)]
+
+
+@pytest.fixture
+def table(tmp_path) -> str:
+    uri = str(tmp_path / "table")
+    open_table(uri, SCHEMA, [], "test")  # version 0
+    return uri
+
+
+def ledger_commit(uri: str, batch: int, offsets: dict, pipeline: str = "p", kind: str = "ingest") -> int:
+    meta = CommitMetadata(pipeline, kind, batch=batch, attempt=new_attempt_id(), run=Run.here(),
+                          offsets=flat_offsets(offsets) if kind == "reset" else {})
+    return commit(uri, lambda t: Change(meta, txns=txn_actions(pipeline, batch, offsets), schema=SCHEMA), kind).version
+
+
+def other_write(uri: str) -> int:
+    """A commit by someone else (a plain Delta write with no offsetlake metadata)."""
+    table = DeltaTable(uri)
+    table.create_write_transaction([], mode="append", schema=SCHEMA)
+    return table.version() + 1
+
+
+def test_the_ledger_is_the_txn_actions_of_the_latest_commit(table):
+    ledger_commit(table, 1, {("t", 0): 10, ("t", 1): 5})
+    ledger_commit(table, 2, {("t", 0): 20, ("t", 1): 5})
+    other_write(table)
+
+    ledger = read_ledger(DeltaTable(table), "p", TPS)
+
+    assert (ledger.batch, ledger.offsets, ledger.rewind) == (2, {("t", 0): 20, ("t", 1): 5}, None)
+    assert read_ledger(DeltaTable(table), "other", TPS).batch is None  # pipelines do not see each other
+
+
+def test_a_restore_rewinds_the_offsets_until_a_commit_records_it(table):
+    ledger_commit(table, 1, {("t", 0): 10})  # v1
+    ledger_commit(table, 2, {("t", 0): 20})  # v2
+    DeltaTable(table).restore(1)  # v3: files of v1, but txn still says 20
+
+    ledger = read_ledger(DeltaTable(table), "p", TPS)
+
+    assert ledger.offsets == {("t", 0): 10}
+    assert ledger.batch == 2  # batch numbers never go back: a zombie of batch 2 still finds it committed
+    assert ledger.rewind == Rewind(restore_commit=3, restored_version=1, from_={"t": {"0": 20}}, to={"t": {"0": 10}})
+    ledger_commit(table, 3, {("t", 0): 15})  # the next batch writes the rewound offsets and records it
+    after = read_ledger(DeltaTable(table), "p", TPS)
+    assert (after.offsets, after.rewind) == ({("t", 0): 15}, None)
+
+
+def test_a_restore_before_the_pipelines_last_commit_is_already_recorded(table):
+    ledger_commit(table, 1, {("t", 0): 10})
+    DeltaTable(table).restore(0)
+    ledger_commit(table, 2, {("t", 0): 4})
+
+    history = commit_history(DeltaTable(table))
+
+    assert find_unrecorded_restore(history, "p", DeltaTable(table).version()) is None
+    # ...but another pipeline in the same table has not recorded it
+    assert find_unrecorded_restore(history, "q", DeltaTable(table).version()) == (0, 2)
+
+
+def test_restored_version_from_a_timestamp_restore(table):
+    ledger_commit(table, 1, {("t", 0): 10})  # v1
+    time.sleep(0.05)
+    moment = dt.datetime.now(dt.timezone.utc)
+    time.sleep(0.05)
+    ledger_commit(table, 2, {("t", 0): 20})  # v2, after the moment
+    DeltaTable(table).restore(moment)  # v3
+
+    history = commit_history(DeltaTable(table))
+    restore = next(e for e in history if e["operation"] == "RESTORE")
+
+    assert _restored_version(history, restore) == 1
+    assert read_ledger(DeltaTable(table), "p", TPS).offsets == {("t", 0): 10}
+
+
+def test_a_chain_of_restores_follows_each_back_to_a_ledger_commit(table):
+    ledger_commit(table, 1, {("t", 0): 10})  # v1
+    ledger_commit(table, 2, {("t", 0): 20})  # v2
+    ledger_commit(table, 3, {("t", 0): 30})  # v3
+    DeltaTable(table).restore(2)  # v4: ledger as of v2 (20)
+    DeltaTable(table).restore(1)  # v5: ledger as of v1 (10)
+
+    assert read_ledger(DeltaTable(table), "p", TPS).offsets == {("t", 0): 10}
+    # As of v4 the ledger was v2's, and v4 itself did not know of the later restore.
+    assert ledger_at(table, "p", TPS, 4).offsets == {("t", 0): 20}
+
+
+def test_history_of_a_stale_or_time_travelled_object_is_truly_numbered(table):
+    for batch in (1, 2, 3):
+        ledger_commit(table, batch, {("t", 0): batch * 10})
+    stale = DeltaTable(table, version=1)
+    ledger_commit(table, 4, {("t", 0): 40})
+
+    versions = [e["version"] for e in commit_history(stale)]
+
+    assert versions == [1, 0]  # only what version 1 had, numbered as in the log
+    entries = pipeline_history(DeltaTable(table), "p")
+    assert [(h.version, h.meta.batch) for h in entries] == [(1, 1), (2, 2), (3, 3), (4, 4)]
+
+
+def test_metadata_is_written_and_read_by_one_definition():
+    meta = CommitMetadata("p", "reset", batch=3, attempt="a1", reason="skip poison", from_={"t": {"0": 5}},
+                          offsets={"t": {"0": 9}}, run=Run.here("dag", "run_1", 2))
+    raw = meta.to_json()
+
+    assert '"from":{"t":{"0":5}}' in raw and '"offsetlake":' in raw and '"by":"airflow"' in raw
+    assert CommitMetadata.parse(raw) == CommitMetadata.parse(CommitMetadata.parse(raw).to_json())
+    parsed = CommitMetadata.parse(raw)
+    assert (parsed.reason, parsed.run.dag_id, parsed.run.try_number) == ("skip poison", "dag", 2)
+    # Tolerant reader: fields a newer writer adds are ignored; other tools' metadata is not ours.
+    assert CommitMetadata.parse('{"pipeline":"p","kind":"ingest","batch":1,"new_field":[1]}').batch == 1
+    assert CommitMetadata.parse('{"written_by":"someone else"}') is None
+    assert CommitMetadata.parse("not json, \"pipeline\"") is None
+    entry = HistoryEntry(7, 1, "WRITE", parsed)
+    assert entry.as_dict()["from"] == {"t": {"0": 5}} and entry.as_dict()["version"] == 7
