@@ -48,8 +48,27 @@ def test_the_dag_file_parses_into_four_dags_per_pipeline(monkeypatch, airflow_db
     ingest_dag = bag.dags["offsetlake__demo_events__ingest"]
     assert ingest_dag.max_active_runs == 1 and not ingest_dag.catchup
     assert type(bag.dags["offsetlake__demo_events__backfill"].timetable).__name__ == "NullTimetable"  # manual only
-    steps = [t for t in ingest_dag.tasks if t.task_type == "SparkSubmitOperator"]
-    assert steps and steps[0]._conn_id == "spark_default" and steps[0].application.endswith("jobs/ingest.py")
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from offsetlake.airflow.operator import OffsetlakeOperator
+    steps = [t for t in ingest_dag.tasks if isinstance(t, SparkSubmitOperator)]
+    assert [type(t) for t in steps] == [OffsetlakeOperator]
+    assert steps[0]._conn_id == "spark_default" and (steps[0].pipeline, steps[0].command) == ("demo_events", "ingest")
+
+
+def test_nothing_machine_specific_is_baked_into_a_dag(monkeypatch, airflow_db):
+    """The DAG is parsed on one machine and run on others: job path, interpreter, driver address
+    and pipeline folder are resolved by the worker that runs the task."""
+    import sys
+    from airflow.dag_processing.dagbag import DagBag
+    monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(REPO / "include" / "pipelines"))
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    for dag_id, dag in bag.dags.items():
+        for t in dag.tasks:
+            if t.task_type != "OffsetlakeOperator":
+                continue
+            baked = json.dumps({f: getattr(t, f) for f in t.template_fields}, default=str)
+            for machine_specific in ("127.0.0.1", "localhost", sys.executable, str(REPO)):
+                assert machine_specific not in baked, (dag_id, t.task_id, machine_specific)
 
 
 def test_ingest_dag_commits_with_airflow_coordinates_and_emits_an_asset_event(pipeline):

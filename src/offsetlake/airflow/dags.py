@@ -55,7 +55,7 @@ def _dag(cfg: PipelineConfig, kind: str, **kwargs) -> DAG:
 
 
 def ingest_dag(cfg: PipelineConfig) -> DAG:
-    with _dag(cfg, "ingest", schedule=cfg.schedule or "@hourly",
+    with _dag(cfg, "ingest", schedule=cfg.schedule,  # `schedule: null` in the pipeline: triggered runs only
               description=f"Ingest {', '.join(cfg.topics)} into {cfg.table_path}, exactly once") as dag:
         OffsetlakeOperator(task_id="ingest", pipeline=cfg.name, command="ingest") >> publish_task(cfg, "ingest")
     return dag

@@ -26,10 +26,11 @@ class Broker:
     pid: int
     port: int
     data_dir: Path
+    host: str = HOST
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"{HOST}:{self.port}"
+        return f"{self.host}:{self.port}"
 
 
 def binary() -> str:
@@ -47,41 +48,45 @@ def free_port() -> int:
 
 
 def start(data_dir: Path | str, port: int | None = None, pid_file: Path | str | None = None,
-          log_file: Path | str | None = None, timeout: float = 30.0) -> Broker:
+          log_file: Path | str | None = None, timeout: float = 30.0, host: str = HOST,
+          netns: str | None = None) -> Broker:
+    """Start noida-db on `host` (127.0.0.1; a test host's address with `netns`, the network namespace
+    that holds it: `ip netns exec` execs the broker, so the PID is still the broker's own)."""
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
+    prefix = ["ip", "netns", "exec", netns] if netns else []
     log_path = Path(log_file) if log_file else data_dir / "broker.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [binary(), "start", "--data-dir", str(data_dir), "--host", HOST, "--only", "kafka",
+            [*prefix, binary(), "start", "--data-dir", str(data_dir), "--host", host, "--only", "kafka",
              "--kafka-port", str(port)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
-    broker = Broker(proc.pid, port, data_dir)
+    broker = Broker(proc.pid, port, data_dir, host)
     if pid_file:
         Path(pid_file).write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise KafkaError(f"noida-db exited with code {proc.returncode} on port {port}; see {log_path}")
-        if _answers(port):
+        if _answers(host, port):
             return broker
         time.sleep(0.1)
     stop(proc.pid)
-    raise KafkaError(f"noida-db did not answer on {HOST}:{port} within {timeout:.0f}s; see {log_path}")
+    raise KafkaError(f"noida-db did not answer on {host}:{port} within {timeout:.0f}s; see {log_path}")
 
 
-def _answers(port: int) -> bool:
+def _answers(host: str, port: int) -> bool:
     """A Kafka metadata round trip, not just an open socket."""
     try:
-        with socket.create_connection((HOST, port), timeout=0.5):
+        with socket.create_connection((host, port), timeout=0.5):
             pass
     except OSError:
         return False
     from confluent_kafka.admin import AdminClient
     try:
-        AdminClient({"bootstrap.servers": f"{HOST}:{port}"}).list_topics(timeout=2)
+        AdminClient({"bootstrap.servers": f"{host}:{port}"}).list_topics(timeout=2)
         return True
     except Exception:
         return False

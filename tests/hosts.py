@@ -1,0 +1,286 @@
+"""Separate hosts on this machine, for tests that cross a network: network namespaces on a private
+/24 that exists only while the test runs, a PostgreSQL server, and a Spark standalone cluster.
+
+Everything is started by the test and stopped by PID. Servers bind 127.0.0.1 or an address of a
+test host. When something needed is not on the machine, the test fails naming it (CI installs
+it: see .ci/run); it never skips.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from offsetlake.local import processes
+
+
+def require(ok: bool, what: str, how: str) -> None:
+    if not ok:
+        pytest.fail(f"{what} is missing: {how}", pytrace=False)
+
+
+def _run(*cmd: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str  # the network namespace
+    address: str
+
+    def command(self, *args: str) -> list[str]:
+        """`args` run inside this host's network namespace (ip netns exec execs: the PID is the command's)."""
+        return ["ip", "netns", "exec", self.name, *args]
+
+
+@dataclass
+class PrivateNetwork:
+    """A bridge in the root namespace (the test machine: .1) and one namespace per test host (.2, .3...)."""
+    tag: str
+    subnet: str  # "10.x.y": a /24 no route of this machine uses
+    hosts: list[Host] = field(default_factory=list)
+
+    @property
+    def bridge(self) -> str:
+        return f"olbr{self.tag}"
+
+    @property
+    def root_address(self) -> str:
+        return f"{self.subnet}.1"
+
+    @staticmethod
+    def create() -> "PrivateNetwork":
+        require(shutil.which("ip") is not None, "iproute2 (the ip command)", "apt-get install iproute2")
+        require(os.geteuid() == 0, "root", "network namespaces need root (CI runs as root)")
+        net = PrivateNetwork(tag=f"{os.getpid() % 100000}", subnet=_free_subnet())
+        _run("ip", "link", "add", net.bridge, "type", "bridge")
+        _run("ip", "addr", "add", f"{net.root_address}/24", "dev", net.bridge)
+        _run("ip", "link", "set", net.bridge, "up")
+        return net
+
+    def add_host(self, role: str) -> Host:
+        index = len(self.hosts) + 2
+        host = Host(f"ol{role}{self.tag}", f"{self.subnet}.{index}")
+        outside, inside = f"olv{self.tag}h{index}", f"olv{self.tag}n{index}"
+        _run("ip", "netns", "add", host.name)
+        self.hosts.append(host)
+        _run("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
+        _run("ip", "link", "set", inside, "netns", host.name)
+        _run("ip", "link", "set", outside, "master", self.bridge, "up")
+        _run("ip", "-n", host.name, "addr", "add", f"{host.address}/24", "dev", inside)
+        _run("ip", "-n", host.name, "link", "set", inside, "up")
+        _run("ip", "-n", host.name, "link", "set", "lo", "up")
+        return host
+
+    def close(self) -> None:
+        for host in self.hosts:  # deleting a namespace deletes its end of the veth pair, and so both ends
+            subprocess.run(["ip", "netns", "del", host.name], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+def _free_subnet() -> str:
+    used = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout
+    for second in range(250, 255):
+        for third in range(os.getpid() % 200, 256):
+            subnet = f"10.{second}.{third}"
+            if f"{subnet}." not in used:
+                return subnet
+    raise RuntimeError("no free 10.250-254.x.0/24 subnet for the test network")
+
+
+def wait_for(condition, what: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+            raise AssertionError(f"{what}: the process exited with {proc.returncode}\n{tail}")
+        if time.monotonic() > deadline:
+            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+            raise AssertionError(f"{what}: not within {timeout:.0f}s\n{tail}")
+        time.sleep(0.5)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Postgres:
+    """A PostgreSQL server from the machine's postgresql package, in a temporary directory, on 127.0.0.1."""
+    pid: int
+    port: int
+    root: Path
+    database: str = "airflow"
+    user: str = "airflow"
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg2://{self.user}@127.0.0.1:{self.port}/{self.database}"
+
+    @staticmethod
+    def start() -> "Postgres":
+        bin_dir = _postgres_bin()
+        require(bin_dir is not None, "PostgreSQL (initdb, postgres)", "apt-get install postgresql")
+        # The server refuses to run as root: it runs as the postgres (or nobody) user, in a directory it owns.
+        root = Path(tempfile.mkdtemp(prefix="offsetlake-pg-"))
+        root.chmod(0o755)
+        data, sockets = root / "data", root / "sockets"
+        sockets.mkdir()
+        account = _server_account()
+        if account is not None:
+            os.chown(root, account.pw_uid, account.pw_gid)
+            os.chown(sockets, account.pw_uid, account.pw_gid)
+        demote = _demote(account)
+        init = subprocess.run([str(bin_dir / "initdb"), "-D", str(data), "-U", "airflow", "--auth=trust",
+                               "--encoding=UTF8", "--no-sync"], capture_output=True, text=True, preexec_fn=demote)
+        assert init.returncode == 0, init.stderr[-2000:]
+        port = free_port()
+        log = root / "postgres.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(sockets),
+                 "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=demote,
+                start_new_session=True)
+        server = Postgres(proc.pid, port, root)
+        wait_for(server._accepts, "PostgreSQL accepting connections", 60, proc, log)
+        server._create_database()
+        return server
+
+    def connect(self, database: str):
+        import psycopg2
+        return psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname=database,
+                                connect_timeout=3)
+
+    def _accepts(self) -> bool:
+        try:
+            self.connect("postgres").close()
+            return True
+        except Exception:
+            return False
+
+    def _create_database(self) -> None:
+        conn = self.connect("postgres")
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {self.database}")
+        conn.close()
+
+    def stop(self) -> None:
+        """Fast shutdown (SIGINT to the postmaster, by PID), then remove its files."""
+        try:
+            os.kill(self.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+        processes.stop(self.pid, timeout=30)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _postgres_bin() -> Path | None:
+    found = shutil.which("initdb")
+    if found and (Path(os.path.realpath(found)).parent / "postgres").exists():
+        return Path(os.path.realpath(found)).parent
+    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"))
+    return Path(versions[-1]).parent if versions else None
+
+
+def _server_account():
+    if os.geteuid() != 0:
+        return None  # not root: the server runs as us
+    for name in ("postgres", "nobody"):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    pytest.fail("no postgres or nobody user to run PostgreSQL as (it refuses to run as root)", pytrace=False)
+
+
+def _demote(account):
+    if account is None:
+        return None
+
+    def become():
+        os.setgid(account.pw_gid)
+        os.setuid(account.pw_uid)
+    return become
+
+
+@dataclass
+class SparkStandalone:
+    """A Spark standalone master and one worker (spark-class from the pyspark package) on one test host."""
+    host: Host
+    master_pid: int
+    worker_pid: int
+    work_dir: Path
+    ui_port: int = 18080
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{self.host.address}:7077"
+
+    def state(self) -> dict:
+        with urllib.request.urlopen(f"http://{self.host.address}:{self.ui_port}/json/", timeout=5) as resp:
+            return json.loads(resp.read())
+
+    @staticmethod
+    def start(host: Host, root: Path, cores: int = 2, memory: str = "2g") -> "SparkStandalone":
+        spark_class = Path(sys.executable).parent / "spark-class"
+        require(spark_class.exists(), "spark-class", "pip install pyspark (requirements.txt)")
+        work = root / "spark-work"
+        work.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "SPARK_LOCAL_IP": host.address, "SPARK_LOG_DIR": str(root),
+               "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}
+        master_log, worker_log = root / "spark-master.log", root / "spark-worker.log"
+        master = _popen(host.command(str(spark_class), "org.apache.spark.deploy.master.Master", "--host", host.address,
+                                     "--port", "7077", "--webui-port", "18080"), env, master_log)
+        cluster = SparkStandalone(host, master.pid, 0, work)
+        wait_for(lambda: _answers(cluster), "Spark master", 90, master, master_log)
+        worker = _popen(host.command(str(spark_class), "org.apache.spark.deploy.worker.Worker", cluster.master_url,
+                                     "--host", host.address, "--cores", str(cores), "--memory", memory,
+                                     "--webui-port", "18081", "--work-dir", str(work)), env, worker_log)
+        cluster.worker_pid = worker.pid
+        wait_for(lambda: any(w.get("state") == "ALIVE" for w in cluster.state().get("workers", [])),
+                 "a Spark worker registered with the master", 90, worker, worker_log)
+        return cluster
+
+    def applications(self) -> list[dict]:
+        state = self.state()
+        return state.get("activeapps", []) + state.get("completedapps", [])
+
+    def stop(self) -> None:
+        for pid in (self.worker_pid, self.master_pid):
+            if pid:
+                processes.stop(pid, timeout=20)
+
+
+def _answers(cluster: SparkStandalone) -> bool:
+    try:
+        return cluster.state().get("status") == "ALIVE"
+    except OSError:
+        return False
+
+
+def _popen(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
