@@ -14,7 +14,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 install: $(STAMP)
 
 prerequisites:
-	@command -v java >/dev/null || { echo "Java 17 is required (Spark runs on the JVM): apt-get install openjdk-17-jre-headless"; exit 1; }
+	@.ci/system-packages.sh
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
 
 $(STAMP): requirements.txt pyproject.toml | prerequisites

@@ -25,34 +25,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"offsetlake: error: {message}\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number above 0, got {value}")
-    return value
+def _number(parse, low: float, high: float, what: str):
+    """An argparse type: `parse` the text, then check low <= value <= high; one message names both."""
+    def check(text: str):
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+    return check
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 < value <= 31_536_000:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0 (at most a year), got {value}")
-    return value
-
-
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {value}")
-    return value
+_positive_int = _number(int, 1, 2**63 - 1, "a whole number above 0")
+_positive_float = _number(float, 0.001, 31_536_000, "a number of seconds above 0 (at most a year)")
+_share = _number(float, 0.0, 1.0, "a number between 0 and 1")
 
 
 def _timestamp(text: str):

@@ -27,7 +27,6 @@ AIRFLOW_ENV = {
     "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
     "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
     "OFFSETLAKE_HOME": str(REPO),
-    "OFFSETLAKE_RESULTS_DIR": str(AIRFLOW_HOME / "results"),
     "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # spark-submit
     "SPARK_LOCAL_IP": "127.0.0.1",
 }

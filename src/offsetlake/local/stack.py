@@ -74,7 +74,6 @@ def environment(home: Path, port: int, repo: Path, pipelines: Path | None = None
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": spark_master}),
         "OFFSETLAKE_HOME": str(repo),
-        "OFFSETLAKE_RESULTS_DIR": str(home / "results"),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # spark-submit
         "SPARK_LOCAL_IP": HOST,
     }
