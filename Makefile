@@ -9,7 +9,7 @@ export OFFSETLAKE_HOME := $(CURDIR)
 export SPARK_LOCAL_IP := 127.0.0.1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install test test-unit demo demo-cli down bench chaos clean prerequisites
+.PHONY: install test test-unit demo demo-cli down bench soak chaos clean prerequisites
 
 install: $(STAMP)
 
@@ -38,6 +38,10 @@ demo: $(STAMP)
 # Throughput next to the raw Kafka read rate, in one run (not part of make test).
 bench: $(STAMP)
 	$(BIN)/python tests/benchmarks/bench_ingest.py $(BENCH_ARGS)
+
+# 20,000 small commits: is a batch on a year-old table as cheap as on a new one? (not part of make test)
+soak: $(STAMP)
+	$(BIN)/python tests/benchmarks/bench_soak.py $(SOAK_ARGS)
 
 # Stops everything `make demo` started, by pid file.
 down:

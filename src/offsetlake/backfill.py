@@ -136,15 +136,18 @@ def backfill(spark, cfg: PipelineConfig, ranges: list[OffsetRange], run: Run | N
     fault_settings = faults.settings_from_env()
     tasks = split_ranges(ranges, cfg.batch.max_records_per_task)
     # Bad records of these offsets were quarantined at ingest: this attempt's quarantine files all go.
-    with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as kept:
-        read, data, _bad = run_tasks(spark, TaskContext(cfg, ledger.batch or 0, attempt, tuple(tasks), fault_settings))
+    with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as files:
+        read, data, bad = run_tasks(spark, TaskContext(cfg, ledger.batch or 0, attempt, tuple(tasks), fault_settings))
         new_files = [f for _, f in data]
+        files.written[cfg.table_path] |= {f.path for f in new_files}
+        files.written[cfg.quarantine_path] |= {f.path for _, f in bad}
         records = Records(read=sum(read.values()), rows=sum(f.num_records for f in new_files))
         replaced: dict = {}
 
         def decide(table) -> Change:
             # Rewrites decided against a snapshot that loses the race are this attempt's files: they go too.
             removes, rewritten, removed_rows = _replacement(cfg, table, ranges, attempt)
+            files.written[cfg.table_path] |= {f.path for f in rewritten}
             replaced.update(files=len(removes) - len(rewritten), rewritten=len(rewritten), rows=removed_rows)
             faults.hit("before_commit", fault_settings)
             metadata = CommitMetadata(cfg.name, "backfill", attempt=attempt, ranges=ranges_json(ranges),
@@ -154,7 +157,7 @@ def backfill(spark, cfg: PipelineConfig, ranges: list[OffsetRange], run: Run | N
                           partition_by=cfg.table.partition_by)
 
         outcome = commit(cfg.table_path, decide, "backfill")
-        kept[cfg.table_path] = outcome.added_paths()
+        files.kept[cfg.table_path] = outcome.added_paths()
     return BackfillResult("committed", ranges, outcome.version, replaced["rows"], records.rows,
                           replaced["files"], replaced["rewritten"])
 

@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass, field
 
 from offsetlake import faults
-from offsetlake.commit import Change, Committed, Settled, add_actions, attempt_files, commit, new_attempt_id, verdict
+from offsetlake.commit import (AttemptFiles, Change, Committed, Settled, add_actions, attempt_files, commit,
+                               new_attempt_id, verdict)
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
 from offsetlake.files import DataFile
@@ -42,6 +43,7 @@ class BatchResult:
     records: int = 0
     quarantined: int = 0
     message: str = ""
+    files: set[str] = field(default_factory=set)  # data files the commit added
 
     def summary(self) -> str:
         if self.status == "up_to_date":
@@ -76,7 +78,8 @@ def run_batch(spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], 
               run: Run) -> BatchResult:
     fault_settings = faults.settings_from_env()
     schema = table_schema(cfg)
-    table = open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name)
+    table = open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name,
+                       properties=cfg.maintenance.table_properties())
     plan = plan_batch(cfg, cluster, read_ledger(table, cfg.name, tps), tps, targets)
     faults.hit("after_plan", fault_settings)
     if not plan.needs_commit:
@@ -84,30 +87,54 @@ def run_batch(spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], 
 
     attempt = new_attempt_id()
     tasks = split_ranges(plan.ranges, cfg.batch.max_records_per_task)
-    with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as kept:
+    with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as files:
         read, data, bad = run_tasks(spark, TaskContext(cfg, plan.batch, attempt, tuple(tasks), fault_settings))
         faults.hit("after_files_written", fault_settings)
-        rows, quarantined = sum(f.num_records for _, f in data), sum(f.num_records for _, f in bad)
-        metadata = batch_metadata(plan, attempt, Records(sum(read.values()), rows, quarantined), run)
-
-        def decide(table) -> Change | Settled:
-            refused = verdict(read_ledger(table, cfg.name, list(plan.starts)), plan)
-            if refused is not None:
-                return refused
-            kept[cfg.quarantine_path] |= commit_quarantine(
-                plan, [WrittenFile(tasks[i], f) for i, f in bad], cfg.quarantine_path, attempt, run)
-            faults.hit("before_commit", fault_settings)
-            return Change(metadata, add_actions([f for _, f in data]), txn_actions(cfg.name, plan.batch, plan.ends),
-                          schema, cfg.table.partition_by)
-
-        outcome = commit(cfg.table_path, decide, f"batch {plan.batch}")
-        if isinstance(outcome, Committed):
-            kept[cfg.table_path] = outcome.added_paths()
+        written = TaskFiles(sum(read.values()), [WrittenFile(tasks[i], f) for i, f in data],
+                            [WrittenFile(tasks[i], f) for i, f in bad])
+        result = commit_batch(cfg, plan, attempt, written, run, files, fault_settings, snapshot=table)
     faults.hit("after_commit", fault_settings)
-    if isinstance(outcome, Committed):
+    if result.status == "committed":
         cluster.commit_group_offsets(cfg.consumer_group, plan.ends)
-        return BatchResult("committed", plan.batch, outcome.version, plan.ranges, rows, quarantined)
-    return BatchResult(outcome.status, plan.batch, None, plan.ranges, rows, quarantined, outcome.reason)
+    return result
+
+
+@dataclass(frozen=True)
+class TaskFiles:
+    """What the Spark tasks of one attempt read and wrote."""
+    read: int
+    data: list[WrittenFile]
+    quarantine: list[WrittenFile]
+
+
+def commit_batch(cfg: PipelineConfig, plan: BatchPlan, attempt: str, written: TaskFiles, run: Run,
+                 files: AttemptFiles, fault_settings: dict | None = None, snapshot=None) -> BatchResult:
+    """Quarantine, then data and offsets, in one commit each, through the one commit path. The files
+    written and those that landed are recorded in `files` (`attempt_files` removes the others).
+    `snapshot`: the table as the plan read it, for the first decision."""
+    files.written[cfg.table_path] |= {w.file.path for w in written.data}
+    files.written[cfg.quarantine_path] |= {w.file.path for w in written.quarantine}
+    rows = sum(w.file.num_records for w in written.data)
+    quarantined = sum(w.file.num_records for w in written.quarantine)
+    metadata = batch_metadata(plan, attempt, Records(written.read, rows, quarantined), run)
+    schema = table_schema(cfg)
+
+    def decide(table) -> Change | Settled:
+        refused = verdict(read_ledger(table, cfg.name, list(plan.starts)), plan)
+        if refused is not None:
+            return refused
+        commit_quarantine(plan, written.quarantine, cfg.quarantine_path, attempt, run, files,
+                          cfg.maintenance.table_properties())
+        faults.hit("before_commit", fault_settings)
+        return Change(metadata, add_actions([w.file for w in written.data]),
+                      txn_actions(cfg.name, plan.batch, plan.ends), schema, cfg.table.partition_by)
+
+    outcome = commit(cfg.table_path, decide, f"batch {plan.batch}", snapshot=snapshot)
+    if not isinstance(outcome, Committed):
+        return BatchResult(outcome.status, plan.batch, None, plan.ranges, rows, quarantined, outcome.reason)
+    files.kept[cfg.table_path] = outcome.added_paths()
+    return BatchResult("committed", plan.batch, outcome.version, plan.ranges, rows, quarantined,
+                       files=outcome.added_paths())
 
 
 def batch_metadata(plan: BatchPlan, attempt: str, records: Records, run: Run) -> CommitMetadata:
@@ -168,10 +195,12 @@ def stream(spark, cfg: PipelineConfig, stop: threading.Event, interval: float | 
     deadline = time.monotonic() + max_seconds if max_seconds else None
     parent = os.getppid()
     committed = 0
+    tidy = StreamCompaction(cfg, run)
     while not stop.is_set():
         for result in ingest(spark, cfg, run, stop):
             if result.status == "committed":
                 committed += 1
+                tidy.after(result)
             if on_batch:
                 on_batch(result)
         if deadline and time.monotonic() >= deadline:
@@ -182,3 +211,34 @@ def stream(spark, cfg: PipelineConfig, stop: threading.Event, interval: float | 
             log.warning("stream: parent process %s exited; stopping", parent)
             break
     return committed
+
+
+class StreamCompaction:
+    """A stream bounds its own small files: every `maintenance.compact_every_batches` committed batches it
+    compacts the files those batches added (and only those, so the cost stays that of N batches)."""
+
+    def __init__(self, cfg: PipelineConfig, run: Run | None):
+        self.cfg, self.run = cfg, run
+        self.every = cfg.maintenance.compact_every_batches
+        self.pending: set[str] = set()
+        self.batches = 0
+
+    def after(self, result: BatchResult) -> None:
+        if not self.every:
+            return
+        self.pending |= result.files
+        self.batches += 1
+        if self.batches < self.every:
+            return
+        from offsetlake.compaction import optimize
+        cfg = self.cfg
+        try:
+            outcome = optimize(cfg.table_path, cfg.name, table_schema(cfg), cfg.table.partition_by,
+                               cfg.maintenance.target_file_mb, cfg.maintenance.zorder_by, only=self.pending,
+                               run=self.run)
+        except OffsetlakeError as err:  # best effort: the batches are committed; try again after the next N
+            log.warning("stream: compaction skipped: %s", err)
+            self.batches = 0
+            return
+        log.info(outcome.summary())
+        self.pending, self.batches = set(), 0

@@ -120,6 +120,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("restore", "Delta RESTORE to a version, with the ledger as of that version, in one commit")
     _add_run(p)
     p.add_argument("--version", required=True, type=int)
+    p = command("optimize", "compact small data files (dataChange=false; the ledger is untouched)")
+    _add_run(p)
+    p.add_argument("--target-file-mb", type=_positive_int, help="default: the pipeline's maintenance.target_file_mb")
+    p.add_argument("--zorder-by", help="columns, comma-separated (default: maintenance.zorder_by)")
+    p = command("vacuum", "delete data files removed from the table longer ago than the retention")
+    _add_run(p)
+    p.add_argument("--retention-hours", type=_positive_int,
+                   help="default: the table's delta.deletedFileRetentionDuration; never below 1 hour")
+    _add_dry_run(p)
+    command("checkpoint", "write a Delta checkpoint and remove commit files past the log retention")
+    p = command("maintain", "what the maintenance DAG runs: [optimize,] [vacuum,] [checkpoint], table and quarantine")
+    _add_run(p)
+    p.add_argument("--optimize", nargs="?", const=True, default=False, type=_bool)
+    p.add_argument("--vacuum", nargs="?", const=True, default=False, type=_bool)
+    p.add_argument("--checkpoint", nargs="?", const=True, default=False, type=_bool)
+    p.add_argument("--retention-hours", type=_positive_int)
+    p.add_argument("--target-file-mb", type=_positive_int)
+    p.add_argument("--zorder-by")
     p = command("recover", "what the recovery DAG runs: [reset,] audit, [repair,] [cleanup]; fails if problems remain")
     _add_run(p)
     p.add_argument("--reset-offsets", default="", help="topic:partition=offset[,...]: reset first (needs --reason)")
@@ -325,6 +343,71 @@ def cmd_restore(args) -> int:
     return 0
 
 
+def cmd_optimize(args) -> int:
+    _optimize(args, _pipeline(args))
+    return 0
+
+
+def _optimize(args, cfg: PipelineConfig) -> None:
+    """The table, then the quarantine table if there is one (no z-order there: it has other columns)."""
+    from offsetlake.compaction import optimize
+    from offsetlake.formats import QUARANTINE_SCHEMA, table_schema
+    settings = cfg.maintenance
+    target = args.target_file_mb or settings.target_file_mb
+    zorder = [c.strip() for c in args.zorder_by.split(",") if c.strip()] if args.zorder_by else settings.zorder_by
+    wrong = sorted(c for c in zorder if c not in cfg.column_names() or c in cfg.table.partition_by)
+    if wrong:
+        raise ConfigError(f"--zorder-by column {wrong[0]!r} is not a data column of pipeline {cfg.name!r}")
+    run = _run(args)
+    print(optimize(cfg.table_path, cfg.name, table_schema(cfg), cfg.table.partition_by, target, zorder,
+                   run=run).summary(), flush=True)
+    if _exists(cfg.quarantine_path):
+        print(optimize(cfg.quarantine_path, cfg.name, QUARANTINE_SCHEMA, [], target, run=run).summary(), flush=True)
+
+
+def cmd_vacuum(args) -> int:
+    _vacuum(args, _pipeline(args), args.dry_run)
+    return 0
+
+
+def _vacuum(args, cfg: PipelineConfig, dry_run: bool) -> None:
+    from offsetlake.maintenance import vacuum
+    for uri in (cfg.table_path, cfg.quarantine_path):
+        if uri == cfg.table_path or _exists(uri):
+            print(vacuum(uri, cfg.name, args.retention_hours, dry_run, _run(args)).summary(), flush=True)
+
+
+def cmd_checkpoint(args) -> int:
+    _checkpoint(_pipeline(args))
+    return 0
+
+
+def _checkpoint(cfg: PipelineConfig) -> None:
+    from offsetlake.maintenance import checkpoint
+    for uri in (cfg.table_path, cfg.quarantine_path):
+        if uri == cfg.table_path or _exists(uri):
+            print(f"{uri}: checkpoint at version {checkpoint(uri)}; commit files past the log retention removed",
+                  flush=True)
+
+
+def cmd_maintain(args) -> int:
+    cfg = _pipeline(args)
+    if not (args.optimize or args.vacuum or args.checkpoint):
+        raise ConfigError("nothing to do: give --optimize, --vacuum and/or --checkpoint")
+    if args.optimize:
+        _optimize(args, cfg)
+    if args.vacuum:
+        _vacuum(args, cfg, dry_run=False)
+    if args.checkpoint:
+        _checkpoint(cfg)
+    return 0
+
+
+def _exists(uri: str) -> bool:
+    from deltalake import DeltaTable
+    return DeltaTable.is_deltatable(uri)
+
+
 def cmd_recover(args) -> int:
     from offsetlake.audit import audit
     cfg = _pipeline(args)
@@ -386,7 +469,8 @@ def cmd_broker(args) -> int:
 
 COMMANDS = {"status": cmd_status, "history": cmd_history, "show": cmd_show, "backfill": cmd_backfill,
             "audit": cmd_audit, "repair": cmd_repair, "cleanup": cmd_cleanup, "reset": cmd_reset,
-            "restore": cmd_restore, "recover": cmd_recover, "ingest": cmd_ingest, "stream": cmd_stream,
+            "restore": cmd_restore, "recover": cmd_recover, "optimize": cmd_optimize, "vacuum": cmd_vacuum,
+            "checkpoint": cmd_checkpoint, "maintain": cmd_maintain, "ingest": cmd_ingest, "stream": cmd_stream,
             "produce": cmd_produce, "broker": cmd_broker}
 
 if __name__ == "__main__":

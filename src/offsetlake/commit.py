@@ -42,7 +42,7 @@ from offsetlake.files import DataFile
 from offsetlake.ledger import Ledger
 from offsetlake.metadata import CommitMetadata
 from offsetlake.planning import BatchPlan
-from offsetlake.table import delete_attempt_files, open_table
+from offsetlake.table import delete_attempt_files, delete_files, open_table
 
 log = logging.getLogger("offsetlake.commit")
 MAX_ATTEMPTS = 50  # conflicts with unrelated commits (OPTIMIZE, another writer); each retry decides again
@@ -80,10 +80,14 @@ class Committed:
 Decide = Callable[[DeltaTable], "Change | Settled"]
 
 
-def commit(uri: str, decide: Decide, what: str, open_: Callable[[str], DeltaTable] = open_table) -> Committed | Settled:
-    """Open -> decide -> commit without rebase; on a conflict, all again. See the module docstring."""
+def commit(uri: str, decide: Decide, what: str, open_: Callable[[str], DeltaTable] = open_table,
+           snapshot: DeltaTable | None = None) -> Committed | Settled:
+    """Open -> decide -> commit without rebase; on a conflict, all again. See the module docstring.
+
+    `snapshot`: a table object the caller has just loaded, used for the first decision instead of
+    loading again (if it is stale, the commit fails on the conflict and the next try loads)."""
     for _ in range(MAX_ATTEMPTS):
-        table = open_(uri)
+        table, snapshot = snapshot or open_(uri), None
         change = decide(table)
         if isinstance(change, Settled):
             return change
@@ -127,16 +131,30 @@ def new_attempt_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+@dataclass
+class AttemptFiles:
+    """The files one attempt wrote (`written`) and those a landed commit references (`kept`), per table."""
+    written: dict[str, set[str]]
+    kept: dict[str, set[str]]
+
+
 @contextmanager
-def attempt_files(attempt: str, *uris: str) -> Iterator[dict[str, set[str]]]:
-    """On the way out, however we leave, delete the attempt's files under each table except the
-    paths put in `kept[uri]` (the ones a landed commit references)."""
-    kept: dict[str, set[str]] = {uri: set() for uri in uris}
+def attempt_files(attempt: str, *uris: str) -> Iterator[AttemptFiles]:
+    """On the way out, delete the attempt's files under each table except the `kept` ones.
+
+    Normally that is exactly the `written` files not kept: a few deletes, whatever the table's
+    size. After an error we may not know every file (a Spark job that failed half-way), so the
+    table is searched for the attempt's id. Files a failed Spark task attempt wrote inside a job
+    that then succeeded are never reported to the driver: `offsetlake cleanup` removes those."""
+    files = AttemptFiles({uri: set() for uri in uris}, {uri: set() for uri in uris})
     try:
-        yield kept
-    finally:
+        yield files
+    except BaseException:
         for uri in uris:
-            delete_attempt_files(uri, attempt, keep=kept[uri])
+            delete_attempt_files(uri, attempt, keep=files.kept[uri])
+        raise
+    for uri in uris:
+        delete_files(uri, files.written[uri] - files.kept[uri])
 
 
 def add_actions(files: list[DataFile]) -> list[AddAction]:

@@ -104,6 +104,24 @@ class BatchSettings(_Strict):
     read_timeout_seconds: StrictInt = Field(default=60, gt=0)
 
 
+class MaintenanceSettings(_Strict):
+    """How the table stays cheap to read and to commit to, however old it gets. See README, "Maintenance"."""
+    checkpoint_interval: StrictInt = Field(default=10, gt=0)  # commits between Delta checkpoints (as Delta Spark)
+    log_retention_days: StrictInt = Field(default=30, gt=0)  # commit files older than this are removed
+    # Removed data files are kept this long (time travel, RESTORE); vacuum deletes them after.
+    deleted_file_retention_hours: StrictInt = Field(default=168, ge=1)
+    target_file_mb: StrictInt = Field(default=128, gt=0)  # optimize packs small files up to this size
+    zorder_by: list[StrictStr] = Field(default_factory=list)  # optimize sorts each new file by these columns
+    compact_every_batches: StrictInt = Field(default=50, ge=0)  # stream compacts what it wrote; 0: never
+
+    def table_properties(self) -> dict[str, str]:
+        """Delta table properties of the tables offsetlake creates."""
+        return {"delta.checkpointInterval": str(self.checkpoint_interval),
+                "delta.logRetentionDuration": f"interval {self.log_retention_days} days",
+                "delta.enableExpiredLogCleanup": "true",
+                "delta.deletedFileRetentionDuration": f"interval {self.deleted_file_retention_hours} hours"}
+
+
 class PipelineConfig(_Strict):
     name: StrictStr = Field(pattern=NAME_RE)
     topics: list[StrictStr] = Field(min_length=1)
@@ -116,6 +134,7 @@ class PipelineConfig(_Strict):
     schedule: StrictStr | None = "@hourly"
     stream_interval_seconds: float = Field(default=5.0, gt=0)
     quarantine: TableSettings | None = None
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     description: StrictStr = ""
 
     @model_validator(mode="after")
@@ -124,6 +143,9 @@ class PipelineConfig(_Strict):
         for col in self.table.partition_by:
             if col not in columns:
                 raise ValueError(f"table.partition_by column {col!r} is not a column of the table")
+        for col in self.maintenance.zorder_by:
+            if col not in columns or col in self.table.partition_by:
+                raise ValueError(f"maintenance.zorder_by column {col!r} is not a data column of the table")
         if len(set(self.topics)) != len(self.topics):
             raise ValueError("topics lists a topic twice")
         return self

@@ -8,19 +8,28 @@ the same facts, readable by people, as JSON in each commit's `userMetadata`.
 A Delta RESTORE brings back old data files but not old `txn` actions. So when a
 RESTORE landed after the pipeline's last commit, the offsets are taken as of
 the restored version (time travel) and the next commit writes them back.
+
+Cost does not grow with the table's age: the `txn` state comes with the
+snapshot (a checkpoint plus the commits after it), and history is read newest
+first in growing pages only until what is needed is found -- for RESTORE
+detection, the pipeline's last ledger commit, usually the newest commit.
 """
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
 
+import pyarrow.fs as pafs
 from deltalake import DeltaTable, Transaction
+
+from offsetlake.files import open_filesystem
 
 from offsetlake.kafka import TP
 from offsetlake.metadata import CommitMetadata, HistoryEntry, Rewind, flat_offsets
 
 MAX_RESTORE_CHAIN = 20
 MAX_HISTORY_READS = 5  # re-read when a commit lands while we read the history
+FIRST_PAGE = 8  # commits read first; each further page reads 4x more
 
 
 def pipeline_app_id(pipeline: str) -> str:
@@ -49,12 +58,12 @@ class Ledger:
 def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     """The ledger as the next batch must see it, rewound if a RESTORE requires it."""
     current = _txn_state(table, pipeline, tps)
-    history = commit_history(table)
-    restore = find_unrecorded_restore(history, pipeline, table.version())
+    history = commit_history(table, until=_ledger_commit_of(pipeline))
+    restore = find_unrecorded_restore(history, pipeline, table.version(), table.table_uri)
     if restore is None:
         return current
     restored_version, restore_commit = restore
-    restored = ledger_at(table.table_uri, pipeline, tps, restored_version, history=history)
+    restored = ledger_at(table.table_uri, pipeline, tps, restored_version)
     # Batch numbers never go back: a zombie of an old batch must still find its batch committed.
     return Ledger(
         batch=current.batch,
@@ -64,38 +73,80 @@ def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     )
 
 
-def ledger_at(uri: str, pipeline: str, tps: list[TP], version: int, depth: int = 1,
-              history: list[dict] | None = None) -> Ledger:
+def ledger_at(uri: str, pipeline: str, tps: list[TP], version: int, depth: int = 1) -> Ledger:
     """The ledger as of `version`, following RESTOREs that version itself had not recorded."""
     table = DeltaTable(uri, version=version)
     state = _txn_state(table, pipeline, tps)
     if depth >= MAX_RESTORE_CHAIN:
         return state
-    history = history if history is not None else commit_history(DeltaTable(uri))
-    restore = find_unrecorded_restore(history, pipeline, version)
+    history = commit_history(table, until=_ledger_commit_of(pipeline))
+    restore = find_unrecorded_restore(history, pipeline, version, uri)
     if restore is None:
         return state
-    return ledger_at(uri, pipeline, tps, restore[0], depth + 1, history)
+    return ledger_at(uri, pipeline, tps, restore[0], depth + 1)
 
 
-def commit_history(table: DeltaTable) -> list[dict]:
+def _ledger_commit_of(pipeline: str):
+    def found(entry: dict) -> bool:
+        meta = CommitMetadata.parse(entry.get("userMetadata"))
+        return meta is not None and meta.pipeline == pipeline and meta.sets_ledger()
+    return found
+
+
+def commit_history(table: DeltaTable, until=None) -> list[dict]:
     """The table's commits up to the version `table` has loaded, newest first, truly numbered.
 
-    delta-rs 1.6.6 lists every commit in the log from `history()` but numbers them down
-    from the version the object has loaded: on a time-travelled or stale object every
-    number is off (the chaos harness found a rewind to the wrong offsets this way). So we
-    read the history from an object at the latest version, checked unchanged across the
-    read, and keep the commits up to `table`'s version. The caller's object usually is the
-    latest: then one extra load, to check, is all it costs.
+    Read in pages (8 commits, then 32, 128...) and only as far back as needed: up to and
+    including the first commit for which `until(entry)` holds, or the oldest commit the log
+    still holds. Without `until`, the whole log.
+
+    delta-rs 1.6.6 numbers `history()` down from the version the object has loaded, so on a
+    time-travelled or stale object every number is off (the chaos harness found a rewind to
+    the wrong offsets this way). So we read from an object that is the latest version across
+    the read -- the caller's, when no commit file follows its version -- and keep the commits
+    up to `table`'s version.
     """
-    current = table
+    for entries, complete in _pages(table, whole=until is None):
+        for i, entry in enumerate(entries):
+            if until is not None and until(entry):
+                return entries[:i + 1]
+        if complete:
+            return entries
+    raise AssertionError("unreachable: the last page is complete")
+
+
+def _pages(table: DeltaTable, whole: bool = False):
+    """(newest commits up to `table`'s version, whether that is all the log holds), in growing pages."""
+    limit = None if whole else FIRST_PAGE
+    while True:
+        page, complete = _latest_history(table, limit)
+        yield [e for e in page if e["version"] <= table.version()], complete
+        if complete:
+            return
+        limit *= 4
+
+
+def _latest_history(table: DeltaTable, limit: int | None) -> tuple[list[dict], bool]:
+    """(the newest `limit` commits, whether that is all the log holds), truly numbered."""
+    entries = table.history(limit)
+    if not _commit_after(table):  # checked after the read: the read saw no commit past `table`'s version
+        return entries, limit is None or len(entries) < limit
+    uri = table.table_uri
+    current = DeltaTable(uri)
     for _ in range(MAX_HISTORY_READS):
-        entries = current.history()
-        latest = DeltaTable(table.table_uri)
+        entries = current.history(limit)
+        latest = DeltaTable(uri)
         if latest.version() == current.version():
             break
         current = latest
-    return [e for e in entries if e["version"] <= table.version()]
+    return entries, limit is None or len(entries) < limit
+
+
+def _commit_after(table: DeltaTable) -> bool:
+    """Is there a commit file after `table`'s version? One metadata request, not a table load."""
+    fs, root = open_filesystem(table.table_uri)
+    info = fs.get_file_info(f"{root.rstrip('/')}/_delta_log/{table.version() + 1:020d}.json")
+    return info.type != pafs.FileType.NotFound
 
 
 def _txn_state(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
@@ -107,28 +158,35 @@ def _txn_state(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     return Ledger(table.transaction_version(pipeline_app_id(pipeline)), offsets, table.version())
 
 
-def find_unrecorded_restore(history: list[dict], pipeline: str, version: int) -> tuple[int, int] | None:
+def find_unrecorded_restore(history: list[dict], pipeline: str, version: int,
+                            uri: str | None = None) -> tuple[int, int] | None:
     """(restored version, RESTORE commit version) of a RESTORE at or before `version` that is newer
-    than the pipeline's last ledger commit."""
-    for entry in history:  # newest first
+    than the pipeline's last ledger commit. `history`: newest first, back to that commit at least."""
+    is_ledger_commit = _ledger_commit_of(pipeline)
+    for entry in history:
         if entry["version"] > version:
             continue
-        meta = CommitMetadata.parse(entry.get("userMetadata"))
-        if meta and meta.pipeline == pipeline and meta.sets_ledger():
+        if is_ledger_commit(entry):
             return None
         if entry.get("operation") == "RESTORE":
-            return _restored_version(history, entry), entry["version"]
+            return _restored_version(history, entry, uri), entry["version"]
     return None
 
 
-def _restored_version(history: list[dict], entry: dict) -> int:
+def _restored_version(history: list[dict], entry: dict, uri: str | None = None) -> int:
+    """The version a RESTORE went back to: its parameter, or the newest commit at or before its timestamp
+    (read further back in the log when `history` does not reach that far)."""
     params = entry.get("operationParameters") or {}
     version = params.get("version")
     if version not in (None, "null", ""):
         return int(version)
-    stamp = params.get("timestamp") or params.get("datetime")
-    target_ms = _to_epoch_ms(stamp)
-    candidates = [h["version"] for h in history if h["version"] < entry["version"] and h["timestamp"] <= target_ms]
+    target_ms = _to_epoch_ms(params.get("timestamp") or params.get("datetime"))
+
+    def before_target(h: dict) -> bool:
+        return h["version"] < entry["version"] and h["timestamp"] <= target_ms
+    if uri is not None and not any(before_target(h) for h in history):
+        history = commit_history(DeltaTable(uri), until=before_target)
+    candidates = [h["version"] for h in history if before_target(h)]
     return max(candidates) if candidates else 0
 
 
@@ -142,14 +200,17 @@ def _to_epoch_ms(value) -> int:
     return int(parsed.timestamp() * 1000)
 
 
-def pipeline_history(table: DeltaTable, pipeline: str) -> list[HistoryEntry]:
-    """The pipeline's commits, oldest first."""
-    rows = []
-    for entry in reversed(commit_history(table)):
-        meta = CommitMetadata.parse(entry.get("userMetadata"))
-        if meta and meta.pipeline == pipeline:
-            rows.append(HistoryEntry(entry["version"], entry["timestamp"], entry.get("operation"), meta))
-    return rows
+def pipeline_history(table: DeltaTable, pipeline: str, limit: int | None = None) -> list[HistoryEntry]:
+    """The pipeline's commits, oldest first: all of them, or the newest `limit` (reading no further back)."""
+    for entries, complete in _pages(table, whole=not limit):
+        rows = []
+        for entry in entries:
+            meta = CommitMetadata.parse(entry.get("userMetadata"))
+            if meta and meta.pipeline == pipeline:
+                rows.append(HistoryEntry(entry["version"], entry["timestamp"], entry.get("operation"), meta))
+        if complete or len(rows) >= (limit or 0):
+            return rows[:limit][::-1]
+    raise AssertionError("unreachable: the last page is complete")
 
 
 def txn_actions(pipeline: str, batch: int | None, offsets: dict[TP, int], prefix=partition_app_id) -> list[Transaction]:

@@ -1,4 +1,4 @@
-"""Operator actions: clean up orphaned files, reset the ledger, restore the table with its ledger."""
+"""Operator actions: clean up orphaned files, vacuum, checkpoint; reset the ledger, restore the table with its ledger."""
 from __future__ import annotations
 
 import json
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from deltalake import CommitProperties
 
 from offsetlake.commit import Change, commit, new_attempt_id
 from offsetlake.config import PipelineConfig
@@ -78,6 +79,60 @@ def cleanup(uri: str, older_than_seconds: int = DEFAULT_CLEANUP_AGE_SECONDS, dry
     return CleanupResult(uri, sorted(deleted), recent, dry_run)
 
 
+MIN_VACUUM_RETENTION_HOURS = DEFAULT_CLEANUP_AGE_SECONDS // 3600  # never below the clean-up safety window
+
+
+@dataclass
+class VacuumResult:
+    table: str
+    deleted: list[str]
+    retention_hours: int
+    dry_run: bool
+
+    def summary(self) -> str:
+        verb = "would delete" if self.dry_run else "deleted"
+        return (f"{self.table}: {verb} {len(self.deleted)} data files that no version of the last "
+                f"{self.retention_hours} h needs")
+
+
+def vacuum(uri: str, pipeline: str, retention_hours: int | None = None, dry_run: bool = False,
+           run: Run | None = None) -> VacuumResult:
+    """Delete data files that were removed from the table longer ago than the retention.
+
+    Every version committed within the retention keeps its files, so time travel and RESTORE
+    to any of them still work. Only files some commit removed are candidates (delta-rs'
+    "lite" vacuum): files no commit ever added (an attempt in flight, a killed attempt's
+    orphans) are `cleanup`'s, with its own safety window. The retention defaults to the
+    table's delta.deletedFileRetentionDuration and is never below the clean-up window.
+    """
+    table = open_table(uri)
+    hours = retention_hours if retention_hours is not None else _deleted_file_retention_hours(table)
+    if hours < MIN_VACUUM_RETENTION_HOURS:
+        raise ConfigError(f"vacuum retention {hours} h is below the clean-up safety window of "
+                          f"{MIN_VACUUM_RETENTION_HOURS} h: a batch in flight or a RESTORE could lose its files")
+    meta = CommitMetadata(pipeline, "vacuum", attempt=new_attempt_id(), run=run or Run.here())
+    deleted = table.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False,
+                           commit_properties=CommitProperties(custom_metadata={"userMetadata": meta.to_json()}))
+    return VacuumResult(uri, sorted(deleted), hours, dry_run)
+
+
+def _deleted_file_retention_hours(table) -> int:
+    """The table's delta.deletedFileRetentionDuration ("interval 168 hours", "interval 7 days"), in hours."""
+    text = table.metadata().configuration.get("delta.deletedFileRetentionDuration") or "interval 7 days"
+    parts = text.split()
+    number, unit = int(parts[-2]), parts[-1].rstrip("s")
+    return int(number * {"week": 168, "day": 24, "hour": 1, "minute": 1 / 60, "second": 1 / 3600}.get(unit, 24))
+
+
+def checkpoint(uri: str) -> int:
+    """Write a Delta checkpoint of the latest version, then remove commit files older than the table's
+    log retention that the checkpoint covers. The ledger (txn actions) is part of the checkpoint."""
+    table = open_table(uri)
+    table.create_checkpoint()
+    table.cleanup_metadata()
+    return table.version()
+
+
 def parse_offsets(text: str) -> dict[TP, int]:
     """`topic:partition=offset[,...]` from the command line."""
     out: dict[TP, int] = {}
@@ -116,7 +171,8 @@ def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run: Run | N
                       partition_by=cfg.table.partition_by)
 
     return commit(cfg.table_path, decide, "reset",
-                  open_=lambda uri: open_table(uri, schema, cfg.table.partition_by, cfg.name)).version
+                  open_=lambda uri: open_table(uri, schema, cfg.table.partition_by, cfg.name,
+                                               properties=cfg.maintenance.table_properties())).version
 
 
 def restore(cfg: PipelineConfig, version: int, run: Run | None = None) -> int:

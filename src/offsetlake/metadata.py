@@ -22,7 +22,7 @@ import msgspec
 from offsetlake import __version__
 from offsetlake.kafka import TP
 
-Kind = Literal["ingest", "backfill", "reset", "restore", "quarantine"]
+Kind = Literal["ingest", "backfill", "reset", "restore", "quarantine", "optimize", "vacuum", "checkpoint"]
 # Commits that set the ledger (carry the pipeline's txn actions). Backfills rewrite rows but leave it alone.
 LEDGER_KINDS = ("ingest", "reset", "restore")
 # {topic: {partition: offset}} and {topic: {partition: [start, end)}}: JSON keys are strings.

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pyarrow.compute as pc
 
-from offsetlake.commit import Change, Committed, Settled, add_actions, commit
+from offsetlake.commit import AttemptFiles, Change, Committed, Settled, add_actions, commit
 from offsetlake.files import DataFile, from_delta_path, read_file, write_file
 from offsetlake.formats import QUARANTINE_SCHEMA
 from offsetlake.ledger import quarantine_app_id, txn_actions
@@ -27,25 +27,31 @@ class WrittenFile:
     file: DataFile
 
 
-def commit_quarantine(plan: BatchPlan, files: list[WrittenFile], uri: str, attempt: str, run: Run) -> set[str]:
-    """Commit the bad records of `plan` not quarantined yet. Returns the paths committed."""
-    if not plan.ranges:
-        return set()
+def commit_quarantine(plan: BatchPlan, bad: list[WrittenFile], uri: str, attempt: str, run: Run,
+                      files: AttemptFiles, properties: dict[str, str] | None = None) -> None:
+    """Commit the bad records of `plan` not quarantined yet; what it writes and commits goes into `files`.
+
+    An attempt with no bad records commits nothing here: reading the same offsets again gives
+    the same records, so no retry of it can have any to quarantine either."""
+    if not plan.ranges or not bad:
+        return
 
     def decide(table) -> Change | Settled:
         covered = {(r.topic, r.partition): table.transaction_version(quarantine_app_id(plan.pipeline, r.topic, r.partition))
                    for r in plan.ranges}
         if all(covered[tp] is not None and covered[tp] >= plan.ends[tp] for tp in covered):
             return Settled("already_committed", f"batch {plan.batch}: its bad records are quarantined already")
-        adds = [f for w in files if (f := _uncovered_part(uri, w, covered[(w.range.topic, w.range.partition)], attempt))]
+        adds = [f for w in bad if (f := _uncovered_part(uri, w, covered[(w.range.topic, w.range.partition)], attempt))]
+        files.written[uri] |= {f.path for f in adds}
         return Change(
             CommitMetadata(plan.pipeline, "quarantine", batch=plan.batch, attempt=attempt, run=run),
             actions=add_actions(adds), schema=QUARANTINE_SCHEMA,
             txns=txn_actions(plan.pipeline, None, {tp: max(plan.ends[tp], covered[tp] or 0) for tp in covered},
                              prefix=quarantine_app_id))
 
-    outcome = commit(uri, decide, f"batch {plan.batch} quarantine", open_=lambda u: open_table(u, QUARANTINE_SCHEMA))
-    return outcome.added_paths() if isinstance(outcome, Committed) else set()
+    outcome = commit(uri, decide, f"batch {plan.batch} quarantine", open_=lambda u: open_table(u, QUARANTINE_SCHEMA, properties=properties))
+    if isinstance(outcome, Committed):
+        files.kept[uri] |= outcome.added_paths()
 
 
 def _uncovered_part(uri: str, written: WrittenFile, covered_to: int | None, attempt: str) -> DataFile | None:

@@ -49,8 +49,7 @@ def _is_missing_table(err: Exception) -> bool:
 
 
 def history(cfg: PipelineConfig, limit: int | None = None) -> list[HistoryEntry]:
-    rows = pipeline_history(open_table(cfg.table_path), cfg.name)
-    return rows[-limit:] if limit else rows
+    return pipeline_history(open_table(cfg.table_path), cfg.name, limit)
 
 
 def format_status(rows: list[PartitionStatus]) -> str:

@@ -14,25 +14,34 @@ from offsetlake.errors import TableError
 from offsetlake.files import from_delta_path, plain_types, to_delta_path
 
 
+# Delta would drop `txn` actions older than this at a checkpoint: the ledger would be forgotten.
+LEDGER_EXPIRING_PROPERTY = "delta.setTransactionRetentionDuration"
+
+
 def open_table(uri: str, schema: pa.Schema | None = None, partition_by: list[str] | None = None,
-               name: str | None = None, create: bool = True) -> DeltaTable:
-    """Open the table and check its schema; create it (empty, version 0) when asked and none exists."""
+               name: str | None = None, create: bool = True, properties: dict[str, str] | None = None) -> DeltaTable:
+    """Open the table and check it; create it (empty, version 0, with `properties`) when asked and none exists."""
     try:
         table = DeltaTable(uri)
     except TableNotFoundError:
         if schema is None or not create:
             raise TableError(f"no Delta table at {uri}") from None
-        table = _create(uri, schema, partition_by or [], name)
+        table = _create(uri, schema, partition_by or [], name, properties)
     except OSError as err:
         raise TableError(f"cannot open Delta table at {uri}: {err}") from None
+    if LEDGER_EXPIRING_PROPERTY in table.metadata().configuration:
+        raise TableError(f"table {uri} sets {LEDGER_EXPIRING_PROPERTY}: Delta would expire the offsets "
+                         f"offsetlake keeps in it (its txn actions); unset that property to use the table")
     if schema is not None:
         check_schema(uri, table, schema, partition_by or [])
     return table
 
 
-def _create(uri: str, schema: pa.Schema, partition_by: list[str], name: str | None) -> DeltaTable:
+def _create(uri: str, schema: pa.Schema, partition_by: list[str], name: str | None,
+            properties: dict[str, str] | None) -> DeltaTable:
     try:
-        return DeltaTable.create(uri, schema, mode="ignore", partition_by=partition_by or None, name=name)
+        return DeltaTable.create(uri, schema, mode="ignore", partition_by=partition_by or None, name=name,
+                                 configuration=properties or None)
     except (OSError, DeltaError) as err:  # not writable, not a directory, no such bucket...
         raise TableError(f"cannot create Delta table at {uri}: {err}") from None
 
@@ -80,6 +89,16 @@ def delete_attempt_files(uri: str, attempt: str, keep: set[str] = frozenset()) -
             fs.delete_file(info.path)
             removed += 1
     return removed
+
+
+def delete_files(uri: str, paths: set[str]) -> None:
+    """Delete these files (Delta paths, relative to the table) if they exist."""
+    fs, root = pafs.FileSystem.from_uri(uri)
+    for path in paths:
+        try:
+            fs.delete_file(f"{root.rstrip('/')}/{from_delta_path(path)}")
+        except FileNotFoundError:
+            pass
 
 
 def query(uri: str, sql: str) -> pa.Table:

@@ -13,6 +13,9 @@ idempotent and transactional producers (aborted and long-open transactions,
   restore             Delta RESTORE to an earlier version (delta-rs, as an operator would,
                       or `offsetlake restore`), sometimes while an ingest runs
   cleanup             `offsetlake cleanup` while an ingest runs
+  optimize during X   compaction (dataChange=false) while an ingest, a stream or a backfill runs
+  vacuum              `offsetlake vacuum` (1 h retention) while an ingest runs
+  checkpoint          a checkpoint and log clean-up (the table keeps 1 minute of log) while an ingest runs
 
 After every fault the table is checked for duplicated offsets (before a
 restore could erase the evidence, the full check below runs too). At the end
@@ -56,7 +59,10 @@ from offsetlake.local import broker as embedded_broker  # noqa: E402
 from offsetlake.audit import audit  # noqa: E402
 from offsetlake.kafka import KafkaCluster  # noqa: E402
 from offsetlake.ledger import pipeline_history  # noqa: E402
-from offsetlake.maintenance import cleanup, restore  # noqa: E402
+from offsetlake.compaction import optimize  # noqa: E402
+from offsetlake.errors import TableError  # noqa: E402
+from offsetlake.formats import table_schema  # noqa: E402
+from offsetlake.maintenance import checkpoint, cleanup, restore, vacuum  # noqa: E402
 from offsetlake.table import open_table  # noqa: E402
 from support import (create_topic, kafka_committed_records, ledger_offsets, load, quarantine_lineage,  # noqa: E402
                      table_lineage, write_pipeline)
@@ -70,7 +76,10 @@ KINDS = {
     "kill@random ingest": 3, "kill@random stream": 2, "kill@random backfill": 2,
     "duplicate runs": 2, "zombie@after_files_written": 1, "zombie@before_commit": 1,
     "broker restart": 2, "restore (delta-rs)": 1, "restore (offsetlake)": 1, "cleanup during ingest": 2,
+    "optimize during ingest": 2, "optimize during stream": 1, "optimize during backfill": 1,
+    "vacuum during ingest": 1, "checkpoint during ingest": 1,
 }
+LOG_RETENTION = "interval 1 minutes"  # so that checkpoints really remove commit files during the run
 JOB_TIMEOUT = 300
 
 
@@ -119,6 +128,7 @@ class Job:
     proc: subprocess.Popen
     log: Path
     broker_restarts: int  # how many restarts had happened when it started
+    ledger_moves: int  # how many restores (which move the ledger back) had happened when it started
 
     def wait(self, timeout: float | None = JOB_TIMEOUT) -> int | None:
         try:
@@ -215,6 +225,8 @@ class Chaos:
         self.lock = threading.Lock()
         self.stillness = Stillness()
         self.broker_restarts = 0
+        self.ledger_moves = 0
+        self.checkpoints = threading.Lock()  # a checkpoint's log clean-up and a RESTORE do not overlap
         self.live: list[Job] = []
         self.summary = Summary(seed)
         self.broker = embedded_broker.start(workdir / "broker")
@@ -251,7 +263,7 @@ class Chaos:
                 [sys.executable, "-m", "offsetlake.cli", command, "--pipeline", self.cfg.name,
                  "--pipelines-dir", str(self.pipelines), *args],
                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        job = Job(f"{command}#{number}", proc, log, self.broker_restarts)
+        job = Job(f"{command}#{number}", proc, log, self.broker_restarts, self.ledger_moves)
         with self.lock:
             self.live = [j for j in self.live if j.proc.poll() is None] + [job]
         return job
@@ -265,6 +277,9 @@ class Chaos:
         rc = job.wait()
         job.kill()  # whatever the driver left behind (its JVM) goes with its group
         may_fail = may_fail or job.broker_restarts != self.broker_restarts  # another lane restarted it
+        # A backfill planned from the ledger is rightly refused when another lane's restore moved the
+        # ledger back below its range meanwhile: the product was right, so it is no unexplained failure.
+        may_fail = may_fail or (job.ledger_moves != self.ledger_moves and "ingest owns those offsets" in job.tail(3))
         if rc is None:
             self.summary.job_failures.append(f"{job.name}: still running after {JOB_TIMEOUT}s, killed")
         elif rc != 0 and not may_fail:
@@ -306,8 +321,12 @@ class Chaos:
         return True
 
     def committed_span(self, rng: random.Random) -> str | None:
-        """A random offset range below the ledger, for a backfill."""
-        offsets = {tp: o for tp, o in ledger_offsets(self.cfg).items() if o and o > 1}
+        """A random offset range below the ledger, for a backfill; None before there is one."""
+        try:
+            ledger = ledger_offsets(self.cfg)
+        except TableError:  # no table yet: the fault is "not reached", and comes back later
+            return None
+        offsets = {tp: o for tp, o in ledger.items() if o and o > 1}
         if not offsets:
             return None
         (topic, partition), end = rng.choice(sorted(offsets.items()))
@@ -361,22 +380,38 @@ class Chaos:
         if not Path(self.cfg.table_path, "_delta_log").is_dir():
             return False
         version = DeltaTable(self.cfg.table_path).version()
-        if version < 2:  # version 0 is the empty table, version 1 the first batch
+        # Version 0 is the empty table, version 1 the first batch; older than the last checkpoint, the
+        # log may no longer hold a version (the checkpoint fault cleans it up), so no RESTORE can reach it.
+        lowest = max(1, version - 6, self.last_checkpoint())
+        if lowest > version - 1:
             return False
-        target = rng.randint(max(1, version - 6), version - 1)
+        target = rng.randint(lowest, version - 1)
+
+        reached = []
 
         def restore_now():
-            if how == "offsetlake":
-                restore(self.cfg, target)
-                return
-            for _ in range(10):  # an operator re-runs a RESTORE that lost a race with a commit
-                try:
-                    DeltaTable(self.cfg.table_path).restore(target)
+            with self.lock:
+                self.ledger_moves += 1
+            try:
+                if how == "offsetlake":
+                    restore(self.cfg, target)
+                    reached.append(True)
                     return
-                except CommitFailedError:
-                    time.sleep(0.2)
-        self.alongside_a_job(rng, restore_now)
-        return True
+                for _ in range(10):  # an operator re-runs a RESTORE that lost a race with a commit
+                    try:
+                        DeltaTable(self.cfg.table_path).restore(target)
+                        reached.append(True)
+                        return
+                    except CommitFailedError:
+                        time.sleep(0.2)
+            except Exception:
+                # A checkpoint meanwhile (another lane's, or delta-rs' own every 100 commits) cleaned the
+                # log up past the target: no RESTORE can reach it now. Anything else is a real failure.
+                if target >= self.last_checkpoint():
+                    raise
+        with self.checkpoints:  # the other lane's checkpoint fault waits: the target stays in the log
+            self.alongside_a_job(rng, restore_now)
+        return bool(reached)
 
     def cleanup_during_ingest(self, rng: random.Random) -> bool:
         def clean():
@@ -384,6 +419,57 @@ class Chaos:
             if Path(self.cfg.quarantine_path, "_delta_log").is_dir():
                 cleanup(self.cfg.quarantine_path, 60)
         self.alongside_a_job(rng, clean)
+        return True
+
+    def last_checkpoint(self) -> int:
+        marker = Path(self.cfg.table_path, "_delta_log", "_last_checkpoint")
+        return json.loads(marker.read_text())["version"] if marker.exists() else 0
+
+    def compact(self) -> None:
+        cfg = self.cfg
+        optimize(cfg.table_path, cfg.name, table_schema(cfg), cfg.table.partition_by, cfg.maintenance.target_file_mb)
+
+    def optimize_during(self, rng: random.Random, command: str) -> bool:
+        """Compaction commits beside a job that commits too: both must land exactly once, or stand down."""
+        if not Path(self.cfg.table_path, "_delta_log").is_dir():
+            return False
+        args: tuple[str, ...] = ()
+        if command == "stream":
+            args = ("--interval", "0.5", "--max-seconds", f"{rng.uniform(5, 15):.1f}")
+        elif command == "backfill":
+            span = self.committed_span(rng)
+            if span is None:
+                return False
+            args = ("--ranges", span)
+        job = self.start(command, *args)
+        time.sleep(rng.uniform(0.5, 6.0))
+        self.compact()
+        self.finish(job)
+        return True
+
+    def vacuum_during_ingest(self, rng: random.Random) -> bool:
+        if not Path(self.cfg.table_path, "_delta_log").is_dir():
+            return False
+        self.alongside_a_job(rng, lambda: vacuum(self.cfg.table_path, self.cfg.name, retention_hours=1))
+        return True
+
+    def checkpoint_during_ingest(self, rng: random.Random) -> bool:
+        """A checkpoint, then log clean-up: commit files older than the table's (short) log retention and
+        older than the checkpoint are deleted while an ingest reads the ledger and commits."""
+        if not Path(self.cfg.table_path, "_delta_log").is_dir():
+            return False
+
+        def checkpoint_now():
+            for _ in range(10):  # the property change is a commit: it can lose a race with a batch
+                try:
+                    DeltaTable(self.cfg.table_path).alter.set_table_properties(
+                        {"delta.logRetentionDuration": LOG_RETENTION})
+                    break
+                except CommitFailedError:
+                    time.sleep(0.2)
+            checkpoint(self.cfg.table_path)
+        with self.checkpoints:
+            self.alongside_a_job(rng, checkpoint_now)
         return True
 
     def inject(self, rng: random.Random, kind: str) -> bool:
@@ -395,8 +481,11 @@ class Chaos:
             return self.zombie(rng, kind.removeprefix("zombie@"))
         if kind.startswith("restore"):
             return self.restore(rng, "delta-rs" if "delta-rs" in kind else "offsetlake")
+        if kind.startswith("optimize during "):
+            return self.optimize_during(rng, kind.split()[-1])
         return {"duplicate runs": self.duplicate_runs, "broker restart": self.broker_restart,
-                "cleanup during ingest": self.cleanup_during_ingest}[kind](rng)
+                "cleanup during ingest": self.cleanup_during_ingest, "vacuum during ingest": self.vacuum_during_ingest,
+                "checkpoint during ingest": self.checkpoint_during_ingest}[kind](rng)
 
     # -- checks --------------------------------------------------------------------------------------
 

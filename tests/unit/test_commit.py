@@ -84,11 +84,13 @@ def test_data_offsets_and_metadata_land_in_one_version(table):
 
 def test_a_retry_of_a_committed_batch_writes_nothing_and_its_files_go(table):
     first, retry = new_attempt_id(), new_attempt_id()
-    with attempt_files(first, table) as kept:
+    with attempt_files(first, table) as files:
         f1 = data_file(table, first, 0, 10)
-        kept[table] = commit(table, ingest_change(table, plan(1, 0, 10, None), first, [f1]), "batch 1").added_paths()
-    with attempt_files(retry, table) as kept:  # the zombie: same batch, planned from the same ledger
+        files.written[table].add(f1.path)
+        files.kept[table] = commit(table, ingest_change(table, plan(1, 0, 10, None), first, [f1]), "b1").added_paths()
+    with attempt_files(retry, table) as files:  # the zombie: same batch, planned from the same ledger
         f2 = data_file(table, retry, 0, 10)
+        files.written[table].add(f2.path)
         outcome = commit(table, ingest_change(table, plan(1, 0, 10, None), retry, [f2]), "batch 1")
 
     assert isinstance(outcome, Settled) and outcome.status == "already_committed"
@@ -167,19 +169,36 @@ def test_an_error_before_anything_landed_is_raised(table, monkeypatch):
     assert DeltaTable(table).version() == 0
 
 
-def test_attempt_files_removes_only_this_attempts_unkept_files(table):
+def files_on_disk(table: str) -> list[str]:
+    return sorted(str(p.relative_to(table)) for p in Path(table).rglob("*.parquet"))
+
+
+def test_attempt_files_deletes_what_the_attempt_wrote_and_no_commit_kept(table):
     mine, other = new_attempt_id(), new_attempt_id()
     kept_file = write_file(table, f"a/part-1-{mine}-t00000-a1-000.zstd.parquet", pa.table({"x": [1]}), {})
-    write_file(table, f"a/part-1-{mine}-t00000-a2-000.zstd.parquet", pa.table({"x": [1]}), {})  # a speculative twin
+    dropped = write_file(table, f"a/part-1-{mine}-t00001-a2-000.zstd.parquet", pa.table({"x": [1]}), {})
+    write_file(table, f"part-1-{other}-t00000-a0-000.zstd.parquet", pa.table({"x": [1]}), {})
+
+    with attempt_files(mine, table) as files:
+        files.written[table] |= {kept_file.path, dropped.path}
+        files.kept[table] = {kept_file.path}
+
+    # A few deletes by name, whatever the size of the table: no listing on the way of every batch.
+    assert files_on_disk(table) == sorted([kept_file.path, f"part-1-{other}-t00000-a0-000.zstd.parquet"])
+
+
+def test_after_an_error_every_file_of_the_attempt_is_found_by_its_id(table):
+    mine, other = new_attempt_id(), new_attempt_id()
+    kept_file = write_file(table, f"a/part-1-{mine}-t00000-a1-000.zstd.parquet", pa.table({"x": [1]}), {})
+    write_file(table, f"a/part-1-{mine}-t00000-a2-000.zstd.parquet", pa.table({"x": [1]}), {})  # never reported
     write_file(table, f"part-1-{other}-t00000-a0-000.zstd.parquet", pa.table({"x": [1]}), {})
 
     with pytest.raises(RuntimeError):
-        with attempt_files(mine, table) as kept:
-            kept[table] = {kept_file.path}
-            raise RuntimeError("the job failed after committing")
+        with attempt_files(mine, table) as files:
+            files.kept[table] = {kept_file.path}
+            raise RuntimeError("the Spark job failed half-way")
 
-    left = sorted(str(p.relative_to(table)) for p in Path(table).rglob("*.parquet"))
-    assert left == sorted([kept_file.path, f"part-1-{other}-t00000-a0-000.zstd.parquet"])
+    assert files_on_disk(table) == sorted([kept_file.path, f"part-1-{other}-t00000-a0-000.zstd.parquet"])
 
 
 def offsetlake_commits(uri: str) -> list[CommitMetadata]:

@@ -135,3 +135,51 @@ def test_metadata_is_written_and_read_by_one_definition():
     assert CommitMetadata.parse("not json, \"pipeline\"") is None
     entry = HistoryEntry(7, 1, "WRITE", parsed)
     assert entry.as_dict()["from"] == {"t": {"0": 5}} and entry.as_dict()["version"] == 7
+
+
+def history_reads(monkeypatch) -> list:
+    """Record how many commits each history read asks delta-rs for (None: the whole log)."""
+    from offsetlake import ledger
+    asked, real = [], ledger._latest_history
+
+    def spy(uri, limit):
+        asked.append(limit)
+        return real(uri, limit)
+    monkeypatch.setattr(ledger, "_latest_history", spy)
+    return asked
+
+
+def test_reading_the_ledger_reads_only_the_newest_commits_however_old_the_table(table, monkeypatch):
+    for batch in range(1, 41):
+        ledger_commit(table, batch, {("t", 0): batch * 10})
+    asked = history_reads(monkeypatch)
+
+    ledger = read_ledger(DeltaTable(table), "p", TPS)
+
+    assert ledger.offsets == {("t", 0): 400}
+    assert asked == [8]  # the newest commit is the pipeline's: one first page, never the 41 commits
+
+
+def test_a_restore_behind_many_other_commits_is_still_found(table, monkeypatch):
+    ledger_commit(table, 1, {("t", 0): 10})  # v1
+    ledger_commit(table, 2, {("t", 0): 20})  # v2
+    DeltaTable(table).restore(1)  # v3
+    for _ in range(40):  # another writer keeps committing after the restore
+        other_write(table)
+    asked = history_reads(monkeypatch)
+
+    assert read_ledger(DeltaTable(table), "p", TPS).offsets == {("t", 0): 10}
+    assert asked[:3] == [8, 32, 128]  # pages grow until the pipeline's last commit is reached
+
+
+def test_history_with_a_limit_reads_only_as_far_back_as_it_needs(table, monkeypatch):
+    for batch in range(1, 31):
+        ledger_commit(table, batch, {("t", 0): batch})
+        other_write(table)
+    asked = history_reads(monkeypatch)
+
+    newest = pipeline_history(DeltaTable(table), "p", limit=3)
+
+    assert [h.meta.batch for h in newest] == [28, 29, 30]
+    assert None not in asked and max(asked) <= 8
+    assert [h.meta.batch for h in pipeline_history(DeltaTable(table), "p")] == list(range(1, 31))

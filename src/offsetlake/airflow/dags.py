@@ -136,8 +136,39 @@ def recovery_dag(cfg: PipelineConfig) -> DAG:
     return dag
 
 
+def maintenance_dag(cfg: PipelineConfig) -> DAG:
+    settings = cfg.maintenance
+    columns = [c for c in cfg.column_names() if c not in cfg.table.partition_by]
+    params = {
+        "pipeline": Param(cfg.name, type="string", enum=[cfg.name]),
+        "optimize": Param(True, type="boolean", description="compact small files (dataChange=false)"),
+        "target_file_mb": Param(settings.target_file_mb, type="integer", minimum=1, maximum=4096),
+        "zorder_by": Param(list(settings.zorder_by), type="array", items={"type": "string", "enum": columns},
+                           description="columns each compacted file is sorted by along a Z-order curve"),
+        "vacuum": Param(True, type="boolean", description="delete files removed longer ago than the retention"),
+        "vacuum_retention_hours": Param(settings.deleted_file_retention_hours, type="integer", minimum=1,
+                                        description="time travel and RESTORE keep working this far back"),
+        "checkpoint": Param(True, type="boolean", description="Delta checkpoint, then log clean-up"),
+    }
+    with _dag(cfg, "maintenance", schedule="@daily", params=params,
+              description=f"Optimize, vacuum and checkpoint {cfg.table_path} and its quarantine") as dag:
+        @task(task_id="validate")
+        def validate(params) -> dict:
+            from offsetlake.airflow.forms import maintenance_args
+            return maintenance_args(cfg, dict(params))
+
+        args = validate()
+        pull = "{{{{ ti.xcom_pull(task_ids='validate')['{}'] }}}}".format
+        step = OffsetlakeOperator(task_id="maintenance", pipeline=cfg.name, command="maintain", arguments=[
+            "--optimize", pull("optimize"), "--vacuum", pull("vacuum"), "--checkpoint", pull("checkpoint"),
+            "--retention-hours", pull("retention_hours"), "--target-file-mb", pull("target_file_mb"),
+            "--zorder-by", pull("zorder_by")])
+        args >> step
+    return dag
+
+
 def pipeline_dags(cfg: PipelineConfig) -> list[DAG]:
-    return [ingest_dag(cfg), stream_dag(cfg), backfill_dag(cfg), recovery_dag(cfg)]
+    return [ingest_dag(cfg), stream_dag(cfg), backfill_dag(cfg), recovery_dag(cfg), maintenance_dag(cfg)]
 
 
 def build_dags(directory: str | Path | None = None) -> dict[str, DAG]:

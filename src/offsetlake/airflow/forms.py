@@ -117,3 +117,28 @@ def recovery_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
         offsets.append(f"{item['topic']}:{partition}={offset}")
     args.update(reset_offsets=",".join(offsets), reason=reason)
     return args
+
+
+def maintenance_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
+    """Arguments for jobs/maintenance.py, as strings, from the maintenance form."""
+    from offsetlake.maintenance import MIN_VACUUM_RETENTION_HOURS
+    check_pipeline(cfg, conf)
+    flags = {}
+    for key in ("optimize", "vacuum", "checkpoint"):
+        value = conf.get(key, True)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        flags[key] = str(value).lower()
+    if flags == {"optimize": "false", "vacuum": "false", "checkpoint": "false"}:
+        raise ConfigError("nothing to do: set optimize, vacuum or checkpoint")
+    settings = cfg.maintenance
+    retention = _integer(conf.get("vacuum_retention_hours", settings.deleted_file_retention_hours),
+                         "vacuum_retention_hours", minimum=1)
+    if retention < MIN_VACUUM_RETENTION_HOURS:
+        raise ConfigError(f"vacuum_retention_hours must be at least {MIN_VACUUM_RETENTION_HOURS} (the clean-up window)")
+    target = _integer(conf.get("target_file_mb", settings.target_file_mb), "target_file_mb", minimum=1)
+    zorder = conf.get("zorder_by", list(settings.zorder_by)) or []
+    columns = [c for c in cfg.column_names() if c not in cfg.table.partition_by]
+    if not isinstance(zorder, list) or any(c not in columns for c in zorder):
+        raise ConfigError(f"zorder_by must be a list of data columns of the table: {columns}")
+    return {**flags, "retention_hours": str(retention), "target_file_mb": str(target), "zorder_by": ",".join(zorder)}

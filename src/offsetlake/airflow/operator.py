@@ -24,14 +24,15 @@ from offsetlake.config import project_home
 from offsetlake.spark import spark_conf
 
 # command -> jobs/<file>.py; each job file runs `offsetlake <command>`.
-JOBS = {"ingest": "ingest", "stream": "stream", "backfill": "backfill", "recover": "recovery"}
+JOBS = {"ingest": "ingest", "stream": "stream", "backfill": "backfill", "recover": "recovery",
+        "maintain": "maintenance"}
 
 
 class OffsetlakeOperator(SparkSubmitOperator):
     """Run `offsetlake <command> --pipeline <pipeline> <arguments>` through spark-submit.
 
     :param pipeline: the pipeline's name (include/pipelines/<pipeline>.yaml). (templated)
-    :param command: ``ingest``, ``stream``, ``backfill`` or ``recover``.
+    :param command: ``ingest``, ``stream``, ``backfill``, ``recover`` or ``maintain``.
     :param arguments: further arguments of that command, e.g. ``["--ranges", "t:0:0-100"]``;
         pass only what a validation task has normalised. (templated)
     :param conn_id: the Spark connection: master (``local[*]``, ``spark://host:7077``, ``yarn``,

@@ -1,0 +1,151 @@
+"""make soak: does a batch cost the same on a table a year old as on a new one?
+
+20,000 small commits through the real commit path (`batch.commit_batch`: the ledger
+read with RESTORE detection, the verdict, the quarantine check, one Delta commit
+with data, txn actions and userMetadata, attempt clean-up), each adding a file of
+a few rows, as a stream at a short interval does. Kafka and Spark are left out on
+purpose: reading a few records costs the same on any day; what could grow with the
+table's age is the table load, the ledger and history reads and the commit. Two
+tables side by side, one with the maintenance a stream does (compaction every
+`compact_every_batches`, checkpoints at the table's interval, and a daily-style
+optimize + checkpoint at the end) and one with none.
+
+Printed: the latency of a small batch around commit 100, 1,000, 10,000 and 20,000
+(median of the 50 commits up to there; target: the last within +10% of the first),
+the file count and the time to read the whole table with and without maintenance,
+and the peak memory of this process.
+
+    python tests/benchmarks/bench_soak.py [--commits 20000] [--workdir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+
+from offsetlake.batch import BatchResult, StreamCompaction, TaskFiles, commit_batch  # noqa: E402
+from offsetlake.commit import attempt_files, new_attempt_id  # noqa: E402
+from offsetlake.compaction import optimize  # noqa: E402
+from offsetlake.config import parse_pipeline  # noqa: E402
+from offsetlake.files import attempt_file_name, write_files  # noqa: E402
+from offsetlake.formats import table_schema  # noqa: E402
+from offsetlake.ledger import read_ledger  # noqa: E402
+from offsetlake.maintenance import checkpoint  # noqa: E402
+from offsetlake.metadata import Run  # noqa: E402
+from offsetlake.planning import BatchPlan  # noqa: E402
+from offsetlake.quarantine import WrittenFile  # noqa: E402
+from offsetlake.reader import OffsetRange  # noqa: E402
+from offsetlake.table import open_table, query  # noqa: E402
+
+TOPIC, PARTITIONS, RECORDS_PER_BATCH = "soak", 4, 8
+MARKS = (100, 1_000, 10_000, 20_000)
+WINDOW = 50
+
+
+def pipeline(workdir: Path, name: str, compact_every: int):
+    doc = {"name": name, "topics": [TOPIC], "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+           "table": {"path": str(workdir / name)}, "format": {"type": "raw"},
+           "maintenance": {"compact_every_batches": compact_every}}
+    return parse_pipeline(doc, name)
+
+
+def one_batch(cfg, run: Run, number: int) -> tuple[float, set[str]]:
+    """One small batch, committed as ingest commits it: the plan from the ledger, a file of a few rows."""
+    started = time.perf_counter()
+    table = open_table(cfg.table_path, table_schema(cfg), [], cfg.name, properties=cfg.maintenance.table_properties())
+    tps = [(TOPIC, p) for p in range(PARTITIONS)]
+    ledger = read_ledger(table, cfg.name, tps)
+    p = number % PARTITIONS
+    start = ledger.offsets.get((TOPIC, p), 0)
+    plan = BatchPlan(cfg.name, ledger.next_batch(), {tp: ledger.offsets.get(tp, 0) for tp in tps},
+                     {tp: ledger.offsets.get(tp, 0) + (RECORDS_PER_BATCH if tp == (TOPIC, p) else 0) for tp in tps},
+                     ledger_offsets={tp: ledger.offsets.get(tp) for tp in tps})
+    rng = OffsetRange(TOPIC, p, start, start + RECORDS_PER_BATCH)
+    rows = pa.table({"key": [b"k"] * RECORDS_PER_BATCH, "value": [b"soak value"] * RECORDS_PER_BATCH,
+                     "kafka_topic": [TOPIC] * RECORDS_PER_BATCH,
+                     "kafka_partition": pa.array([p] * RECORDS_PER_BATCH, pa.int32()),
+                     "kafka_offset": pa.array(range(start, start + RECORDS_PER_BATCH), pa.int64()),
+                     "kafka_timestamp": pa.array([1_700_000_000_000] * RECORDS_PER_BATCH, pa.timestamp("ms", tz="UTC"))},
+                    schema=table_schema(cfg))
+    attempt = new_attempt_id()
+    with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as files_of_attempt:
+        files = write_files(cfg.table_path, rows, [], lambda part: attempt_file_name(plan.batch, attempt, 0, 0, part))
+        result = commit_batch(cfg, plan, attempt, TaskFiles(RECORDS_PER_BATCH, [WrittenFile(rng, f) for f in files], []),
+                              run, files_of_attempt, snapshot=table)
+    assert result.status == "committed", result.message
+    return time.perf_counter() - started, result.files
+
+
+def soak(cfg, commits: int, maintained: bool, log) -> dict:
+    run = Run.here()
+    tidy = StreamCompaction(cfg, run) if maintained else None
+    latencies: list[float] = []
+    marks = {}
+    for n in range(1, commits + 1):
+        seconds, files = one_batch(cfg, run, n)
+        latencies.append(seconds)
+        if tidy is not None:
+            tidy.after(BatchResult("committed", n, files=files))
+        if n in MARKS or n == commits:
+            marks[n] = statistics.median(latencies[-WINDOW:])
+            log(f"  {'maintained' if maintained else 'no maintenance':<15} commit {n:>6}: "
+                f"{marks[n] * 1000:7.1f} ms (median of the last {min(WINDOW, n)})")
+    if maintained:  # what the daily maintenance DAG adds
+        optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb, run=run)
+        checkpoint(cfg.table_path)
+    return {"marks": marks, **table_shape(cfg)}
+
+
+def table_shape(cfg) -> dict:
+    started = time.perf_counter()
+    table = open_table(cfg.table_path)
+    files = len(table.file_uris())
+    rows = query(cfg.table_path, "SELECT count(*) AS n FROM t").column(0)[0].as_py()
+    return {"files": files, "rows": rows, "read_seconds": time.perf_counter() - started,
+            "log_files": len(list(Path(cfg.table_path, "_delta_log").iterdir()))}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commits", type=int, default=20_000)
+    parser.add_argument("--workdir", type=Path)
+    args = parser.parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="offsetlake-soak-"))
+    log = lambda *a: print(*a, flush=True)  # noqa: E731
+    log(f"soak: {args.commits} commits of {RECORDS_PER_BATCH} records per table, in {workdir}")
+    results = {}
+    for maintained in (True, False):
+        cfg = pipeline(workdir, "soak_maintained" if maintained else "soak_plain", compact_every=50 if maintained else 0)
+        results[maintained] = soak(cfg, args.commits, maintained, log)
+    first, last = min(results[True]["marks"]), max(results[True]["marks"])
+    growth = results[True]["marks"][last] / results[True]["marks"][first] - 1
+    log("\nsmall-batch latency (median of 50 commits), maintained table:")
+    for n, seconds in results[True]["marks"].items():
+        log(f"  commit {n:>6}: {seconds * 1000:7.1f} ms")
+    log(f"commit {last} vs commit {first}: {growth:+.1%} (target: within +10%) -> "
+        f"{'met' if growth <= 0.10 else 'NOT met'}")
+    plain = results[False]["marks"]
+    log(f"without maintenance: commit {max(plain)} vs {min(plain)}: {plain[max(plain)] / plain[min(plain)] - 1:+.1%}")
+    for label, key in (("maintained", True), ("no maintenance", False)):
+        r = results[key]
+        log(f"{label:<15} data files {r['files']:>6}, log files {r['log_files']:>6}, rows {r['rows']:>7}, "
+            f"full read {r['read_seconds'] * 1000:8.1f} ms")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    log(f"peak memory of this process: {peak:.0f} MB")
+    if not args.workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
