@@ -16,6 +16,7 @@ detection, the pipeline's last ledger commit, usually the newest commit.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass, field
 
@@ -56,7 +57,22 @@ class Ledger:
 
 
 def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
-    """The ledger as the next batch must see it, rewound if a RESTORE requires it."""
+    """The ledger as the next batch must see it, rewound if a RESTORE requires it.
+
+    A version's ledger never changes (a RESTORE is a new version), so it is read once per
+    version: the batch's commit re-checks the snapshot its plan read without reading again."""
+    key = (table.table_uri, table.version(), pipeline, tuple(tps))
+    if key not in _LEDGERS:
+        if len(_LEDGERS) >= 64:
+            _LEDGERS.pop(next(iter(_LEDGERS)))
+        _LEDGERS[key] = _read_ledger(table, pipeline, tps)
+    return dataclasses.replace(_LEDGERS[key], offsets=dict(_LEDGERS[key].offsets))
+
+
+_LEDGERS: dict[tuple, Ledger] = {}
+
+
+def _read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     current = _txn_state(table, pipeline, tps)
     history = commit_history(table, until=_ledger_commit_of(pipeline))
     restore = find_unrecorded_restore(history, pipeline, table.version(), table.table_uri)

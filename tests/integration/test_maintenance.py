@@ -207,14 +207,19 @@ def test_the_ledger_survives_checkpoints_and_log_clean_up(spark, pipeline):
     assert not (log_dir / f"{1:020d}.json").exists()  # the commit files before the checkpoint are gone...
     assert (log_dir / f"{version:020d}.checkpoint.parquet").exists()  # ...the checkpoint holds the state
     assert read_ledger(DeltaTable(cfg.table_path), cfg.name, _tps(cfg)).offsets == ledger
+    # Back to a normal retention from here on (a RESTORE brings table properties back too: we restore
+    # to this version, whose ledger is the checkpoint's).
+    DeltaTable(cfg.table_path).alter.set_table_properties({"delta.logRetentionDuration": "interval 30 days"})
+    restore_to = DeltaTable(cfg.table_path).version()
     produce(cfg.kafka, topic, 400, seed=13)
     ingest(spark, cfg)  # more batches after the checkpoint
-    # A RESTORE to a version the log still holds (the checkpoint's) is detected: the ledger rewinds to it,
-    # and the next ingest reads those offsets again into the restored table.
-    DeltaTable(cfg.table_path).restore(version)
+    # A RESTORE to a version the log still holds is detected: the ledger rewinds to it, and the next
+    # ingest reads those offsets again into the restored table.
+    DeltaTable(cfg.table_path).restore(restore_to)
     assert read_ledger(DeltaTable(cfg.table_path), cfg.name, _tps(cfg)).offsets == ledger
     ingest(spark, cfg)
-    assert pipeline_commits(cfg)[-1].meta.rewind is not None
+    rewinds = [h.meta.rewind for h in pipeline_commits(cfg) if h.meta.rewind]
+    assert [r.restored_version for r in rewinds] == [restore_to]  # the first batch after the RESTORE says so
     assert_exactly_once(cfg)
 
 
