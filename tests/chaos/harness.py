@@ -304,15 +304,20 @@ class Chaos:
         job.kill()  # whatever the driver left behind (its JVM) goes with its group
         return rc == -signal.SIGKILL
 
-    def kill_random(self, rng: random.Random, command: str) -> bool:
-        args: tuple[str, ...] = ()
+    def job_args(self, rng: random.Random, command: str, stream_seconds: float | None = None) -> tuple[str, ...] | None:
+        """Arguments for an ingest, a stream (bounded when asked) or a backfill of a committed span;
+        None when the job cannot run yet (no committed span to backfill)."""
         if command == "stream":
-            args = ("--interval", "0.5")
-        elif command == "backfill":
+            return ("--interval", "0.5", *(("--max-seconds", f"{stream_seconds:.1f}") if stream_seconds else ()))
+        if command == "backfill":
             span = self.committed_span(rng)
-            if span is None:
-                return False
-            args = ("--ranges", span)
+            return None if span is None else ("--ranges", span)
+        return ()
+
+    def kill_random(self, rng: random.Random, command: str) -> bool:
+        args = self.job_args(rng, command)
+        if args is None:
+            return False
         job = self.start(command, *args)
         if job.wait(rng.uniform(0.5, 10.0)) is not None:
             self.finish(job)
@@ -431,16 +436,9 @@ class Chaos:
 
     def optimize_during(self, rng: random.Random, command: str) -> bool:
         """Compaction commits beside a job that commits too: both must land exactly once, or stand down."""
-        if not Path(self.cfg.table_path, "_delta_log").is_dir():
+        args = self.job_args(rng, command, stream_seconds=rng.uniform(5, 15))
+        if args is None or not Path(self.cfg.table_path, "_delta_log").is_dir():
             return False
-        args: tuple[str, ...] = ()
-        if command == "stream":
-            args = ("--interval", "0.5", "--max-seconds", f"{rng.uniform(5, 15):.1f}")
-        elif command == "backfill":
-            span = self.committed_span(rng)
-            if span is None:
-                return False
-            args = ("--ranges", span)
         job = self.start(command, *args)
         time.sleep(rng.uniform(0.5, 6.0))
         self.compact()

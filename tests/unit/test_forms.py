@@ -64,3 +64,16 @@ def test_recovery_arguments():
 def test_bad_recovery_forms_are_refused(conf, message):
     with pytest.raises(ConfigError, match=message):
         recovery_args(CFG, conf)
+
+
+def test_maintenance_form_normalises_and_refuses():
+    from offsetlake.airflow.forms import maintenance_args
+    cfg = CFG
+    args = maintenance_args(cfg, {"optimize": True, "vacuum": False, "checkpoint": True, "vacuum_retention_hours": 48,
+                                  "target_file_mb": 64, "zorder_by": ["kafka_offset"]})
+    assert args == {"optimize": "true", "vacuum": "false", "checkpoint": "true", "retention_hours": "48",
+                    "target_file_mb": "64", "zorder_by": "kafka_offset"}
+    for bad, why in [({"vacuum_retention_hours": 0}, "vacuum_retention_hours"), ({"zorder_by": ["kafka_nope"]}, "zorder_by"),
+                     ({"optimize": "yes"}, "optimize"), ({"optimize": False, "vacuum": False, "checkpoint": False}, "nothing")]:
+        with pytest.raises(ConfigError, match=why):
+            maintenance_args(cfg, bad)

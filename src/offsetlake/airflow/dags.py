@@ -122,18 +122,23 @@ def recovery_dag(cfg: PipelineConfig) -> DAG:
     }
     with _dag(cfg, "recovery", schedule="@daily", params=params,
               description=f"Audit {cfg.name} against Kafka; repair, clean up or reset when asked") as dag:
-        @task(task_id="validate")
-        def validate(params) -> dict:
-            from offsetlake.airflow.forms import recovery_args
-            return recovery_args(cfg, dict(params))
-
-        args = validate()
-        pull = "{{{{ ti.xcom_pull(task_ids='validate')['{}'] }}}}".format
-        step = OffsetlakeOperator(task_id="recovery", pipeline=cfg.name, command="recover", arguments=[
-            "--repair", pull("repair"), "--cleanup", pull("cleanup"), "--older-than", pull("older_than"),
-            "--reset-offsets", pull("reset_offsets"), "--reason", pull("reason")])
-        args >> step
+        validated_step(cfg, "recovery_args", "recovery", "recover", {
+            "--repair": "repair", "--cleanup": "cleanup", "--older-than": "older_than",
+            "--reset-offsets": "reset_offsets", "--reason": "reason"})
     return dag
+
+
+def validated_step(cfg: PipelineConfig, form: str, task_id: str, command: str, flags: dict[str, str]) -> None:
+    """A `validate` task running `forms.<form>` on the trigger form, then the Spark step, whose arguments are
+    the flags with the values `validate` normalised (pulled from its XCom): nothing typed reaches it raw."""
+    @task(task_id="validate")
+    def validate(params) -> dict:
+        from offsetlake.airflow import forms
+        return getattr(forms, form)(cfg, dict(params))
+
+    pull = "{{{{ ti.xcom_pull(task_ids='validate')['{}'] }}}}".format
+    arguments = [item for flag, key in flags.items() for item in (flag, pull(key))]
+    validate() >> OffsetlakeOperator(task_id=task_id, pipeline=cfg.name, command=command, arguments=arguments)
 
 
 def maintenance_dag(cfg: PipelineConfig) -> DAG:
@@ -152,18 +157,9 @@ def maintenance_dag(cfg: PipelineConfig) -> DAG:
     }
     with _dag(cfg, "maintenance", schedule="@daily", params=params,
               description=f"Optimize, vacuum and checkpoint {cfg.table_path} and its quarantine") as dag:
-        @task(task_id="validate")
-        def validate(params) -> dict:
-            from offsetlake.airflow.forms import maintenance_args
-            return maintenance_args(cfg, dict(params))
-
-        args = validate()
-        pull = "{{{{ ti.xcom_pull(task_ids='validate')['{}'] }}}}".format
-        step = OffsetlakeOperator(task_id="maintenance", pipeline=cfg.name, command="maintain", arguments=[
-            "--optimize", pull("optimize"), "--vacuum", pull("vacuum"), "--checkpoint", pull("checkpoint"),
-            "--retention-hours", pull("retention_hours"), "--target-file-mb", pull("target_file_mb"),
-            "--zorder-by", pull("zorder_by")])
-        args >> step
+        validated_step(cfg, "maintenance_args", "maintenance", "maintain", {
+            "--optimize": "optimize", "--vacuum": "vacuum", "--checkpoint": "checkpoint",
+            "--retention-hours": "retention_hours", "--target-file-mb": "target_file_mb", "--zorder-by": "zorder_by"})
     return dag
 
 

@@ -72,7 +72,7 @@ def up() -> None:
     print(f"""
 first ingest run: {state}
 Airflow UI:   {env['AIRFLOW__API__BASE_URL']}   login: {stack.USER} / {stack.password(home)}
-DAGs:         offsetlake__{PIPELINE}__ingest (hourly), __stream (micro-batches), __backfill (trigger form), __recovery (daily audit)
+DAGs:         offsetlake__{PIPELINE}__ingest (hourly), __stream (micro-batches), __backfill (trigger form), __recovery (daily audit), __maintenance (daily optimize, vacuum, checkpoint)
 Delta table:  {cfg.table_path}
 quarantine:   {cfg.quarantine_path}
 broker:       127.0.0.1:{BROKER_PORT} (topic {', '.join(cfg.topics)})
