@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import threading
 from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
@@ -62,14 +63,20 @@ def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     A version's ledger never changes (a RESTORE is a new version), so it is read once per
     version: the batch's commit re-checks the snapshot its plan read without reading again."""
     key = (table.table_uri, table.version(), pipeline, tuple(tps))
-    if key not in _LEDGERS:
-        if len(_LEDGERS) >= 64:
-            _LEDGERS.pop(next(iter(_LEDGERS)))
-        _LEDGERS[key] = _read_ledger(table, pipeline, tps)
-    return dataclasses.replace(_LEDGERS[key], offsets=dict(_LEDGERS[key].offsets))
+    with _LEDGERS_LOCK:
+        ledger = _LEDGERS.get(key)
+    if ledger is None:
+        ledger = _read_ledger(table, pipeline, tps)
+        with _LEDGERS_LOCK:
+            _LEDGERS[key] = ledger
+            while len(_LEDGERS) > MAX_CACHED_LEDGERS:
+                _LEDGERS.pop(next(iter(_LEDGERS)))  # the oldest first
+    return dataclasses.replace(ledger, offsets=dict(ledger.offsets))
 
 
+MAX_CACHED_LEDGERS = 64
 _LEDGERS: dict[tuple, Ledger] = {}
+_LEDGERS_LOCK = threading.Lock()
 
 
 def _read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
@@ -216,15 +223,21 @@ def _to_epoch_ms(value) -> int:
     return int(parsed.timestamp() * 1000)
 
 
-def pipeline_history(table: DeltaTable, pipeline: str, limit: int | None = None) -> list[HistoryEntry]:
-    """The pipeline's commits, oldest first: all of them, or the newest `limit` (reading no further back)."""
-    for entries, complete in _pages(table, whole=not limit):
+def pipeline_history(table: DeltaTable, pipeline: str, limit: int | None = None,
+                     since_ms: int | None = None) -> list[HistoryEntry]:
+    """The pipeline's commits, oldest first: all of them, the newest `limit`, or those made since
+    `since_ms` (epoch ms), reading the log no further back than that."""
+    bounded = bool(limit) or since_ms is not None
+    for entries, complete in _pages(table, whole=not bounded):
         rows = []
         for entry in entries:
+            if since_ms is not None and entry["timestamp"] < since_ms:
+                complete = True
+                break
             meta = CommitMetadata.parse(entry.get("userMetadata"))
             if meta and meta.pipeline == pipeline:
                 rows.append(HistoryEntry(entry["version"], entry["timestamp"], entry.get("operation"), meta))
-        if complete or len(rows) >= (limit or 0):
+        if complete or (limit and len(rows) >= limit):
             return rows[:limit][::-1]
     raise AssertionError("unreachable: the last page is complete")
 

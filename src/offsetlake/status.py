@@ -78,8 +78,10 @@ def format_history(rows: list[HistoryEntry]) -> str:
     return "\n".join(lines)
 
 
-def commits_of_task_try(pipeline: str, dag_id: str, run_id: str, try_number: int | None) -> dict:
-    """What one Airflow task try committed to the pipeline's table, read back from the table history.
+def commits_of_task_try(pipeline: str, dag_id: str, run_id: str, try_number: int | None,
+                        started_ms: int | None = None) -> dict:
+    """What one Airflow task try committed to the pipeline's table, read back from the table history
+    (newest first, no further back than `started_ms`, when the try started).
 
     JSON-ready (it travels as XCom): the versions, kinds, rows, and the ranges merged per
     partition from the first start to the last end (consecutive ingest batches tile them).
@@ -87,7 +89,7 @@ def commits_of_task_try(pipeline: str, dag_id: str, run_id: str, try_number: int
     from offsetlake.config import load_pipeline
     cfg = load_pipeline(pipeline)
     try:
-        entries = pipeline_history(open_table(cfg.table_path), pipeline)
+        entries = pipeline_history(open_table(cfg.table_path), pipeline, since_ms=started_ms)
     except Exception as err:
         if not _is_missing_table(err):
             raise

@@ -183,3 +183,18 @@ def test_history_with_a_limit_reads_only_as_far_back_as_it_needs(table, monkeypa
     assert [h.meta.batch for h in newest] == [28, 29, 30]
     assert None not in asked and max(asked) <= 8
     assert [h.meta.batch for h in pipeline_history(DeltaTable(table), "p")] == list(range(1, 31))
+
+
+def test_history_since_a_moment_reads_no_further_back(table, monkeypatch):
+    for batch in range(1, 41):
+        ledger_commit(table, batch, {("t", 0): batch})
+    time.sleep(0.05)
+    since = int(time.time() * 1000)
+    ledger_commit(table, 41, {("t", 0): 41})
+    ledger_commit(table, 42, {("t", 0): 42})
+    asked = history_reads(monkeypatch)
+
+    recent = pipeline_history(DeltaTable(table), "p", since_ms=since)
+
+    assert [h.meta.batch for h in recent] == [41, 42]
+    assert asked == [8]

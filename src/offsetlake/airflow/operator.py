@@ -16,6 +16,7 @@ which job to submit and how to read back what the job committed:
 """
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any, Sequence
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -23,6 +24,8 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from offsetlake.config import project_home
 from offsetlake.spark import spark_conf
 
+# Commit timestamps come from the writer's clock (the Spark driver's host): read back a little earlier.
+CLOCK_SKEW_MS = 5 * 60 * 1000
 # command -> jobs/<file>.py; each job file runs `offsetlake <command>`.
 JOBS = {"ingest": "ingest", "stream": "stream", "backfill": "backfill", "recover": "recovery",
         "maintain": "maintenance"}
@@ -62,9 +65,11 @@ class OffsetlakeOperator(SparkSubmitOperator):
         self.application_args = ["--pipeline", self.pipeline, "--dag-id", ti.dag_id, "--run-id", ti.run_id,
                                  "--try-number", str(ti.try_number), *self.arguments]
         self.conf = {**spark_conf(self._master()), **(self.conf or {})}
+        started = dt.datetime.now(dt.timezone.utc)
         super().execute(context)
         from offsetlake.status import commits_of_task_try  # reads Delta: only in the process that runs the task
-        return commits_of_task_try(self.pipeline, ti.dag_id, ti.run_id, ti.try_number)
+        since = int(started.timestamp() * 1000) - CLOCK_SKEW_MS
+        return commits_of_task_try(self.pipeline, ti.dag_id, ti.run_id, ti.try_number, since)
 
     def _master(self) -> str:
         """The connection's master, as the Spark provider reads it (it defaults to yarn)."""
