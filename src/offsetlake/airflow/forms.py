@@ -83,15 +83,21 @@ def _range(cfg: PipelineConfig, item, index: int) -> OffsetRange:
     return OffsetRange(topic, partition, start, end)
 
 
-def recovery_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
-    """Arguments for jobs/recovery.py, as strings, from the recovery form."""
-    check_pipeline(cfg, conf)
+def _flags(conf: dict, keys: tuple[str, ...], default: bool) -> dict[str, bool]:
+    """The form's switches: each must be a real boolean (never "yes" or 1)."""
     flags = {}
-    for key in ("repair", "cleanup", "reset"):
-        value = conf.get(key, False)
+    for key in keys:
+        value = conf.get(key, default)
         if not isinstance(value, bool):
             raise ConfigError(f"{key} must be true or false, got {value!r}")
         flags[key] = value
+    return flags
+
+
+def recovery_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
+    """Arguments for jobs/recovery.py, as strings, from the recovery form."""
+    check_pipeline(cfg, conf)
+    flags = _flags(conf, ("repair", "cleanup", "reset"), default=False)
     older = _integer(conf.get("cleanup_older_than_seconds", 3600), "cleanup_older_than_seconds", minimum=60)
     args = {"repair": str(flags["repair"]).lower(), "cleanup": str(flags["cleanup"]).lower(),
             "older_than": str(older), "reset_offsets": "", "reason": ""}
@@ -123,14 +129,10 @@ def maintenance_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
     """Arguments for jobs/maintenance.py, as strings, from the maintenance form."""
     from offsetlake.maintenance import MIN_VACUUM_RETENTION_HOURS
     check_pipeline(cfg, conf)
-    flags = {}
-    for key in ("optimize", "vacuum", "checkpoint"):
-        value = conf.get(key, True)
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
-        flags[key] = str(value).lower()
-    if flags == {"optimize": "false", "vacuum": "false", "checkpoint": "false"}:
+    switches = _flags(conf, ("optimize", "vacuum", "checkpoint"), default=True)
+    if not any(switches.values()):
         raise ConfigError("nothing to do: set optimize, vacuum or checkpoint")
+    flags = {key: str(value).lower() for key, value in switches.items()}
     settings = cfg.maintenance
     retention = _integer(conf.get("vacuum_retention_hours", settings.deleted_file_retention_hours),
                          "vacuum_retention_hours", minimum=1)
