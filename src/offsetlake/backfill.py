@@ -57,10 +57,6 @@ class BackfillResult:
         return (f"backfill committed table version {self.version}: {spans}; {self.rows_removed} rows removed, "
                 f"{self.rows_added} added ({self.files_removed} files removed, {self.files_rewritten} rewritten)")
 
-    def as_dict(self) -> dict:
-        return {"status": self.status, "version": self.version, "ranges": ranges_json(self.ranges),
-                "rows_removed": self.rows_removed, "rows_added": self.rows_added}
-
 
 def parse_ranges(text: str) -> list[OffsetRange]:
     """`topic:partition:start-end[,...]` (end exclusive) from the command line."""

@@ -132,9 +132,8 @@ def commit_batch(cfg: PipelineConfig, plan: BatchPlan, attempt: str, written: Ta
     outcome = commit(cfg.table_path, decide, f"batch {plan.batch}", snapshot=snapshot)
     if not isinstance(outcome, Committed):
         return BatchResult(outcome.status, plan.batch, None, plan.ranges, rows, quarantined, outcome.reason)
-    files.kept[cfg.table_path] = outcome.added_paths()
-    return BatchResult("committed", plan.batch, outcome.version, plan.ranges, rows, quarantined,
-                       files=outcome.added_paths())
+    files.kept[cfg.table_path] = added = outcome.added_paths()
+    return BatchResult("committed", plan.batch, outcome.version, plan.ranges, rows, quarantined, files=added)
 
 
 def batch_metadata(plan: BatchPlan, attempt: str, records: Records, run: Run) -> CommitMetadata:
