@@ -195,6 +195,9 @@ def stream(spark, cfg: PipelineConfig, stop: threading.Event, interval: float | 
     parent = os.getppid()
     committed = 0
     tidy = StreamCompaction(cfg, run)
+    warning = cfg.maintenance.stream_window_warning(interval)
+    if warning:
+        log.warning("stream %s: %s", cfg.name, warning)
     while not stop.is_set():
         for result in ingest(spark, cfg, run, stop):
             if result.status == "committed":

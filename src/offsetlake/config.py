@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, model_validator
 
 from offsetlake.errors import ConfigError
 
@@ -43,6 +43,8 @@ class KafkaSettings(_Strict):
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
     client: dict[StrictStr, StrictStr | StrictInt | StrictBool] = Field(default_factory=dict)
     timeout_seconds: StrictInt = Field(default=30, gt=0)
+    # How long a retriable error (broker restart, leader change...) is retried, with backoff; 0: never.
+    retry_seconds: StrictInt = Field(default=120, ge=0)
 
     @model_validator(mode="after")
     def _no_reserved_keys(self):
@@ -107,7 +109,8 @@ class BatchSettings(_Strict):
 class MaintenanceSettings(_Strict):
     """How the table stays cheap to read and to commit to, however old it gets. See README, "Maintenance"."""
     checkpoint_interval: StrictInt = Field(default=10, gt=0)  # commits between Delta checkpoints (as Delta Spark)
-    log_retention_days: StrictInt = Field(default=30, gt=0)  # commit files older than this are removed
+    # Commit files older than this are removed; fractions allowed (0.25: six hours), at least an hour.
+    log_retention_days: StrictFloat = Field(default=30, ge=1 / 24)
     # Removed data files are kept this long (time travel, RESTORE); vacuum deletes them after.
     deleted_file_retention_hours: StrictInt = Field(default=168, ge=1)
     target_file_mb: StrictInt = Field(default=128, gt=0)  # optimize packs small files up to this size
@@ -116,10 +119,34 @@ class MaintenanceSettings(_Strict):
 
     def table_properties(self) -> dict[str, str]:
         """Delta table properties of the tables offsetlake creates."""
+        days = self.log_retention_days
+        log_retention = f"interval {int(days)} days" if days == int(days) else f"interval {round(days * 24 * 60)} minutes"
         return {"delta.checkpointInterval": str(self.checkpoint_interval),
-                "delta.logRetentionDuration": f"interval {self.log_retention_days} days",
+                "delta.logRetentionDuration": log_retention,
                 "delta.enableExpiredLogCleanup": "true",
                 "delta.deletedFileRetentionDuration": f"interval {self.deleted_file_retention_hours} hours"}
+
+    def stream_window_warning(self, interval_seconds: float) -> str | None:
+        """One line when a stream committing every `interval_seconds` would keep more commits in its log, or
+        remove more files within the deleted-file retention, than a batch can afford to pay for.
+
+        Every batch lists the commit files in `_delta_log` (on a local disk, each costs a few
+        microseconds a batch) and every checkpoint carries the files removed within the deleted-file
+        retention (its tombstones): the per-batch cost is bounded by these two windows, not by the
+        table's age, but the windows must fit the commit rate (`make soak`; README, Maintenance)."""
+        per_day = 86_400 / interval_seconds
+        commits, removed = self.log_retention_days * per_day, self.deleted_file_retention_hours / 24 * per_day
+        if max(commits, removed) <= STREAM_WINDOW_BUDGET:
+            return None
+        return (f"a stream every {interval_seconds:g} s keeps ~{commits:,.0f} commits in its log "
+                f"(maintenance.log_retention_days {self.log_retention_days:g}) and ~{removed:,.0f} removed files "
+                f"in its checkpoints (maintenance.deleted_file_retention_hours {self.deleted_file_retention_hours}); "
+                f"each batch pays for both: keep them under {STREAM_WINDOW_BUDGET:,} (README, Maintenance)")
+
+
+# Commits in the log, or files removed within the retention, that a batch pays for cheaply: ~0.2 s a batch
+# on a local disk at this size (`make soak`).
+STREAM_WINDOW_BUDGET = 20_000
 
 
 class PipelineConfig(_Strict):

@@ -7,11 +7,14 @@ Python logger instead of stderr: a down broker otherwise prints a line a second.
 from __future__ import annotations
 
 import logging
+import random
 import re
+import time
 from collections import deque
-from typing import Iterable
+from typing import Callable, Iterable, TypeVar
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import KafkaError as _KErr
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from offsetlake.config import KafkaSettings
@@ -22,6 +25,49 @@ librdkafka_log = logging.getLogger("offsetlake.librdkafka")
 
 TP = tuple[str, int]  # (topic, partition)
 AUTH_FAILURE = re.compile(r"SASL|SSL|authenticat|handshake", re.IGNORECASE)
+
+
+T = TypeVar("T")
+
+# Errors a broker restart, a leader election or a rolling upgrade cause, which the next try may not
+# meet. librdkafka marks some retriable itself; these it leaves unmarked in admin and group results.
+RETRIABLE = {_KErr._TRANSPORT, _KErr._ALL_BROKERS_DOWN, _KErr._TIMED_OUT, _KErr.REQUEST_TIMED_OUT,
+             _KErr._WAIT_COORD, _KErr.LEADER_NOT_AVAILABLE, _KErr.NOT_LEADER_FOR_PARTITION,
+             _KErr.FENCED_LEADER_EPOCH, _KErr.UNKNOWN_LEADER_EPOCH, _KErr.COORDINATOR_LOAD_IN_PROGRESS,
+             _KErr.COORDINATOR_NOT_AVAILABLE, _KErr.NOT_COORDINATOR, _KErr.NOT_ENOUGH_REPLICAS,
+             _KErr.BROKER_NOT_AVAILABLE, _KErr.REPLICA_NOT_AVAILABLE, _KErr.OFFSET_NOT_AVAILABLE,
+             _KErr.NETWORK_EXCEPTION, _KErr._TIMED_OUT_QUEUE}
+FIRST_WAIT, LONGEST_WAIT = 0.5, 10.0  # seconds between tries: doubling, with jitter
+
+
+def is_retriable(err: Exception) -> bool:
+    """A KafkaException the next try may not meet. Never an authentication or authorization failure,
+    an unknown topic or a fatal error: those fail at once."""
+    kerr = err.args[0] if isinstance(err, KafkaException) and err.args else None
+    if not isinstance(kerr, _KErr) or kerr.fatal():
+        return False
+    return kerr.retriable() or kerr.code() in RETRIABLE
+
+
+def retrying(what: str, call: Callable[[], T], retry_seconds: float,
+             hopeless: Callable[[], bool] = lambda: False) -> T:
+    """`call()`, tried again on retriable Kafka errors, waiting 0.5 s, 1 s, 2 s... (at most 10 s, with
+    jitter) until `retry_seconds` have passed; then, at once for any other error, or when `hopeless()`
+    says the cause will not go away (a refused login surfaces as a mere transport error), it raises.
+    Each retry is logged once, with the error and the wait."""
+    deadline = time.monotonic() + retry_seconds
+    wait = FIRST_WAIT
+    while True:
+        try:
+            return call()
+        except KafkaException as err:
+            left = deadline - time.monotonic()
+            if not is_retriable(err) or left <= 0 or hopeless():
+                raise
+            pause = min(wait * random.uniform(0.8, 1.2), left)
+            log.warning("%s: %s; retrying in %.1f s (for %.0f s more)", what, _describe(err), pause, left)
+            time.sleep(pause)
+            wait = min(wait * 2, LONGEST_WAIT)
 
 
 def client_settings(settings: KafkaSettings, **extra) -> dict:
@@ -61,6 +107,10 @@ class KafkaCluster:
             return KafkaError(f"{where}: authentication failed: {cause}")
         return KafkaError(f"{where}: {what}: {_describe(err)}" + (f"; last connection error: {cause}" if cause else ""))
 
+    def _login_refused(self) -> bool:
+        cause = self._connection_cause()
+        return bool(cause and AUTH_FAILURE.search(cause))
+
     def _connection_cause(self) -> str | None:
         """librdkafka reports why it could not connect (refused, SASL, SSL) only through error_cb."""
         if self._admin is None:
@@ -72,31 +122,42 @@ class KafkaCluster:
         # "sasl_plaintext://host:port/bootstrap: SASL authentication error: ... (after 0ms in state AUTH_REQ)"
         return re.sub(r"\s*\(after \d+ms in state [A-Z_]+.*\)$", "", specific[-1].split("/bootstrap: ", 1)[-1])
 
+    def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        """`call()` with retries on retriable errors for `kafka.retry_seconds`; then a one-line KafkaError."""
+        try:
+            return retrying(f"Kafka at {self.settings.bootstrap_servers}: {what}", call, self.settings.retry_seconds,
+                            hopeless=self._login_refused)
+        except KafkaException as err:
+            raise self._fail(what, err) from None
+
     def partitions(self, topics: Iterable[str]) -> list[TP]:
         """Every partition of the topics; an unknown topic is an error (never auto-created)."""
-        try:
+        topics = list(topics)
+
+        def read() -> list[TP]:
             metadata = self.admin.list_topics(timeout=self.timeout)
-        except KafkaException as err:
-            raise self._fail("cannot read cluster metadata (is the broker reachable?)", err) from None
-        result: list[TP] = []
-        for topic in topics:
-            meta = metadata.topics.get(topic)
-            if meta is None:
-                raise KafkaError(f"unknown topic {topic!r} on Kafka at {self.settings.bootstrap_servers}")
-            if meta.error is not None:
-                raise KafkaError(f"topic {topic!r} is not readable: {meta.error.str()}")
-            result.extend((topic, p) for p in sorted(meta.partitions))
-        return result
+            result: list[TP] = []
+            for topic in topics:
+                meta = metadata.topics.get(topic)
+                if meta is None:
+                    raise KafkaError(f"unknown topic {topic!r} on Kafka at {self.settings.bootstrap_servers}")
+                if meta.error is not None and is_retriable(KafkaException(meta.error)):
+                    raise KafkaException(meta.error)  # a topic without a leader while a broker restarts
+                if meta.error is not None:
+                    raise KafkaError(f"topic {topic!r} is not readable: {meta.error.str()}")
+                result.extend((topic, p) for p in sorted(meta.partitions))
+            return result
+        return self._retrying("cannot read cluster metadata (is the broker reachable?)", read)
 
     def _list_offsets(self, tps: list[TP], spec: OffsetSpec, isolation=IsolationLevel.READ_UNCOMMITTED) -> dict[TP, int]:
         if not tps:
             return {}
         request = {TopicPartition(t, p): spec for t, p in tps}
-        try:
+
+        def list_offsets() -> dict[TP, int]:
             futures = self.admin.list_offsets(request, isolation_level=isolation, request_timeout=self.timeout)
             return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
-        except KafkaException as err:
-            raise self._fail("cannot list offsets", err) from None
+        return self._retrying("cannot list offsets", list_offsets)
 
     def end_offsets(self, tps: list[TP], isolation_level: str) -> dict[TP, int]:
         """LSO under read_committed (never past an open transaction), else the high watermark."""
@@ -117,7 +178,9 @@ class KafkaCluster:
         consumer = None
         try:
             consumer = Consumer(client_settings(self.settings, **{"group.id": group, "enable.auto.commit": False}))
-            consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False)
+            retrying(f"consumer group {group}: cannot mirror offsets", lambda: consumer.commit(
+                offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False),
+                self.settings.retry_seconds)
             return True
         except KafkaException as err:
             log.warning("could not mirror offsets to consumer group %s: %s", group, _describe(err))
@@ -129,9 +192,8 @@ class KafkaCluster:
     def group_offsets(self, group: str, tps: list[TP]) -> dict[TP, int | None]:
         consumer = Consumer(client_settings(self.settings, **{"group.id": group, "enable.auto.commit": False}))
         try:
-            committed = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=self.timeout)
+            committed = self._retrying(f"cannot read offsets of consumer group {group}", lambda: consumer.committed(
+                [TopicPartition(t, p) for t, p in tps], timeout=self.timeout))
             return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
-        except KafkaException as err:
-            raise self._fail(f"cannot read offsets of consumer group {group}", err) from None
         finally:
             consumer.close()

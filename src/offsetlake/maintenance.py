@@ -97,13 +97,16 @@ class VacuumResult:
 
 def vacuum(uri: str, pipeline: str, retention_hours: int | None = None, dry_run: bool = False,
            run: Run | None = None) -> VacuumResult:
-    """Delete data files that were removed from the table longer ago than the retention.
+    """Delete data files that no version inside the retention needs.
 
-    Every version committed within the retention keeps its files, so time travel and RESTORE
-    to any of them still work. Only files some commit removed are candidates (delta-rs'
-    "lite" vacuum): files no commit ever added (an attempt in flight, a killed attempt's
-    orphans) are `cleanup`'s, with its own safety window. The retention defaults to the
-    table's delta.deletedFileRetentionDuration and is never below the clean-up window.
+    A file stays while the current version uses it, while its removal is younger than the
+    retention (time travel and RESTORE to any version inside it still work), and while it was
+    written less than the retention ago (an attempt in flight). Everything else under the
+    table goes: delta-rs' "full" vacuum. The "lite" one reads only the tombstones, and a
+    checkpoint drops tombstones older than delta.deletedFileRetentionDuration, so it would
+    miss every file removed before the newest checkpoint (a stream checkpoints every few
+    minutes): the table would keep them forever. The retention defaults to the table's
+    delta.deletedFileRetentionDuration and is never below the clean-up safety window.
     """
     table = open_table(uri)
     hours = retention_hours if retention_hours is not None else _deleted_file_retention_hours(table)
@@ -111,7 +114,7 @@ def vacuum(uri: str, pipeline: str, retention_hours: int | None = None, dry_run:
         raise ConfigError(f"vacuum retention {hours} h is below the clean-up safety window of "
                           f"{MIN_VACUUM_RETENTION_HOURS} h: a batch in flight or a RESTORE could lose its files")
     meta = CommitMetadata(pipeline, "vacuum", attempt=new_attempt_id(), run=run or Run.here())
-    deleted = table.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False,
+    deleted = table.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False, full=True,
                            commit_properties=CommitProperties(custom_metadata={"userMetadata": meta.to_json()}))
     return VacuumResult(uri, sorted(deleted), hours, dry_run)
 

@@ -8,6 +8,7 @@ No group subscription and no commits: the Delta table is the only ledger.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -18,6 +19,8 @@ from confluent_kafka import Consumer, KafkaError as _KErr, KafkaException, Topic
 from offsetlake.config import KafkaSettings
 from offsetlake.errors import DataLossError, KafkaError
 from offsetlake.kafka import client_settings
+
+log = logging.getLogger("offsetlake.reader")
 
 MESSAGE_SCHEMA = pa.schema([
     ("key", pa.binary()),
@@ -73,6 +76,9 @@ def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seco
     if rng.size <= 0:
         return
     consumer = Consumer(reader_settings(settings, group))
+    # A broker restarting or a leader moving shows as transient errors that librdkafka retries on its
+    # own; while they last, the read may wait up to kafka.retry_seconds instead of the stall limit.
+    transient: set[str] = set()
     try:
         consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
         position, last_progress = rng.start, time.monotonic()
@@ -85,6 +91,10 @@ def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seco
                 err = msg.error()
                 if err is not None:
                     position = max(position, _handle_error(err, msg, rng, position))
+                    if err.code() != _KErr._PARTITION_EOF and err.str() not in transient:
+                        transient.add(err.str())
+                        log.warning("read of %s: %s; waiting for the broker (up to %s s)", rng, err.str(),
+                                    max(stall_seconds, settings.retry_seconds))
                     continue
                 offset = msg.offset()
                 if offset >= rng.end:
@@ -100,8 +110,11 @@ def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seco
                 fetched = consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset
                 if fetched > position:
                     position, last_progress = fetched, time.monotonic()
-            if position < rng.end and time.monotonic() - last_progress > stall_seconds:
-                raise KafkaError(f"read of {rng} stalled at offset {position} for {stall_seconds:.0f}s "
+            if columns["kafka_offset"]:
+                transient.clear()
+            limit = max(stall_seconds, settings.retry_seconds) if transient else stall_seconds
+            if position < rng.end and time.monotonic() - last_progress > limit:
+                raise KafkaError(f"read of {rng} stalled at offset {position} for {limit:.0f}s "
                                  f"(broker at {settings.bootstrap_servers} unreachable or topic truncated)")
     except KafkaException as err:
         raise KafkaError(f"read of {rng} failed: {err.args[0].str() if err.args else err}") from None

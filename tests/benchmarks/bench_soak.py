@@ -7,15 +7,28 @@ a few rows, as a stream at a short interval does. Kafka and Spark are left out o
 purpose: reading a few records costs the same on any day; what could grow with the
 table's age is the table load, the ledger and history reads and the commit. Two
 tables side by side, one with the maintenance a stream does (compaction every
-`compact_every_batches`, checkpoints at the table's interval, and a daily-style
-optimize + checkpoint at the end) and one with none.
+`compact_every_batches`, checkpoints at the table's interval with log clean-up) and
+the maintenance DAG's optimize every `--optimize-every` commits (the stream's own
+compaction leaves one file per 50 batches, which the daily optimize packs), and one
+with none.
+
+Time is compressed: 20,000 commits take minutes here, a month at a 2-minute
+interval. So the maintained table's two windows -- the log retention (commit files
+every load lists) and the deleted-file retention (tombstones every checkpoint
+carries) -- are compressed too, to `--window-seconds` (5 s: a few hundred commits),
+so that they fill early and the run shows what they are for: once full, a batch
+costs the same whatever the table's age. The unmaintained table keeps Delta's
+defaults, 30 days and 7 days, which no commit of the run outlives: it shows what a
+window that keeps growing costs (for `--plain-commits`, 5,000: past that it only
+gets slower).
 
 Printed: the latency of a small batch around commit 100, 1,000, 10,000 and 20,000
 (median of the 50 commits up to there; target: the last within +10% of the first),
-the file count and the time to read the whole table with and without maintenance,
-and the peak memory of this process.
+the windows' size, the file count and the time to read the whole table with and
+without maintenance, and the peak memory of this process.
 
-    python tests/benchmarks/bench_soak.py [--commits 20000] [--workdir DIR]
+    python tests/benchmarks/bench_soak.py [--commits 20000] [--window-seconds 5] [--optimize-every 1000]
+                                          [--plain-commits 5000] [--workdir DIR]
 """
 from __future__ import annotations
 
@@ -29,6 +42,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
@@ -48,21 +62,29 @@ from offsetlake.reader import OffsetRange  # noqa: E402
 from offsetlake.table import open_table, query  # noqa: E402
 
 TOPIC, PARTITIONS, RECORDS_PER_BATCH = "soak", 4, 8
-MARKS = (100, 1_000, 10_000, 20_000)
+MARKS = (100, 1_000, 10_000, 20_000)  # and every 5,000th
 WINDOW = 50
 
 
-def pipeline(workdir: Path, name: str, compact_every: int):
+def pipeline(workdir: Path, name: str, compact_every: int, window_seconds: float | None):
+    """The pipeline, its table created with its maintenance properties (and windows compressed to
+    `window_seconds` when given)."""
     doc = {"name": name, "topics": [TOPIC], "kafka": {"bootstrap_servers": "127.0.0.1:9"},
            "table": {"path": str(workdir / name)}, "format": {"type": "raw"},
            "maintenance": {"compact_every_batches": compact_every}}
-    return parse_pipeline(doc, name)
+    cfg = parse_pipeline(doc, name)
+    properties = cfg.maintenance.table_properties()
+    if window_seconds is not None:
+        properties |= {"delta.logRetentionDuration": f"interval {window_seconds:g} seconds",
+                       "delta.deletedFileRetentionDuration": f"interval {window_seconds:g} seconds"}
+    open_table(cfg.table_path, table_schema(cfg), [], cfg.name, properties=properties)
+    return cfg
 
 
 def one_batch(cfg, run: Run, number: int) -> tuple[float, set[str]]:
     """One small batch, committed as ingest commits it: the plan from the ledger, a file of a few rows."""
     started = time.perf_counter()
-    table = open_table(cfg.table_path, table_schema(cfg), [], cfg.name, properties=cfg.maintenance.table_properties())
+    table = open_table(cfg.table_path, table_schema(cfg), [], cfg.name)
     tps = [(TOPIC, p) for p in range(PARTITIONS)]
     ledger = read_ledger(table, cfg.name, tps)
     p = number % PARTITIONS
@@ -86,7 +108,7 @@ def one_batch(cfg, run: Run, number: int) -> tuple[float, set[str]]:
     return time.perf_counter() - started, result.files
 
 
-def soak(cfg, commits: int, maintained: bool, log) -> dict:
+def soak(cfg, commits: int, maintained: bool, log, optimize_every: int = 0) -> dict:
     run = Run.here()
     tidy = StreamCompaction(cfg, run) if maintained else None
     latencies: list[float] = []
@@ -96,14 +118,15 @@ def soak(cfg, commits: int, maintained: bool, log) -> dict:
         latencies.append(seconds)
         if tidy is not None:
             tidy.after(BatchResult("committed", n, files=files))
-        if n in MARKS or n == commits:
+        if maintained and optimize_every and n % optimize_every == 0:  # what the maintenance DAG adds, once a "day"
+            optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb, run=run)
+        if n in MARKS or n == commits or n % 5_000 == 0:
             marks[n] = statistics.median(latencies[-WINDOW:])
             log(f"  {'maintained' if maintained else 'no maintenance':<15} commit {n:>6}: "
                 f"{marks[n] * 1000:7.1f} ms (median of the last {min(WINDOW, n)})")
-    if maintained:  # what the daily maintenance DAG adds
-        optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb, run=run)
+    if maintained:
         checkpoint(cfg.table_path)
-    return {"marks": marks, **table_shape(cfg)}
+    return {"marks": marks, "commits": commits, **table_shape(cfg)}
 
 
 def table_shape(cfg) -> dict:
@@ -112,12 +135,26 @@ def table_shape(cfg) -> dict:
     files = len(table.file_uris())
     rows = query(cfg.table_path, "SELECT count(*) AS n FROM t").column(0)[0].as_py()
     return {"files": files, "rows": rows, "read_seconds": time.perf_counter() - started,
-            "log_files": len(list(Path(cfg.table_path, "_delta_log").iterdir()))}
+            "log_files": len(list(Path(cfg.table_path, "_delta_log").iterdir())),
+            "tombstones": _tombstones_in_last_checkpoint(cfg.table_path)}
+
+
+def _tombstones_in_last_checkpoint(uri: str) -> int:
+    checkpoints = sorted(Path(uri, "_delta_log").glob("*.checkpoint.parquet"))
+    if not checkpoints:
+        return 0
+    removes = pq.read_table(checkpoints[-1], columns=["remove"]).column("remove")
+    return len(removes) - removes.null_count
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commits", type=int, default=20_000)
+    parser.add_argument("--window-seconds", type=float, default=5.0,
+                        help="the maintained table's log and deleted-file retention (compressed time)")
+    parser.add_argument("--optimize-every", type=int, default=1_000,
+                        help="commits between the maintenance DAG's optimize runs on the maintained table")
+    parser.add_argument("--plain-commits", type=int, default=5_000)
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="offsetlake-soak-"))
@@ -125,8 +162,10 @@ def main(argv=None) -> int:
     log(f"soak: {args.commits} commits of {RECORDS_PER_BATCH} records per table, in {workdir}")
     results = {}
     for maintained in (True, False):
-        cfg = pipeline(workdir, "soak_maintained" if maintained else "soak_plain", compact_every=50 if maintained else 0)
-        results[maintained] = soak(cfg, args.commits, maintained, log)
+        cfg = pipeline(workdir, "soak_maintained" if maintained else "soak_plain",
+                       compact_every=50 if maintained else 0, window_seconds=args.window_seconds if maintained else None)
+        results[maintained] = soak(cfg, args.commits if maintained else min(args.commits, args.plain_commits),
+                                   maintained, log, args.optimize_every)
     first, last = min(results[True]["marks"]), max(results[True]["marks"])
     growth = results[True]["marks"][last] / results[True]["marks"][first] - 1
     log("\nsmall-batch latency (median of 50 commits), maintained table:")
@@ -138,8 +177,8 @@ def main(argv=None) -> int:
     log(f"without maintenance: commit {max(plain)} vs {min(plain)}: {plain[max(plain)] / plain[min(plain)] - 1:+.1%}")
     for label, key in (("maintained", True), ("no maintenance", False)):
         r = results[key]
-        log(f"{label:<15} data files {r['files']:>6}, log files {r['log_files']:>6}, rows {r['rows']:>7}, "
-            f"full read {r['read_seconds'] * 1000:8.1f} ms")
+        log(f"{label:<15} after {r['commits']:>6} commits: data files {r['files']:>6}, log files {r['log_files']:>6}, "
+            f"tombstones {r['tombstones']:>6}, rows {r['rows']:>7}, full read {r['read_seconds'] * 1000:8.1f} ms")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     log(f"peak memory of this process: {peak:.0f} MB")
     if not args.workdir:

@@ -117,7 +117,7 @@ def test_broker_lost_mid_read_fails_in_one_line_and_leaves_nothing(tmp_path, pip
     own = embedded_broker.start(tmp_path / "own-broker")  # this test stops its broker
     try:
         cfg, _ = new_pipeline(own.bootstrap_servers, pipelines_dir, lake, partitions=2, records=300,
-                              batch={"read_timeout_seconds": 4})
+                              batch={"read_timeout_seconds": 4}, kafka={"retry_seconds": 5})
         faults = tmp_path / "faults"
         proc = ingest_process(cfg, pipelines_dir, env={"OFFSETLAKE_FAULT": "after_plan:pause",
                                                        "OFFSETLAKE_FAULT_DIR": str(faults)})

@@ -3,6 +3,7 @@ Spark and Delta tables. Every check of the data is row by row against Kafka."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -134,11 +135,15 @@ def _lso(cfg) -> dict:
 
 
 def test_vacuum_keeps_what_an_attempt_in_flight_or_a_restore_needs(spark, pipeline, pipelines_dir, tmp_path):
-    cfg, topic = pipeline(partitions=2, records=1200, ingest=True, batch=SMALL_BATCHES)
+    cfg, topic = pipeline(partitions=2, records=1200, ingest=True, batch=SMALL_BATCHES,
+                          maintenance={"deleted_file_retention_hours": 1})
     before_optimize = DeltaTable(cfg.table_path).version()
     rows_then = full_rows(cfg)
     compact(cfg)  # removes the small files: now tombstones, younger than any retention
     stale = _tombstone_from_two_hours_ago(cfg)  # the one file vacuum may delete
+    # A checkpoint drops tombstones older than the table's retention: from then on only the files on
+    # disk say the stale file is garbage (a "lite" vacuum, reading tombstones, would keep it forever).
+    checkpoint(cfg.table_path)
     produce(cfg.kafka, topic, 300, seed=12)
     faults = tmp_path / "faults"
     zombie = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": "after_files_written:pause",
@@ -166,8 +171,8 @@ def test_vacuum_keeps_what_an_attempt_in_flight_or_a_restore_needs(spark, pipeli
 
 
 def _tombstone_from_two_hours_ago(cfg) -> str:
-    """Test setup: an empty file added and removed, its removal dated two hours back (no rows: the data
-    stays exact). Only such a file is old enough for a one-hour vacuum."""
+    """Test setup: an empty file written, added and removed two hours ago (no rows: the data stays
+    exact). Only such a file is old enough for a one-hour vacuum."""
     empty = pa.Table.from_pylist([], schema=table_schema(cfg))
     f = write_file(cfg.table_path, "stale-empty-file.parquet", empty, {})
     table = DeltaTable(cfg.table_path)
@@ -176,6 +181,7 @@ def _tombstone_from_two_hours_ago(cfg) -> str:
     removed_at = int((time.time() - 2 * 3600) * 1000)
     DeltaTable(cfg.table_path).create_write_transaction([RemoveAction(f.path, False, removed_at, f.size, None)],
                                                         mode="append", schema=table_schema(cfg))
+    os.utime(Path(cfg.table_path) / f.path, (removed_at / 1000, removed_at / 1000))
     return f.path
 
 

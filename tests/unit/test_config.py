@@ -114,3 +114,30 @@ def test_invalid_yaml_names_the_line(tmp_path):
     (tmp_path / "orders.yaml").write_text("name: orders\ntopics: [unclosed\n")
     with pytest.raises(ConfigError, match=r"not valid YAML at line \d+"):
         load_pipeline("orders", tmp_path)
+
+
+def test_log_retention_takes_fractions_of_a_day_down_to_an_hour():
+    doc = base() | {"maintenance": {"log_retention_days": 0.25}}
+    props = parse_pipeline(doc, "orders.yaml").maintenance.table_properties()
+    assert props["delta.logRetentionDuration"] == "interval 360 minutes"
+    assert parse_pipeline(base(), "orders.yaml").maintenance.table_properties()["delta.logRetentionDuration"] \
+        == "interval 30 days"
+    assert "maintenance.log_retention_days" in error_for(base() | {"maintenance": {"log_retention_days": 0.01}})
+    assert "maintenance.log_retention_days" in error_for(base() | {"maintenance": {"log_retention_days": "2"}})
+
+
+def test_a_stream_is_warned_when_its_windows_outgrow_the_commit_rate():
+    defaults = parse_pipeline(base(), "orders.yaml").maintenance
+    warning = defaults.stream_window_warning(5)
+    assert "~518,400 commits" in warning and "~120,960 removed files" in warning and "\n" not in warning
+    assert defaults.stream_window_warning(300) is None  # every 5 minutes: 8,640 commits in 30 days
+    sized = parse_pipeline(base() | {"maintenance": {"log_retention_days": 1, "deleted_file_retention_hours": 24}},
+                           "orders.yaml").maintenance
+    assert sized.stream_window_warning(5) is None
+    assert "~86,400 commits" in sized.stream_window_warning(1)
+
+
+def test_the_demo_pipeline_fits_its_stream():
+    from pathlib import Path
+    demo = load_pipeline("demo_events", Path(__file__).parents[2] / "include" / "pipelines")
+    assert demo.maintenance.stream_window_warning(demo.stream_interval_seconds) is None

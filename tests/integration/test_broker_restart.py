@@ -1,0 +1,126 @@
+"""A broker restart is waited out, not failed on: Kafka calls retry retriable errors with backoff for
+`kafka.retry_seconds`, and a stream stays up across the restart. Each test has a broker of its own
+(the session's is shared), stopped and started again on the same port and data by its PID."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from offsetlake.config import KafkaSettings
+from offsetlake.errors import KafkaError, TableError
+from offsetlake.kafka import KafkaCluster
+from offsetlake.local import broker as embedded_broker
+from offsetlake.local.producer import produce
+from support import REPO, assert_exactly_once, new_pipeline, pipeline_commits, table_lineage
+
+
+class RestartableBroker:
+    def __init__(self, data_dir):
+        self.data_dir = data_dir
+        self.current = embedded_broker.start(data_dir)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.current.bootstrap_servers
+
+    def stop(self) -> None:
+        embedded_broker.stop(self.current.pid)
+
+    def start(self) -> None:
+        self.current = embedded_broker.start(self.data_dir, port=self.current.port)
+
+    def restart_in_background(self, down_seconds: float) -> threading.Thread:
+        """Stop now; start again after `down_seconds`, in a thread (join it)."""
+        self.stop()
+        thread = threading.Thread(target=lambda: (time.sleep(down_seconds), self.start()))
+        thread.start()
+        return thread
+
+
+@pytest.fixture
+def own_broker(tmp_path):
+    b = RestartableBroker(tmp_path / "broker")
+    yield b
+    embedded_broker.stop(b.current.pid)
+
+
+def test_planning_waits_out_a_broker_restart(own_broker, tmp_path, caplog):
+    # Each request gives up after 2 s (librdkafka waits that long on its own), the broker is away for 6.
+    cfg, _ = new_pipeline(own_broker.bootstrap_servers, tmp_path / "pipelines", tmp_path / "lake", partitions=2,
+                          records=200, kafka={"retry_seconds": 120, "timeout_seconds": 2})
+    cluster = KafkaCluster(cfg.kafka)
+    tps = cluster.partitions(cfg.topics)
+    before = cluster.end_offsets(tps, "read_committed")
+
+    caplog.set_level(logging.WARNING, logger="offsetlake.kafka")
+    restart = own_broker.restart_in_background(down_seconds=6)
+    try:
+        fresh = KafkaCluster(cfg.kafka)  # asks while the broker is down
+        assert fresh.end_offsets(fresh.partitions(cfg.topics), "read_committed") == before
+    finally:
+        restart.join()
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    assert retries and all(cfg.kafka.bootstrap_servers in r for r in retries), caplog.text
+
+
+def test_what_cannot_get_better_fails_at_once(bootstrap, caplog):
+    caplog.set_level(logging.WARNING, logger="offsetlake.kafka")
+    patient = KafkaCluster(KafkaSettings(bootstrap_servers=bootstrap, timeout_seconds=5, retry_seconds=120))
+    with pytest.raises(KafkaError, match="unknown topic 'no-such-topic'"):
+        patient.partitions(["no-such-topic"])
+
+    nobody = KafkaCluster(KafkaSettings(bootstrap_servers=f"127.0.0.1:{embedded_broker.free_port()}",
+                                        timeout_seconds=2, retry_seconds=0))
+    with pytest.raises(KafkaError) as err:
+        nobody.partitions(["t"])
+    assert "cannot read cluster metadata" in str(err.value) and "\n" not in str(err.value)
+    assert "retrying in" not in caplog.text
+
+
+def test_a_stream_stays_up_across_a_broker_restart(own_broker, tmp_path):
+    pipelines = tmp_path / "pipelines"
+    cfg, topic = new_pipeline(own_broker.bootstrap_servers, pipelines, tmp_path / "lake", partitions=2,
+                              records=300, kafka={"retry_seconds": 120, "timeout_seconds": 2})
+    env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1"}
+    job = subprocess.Popen([sys.executable, "-m", "offsetlake.cli", "stream", "--pipeline", cfg.name,
+                            "--pipelines-dir", str(pipelines), "--interval", "0.5"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_until(lambda: _rows(cfg) == 300, job)
+        restart = own_broker.restart_in_background(down_seconds=6)
+        time.sleep(3)  # the stream polls the broker while it is away
+        restart.join()
+        produce(cfg.kafka, topic, 200, seed=7)
+        _wait_until(lambda: _rows(cfg) == 500, job)  # committed again, after the restart
+        assert job.poll() is None, "the stream exited"
+    finally:
+        job.send_signal(signal.SIGTERM)
+        out, err = job.communicate(timeout=120)
+    assert job.returncode == 0, err[-3000:]
+    assert "retrying in" in err  # it met the restart and waited it out
+    assert len(pipeline_commits(cfg)) >= 2
+    assert_exactly_once(cfg)
+
+
+def _rows(cfg) -> int:
+    """Rows in the table; 0 before the stream has created it."""
+    try:
+        return len(table_lineage(cfg.table_path))
+    except TableError:
+        return 0
+
+
+def _wait_until(condition, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"stream exited early ({proc.returncode}): {proc.stderr.read()[-3000:]}")
+        assert time.monotonic() < deadline, "timed out waiting for the stream"
+        time.sleep(0.5)
