@@ -33,10 +33,17 @@ def test_unknown_topic_is_never_auto_created(pipelines_dir, lake, bootstrap):
 
 
 def test_unreachable_broker(pipelines_dir, lake):
-    name = write_pipeline(pipelines_dir, "127.0.0.1:1", ["t"], lake, kafka={"timeout_seconds": 2})
+    name = write_pipeline(pipelines_dir, "127.0.0.1:1", ["t"], lake, kafka={"timeout_seconds": 2, "retry_seconds": 0})
     proc = run_cli("ingest", "--pipeline", name, "--pipelines-dir", str(pipelines_dir), timeout=60)
     assert_one_line_failure(proc, "127.0.0.1:1", "reachable")
     assert not (lake / name).exists()
+
+    # Told to wait, it retries (one warning line each), then fails with the same one-line error.
+    patient = write_pipeline(pipelines_dir, "127.0.0.1:1", ["t"], lake, kafka={"timeout_seconds": 1, "retry_seconds": 3})
+    proc = run_cli("ingest", "--pipeline", patient, "--pipelines-dir", str(pipelines_dir), timeout=60)
+    *retries, last = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and last.startswith("offsetlake: error: ") and "reachable" in last
+    assert retries and all("retrying in" in line for line in retries), proc.stderr
 
 
 def test_usage_errors_are_one_line(pipelines_dir):

@@ -45,7 +45,8 @@ def test_the_kafka_password_never_leaks(bootstrap, pipelines_dir, lake, tmp_path
     # Failing commands carry the secret in their configuration too.
     scram = write_pipeline(pipelines_dir, bootstrap, [topic], lake, kafka={"client": sasl("SCRAM-SHA-256"),
                                                                          "timeout_seconds": 3})
-    away = write_pipeline(pipelines_dir, "127.0.0.1:1", [topic], lake, kafka={"client": sasl(), "timeout_seconds": 2})
+    away = write_pipeline(pipelines_dir, "127.0.0.1:1", [topic], lake, kafka={"client": sasl(), "timeout_seconds": 2,
+                                                                            "retry_seconds": 4})  # retries logged too
     broken = write_pipeline(pipelines_dir, bootstrap, [topic], lake, kafka={"client": sasl()},
                             batch={"max_records_per_batch": "${" + PASSWORD_VAR + "}"})
     failures = [run_cli("-v", "ingest", "--pipeline", p, "--pipelines-dir", str(pipelines_dir), env=env, timeout=120)
