@@ -196,6 +196,16 @@ def ingest_process(cfg, pipelines_dir: Path, env: dict | None = None) -> subproc
     )
 
 
+def wait_while_running(condition, proc: subprocess.Popen, timeout: float = 240) -> None:
+    """Wait until `condition()` holds; fail naming the process's last words if it exits first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args[3:5]} exited early ({proc.returncode}): {proc.stderr.read()[-3000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {proc.args[3:5]}"
+        time.sleep(0.5)
+
+
 def data_files_on_disk(table_path: str) -> set[str]:
     root = Path(table_path)
     return {str(p.relative_to(root)) for p in root.rglob("*.parquet") if "_delta_log" not in p.parts}

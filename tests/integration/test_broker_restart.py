@@ -18,7 +18,7 @@ from offsetlake.errors import KafkaError, TableError
 from offsetlake.kafka import KafkaCluster
 from offsetlake.local import broker as embedded_broker
 from offsetlake.local.producer import produce
-from support import REPO, assert_exactly_once, new_pipeline, pipeline_commits, table_lineage
+from support import REPO, assert_exactly_once, new_pipeline, pipeline_commits, table_lineage, wait_while_running
 
 
 class RestartableBroker:
@@ -93,12 +93,12 @@ def test_a_stream_stays_up_across_a_broker_restart(own_broker, tmp_path):
                             "--pipelines-dir", str(pipelines), "--interval", "0.5"],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_until(lambda: _rows(cfg) == 300, job)
+        wait_while_running(lambda: _rows(cfg) == 300, job)
         restart = own_broker.restart_in_background(down_seconds=6)
         time.sleep(3)  # the stream polls the broker while it is away
         restart.join()
         produce(cfg.kafka, topic, 200, seed=7)
-        _wait_until(lambda: _rows(cfg) == 500, job)  # committed again, after the restart
+        wait_while_running(lambda: _rows(cfg) == 500, job)  # committed again, after the restart
         assert job.poll() is None, "the stream exited"
     finally:
         job.send_signal(signal.SIGTERM)
@@ -115,12 +115,3 @@ def _rows(cfg) -> int:
         return len(table_lineage(cfg.table_path))
     except TableError:
         return 0
-
-
-def _wait_until(condition, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"stream exited early ({proc.returncode}): {proc.stderr.read()[-3000:]}")
-        assert time.monotonic() < deadline, "timed out waiting for the stream"
-        time.sleep(0.5)

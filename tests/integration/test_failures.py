@@ -20,7 +20,7 @@ from offsetlake.batch import ingest
 from offsetlake.local.producer import produce
 from offsetlake.table import committed_files
 from support import (REPO, assert_exactly_once, assert_quarantine_accounts_for_the_rest, data_files_on_disk,
-                    ingest_process, pipeline_commits, table_lineage)
+                    ingest_process, pipeline_commits, table_lineage, wait_while_running)
 
 pytestmark = pytest.mark.slow
 FAULT_POINTS = ["after_plan", "after_read", "after_files_written", "before_commit", "after_commit"]
@@ -103,9 +103,9 @@ def test_stream_ingests_as_records_arrive_and_stops_on_sigterm(pipeline, pipelin
                             "--pipelines-dir", str(pipelines_dir), "--interval", "0.5"],
                            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_until(lambda: len(pipeline_commits(cfg)) >= 1, job)
+        wait_while_running(lambda: len(pipeline_commits(cfg)) >= 1, job)
         produce(cfg.kafka, cfg.topics[0], 200, seed=99)
-        _wait_until(lambda: len(table_lineage(cfg.table_path)) == 500, job)  # caught up, in later batches
+        wait_while_running(lambda: len(table_lineage(cfg.table_path)) == 500, job)  # caught up, in later batches
     finally:
         job.send_signal(signal.SIGTERM)
         out, err = job.communicate(timeout=120)
@@ -114,14 +114,6 @@ def test_stream_ingests_as_records_arrive_and_stops_on_sigterm(pipeline, pipelin
     assert len(pipeline_commits(cfg)) >= 2
     assert_exactly_once(cfg)
 
-
-def _wait_until(condition, proc: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"stream exited early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
-        assert time.monotonic() < deadline, "timed out waiting for the stream"
-        time.sleep(0.5)
 
 
 def test_spark_submit_runs_the_ingest_job(pipeline, pipelines_dir):
