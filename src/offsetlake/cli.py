@@ -355,14 +355,16 @@ def _optimize(args, cfg: PipelineConfig) -> None:
     settings = cfg.maintenance
     target = args.target_file_mb or settings.target_file_mb
     zorder = [c.strip() for c in args.zorder_by.split(",") if c.strip()] if args.zorder_by else settings.zorder_by
-    wrong = sorted(c for c in zorder if c not in cfg.column_names() or c in cfg.table.partition_by)
+    wrong = sorted(c for c in zorder if c not in cfg.data_columns())
     if wrong:
         raise ConfigError(f"--zorder-by column {wrong[0]!r} is not a data column of pipeline {cfg.name!r}")
     run = _run(args)
-    print(optimize(cfg.table_path, cfg.name, table_schema(cfg), cfg.table.partition_by, target, zorder,
-                   run=run).summary(), flush=True)
-    if _exists(cfg.quarantine_path):
-        print(optimize(cfg.quarantine_path, cfg.name, QUARANTINE_SCHEMA, [], target, run=run).summary(), flush=True)
+    for uri in _tables(cfg):
+        if uri == cfg.table_path:
+            outcome = optimize(uri, cfg.name, table_schema(cfg), cfg.table.partition_by, target, zorder, run=run)
+        else:
+            outcome = optimize(uri, cfg.name, QUARANTINE_SCHEMA, [], target, run=run)
+        print(outcome.summary(), flush=True)
 
 
 def cmd_vacuum(args) -> int:
@@ -372,9 +374,8 @@ def cmd_vacuum(args) -> int:
 
 def _vacuum(args, cfg: PipelineConfig, dry_run: bool) -> None:
     from offsetlake.maintenance import vacuum
-    for uri in (cfg.table_path, cfg.quarantine_path):
-        if uri == cfg.table_path or _exists(uri):
-            print(vacuum(uri, cfg.name, args.retention_hours, dry_run, _run(args)).summary(), flush=True)
+    for uri in _tables(cfg):
+        print(vacuum(uri, cfg.name, args.retention_hours, dry_run, _run(args)).summary(), flush=True)
 
 
 def cmd_checkpoint(args) -> int:
@@ -384,10 +385,9 @@ def cmd_checkpoint(args) -> int:
 
 def _checkpoint(cfg: PipelineConfig) -> None:
     from offsetlake.maintenance import checkpoint
-    for uri in (cfg.table_path, cfg.quarantine_path):
-        if uri == cfg.table_path or _exists(uri):
-            print(f"{uri}: checkpoint at version {checkpoint(uri)}; commit files past the log retention removed",
-                  flush=True)
+    for uri in _tables(cfg):
+        print(f"{uri}: checkpoint at version {checkpoint(uri)}; commit files past the log retention removed",
+              flush=True)
 
 
 def cmd_maintain(args) -> int:
@@ -403,9 +403,10 @@ def cmd_maintain(args) -> int:
     return 0
 
 
-def _exists(uri: str) -> bool:
+def _tables(cfg: PipelineConfig) -> list[str]:
+    """What maintenance runs on: the table, and its quarantine table once one exists."""
     from deltalake import DeltaTable
-    return DeltaTable.is_deltatable(uri)
+    return [cfg.table_path] + ([cfg.quarantine_path] if DeltaTable.is_deltatable(cfg.quarantine_path) else [])
 
 
 def cmd_recover(args) -> int:

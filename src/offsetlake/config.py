@@ -171,7 +171,7 @@ class PipelineConfig(_Strict):
             if col not in columns:
                 raise ValueError(f"table.partition_by column {col!r} is not a column of the table")
         for col in self.maintenance.zorder_by:
-            if col not in columns or col in self.table.partition_by:
+            if col not in self.data_columns():
                 raise ValueError(f"maintenance.zorder_by column {col!r} is not a data column of the table")
         if len(set(self.topics)) != len(self.topics):
             raise ValueError("topics lists a topic twice")
@@ -182,6 +182,10 @@ class PipelineConfig(_Strict):
         if self.format.unknown_fields == "keep":
             payload.append(UNKNOWN_FIELDS_COLUMN)
         return [*payload, *LINEAGE_COLUMNS]
+
+    def data_columns(self) -> list[str]:
+        """The columns that are not partition columns: what optimize may z-order by."""
+        return [c for c in self.column_names() if c not in self.table.partition_by]
 
     @property
     def table_path(self) -> str:

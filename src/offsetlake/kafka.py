@@ -141,9 +141,9 @@ class KafkaCluster:
                 meta = metadata.topics.get(topic)
                 if meta is None:
                     raise KafkaError(f"unknown topic {topic!r} on Kafka at {self.settings.bootstrap_servers}")
-                if meta.error is not None and is_retriable(KafkaException(meta.error)):
-                    raise KafkaException(meta.error)  # a topic without a leader while a broker restarts
                 if meta.error is not None:
+                    if is_retriable(KafkaException(meta.error)):
+                        raise KafkaException(meta.error)  # a topic without a leader while a broker restarts
                     raise KafkaError(f"topic {topic!r} is not readable: {meta.error.str()}")
                 result.extend((topic, p) for p in sorted(meta.partitions))
             return result

@@ -104,14 +104,13 @@ def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seco
                 position = offset + 1
             if columns["kafka_offset"]:
                 last_progress = time.monotonic()
+                transient.clear()
                 yield _to_batch(columns, rng)
             if position < rng.end and not messages:
                 # Markers and aborted records move the position without yielding anything.
                 fetched = consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset
                 if fetched > position:
                     position, last_progress = fetched, time.monotonic()
-            if columns["kafka_offset"]:
-                transient.clear()
             limit = max(stall_seconds, settings.retry_seconds) if transient else stall_seconds
             if position < rng.end and time.monotonic() - last_progress > limit:
                 raise KafkaError(f"read of {rng} stalled at offset {position} for {limit:.0f}s "

@@ -11,7 +11,7 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from offsetlake.errors import TableError
-from offsetlake.files import from_delta_path, plain_types, to_delta_path
+from offsetlake.files import from_delta_path, open_filesystem, plain_types, to_delta_path
 
 
 # Delta would drop `txn` actions older than this at a checkpoint: the ledger would be forgotten.
@@ -78,7 +78,7 @@ def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
 
 def delete_attempt_files(uri: str, attempt: str, keep: set[str] = frozenset()) -> int:
     """Remove the files this attempt wrote (its id is in each name) except the committed ones in `keep`."""
-    fs, root = pafs.FileSystem.from_uri(uri)
+    fs, root = open_filesystem(uri)
     selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
     removed = 0
     prefix = root.rstrip("/") + "/"
@@ -93,7 +93,7 @@ def delete_attempt_files(uri: str, attempt: str, keep: set[str] = frozenset()) -
 
 def delete_files(uri: str, paths: set[str]) -> None:
     """Delete these files (Delta paths, relative to the table) if they exist."""
-    fs, root = pafs.FileSystem.from_uri(uri)
+    fs, root = open_filesystem(uri)
     for path in paths:
         try:
             fs.delete_file(f"{root.rstrip('/')}/{from_delta_path(path)}")

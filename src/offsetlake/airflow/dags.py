@@ -143,7 +143,7 @@ def validated_step(cfg: PipelineConfig, form: str, task_id: str, command: str, f
 
 def maintenance_dag(cfg: PipelineConfig) -> DAG:
     settings = cfg.maintenance
-    columns = [c for c in cfg.column_names() if c not in cfg.table.partition_by]
+    columns = cfg.data_columns()
     params = {
         "pipeline": Param(cfg.name, type="string", enum=[cfg.name]),
         "optimize": Param(True, type="boolean", description="compact small files (dataChange=false)"),

@@ -140,7 +140,7 @@ def maintenance_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
         raise ConfigError(f"vacuum_retention_hours must be at least {MIN_VACUUM_RETENTION_HOURS} (the clean-up window)")
     target = _integer(conf.get("target_file_mb", settings.target_file_mb), "target_file_mb", minimum=1)
     zorder = conf.get("zorder_by", list(settings.zorder_by)) or []
-    columns = [c for c in cfg.column_names() if c not in cfg.table.partition_by]
+    columns = cfg.data_columns()
     if not isinstance(zorder, list) or any(c not in columns for c in zorder):
         raise ConfigError(f"zorder_by must be a list of data columns of the table: {columns}")
     return {**flags, "retention_hours": str(retention), "target_file_mb": str(target), "zorder_by": ",".join(zorder)}
