@@ -19,6 +19,15 @@ def broker(tmp_path_factory):
     embedded_broker.stop(b.pid)
 
 
+@pytest.fixture
+def own_broker(tmp_path):
+    """A broker for one test, which it may stop and start again (support.RestartableBroker)."""
+    from support import RestartableBroker
+    b = RestartableBroker(tmp_path / "broker")
+    yield b
+    embedded_broker.stop(b.current.pid)
+
+
 @pytest.fixture(scope="session")
 def bootstrap(broker) -> str:
     return broker.bootstrap_servers

@@ -5,6 +5,7 @@ import collections
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -30,6 +31,34 @@ JSON_SCHEMA = [
     {"name": "event_time", "type": "timestamp"},
     {"name": "seq", "type": "long"},
 ]
+
+
+class RestartableBroker:
+    """A broker of the test's own (the session's is shared), stopped and started again on the same
+    port and data, by its PID."""
+
+    def __init__(self, data_dir):
+        from offsetlake.local import broker as embedded_broker
+        self._broker = embedded_broker
+        self.data_dir = data_dir
+        self.current = embedded_broker.start(data_dir)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.current.bootstrap_servers
+
+    def stop(self) -> None:
+        self._broker.stop(self.current.pid)
+
+    def start(self) -> None:
+        self.current = self._broker.start(self.data_dir, port=self.current.port)
+
+    def restart_in_background(self, down_seconds: float) -> threading.Thread:
+        """Stop now; start again after `down_seconds`, in a thread (join it)."""
+        self.stop()
+        thread = threading.Thread(target=lambda: (time.sleep(down_seconds), self.start()))
+        thread.start()
+        return thread
 
 
 def unique(prefix: str) -> str:

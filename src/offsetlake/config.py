@@ -144,6 +144,13 @@ class MaintenanceSettings(_Strict):
                 f"each batch pays for both: keep them under {STREAM_WINDOW_BUDGET:,} (README, Maintenance)")
 
 
+class AirflowSettings(_Strict):
+    """How Airflow retries the pipeline's ingest, stream and maintenance steps (backfill and recovery
+    are never retried: what fails them, a retry meets again). See README, "Riding out faults"."""
+    retries: StrictInt | None = Field(default=None, ge=0, le=100)  # None: the operator's (ingest 3, stream 5)
+    retry_delay_seconds: StrictInt = Field(default=30, gt=0)  # the first wait; it doubles, up to 10 minutes
+
+
 # Commits in the log, or files removed within the retention, that a batch pays for cheaply: ~0.2 s a batch
 # on a local disk at this size (`make soak`).
 STREAM_WINDOW_BUDGET = 20_000
@@ -162,6 +169,7 @@ class PipelineConfig(_Strict):
     stream_interval_seconds: float = Field(default=5.0, gt=0)
     quarantine: TableSettings | None = None
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    airflow: AirflowSettings = Field(default_factory=AirflowSettings)
     description: StrictStr = ""
 
     @model_validator(mode="after")

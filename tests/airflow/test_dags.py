@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from deltalake import DeltaTable, write_deltalake
 from offsetlake.batch import ingest
 from offsetlake.local.producer import produce
 from offsetlake.table import query
-from support import REPO, assert_exactly_once, ledger_offsets, pipeline_commits
+from support import REPO, assert_exactly_once, ledger_offsets, pipeline_commits, table_lineage
 
 pytestmark = pytest.mark.slow
 
@@ -215,6 +217,61 @@ def test_stream_dag_runs_for_a_bounded_time(pipeline):
     assert mine and all(h.meta.kind == "ingest" for h in mine)
     assert_exactly_once(cfg)
 
+
+
+def test_steps_that_a_schedule_relies_on_are_retried_and_refusals_are_not(pipeline):
+    from offsetlake.airflow.dags import pipeline_dags
+    cfg, _ = pipeline(airflow={"retries": 7, "retry_delay_seconds": 5})
+    steps = {t.task_id: t for dag in pipeline_dags(cfg) for t in dag.tasks if t.task_type == "OffsetlakeOperator"}
+    assert {k: t.retries for k, t in steps.items()} == {"ingest": 7, "stream": 7, "maintenance": 7,
+                                                        "backfill": 0, "recovery": 0}
+    assert steps["stream"].retry_exponential_backoff and steps["stream"].retry_delay.total_seconds() == 5
+    default, _ = pipeline()
+    assert {t.task_id: t.retries for dag in pipeline_dags(default) for t in dag.tasks
+            if t.task_id in ("ingest", "stream")} == {"ingest": 3, "stream": 5}
+
+
+def test_a_broker_outage_longer_than_retry_seconds_is_carried_by_the_stream_dags_retries(
+        own_broker, pipelines_dir, lake, monkeypatch):
+    """The stream outlives a restart shorter than kafka.retry_seconds (tests/integration/test_broker_restart.py);
+    past it the stream exits with one line, and Airflow's retries take over until the broker is back."""
+    from offsetlake.airflow.dags import stream_dag
+    from offsetlake.local.producer import produce
+    from support import new_pipeline
+    monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(pipelines_dir))
+    cfg, topic = new_pipeline(own_broker.bootstrap_servers, pipelines_dir, lake, partitions=2, records=300,
+                              kafka={"retry_seconds": 2, "timeout_seconds": 2}, stream_interval_seconds=0.5,
+                              airflow={"retries": 6, "retry_delay_seconds": 1})
+    outage = {}
+
+    def break_the_broker():
+        deadline = time.monotonic() + 240
+        while not _committed(cfg) and time.monotonic() < deadline:  # try 1 is streaming
+            time.sleep(0.5)
+        own_broker.stop()
+        outage["down"] = time.monotonic()
+        time.sleep(15)  # far longer than retry_seconds: try 1 gives up
+        own_broker.start()
+        outage["back"] = time.monotonic()
+        produce(cfg.kafka, topic, 200, seed=11)
+
+    chaos = threading.Thread(target=break_the_broker)
+    chaos.start()
+    dr = stream_dag(cfg).test(run_conf={"max_seconds": 40})
+    chaos.join()
+
+    assert str(dr.state) == "success"
+    step = next(ti for ti in dr.get_task_instances() if ti.task_id == "stream")
+    assert step.try_number >= 2, "the outage should have failed the first try"
+    tries = {h.meta.run.try_number for h in pipeline_commits(cfg) if h.meta.run.run_id == dr.run_id}
+    assert 1 in tries and max(tries) == step.try_number, tries  # try 1 committed, the last try did after it
+    assert "back" in outage
+    assert_exactly_once(cfg)
+    assert len(table_lineage(cfg.table_path)) == 500
+
+
+def _committed(cfg) -> bool:
+    return bool(pipeline_commits(cfg))
 
 
 def test_maintenance_dag_compacts_vacuums_and_checkpoints_without_touching_a_row(spark, pipeline):

@@ -10,6 +10,9 @@ idempotent and transactional producers (aborted and long-open transactions,
   duplicate runs      two ingests of the same pipeline at once
   zombie@<point>      an ingest frozen at a step while a retry commits, then let go
   broker restart      SIGTERM the broker mid-batch, start it again on the same port
+  broker restart during stream
+                      the same under a running `stream`, which must stay up and commit again
+                      once the broker is back (availability: its uptime and longest gap are reported)
   restore             Delta RESTORE to an earlier version (delta-rs, as an operator would,
                       or `offsetlake restore`), sometimes while an ingest runs
   cleanup             `offsetlake cleanup` while an ingest runs
@@ -35,6 +38,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,12 +79,15 @@ KINDS = {
     **{f"kill@{p}": 3 for p in POINTS},
     "kill@random ingest": 3, "kill@random stream": 2, "kill@random backfill": 2,
     "duplicate runs": 2, "zombie@after_files_written": 1, "zombie@before_commit": 1,
-    "broker restart": 2, "restore (delta-rs)": 1, "restore (offsetlake)": 1, "cleanup during ingest": 2,
+    "broker restart": 2, "broker restart during stream": 2, "restore (delta-rs)": 1, "restore (offsetlake)": 1, "cleanup during ingest": 2,
     "optimize during ingest": 2, "optimize during stream": 1, "optimize during backfill": 1,
     "vacuum during ingest": 1, "checkpoint during ingest": 1,
 }
 LOG_RETENTION = "interval 1 minutes"  # so that checkpoints really remove commit files during the run
 JOB_TIMEOUT = 300
+# A stream must commit again this soon after the broker is back: librdkafka reconnects within 10 s
+# (reconnect.backoff.max.ms), then one batch runs; the rest is slack for two busy cores.
+RECOVERY_LIMIT = 90
 
 
 class ChaosFailure(AssertionError):
@@ -165,6 +172,19 @@ class Summary:
     seconds: float = 0.0
     produced: dict = field(default_factory=dict)
     examples: list = field(default_factory=list)
+    excused: int = 0  # jobs other than streams that failed while a broker restart was under way
+    streams: list["StreamWatch"] = field(default_factory=list)  # streams that met a broker restart
+
+    @property
+    def stream_uptime(self) -> float:
+        """Share of the time the streams that met a broker restart were up, of the time they were wanted."""
+        wanted = sum(w.wanted_seconds for w in self.streams)
+        return sum(w.up_seconds for w in self.streams) / wanted if wanted else 1.0
+
+    @property
+    def longest_gap(self) -> tuple[float, float]:
+        """(seconds, broker down seconds): the longest a stream went without committing across a restart."""
+        return max(((w.gap, w.broker_down) for w in self.streams), default=(0.0, 0.0))
 
     @property
     def injected(self) -> int:
@@ -188,7 +208,16 @@ class Summary:
         lines += [f"{k:<{width}}{v:>8}" for k, v in rows]
         lines += [f"{'offsetlake audit':<{width}}{'ok' if self.audit_ok else 'FAILED':>8}",
                   f"{'job failures (not injected)':<{width}}{len(self.job_failures):>8}",
-                  f"producers: {dict(self.produced)}"]
+                  f"{'ingest/backfill failures excused by a broker restart':<{width}}{self.excused:>8}"]
+        if self.streams:
+            gap, down = self.longest_gap
+            up = sum(w.up_seconds for w in self.streams)
+            lines += [f"stream uptime across {len(self.streams)} broker restarts: {100 * self.stream_uptime:.1f}% "
+                      f"({up:.0f} s up of {sum(w.wanted_seconds for w in self.streams):.0f} s)",
+                      f"longest gap between a stream's commits across a restart: {gap:.1f} s "
+                      f"(broker down {down:.1f} s); median "
+                      f"{statistics.median(w.gap for w in self.streams):.1f} s"]
+        lines += [f"producers: {dict(self.produced)}"]
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
@@ -196,7 +225,46 @@ class Summary:
                 "kafka_records": self.kafka_records, "table_rows": self.table_rows, "quarantined": self.quarantined,
                 "missing": self.missing, "duplicated": self.duplicated, "unexpected": self.unexpected,
                 "audit_ok": self.audit_ok, "job_failures": self.job_failures, "seconds": round(self.seconds, 1),
-                "produced": self.produced, "examples": self.examples}
+                "produced": self.produced, "examples": self.examples, "excused": self.excused,
+                "stream_uptime": round(self.stream_uptime, 4), "streams": [w.as_dict() for w in self.streams]}
+
+
+@dataclass
+class StreamWatch:
+    """One stream across one broker restart, seen from outside: when it printed each committed batch
+    (its log, polled), whether it stayed up, and its longest stretch without a commit."""
+    job: Job
+    started: float = field(default_factory=time.monotonic)
+    commits: list[float] = field(default_factory=list)  # monotonic times its commit lines were seen
+    wanted_until: float = 0.0  # when the harness stopped it, or would have (a stream that died)
+    died_at: float | None = None
+    broker_down: float = 0.0
+    gap: float = 0.0
+
+    def poll(self) -> int:
+        text = self.job.log.read_text(errors="replace") if self.job.log.exists() else ""
+        seen = text.count(": committed table version ")
+        self.commits += [time.monotonic()] * (seen - len(self.commits))
+        if self.died_at is None and self.job.proc.poll() is not None:
+            self.died_at = time.monotonic()
+        return seen
+
+    def watch(self, until: float, done=lambda: False) -> None:
+        """Poll until `until`, `done()`, or the stream's death."""
+        while self.poll() is not None and self.died_at is None and not done() and time.monotonic() < until:
+            time.sleep(0.2)
+
+    @property
+    def wanted_seconds(self) -> float:
+        return self.wanted_until - self.started
+
+    @property
+    def up_seconds(self) -> float:
+        return (self.died_at or self.wanted_until) - self.started
+
+    def as_dict(self) -> dict:
+        return {"job": self.job.name, "commits": len(self.commits), "wanted": round(self.wanted_seconds, 1),
+                "up": round(self.up_seconds, 1), "gap": round(self.gap, 1), "broker_down": round(self.broker_down, 1)}
 
 
 class Schedule:
@@ -276,7 +344,13 @@ class Chaos:
         """Wait for a job nobody killed; a failure is recorded unless a fault explains it."""
         rc = job.wait()
         job.kill()  # whatever the driver left behind (its JVM) goes with its group
-        may_fail = may_fail or job.broker_restarts != self.broker_restarts  # another lane restarted it
+        # Another lane restarted the broker: an ingest or backfill may fail (Airflow retries it), but a
+        # stream must ride it out (kafka.retry_seconds), so its failure is never excused.
+        excused = job.broker_restarts != self.broker_restarts and not job.name.startswith("stream")
+        if excused and rc not in (0, None) and not may_fail:
+            with self.lock:
+                self.summary.excused += 1
+        may_fail = may_fail or excused
         # A backfill planned from the ledger is rightly refused when another lane's restore moved the
         # ledger back below its range meanwhile: the product was right, so it is no unexplained failure.
         may_fail = may_fail or (job.ledger_moves != self.ledger_moves and "ingest owns those offsets" in job.tail(3))
@@ -286,15 +360,18 @@ class Chaos:
             self.summary.job_failures.append(f"{job.name}: exit {rc}: {job.tail(2)}")
         return rc
 
-    def restart_broker(self, rng: random.Random) -> None:
+    def restart_broker(self, rng: random.Random) -> float:
+        """SIGTERM the broker, start it again on the same port; returns how long it was down."""
         with self.lock:
             self.broker_restarts += 1
+        down = time.monotonic()
         embedded_broker.stop(self.broker.pid)
         time.sleep(rng.uniform(0.2, 3.0))
         self.broker = embedded_broker.start(self.broker.data_dir, port=self.broker.port)
         with self.lock:
             self.broker_restarts += 1  # jobs started while it was down may fail too
         self.workload.broker_restarted()
+        return time.monotonic() - down
 
     # -- faults: each returns True if the fault really happened -------------------------------------
 
@@ -378,6 +455,36 @@ class Chaos:
 
     def broker_restart(self, rng: random.Random) -> bool:
         self.alongside_a_job(rng, lambda: self.restart_broker(rng))  # the job may fail, with a clear error
+        return True
+
+    def broker_restart_during_stream(self, rng: random.Random) -> bool:
+        """Availability, not only exactness: a stream that meets a broker restart stays up and commits
+        again once the broker is back. A stream that dies, or commits nothing within RECOVERY_LIMIT
+        seconds of the broker's return, is a job failure (never excused)."""
+        job = self.start("stream", *self.job_args(rng, "stream"))
+        watch = StreamWatch(job)
+        watch.watch(until=time.monotonic() + rng.uniform(3.0, 10.0))  # sometimes while its JVM starts
+        # The gap runs from its last commit before the restart (or the restart, if it had none yet:
+        # its JVM was still starting) to its first commit after the broker is back.
+        last_before = watch.commits[-1] if watch.poll() else time.monotonic()
+        watch.broker_down = self.restart_broker(rng)
+        at_return, back = watch.poll(), time.monotonic()
+        watch.watch(until=back + RECOVERY_LIMIT, done=lambda: len(watch.commits) > at_return)
+        recovered = len(watch.commits) > at_return
+        if recovered:
+            watch.watch(until=time.monotonic() + rng.uniform(1.0, 4.0))  # and it keeps going
+        watch.gap = (watch.commits[at_return] if recovered else time.monotonic()) - last_before
+        watch.wanted_until = time.monotonic() if watch.died_at is None else back + RECOVERY_LIMIT
+        job.proc.send_signal(signal.SIGTERM)  # a stream stops between batches, with exit 0
+        rc = job.wait()
+        job.kill()
+        failure = (f"died across a broker restart (exit {rc})" if watch.died_at is not None else
+                   f"no commit within {RECOVERY_LIMIT} s of the broker's return" if not recovered else
+                   f"exit {rc} after SIGTERM" if rc != 0 else None)
+        with self.lock:
+            self.summary.streams.append(watch)
+            if failure:
+                self.summary.job_failures.append(f"{job.name}: {failure}: {job.tail(2)}")
         return True
 
     def restore(self, rng: random.Random, how: str) -> bool:
@@ -482,6 +589,7 @@ class Chaos:
         if kind.startswith("optimize during "):
             return self.optimize_during(rng, kind.split()[-1])
         return {"duplicate runs": self.duplicate_runs, "broker restart": self.broker_restart,
+                "broker restart during stream": self.broker_restart_during_stream,
                 "cleanup during ingest": self.cleanup_during_ingest, "vacuum during ingest": self.vacuum_during_ingest,
                 "checkpoint during ingest": self.checkpoint_during_ingest}[kind](rng)
 

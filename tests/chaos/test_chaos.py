@@ -26,3 +26,5 @@ def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path):
     assert summary.kafka_records == summary.table_rows + summary.quarantined > 0
     assert summary.audit_ok, f"seed {seed}: offsetlake audit disagrees"
     assert summary.job_failures == [], f"seed {seed}: jobs failed with no fault to explain it"
+    # Availability: every stream that met a broker restart stayed up and committed again afterwards.
+    assert summary.streams and summary.stream_uptime == 1.0, [w.as_dict() for w in summary.streams]

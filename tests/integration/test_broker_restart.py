@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -19,36 +18,6 @@ from offsetlake.kafka import KafkaCluster
 from offsetlake.local import broker as embedded_broker
 from offsetlake.local.producer import produce
 from support import REPO, assert_exactly_once, new_pipeline, pipeline_commits, table_lineage, wait_while_running
-
-
-class RestartableBroker:
-    def __init__(self, data_dir):
-        self.data_dir = data_dir
-        self.current = embedded_broker.start(data_dir)
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return self.current.bootstrap_servers
-
-    def stop(self) -> None:
-        embedded_broker.stop(self.current.pid)
-
-    def start(self) -> None:
-        self.current = embedded_broker.start(self.data_dir, port=self.current.port)
-
-    def restart_in_background(self, down_seconds: float) -> threading.Thread:
-        """Stop now; start again after `down_seconds`, in a thread (join it)."""
-        self.stop()
-        thread = threading.Thread(target=lambda: (time.sleep(down_seconds), self.start()))
-        thread.start()
-        return thread
-
-
-@pytest.fixture
-def own_broker(tmp_path):
-    b = RestartableBroker(tmp_path / "broker")
-    yield b
-    embedded_broker.stop(b.current.pid)
 
 
 def test_planning_waits_out_a_broker_restart(own_broker, tmp_path, caplog):

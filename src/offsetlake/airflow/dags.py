@@ -15,7 +15,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Asset, Param, task
 
-from offsetlake.airflow.operator import OffsetlakeOperator
+from offsetlake.airflow.operator import RETRIES, OffsetlakeOperator
 from offsetlake.config import PipelineConfig, list_pipelines, load_pipeline
 
 START = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -43,6 +43,16 @@ def publish_task(cfg: PipelineConfig, step_id: str):
     return publish()
 
 
+def retry_policy(cfg: PipelineConfig, command: str) -> dict:
+    """The pipeline's `airflow:` settings over the operator's retry defaults, for the steps that retry."""
+    if not RETRIES[command]:
+        return {}
+    policy = {"retry_delay": dt.timedelta(seconds=cfg.airflow.retry_delay_seconds)}
+    if cfg.airflow.retries is not None:
+        policy["retries"] = cfg.airflow.retries
+    return policy
+
+
 def _dag(cfg: PipelineConfig, kind: str, **kwargs) -> DAG:
     return DAG(
         dag_id=f"offsetlake__{cfg.name}__{kind}",
@@ -57,7 +67,8 @@ def _dag(cfg: PipelineConfig, kind: str, **kwargs) -> DAG:
 def ingest_dag(cfg: PipelineConfig) -> DAG:
     with _dag(cfg, "ingest", schedule=cfg.schedule,  # `schedule: null` in the pipeline: triggered runs only
               description=f"Ingest {', '.join(cfg.topics)} into {cfg.table_path}, exactly once") as dag:
-        OffsetlakeOperator(task_id="ingest", pipeline=cfg.name, command="ingest") >> publish_task(cfg, "ingest")
+        step = OffsetlakeOperator(task_id="ingest", pipeline=cfg.name, command="ingest", **retry_policy(cfg, "ingest"))
+        step >> publish_task(cfg, "ingest")
     return dag
 
 
@@ -67,7 +78,7 @@ def stream_dag(cfg: PipelineConfig) -> DAG:
     with _dag(cfg, "stream", schedule="@hourly", params=params,
               description=f"Micro-batches of {cfg.name} in one Spark session, for a bounded time per run") as dag:
         OffsetlakeOperator(task_id="stream", pipeline=cfg.name, command="stream",
-                           arguments=["--max-seconds", "{{ params.max_seconds | int }}"])
+                           arguments=["--max-seconds", "{{ params.max_seconds | int }}"], **retry_policy(cfg, "stream"))
     return dag
 
 
@@ -138,7 +149,8 @@ def validated_step(cfg: PipelineConfig, form: str, task_id: str, command: str, f
 
     pull = "{{{{ ti.xcom_pull(task_ids='validate')['{}'] }}}}".format
     arguments = [item for flag, key in flags.items() for item in (flag, pull(key))]
-    validate() >> OffsetlakeOperator(task_id=task_id, pipeline=cfg.name, command=command, arguments=arguments)
+    validate() >> OffsetlakeOperator(task_id=task_id, pipeline=cfg.name, command=command, arguments=arguments,
+                                     **retry_policy(cfg, command))
 
 
 def maintenance_dag(cfg: PipelineConfig) -> DAG:

@@ -12,7 +12,12 @@ which job to submit and how to read back what the job committed:
   baked into the DAG;
 - every commit the job makes records this task try (dag id, run id, try number)
   in its `userMetadata`; `execute` reads those commits back from the table's
-  history and returns them, so other tasks get the result by XCom on any worker.
+  history and returns them (a retry returns those of every try of its run), so
+  other tasks get the result by XCom on any worker;
+- a failed try is retried (`RETRIES`, with exponential backoff): every command is
+  safe to run again, since the ledger turns a re-run of a committed batch into a
+  no-op. That is what carries a pipeline across a Kafka outage longer than
+  `kafka.retry_seconds`, a lost driver or a killed worker.
 """
 from __future__ import annotations
 
@@ -29,6 +34,13 @@ CLOCK_SKEW_MS = 5 * 60 * 1000
 # command -> jobs/<file>.py; each job file runs `offsetlake <command>`.
 JOBS = {"ingest": "ingest", "stream": "stream", "backfill": "backfill", "recover": "recovery",
         "maintain": "maintenance"}
+# Tries after the first, per command; waits of 30 s, 60 s, 120 s... at most 10 minutes. Ingest and
+# stream are what a schedule relies on. A backfill is refused for reasons a retry does not change (a
+# range past the ledger, below the log start) and someone is watching it; `recover` fails when the
+# audit finds damage, which running it again finds again: neither is retried.
+RETRIES = {"ingest": 3, "stream": 5, "backfill": 0, "recover": 0, "maintain": 1}
+RETRY_DELAY = dt.timedelta(seconds=30)
+MAX_RETRY_DELAY = dt.timedelta(minutes=10)
 
 
 class OffsetlakeOperator(SparkSubmitOperator):
@@ -41,7 +53,8 @@ class OffsetlakeOperator(SparkSubmitOperator):
     :param conn_id: the Spark connection: master (``local[*]``, ``spark://host:7077``, ``yarn``,
         ``k8s://...``) and, in its extra, ``deploy-mode``.
     :param kwargs: anything ``SparkSubmitOperator`` takes (``conf``, ``executor_memory``, ...);
-        ``conf`` given here wins over offsetlake's settings.
+        ``conf`` given here wins over offsetlake's settings, and ``retries``, ``retry_delay``,
+        ``retry_exponential_backoff``, ``max_retry_delay`` over the defaults (``RETRIES``).
 
     ``on_kill`` is SparkSubmitOperator's: it goes to the hook, which stops spark-submit
     (or the driver on the cluster). A killed job commits nothing it had not committed.
@@ -54,6 +67,10 @@ class OffsetlakeOperator(SparkSubmitOperator):
         if command not in JOBS:
             raise ValueError(f"unknown offsetlake command {command!r}: one of {', '.join(JOBS)}")
         kwargs.setdefault("name", f"offsetlake-{command}-{pipeline}")
+        kwargs.setdefault("retries", RETRIES[command])
+        kwargs.setdefault("retry_delay", RETRY_DELAY)
+        kwargs.setdefault("retry_exponential_backoff", True)
+        kwargs.setdefault("max_retry_delay", MAX_RETRY_DELAY)
         super().__init__(conn_id=conn_id, **kwargs)
         self.pipeline = pipeline
         self.command = command
@@ -68,8 +85,11 @@ class OffsetlakeOperator(SparkSubmitOperator):
         started = dt.datetime.now(dt.timezone.utc)
         super().execute(context)
         from offsetlake.status import commits_of_task_try  # reads Delta: only in the process that runs the task
-        since = int(started.timestamp() * 1000) - CLOCK_SKEW_MS
-        return commits_of_task_try(self.pipeline, ti.dag_id, ti.run_id, ti.try_number, since)
+        # A retry reports what every try of this run committed: a failed try may have committed batches.
+        retried = ti.try_number > 1
+        run_started = getattr(context.get("dag_run"), "start_date", None)
+        since = int(((run_started or started) if retried else started).timestamp() * 1000) - CLOCK_SKEW_MS
+        return commits_of_task_try(self.pipeline, ti.dag_id, ti.run_id, None if retried else ti.try_number, since)
 
     def _master(self) -> str:
         """The connection's master, as the Spark provider reads it (it defaults to yarn)."""
