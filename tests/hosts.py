@@ -45,7 +45,10 @@ class Host:
 
     def command(self, *args: str) -> list[str]:
         """`args` run inside this host's network namespace (ip netns exec execs: the PID is the command's)."""
-        return ["ip", "netns", "exec", self.name, *args]
+        return ["ip", "netns", "exec", self.name, *args] if self.name else list(args)
+
+
+LOOPBACK = Host("", "127.0.0.1")  # this machine, for tests that need a cluster but not a network
 
 
 @dataclass
@@ -232,18 +235,20 @@ class SparkStandalone:
     master_pid: int
     worker_pid: int
     work_dir: Path
+    port: int = 7077
     ui_port: int = 18080
 
     @property
     def master_url(self) -> str:
-        return f"spark://{self.host.address}:7077"
+        return f"spark://{self.host.address}:{self.port}"
 
     def state(self) -> dict:
         with urllib.request.urlopen(f"http://{self.host.address}:{self.ui_port}/json/", timeout=5) as resp:
             return json.loads(resp.read())
 
     @staticmethod
-    def start(host: Host, root: Path, cores: int = 2, memory: str = "2g") -> "SparkStandalone":
+    def start(host: Host, root: Path, cores: int = 2, memory: str = "2g", port: int = 7077, ui_port: int = 18080,
+              worker_ui_port: int = 18081) -> "SparkStandalone":
         spark_class = Path(sys.executable).parent / "spark-class"
         require(spark_class.exists(), "spark-class", "pip install pyspark (requirements.txt)")
         work = root / "spark-work"
@@ -252,16 +257,25 @@ class SparkStandalone:
                "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}
         master_log, worker_log = root / "spark-master.log", root / "spark-worker.log"
         master = _popen(host.command(str(spark_class), "org.apache.spark.deploy.master.Master", "--host", host.address,
-                                     "--port", "7077", "--webui-port", "18080"), env, master_log)
-        cluster = SparkStandalone(host, master.pid, 0, work)
+                                     "--port", str(port), "--webui-port", str(ui_port)), env, master_log)
+        cluster = SparkStandalone(host, master.pid, 0, work, port, ui_port)
         wait_for(lambda: _answers(cluster), "Spark master", 90, master, master_log)
         worker = _popen(host.command(str(spark_class), "org.apache.spark.deploy.worker.Worker", cluster.master_url,
                                      "--host", host.address, "--cores", str(cores), "--memory", memory,
-                                     "--webui-port", "18081", "--work-dir", str(work)), env, worker_log)
+                                     "--webui-port", str(worker_ui_port), "--work-dir", str(work)), env, worker_log)
         cluster.worker_pid = worker.pid
         wait_for(lambda: any(w.get("state") == "ALIVE" for w in cluster.state().get("workers", [])),
                  "a Spark worker registered with the master", 90, worker, worker_log)
         return cluster
+
+    def executor_pids(self) -> list[int]:
+        """The executor JVMs the worker runs now (CoarseGrainedExecutorBackend, its descendants)."""
+        return [pid for pid in descendants(self.worker_pid)
+                if b"CoarseGrainedExecutorBackend" in _cmdline(pid)]
+
+    def executor_dirs(self) -> list[Path]:
+        """One directory per executor the worker ever launched: <work>/<app id>/<executor id>."""
+        return sorted(p for p in self.work_dir.glob("app-*/*") if p.is_dir())
 
     def applications(self) -> list[dict]:
         state = self.state()
@@ -271,6 +285,30 @@ class SparkStandalone:
         for pid in (self.worker_pid, self.master_pid):
             if pid:
                 processes.stop(pid, timeout=20)
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root`, from /proc (children, their children...)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _answers(cluster: SparkStandalone) -> bool:

@@ -21,6 +21,10 @@ class TableError(OffsetlakeError):
     """The Delta table is missing, unreadable, or does not match the pipeline."""
 
 
+class StorageError(OffsetlakeError):
+    """A data file could not be written where the table lives: a full disk, a quota, permissions."""
+
+
 def one_line(text: object) -> str:
     """Messages from libraries (delta-rs, librdkafka, Spark) may span lines; a terminal or task log gets one."""
     return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())

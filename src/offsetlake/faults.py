@@ -5,7 +5,8 @@ real job (driver, JVM and Python workers) at each step of the batch protocol
 and check the table afterwards. With no OFFSETLAKE_FAULT set they do nothing.
 
     OFFSETLAKE_FAULT=<point>:<action>[,<point>:<action>]
-      point:  after_plan | after_read | after_files_written | before_commit | after_commit
+      point:  after_plan | after_read | after_task_write | after_files_written | before_commit | after_commit
+              (after_read and after_task_write are hit inside each Spark task, the others on the driver)
       action: exit  -> SIGKILL the job's driver process (no clean-up, no finally blocks)
               pause -> touch $OFFSETLAKE_FAULT_DIR/<point>.reached, then wait until
                        $OFFSETLAKE_FAULT_DIR/<point>.release exists (a zombie attempt)
@@ -17,7 +18,7 @@ import signal
 import time
 from pathlib import Path
 
-POINTS = ("after_plan", "after_read", "after_files_written", "before_commit", "after_commit")
+POINTS = ("after_plan", "after_read", "after_task_write", "after_files_written", "before_commit", "after_commit")
 ENV = "OFFSETLAKE_FAULT"
 DIR_ENV = "OFFSETLAKE_FAULT_DIR"
 

@@ -19,6 +19,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from offsetlake.errors import StorageError, one_line
+
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 STRING_STATS_MAX = 32  # longer strings get no min/max: a truncated max would be wrong for skipping
 
@@ -77,8 +79,12 @@ def write_file(table_uri: str, rel_path: str, data: pa.Table, partition_values: 
     """Write one Parquet file (data without partition columns) at `rel_path` under the table."""
     fs, root = open_filesystem(table_uri)
     full = f"{root.rstrip('/')}/{rel_path}"
-    fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
-    pq.write_table(data, full, filesystem=fs, compression="zstd", compression_level=1)
+    try:
+        fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
+        pq.write_table(data, full, filesystem=fs, compression="zstd", compression_level=1)
+    except OSError as err:  # a full disk, a quota, permissions: name the path, leave no partial file
+        _delete_quietly(fs, full)
+        raise StorageError(f"cannot write {full}: {_os_reason(err)}") from None
     info = fs.get_file_info(full)
     return DataFile(
         path=to_delta_path(rel_path),
@@ -88,6 +94,19 @@ def write_file(table_uri: str, rel_path: str, data: pa.Table, partition_values: 
         stats=delta_stats(data),
         num_records=data.num_rows,
     )
+
+
+def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        fs.delete_file(path)
+    except OSError:
+        pass  # never written, or not removable: the attempt's clean-up or `cleanup` tries again
+
+
+def _os_reason(err: OSError) -> str:
+    """pyarrow words it 'Error writing bytes to file. Detail: [errno 28] No space left on device'."""
+    text = one_line(err)
+    return text.split("Detail: ", 1)[-1] if "Detail: " in text else text
 
 
 def read_file(table_uri: str, delta_path: str, columns: list[str] | None = None) -> pa.Table:

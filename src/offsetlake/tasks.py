@@ -51,6 +51,7 @@ def run_task(ctx: TaskContext, index: int) -> list[dict]:
                                            ("quarantine", cfg.quarantine_path, bad, [])):
         for f in write_files(uri, table, partition_by, name):
             out.append({"task": index, "kind": kind, "file": f.to_json(), "records": f.num_records})
+    faults.hit("after_task_write", ctx.fault_settings)  # its files are on disk, not yet reported
     return out
 
 

@@ -23,7 +23,7 @@ from support import (REPO, assert_exactly_once, assert_quarantine_accounts_for_t
                     ingest_process, pipeline_commits, table_lineage, wait_while_running)
 
 pytestmark = pytest.mark.slow
-FAULT_POINTS = ["after_plan", "after_read", "after_files_written", "before_commit", "after_commit"]
+FAULT_POINTS = ["after_plan", "after_read", "after_task_write", "after_files_written", "before_commit", "after_commit"]
 
 
 @pytest.mark.parametrize("point", FAULT_POINTS)
@@ -35,7 +35,7 @@ def test_job_killed_at_each_fault_point_then_rerun_is_exact(spark, pipeline, pip
     commits_after_crash = pipeline_commits(cfg)
     assert len(commits_after_crash) == (1 if point == "after_commit" else 0)
     killed_attempts_orphans = data_files_on_disk(cfg.table_path) - committed_files(cfg.table_path)
-    if point in ("after_files_written", "before_commit"):
+    if point in ("after_task_write", "after_files_written", "before_commit"):
         assert killed_attempts_orphans, "the killed attempt had written files: the check below must see them"
     else:
         assert not killed_attempts_orphans

@@ -93,16 +93,20 @@ def start(env: dict[str, str], timeout: float = 180) -> dict[str, int]:
     migrate = subprocess.run(_airflow("db", "migrate"), env=env, capture_output=True, text=True, timeout=900)
     if migrate.returncode != 0:
         raise OffsetlakeError(f"airflow db migrate failed: {migrate.stderr.strip().splitlines()[-1:]}")
-    pids = {}
-    for component in COMPONENTS:
-        args = ("api-server", "--host", HOST, "--port", env["AIRFLOW__API__PORT"]) if component == "api-server" else (component,)
-        with open(home / f"{component}.log", "ab") as log:
-            proc = subprocess.Popen(_airflow(*args), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        (home / f"{component}.pid").write_text(f"{proc.pid}\n")
-        pids[component] = proc.pid
+    pids = {component: start_component(env, component) for component in COMPONENTS}
     wait_healthy(env["AIRFLOW__API__BASE_URL"], timeout)
     return pids
+
+
+def start_component(env: dict[str, str], component: str) -> int:
+    """One component in its own process group, its pid in <AIRFLOW_HOME>/<component>.pid. Returns the pid."""
+    home = Path(env["AIRFLOW_HOME"])
+    args = ("api-server", "--host", HOST, "--port", env["AIRFLOW__API__PORT"]) if component == "api-server" else (component,)
+    with open(home / f"{component}.log", "ab") as log:
+        proc = subprocess.Popen(_airflow(*args), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    (home / f"{component}.pid").write_text(f"{proc.pid}\n")
+    return proc.pid
 
 
 def wait_healthy(base_url: str, timeout: float) -> None:
