@@ -34,11 +34,10 @@ def small_disk(tmp_path):
 def fill(disk, leave_bytes: int):
     """A filler file that leaves `leave_bytes` free on `disk`; returns its path."""
     filler = disk / "filler"
-    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
-    with open(filler, "wb") as out:
-        out.truncate(0)
-        chunk = b"\0" * (1 << 20)
-        left = free - leave_bytes
+    stats = os.statvfs(disk)
+    left = stats.f_bavail * stats.f_frsize - leave_bytes
+    chunk = b"\0" * (1 << 20)
+    with open(filler, "wb") as out:  # written, not truncated: tmpfs counts only the pages written
         while left > 0:
             left -= out.write(chunk[:min(len(chunk), left)])
     return filler

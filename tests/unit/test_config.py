@@ -54,6 +54,9 @@ def test_a_valid_pipeline_gets_defaults():
     (lambda d: d["format"].update(type="raw", schema=[], unknown_fields="keep"), "needs format 'json'"),
     (lambda d: d["format"]["schema"].append({"name": "_unknown_fields", "type": "string"}), "clashes with a column"),
     (lambda d: d["format"].update(max_value_bytes=0), "key 'format.max_value_bytes'"),
+    (lambda d: d.update(airflow={"retries": -1}), "key 'airflow.retries'"),
+    (lambda d: d.update(airflow={"retry_delay_seconds": "soon"}), "key 'airflow.retry_delay_seconds'"),
+    (lambda d: d.update(airflow={"retry": 3}), "unknown key 'airflow.retry'"),
 ])
 def test_mistakes_name_the_key(mutate, expected):
     doc = base()
