@@ -165,6 +165,9 @@ class PipelineConfig(_Strict):
     batch: BatchSettings = Field(default_factory=BatchSettings)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     on_data_loss: Literal["fail", "skip"] = "fail"
+    # batch: the ingest DAG runs on `schedule`; stream: the stream DAG keeps one run going. The other
+    # DAG is not scheduled (it can still be triggered: the ledger serialises whatever runs).
+    mode: Literal["batch", "stream"] = "batch"
     schedule: StrictStr | None = "@hourly"
     stream_interval_seconds: float = Field(default=5.0, gt=0)
     quarantine: TableSettings | None = None
@@ -183,6 +186,9 @@ class PipelineConfig(_Strict):
                 raise ValueError(f"maintenance.zorder_by column {col!r} is not a data column of the table")
         if len(set(self.topics)) != len(self.topics):
             raise ValueError("topics lists a topic twice")
+        if self.mode == "stream" and "schedule" in self.model_fields_set and self.schedule is not None:
+            raise ValueError("schedule is the ingest DAG's, for mode 'batch'; in mode 'stream' the stream DAG "
+                             "runs all the time (leave schedule out)")
         return self
 
     def column_names(self) -> list[str]:

@@ -219,6 +219,18 @@ def test_stream_dag_runs_for_a_bounded_time(pipeline):
 
 
 
+@pytest.mark.parametrize("mode, ingest_timetable, stream_timetable", [
+    ("batch", "CronTriggerTimetable", "NullTimetable"),
+    ("stream", "NullTimetable", "ContinuousTimetable"),
+])
+def test_the_mode_decides_which_dag_is_scheduled(pipeline, mode, ingest_timetable, stream_timetable):
+    from offsetlake.airflow.dags import ingest_dag, stream_dag
+    cfg, _ = pipeline(mode=mode)
+    ingest, stream = ingest_dag(cfg), stream_dag(cfg)
+    assert (type(ingest.timetable).__name__, type(stream.timetable).__name__) == (ingest_timetable, stream_timetable)
+    assert ingest.max_active_runs == stream.max_active_runs == 1  # the continuous stream: one run at a time
+
+
 def test_steps_that_a_schedule_relies_on_are_retried_and_refusals_are_not(pipeline):
     from offsetlake.airflow.dags import pipeline_dags
     cfg, _ = pipeline(airflow={"retries": 7, "retry_delay_seconds": 5})

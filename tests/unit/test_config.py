@@ -55,6 +55,8 @@ def test_a_valid_pipeline_gets_defaults():
     (lambda d: d["format"]["schema"].append({"name": "_unknown_fields", "type": "string"}), "clashes with a column"),
     (lambda d: d["format"].update(max_value_bytes=0), "key 'format.max_value_bytes'"),
     (lambda d: d.update(airflow={"retries": -1}), "key 'airflow.retries'"),
+    (lambda d: d.update(mode="micro"), "key 'mode'"),
+    (lambda d: d.update(mode="stream", schedule="@hourly"), "in mode 'stream' the stream DAG runs all the time"),
     (lambda d: d.update(airflow={"retry_delay_seconds": "soon"}), "key 'airflow.retry_delay_seconds'"),
     (lambda d: d.update(airflow={"retry": 3}), "unknown key 'airflow.retry'"),
 ])

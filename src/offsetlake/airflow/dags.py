@@ -65,7 +65,10 @@ def _dag(cfg: PipelineConfig, kind: str, **kwargs) -> DAG:
 
 
 def ingest_dag(cfg: PipelineConfig) -> DAG:
-    with _dag(cfg, "ingest", schedule=cfg.schedule,  # `schedule: null` in the pipeline: triggered runs only
+    # mode batch: on the pipeline's schedule (`schedule: null`: triggered runs only); mode stream: triggered
+    # runs only (a catch-up beside the stream is safe: the ledger serialises them).
+    schedule = cfg.schedule if cfg.mode == "batch" else None
+    with _dag(cfg, "ingest", schedule=schedule,
               description=f"Ingest {', '.join(cfg.topics)} into {cfg.table_path}, exactly once") as dag:
         step = OffsetlakeOperator(task_id="ingest", pipeline=cfg.name, command="ingest", **retry_policy(cfg, "ingest"))
         step >> publish_task(cfg, "ingest")
@@ -75,7 +78,10 @@ def ingest_dag(cfg: PipelineConfig) -> DAG:
 def stream_dag(cfg: PipelineConfig) -> DAG:
     params = {"max_seconds": Param(3300, type="integer", minimum=10, maximum=86400,
                                    description="how long this run streams before the next run takes over")}
-    with _dag(cfg, "stream", schedule="@hourly", params=params,
+    # mode stream: one run at a time, the next as soon as one ends (each streams for max_seconds, so a
+    # long-lived Spark session is renewed hourly); mode batch: triggered runs only.
+    schedule = "@continuous" if cfg.mode == "stream" else None
+    with _dag(cfg, "stream", schedule=schedule, params=params,
               description=f"Micro-batches of {cfg.name} in one Spark session, for a bounded time per run") as dag:
         OffsetlakeOperator(task_id="stream", pipeline=cfg.name, command="stream",
                            arguments=["--max-seconds", "{{ params.max_seconds | int }}"], **retry_policy(cfg, "stream"))

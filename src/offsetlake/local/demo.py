@@ -2,8 +2,9 @@
 
 up:   broker on 127.0.0.1:19092, demo events (with aborted transactions and a few
       malformed records), a producer that keeps writing, Airflow (api-server on
-      127.0.0.1:8080, scheduler, dag-processor, triggerer), the demo pipeline's
-      DAGs unpaused and a first ingest run triggered and awaited.
+      127.0.0.1:8080, scheduler, dag-processor, triggerer), the demo pipeline
+      (mode: stream) streaming from its stream DAG, whose first commit is awaited
+      and reported as the table's history records it.
 down: everything above, stopped by its pid file.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from offsetlake.local import broker, processes, stack
@@ -58,28 +60,58 @@ def up() -> None:
     print("starting Airflow: api-server, scheduler, dag-processor, triggerer ...", flush=True)
     stack.start(env)
     api = stack.Api(env["AIRFLOW__API__BASE_URL"], stack.USER, stack.password(home))
-    for kind in ("ingest", "stream", "backfill"):
-        api.wait_for_dag(f"offsetlake__{PIPELINE}__{kind}")
-        api.unpause(f"offsetlake__{PIPELINE}__{kind}")
-    dag_id = f"offsetlake__{PIPELINE}__ingest"
-    run_id = api.trigger(dag_id)
-    print(f"triggered {dag_id} ({run_id}); waiting for it ...", flush=True)
-    state = api.wait_for_run(dag_id, run_id, timeout=300)
-    api.unpause(f"offsetlake__{PIPELINE}__recovery")  # its daily audit needs the table the first ingest made
+    cfg = load_pipeline(PIPELINE)
+    dags = {kind: f"offsetlake__{PIPELINE}__{kind}" for kind in ("ingest", "stream", "backfill", "recovery")}
+    for dag_id in dags.values():
+        api.wait_for_dag(dag_id)
+    api.unpause(dags["backfill"])
+    api.unpause(dags["ingest"])  # in mode stream it has no schedule: it runs only when someone triggers it
+    started_ms = int(time.time() * 1000)
+    api.unpause(dags["stream"])  # mode: stream, so it keeps one run going from now on
+    print(f"unpaused {dags['stream']} (the pipeline's mode is {cfg.mode}); waiting for its first commit ...",
+          flush=True)
+    committed = _wait_for_commits(cfg, dags["stream"], started_ms, timeout=300)
+    api.unpause(dags["recovery"])  # its daily audit needs the table the stream made
     _cli("status", "--pipeline", PIPELINE)
     _cli("history", "--pipeline", PIPELINE, "--limit", "5")
-    cfg = load_pipeline(PIPELINE)
     print(f"""
-first ingest run: {state}
+stream DAG:   {_describe(committed)}
 Airflow UI:   {env['AIRFLOW__API__BASE_URL']}   login: {stack.USER} / {stack.password(home)}
-DAGs:         offsetlake__{PIPELINE}__ingest (hourly), __stream (micro-batches), __backfill (trigger form), __recovery (daily audit), __maintenance (daily optimize, vacuum, checkpoint)
+DAGs:         {dags['stream']} (mode: stream, one run always going), __ingest (triggered catch-up), __backfill (trigger form), __recovery (daily audit), __maintenance (daily optimize, vacuum, checkpoint; paused)
 Delta table:  {cfg.table_path}
 quarantine:   {cfg.quarantine_path}
 broker:       127.0.0.1:{BROKER_PORT} (topic {', '.join(cfg.topics)})
 logs:         {home}/*.log, {base}/producer.log
 stop it all:  make down""")
-    if state != "success":
-        raise OffsetlakeError(f"the first ingest run ended {state}; see {home}/scheduler.log")
+    if not committed:
+        raise OffsetlakeError(f"the stream DAG committed nothing within 300 s; see {home}/scheduler.log")
+
+
+def _wait_for_commits(cfg, dag_id: str, since_ms: int, timeout: float) -> list:
+    """The commits `dag_id` made since `since_ms`, once there is at least one (or [] after `timeout`)."""
+    from offsetlake.ledger import pipeline_history
+    from offsetlake.table import open_table
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            mine = [h for h in pipeline_history(open_table(cfg.table_path), cfg.name, since_ms=since_ms)
+                    if h.meta.run.dag_id == dag_id]
+        except OffsetlakeError:  # no table yet
+            mine = []
+        if mine:
+            return mine
+        time.sleep(2)
+    return []
+
+
+def _describe(commits: list) -> str:
+    """What the stream's run committed, as the table's history says."""
+    if not commits:
+        return "no commit yet"
+    rows = sum(h.meta.records.rows for h in commits)
+    quarantined = sum(h.meta.records.quarantined for h in commits)
+    return (f"run {commits[-1].meta.run.run_id} committed {len(commits)} batch(es) so far: {rows} rows, "
+            f"{quarantined} quarantined, table version {commits[-1].version}")
 
 
 def down() -> None:
