@@ -293,6 +293,9 @@ class Chaos:
         self.broker_restarts = 0
         self.ledger_moves = 0
         self.checkpoints = threading.Lock()  # a checkpoint's log clean-up and a RESTORE do not overlap
+        # Two lanes restarting the broker at once would start two brokers on one port and one data
+        # directory (and leave one running): restarts take turns.
+        self.restarting = threading.Lock()
         self.live: list[Job] = []
         self.summary = Summary(seed)
         self.broker = embedded_broker.start(workdir / "broker")
@@ -360,16 +363,17 @@ class Chaos:
 
     def restart_broker(self, rng: random.Random) -> float:
         """SIGTERM the broker, start it again on the same port; returns how long it was down."""
-        with self.lock:
-            self.broker_restarts += 1
-        down = time.monotonic()
-        embedded_broker.stop(self.broker.pid)
-        time.sleep(rng.uniform(0.2, 3.0))
-        self.broker = embedded_broker.start(self.broker.data_dir, port=self.broker.port)
-        with self.lock:
-            self.broker_restarts += 1  # jobs started while it was down may fail too
-        self.workload.broker_restarted()
-        return time.monotonic() - down
+        with self.restarting:
+            with self.lock:
+                self.broker_restarts += 1
+            down = time.monotonic()
+            embedded_broker.stop(self.broker.pid)
+            time.sleep(rng.uniform(0.2, 3.0))
+            self.broker = embedded_broker.start(self.broker.data_dir, port=self.broker.port)
+            with self.lock:
+                self.broker_restarts += 1  # jobs started while it was down may fail too
+            self.workload.broker_restarted()
+            return time.monotonic() - down
 
     # -- faults: each returns True if the fault really happened -------------------------------------
 
