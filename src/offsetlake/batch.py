@@ -170,6 +170,21 @@ def _executor_error(err: Exception) -> Exception:
     return OffsetlakeError(f"Spark job failed: {first.strip()[:500]}")
 
 
+def nothing_to_ingest(cfg: PipelineConfig) -> bool:
+    """True when a plan made now would find nothing to commit, decided without Spark and without
+    creating the table, so a caller can skip starting a JVM at all. False whenever it cannot tell
+    (no table yet): the ingest itself then decides, and words any error."""
+    from offsetlake.errors import TableError
+    try:
+        table = open_table(cfg.table_path)
+    except TableError:
+        return False
+    cluster = KafkaCluster(cfg.kafka)
+    tps = cluster.partitions(cfg.topics)
+    targets = cluster.end_offsets(tps, cfg.kafka.isolation_level)
+    return not plan_batch(cfg, cluster, read_ledger(table, cfg.name, tps), tps, targets).needs_commit
+
+
 def ingest(spark, cfg: PipelineConfig, run: Run | None = None,
            stop: threading.Event | None = None) -> list[BatchResult]:
     """Catch up to the end offsets taken now. Returns the result of every batch attempted."""

@@ -37,6 +37,17 @@ def asset_events(cfg) -> list[dict]:
         return [dict(e.extra or {}) for e in events]
 
 
+def step_result(dag, task_id: str):
+    """The XCom a step of the DAG's latest run returned."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    with create_session() as session:
+        row = (session.query(XComModel).filter(XComModel.dag_id == dag.dag_id, XComModel.task_id == task_id,
+                                               XComModel.key == "return_value")
+               .order_by(XComModel.timestamp.desc()).first())
+        return XComModel.deserialize_value(row)
+
+
 def full_rows(cfg) -> list[dict]:
     return query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_topic, kafka_partition, kafka_offset").to_pylist()
 
@@ -87,6 +98,14 @@ def test_ingest_dag_commits_with_airflow_coordinates_and_emits_an_asset_event(pi
     assert last.meta.run.run_id and last.meta.run.try_number == 1
     events = asset_events(cfg)
     assert events and events[-1]["ranges"] == {topic: {str(p): [0, o] for (_, p), o in ledger_offsets(cfg).items()}}
+    assert step_result(ingest_dag(cfg), "ingest")["submitted"] is True
+
+    # Nothing new: the step decides so without submitting a Spark job, commits nothing, publishes nothing.
+    state, tasks = run(ingest_dag(cfg))
+    assert (state, tasks["publish"]) == ("success", "skipped"), tasks
+    assert step_result(ingest_dag(cfg), "ingest") | {"table": None} == {
+        "pipeline": cfg.name, "table": None, "versions": [], "kinds": [], "rows": 0, "ranges": {}, "submitted": False}
+    assert pipeline_commits(cfg)[-1].version == last.version and len(asset_events(cfg)) == len(events)
 
 
 def test_backfill_dag_twice_gives_the_same_table_and_an_asset_event(spark, pipeline):

@@ -14,6 +14,8 @@ which job to submit and how to read back what the job committed:
   in its `userMetadata`; `execute` reads those commits back from the table's
   history and returns them (a retry returns those of every try of its run), so
   other tasks get the result by XCom on any worker;
+- an ingest with nothing new to read submits no Spark job (the check reads the ledger
+  and Kafka's end offsets in the task process): no JVM starts for nothing;
 - a failed try is retried (`RETRIES`, with exponential backoff): every command is
   safe to run again, since the ledger turns a re-run of a committed batch into a
   no-op. That is what carries a pipeline across a Kafka outage longer than
@@ -83,13 +85,32 @@ class OffsetlakeOperator(SparkSubmitOperator):
                                  "--try-number", str(ti.try_number), *self.arguments]
         self.conf = {**spark_conf(self._master()), **(self.conf or {})}
         started = dt.datetime.now(dt.timezone.utc)
-        super().execute(context)
+        submitted = not self._up_to_date()
+        if submitted:
+            super().execute(context)
         from offsetlake.status import commits_of_task_try  # reads Delta: only in the process that runs the task
         # A retry reports what every try of this run committed: a failed try may have committed batches.
         retried = ti.try_number > 1
         run_started = getattr(context.get("dag_run"), "start_date", None)
         since = int(((run_started or started) if retried else started).timestamp() * 1000) - CLOCK_SKEW_MS
-        return commits_of_task_try(self.pipeline, ti.dag_id, ti.run_id, None if retried else ti.try_number, since)
+        result = commits_of_task_try(self.pipeline, ti.dag_id, ti.run_id, None if retried else ti.try_number, since)
+        return {**result, "submitted": submitted}
+
+    def _up_to_date(self) -> bool:
+        """An ingest with nothing new to read submits no Spark job: it answers in a second or two
+        instead of a JVM's start. Anything unclear (no table yet, Kafka unreachable) goes to the job,
+        which decides and words the error (and Airflow retries it)."""
+        if self.command != "ingest":
+            return False
+        from offsetlake.batch import nothing_to_ingest  # Kafka and Delta: only in the process that runs the task
+        from offsetlake.config import load_pipeline
+        try:
+            if nothing_to_ingest(load_pipeline(self.pipeline)):
+                self.log.info("%s is up to date: nothing new to ingest, no Spark job submitted", self.pipeline)
+                return True
+        except Exception as err:  # noqa: BLE001 - the job itself reports it
+            self.log.info("could not tell whether %s is up to date (%s): submitting the job", self.pipeline, err)
+        return False
 
     def _master(self) -> str:
         """The connection's master, as the Spark provider reads it (it defaults to yarn)."""
