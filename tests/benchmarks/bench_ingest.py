@@ -14,8 +14,11 @@ Rates are compared as ratios within the run because this machine is shared.
   stream latency      a record's Kafka commit to its Delta commit, `stream` with a warm session
   scale               --scale-records (default 10M) in 1M-record batches: rate and peak memory
   fetch size          the largest fetch response the broker sends when asked for at most 1 MiB
+  airflow             through real Airflow processes (api-server, scheduler, dag-processor,
+                      triggerer; LocalExecutor): an ingest run with nothing to do, trigger to end
+                      of run; a triggered small batch (1,000 records), trigger to Delta commit
 
-    python tests/benchmarks/bench_ingest.py [--records 1000000] [--scale-records 10000000]
+    python tests/benchmarks/bench_ingest.py [--records 1000000] [--scale-records 10000000] [--airflow-only]
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import os
 import random
 import re
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -49,6 +53,7 @@ from offsetlake.spark import build_session
 from offsetlake.table import open_table
 from offsetlake.tasks import TaskContext
 
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).with_name("results.json")
 ACTIONS = ("view", "click", "add_to_cart", "purchase", "refund")
 
@@ -330,12 +335,73 @@ def _descendants(root: int) -> set[int]:
     return out
 
 
+def airflow_runs(bootstrap: str, work: Path, small: int = 1000) -> dict:
+    """Seconds through real Airflow processes: trigger -> end of an ingest run that finds nothing to do
+    (median of 3), and trigger -> Delta commit of a triggered small batch (median of 3)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from offsetlake.local import stack
+    from offsetlake.ledger import pipeline_history
+    from support import create_topic, load, unique, write_pipeline
+    topic = unique("bench_af")
+    create_topic(bootstrap, topic, 4)
+    pipelines = work / "pipelines"
+    name = write_pipeline(pipelines, bootstrap, [topic], work / "lake", schedule=None,
+                          format={"type": "raw", "schema": []})
+    cfg = load(pipelines, name)
+    home = work / "airflow"
+    env = stack.environment(home, broker.free_port(), REPO, pipelines, spark_master="local[2]")
+    try:
+        stack.start(env)
+        api = stack.Api(env["AIRFLOW__API__BASE_URL"], stack.USER, stack.password(home))
+        dag_id = f"offsetlake__{name}__ingest"
+        api.wait_for_dag(dag_id)
+        api.unpause(dag_id)
+        produce(bootstrap, topic, small)
+        produced = small
+        assert api.wait_for_run(dag_id, api.trigger(dag_id)) == "success"  # creates the table
+        idle, commit = [], []
+        for _ in range(3):
+            started = time.perf_counter()
+            assert api.wait_for_run(dag_id, api.trigger(dag_id), timeout=300) == "success"
+            idle.append(time.perf_counter() - started)
+        for _ in range(3):
+            produce(bootstrap, topic, small, start=produced)
+            produced += small
+            started = time.perf_counter()
+            run_id = api.trigger(dag_id)
+            while not any(h.meta.run.run_id == run_id for h in pipeline_history(open_table(cfg.table_path), name, limit=3)):
+                assert time.perf_counter() - started < 300, "no commit within 300 s"
+                time.sleep(0.2)
+            commit.append(time.perf_counter() - started)
+            api.wait_for_run(dag_id, run_id, timeout=300)
+    finally:
+        stack.stop(home)
+    return {"idle_run_seconds": idle, "small_batch_commit_seconds": commit}
+
+
+def print_airflow(result: dict) -> None:
+    idle, commit = statistics.median(result["idle_run_seconds"]), statistics.median(result["small_batch_commit_seconds"])
+    print(f"airflow: ingest run with nothing to do, trigger -> run end: median {idle:.1f}s of "
+          f"{[round(s, 1) for s in result['idle_run_seconds']]} (target < 10s: {'met' if idle < 10 else 'NOT met'})")
+    print(f"airflow: triggered small batch (1,000 records), trigger -> Delta commit: median {commit:.1f}s of "
+          f"{[round(s, 1) for s in result['small_batch_commit_seconds']]} (target < 30s: "
+          f"{'met' if commit < 30 else 'NOT met'})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--scale-records", type=int, default=10_000_000, help="0 skips the scale run")
+    parser.add_argument("--airflow-only", action="store_true", help="only the runs through real Airflow processes")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="offsetlake-bench-"))
+    if args.airflow_only:
+        b = broker.start(work / "broker")
+        try:
+            print_airflow(airflow_runs(b.bootstrap_servers, work))
+        finally:
+            broker.stop(b.pid)
+        return
     b = broker.start(work / "broker")
     lake = work / "lake"
     out: dict = {"records": args.records, "scale_records": args.scale_records}
@@ -365,6 +431,9 @@ def main() -> None:
         n_small, small_s = timed_ingest(spark, cfg_raw)
         latencies, batch_seconds = stream_latency(spark, cfg_raw, b.bootstrap_servers, topic)
         fetch_bytes = {args.records: largest_fetch_response(b.bootstrap_servers, topic, 0, 0)}
+        spark.stop()  # the Airflow runs start Spark applications of their own
+        spark = None
+        out["airflow"] = airflow_runs(b.bootstrap_servers, work)
 
         scale = None
         if args.scale_records:
@@ -374,11 +443,12 @@ def main() -> None:
             out["scale_produce_seconds"] = produce(b.bootstrap_servers, scale_topic, args.scale_records)
             scale_ends = cluster.end_offsets(cluster.partitions([scale_topic]), "read_committed")
             n_scale_raw, scale_raw_s = raw_read(b.bootstrap_servers, scale_topic, scale_ends)
+            spark = build_session("offsetlake-bench")
             with PeakMemory() as mem_scale:
                 n_scale, scale_s = timed_ingest(spark, cfg_scale)
             scale = (n_scale_raw, scale_raw_s, n_scale, scale_s, mem_scale.by_role())
             fetch_bytes[args.scale_records] = largest_fetch_response(b.bootstrap_servers, scale_topic, 0, 0)
-        spark.stop()
+            spark.stop()
     finally:
         broker.stop(b.pid)
 
@@ -416,6 +486,7 @@ def main() -> None:
               f"max {max(latencies):.2f}s over {len(latencies)} transactions (target < 2s); "
               f"median time between committed batches {statistics.median(batch_seconds) if batch_seconds else 0:.2f}s")
     print(f"peak memory during the {args.records:,} ingest (MB): {mem_1m.by_role()}")
+    print_airflow(out["airflow"])
     if scale:
         rate_1m, rate_scale = rows[2][3], rows[-1][3]
         print(f"scale: {args.scale_records:,} records at {rate_scale:.0f} rec/s = {rate_scale / rate_1m:.0%} of the "
