@@ -46,7 +46,14 @@ def is_retriable(err: Exception) -> bool:
     kerr = err.args[0] if isinstance(err, KafkaException) and err.args else None
     if not isinstance(kerr, _KErr) or kerr.fatal():
         return False
-    return kerr.retriable() or kerr.code() in RETRIABLE
+    return kerr.retriable() or kerr.code() in RETRIABLE or _no_leader_yet(kerr)
+
+
+def _no_leader_yet(kerr: _KErr) -> bool:
+    """An admin request made while the broker is away: librdkafka's cached metadata knows no leader,
+    and list_offsets fails with _NOENT "Failed to query partition leaders: No leaders found" (seen in
+    chaos). A partition always has a leader again once its broker is back."""
+    return kerr.code() == _KErr._NOENT and "leader" in (kerr.str() or "").lower()
 
 
 def retrying(what: str, call: Callable[[], T], retry_seconds: float,

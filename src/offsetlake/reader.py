@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, KafkaError as _KErr, KafkaException, Topic
 
 from offsetlake.config import KafkaSettings
 from offsetlake.errors import DataLossError, KafkaError
-from offsetlake.kafka import client_settings
+from offsetlake.kafka import client_settings, librdkafka_log
 
 log = logging.getLogger("offsetlake.reader")
 
@@ -75,6 +75,9 @@ def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seco
     """Yield the records of `rng` as Arrow batches (MESSAGE_SCHEMA), in offset order."""
     if rng.size <= 0:
         return
+    # In an executor nobody configured logging: librdkafka's own lines would reach stderr, one a second
+    # per consumer while a broker is away. The reader logs each distinct error once instead (below).
+    librdkafka_log.setLevel(logging.CRITICAL)
     consumer = Consumer(reader_settings(settings, group))
     # A broker restarting or a leader moving shows as transient errors that librdkafka retries on its
     # own; while they last, the read may wait up to kafka.retry_seconds instead of the stall limit.

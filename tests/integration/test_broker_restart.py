@@ -31,12 +31,21 @@ def test_planning_waits_out_a_broker_restart(own_broker, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="offsetlake.kafka")
     restart = own_broker.restart_in_background(down_seconds=6)
     try:
-        fresh = KafkaCluster(cfg.kafka)  # asks while the broker is down
+        fresh = KafkaCluster(cfg.kafka)  # asks while the broker is down: no metadata yet (a transport error)
         assert fresh.end_offsets(fresh.partitions(cfg.topics), "read_committed") == before
     finally:
         restart.join()
     retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
     assert retries and all(cfg.kafka.bootstrap_servers in r for r in retries), caplog.text
+
+    # A client that already knows the topic (a stream's) meets "No leaders found" instead: retried too.
+    caplog.clear()
+    restart = own_broker.restart_in_background(down_seconds=6)
+    try:
+        assert cluster.end_offsets(tps, "read_committed") == before
+    finally:
+        restart.join()
+    assert any("No leaders found" in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_what_cannot_get_better_fails_at_once(bootstrap, caplog):

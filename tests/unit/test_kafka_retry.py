@@ -32,6 +32,12 @@ def test_what_a_broker_restart_causes_is_retried(code):
     assert is_retriable(KafkaException(KafkaError(code)))
 
 
+def test_no_leader_known_while_the_broker_is_away_is_retried():
+    # What list_offsets raises when the admin client's metadata has no leader (broker restarting).
+    assert is_retriable(KafkaException(KafkaError(KafkaError._NOENT, "Failed to query partition leaders: No leaders found")))
+    assert not is_retriable(KafkaException(KafkaError(KafkaError._NOENT, "no such consumer group")))
+
+
 @pytest.mark.parametrize("code", [KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED,
                                   KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._AUTHENTICATION,
                                   KafkaError.OFFSET_OUT_OF_RANGE])
