@@ -4,8 +4,9 @@ The commit removes every file holding rows of those offsets (a file that also
 holds other offsets is rewritten without them) and adds the re-read rows, so
 readers see either the old rows or the new ones, never both or neither. Run it
 twice, get the same table. It never moves the ledger: offsets past the
-ledger's committed end belong to ingest and are refused, and so are offsets
-Kafka no longer holds.
+ledger's committed end belong to ingest and are refused (checked again on every
+snapshot the commit is decided on: a restore or reset meanwhile may have moved
+the ledger back), and so are offsets Kafka no longer holds.
 """
 from __future__ import annotations
 
@@ -104,9 +105,7 @@ def validate(cfg: PipelineConfig, cluster: KafkaCluster, ranges: list[OffsetRang
             raise ConfigError(f"unknown partition {r.topic}[{r.partition}]")
         if r.end <= r.start:
             raise ConfigError(f"range {r}: end must be greater than start")
-        if r.end > committed.get(tp, 0):
-            raise ConfigError(f"range {r} goes past the ledger's committed end {committed.get(tp, 0)} "
-                              f"for {r.topic}[{r.partition}]: ingest owns those offsets")
+        check_within_ledger(r, committed)
         if r.start < log_starts[tp]:
             raise DataLossError(f"range {r}: offsets [{r.start}, {log_starts[tp]}) are no longer in Kafka "
                                 f"(retention); they cannot be re-read")
@@ -114,6 +113,16 @@ def validate(cfg: PipelineConfig, cluster: KafkaCluster, ranges: list[OffsetRang
             if r.start < other.end and other.start < r.end:
                 raise ConfigError(f"ranges {other} and {r} overlap")
         seen.setdefault(tp, []).append(r)
+
+
+def check_within_ledger(r: OffsetRange, committed: dict[TP, int], moved: bool = False) -> None:
+    """A backfill may only replace what ingest has committed: offsets at or past the ledger's end are
+    ingest's, and rows added there would be read again by the next ingest."""
+    end = committed.get((r.topic, r.partition), 0)
+    if r.end > end:
+        why = " (the ledger moved back while the backfill ran: a restore or a reset)" if moved else ""
+        raise ConfigError(f"range {r} goes past the ledger's committed end {end} for {r.topic}[{r.partition}]"
+                          f"{why}: ingest owns those offsets")
 
 
 def backfill(spark, cfg: PipelineConfig, ranges: list[OffsetRange], run: Run | None = None,
@@ -141,6 +150,11 @@ def backfill(spark, cfg: PipelineConfig, ranges: list[OffsetRange], run: Run | N
         replaced: dict = {}
 
         def decide(table) -> Change:
+            # A restore or reset that committed since the plan may have moved the ledger back below these
+            # ranges: checked against every snapshot the commit is decided on, not only the plan's.
+            committed = read_ledger(table, cfg.name, tps).offsets
+            for r in ranges:
+                check_within_ledger(r, committed, moved=committed != ledger.offsets)
             # Rewrites decided against a snapshot that loses the race are this attempt's files: they go too.
             removes, rewritten, removed_rows = _replacement(cfg, table, ranges, attempt)
             files.written[cfg.table_path] |= {f.path for f in rewritten}

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -86,6 +88,39 @@ def test_backfill_while_ingest_runs_is_exact(spark, pipeline, pipelines_dir):
     finally:
         out, err = job.communicate(timeout=300)
     assert job.returncode == 0, err
+    assert_exactly_once(cfg)
+
+
+def test_a_backfill_whose_range_a_restore_hands_back_to_ingest_meanwhile_is_refused(spark, pipeline, pipelines_dir,
+                                                                                    tmp_path):
+    """Found by chaos (seed 31337): the backfill checked its ranges against the ledger when it planned,
+    a restore then moved the ledger back below them, and the backfill added rows the next ingest read
+    again. Now every snapshot the commit is decided on is checked."""
+    cfg, topic = pipeline(partitions=1, records=600, batch={"max_records_per_batch": 300})
+    ingest(spark, cfg)
+    first = pipeline_commits(cfg)[0]
+    after_first = first.meta.ranges[topic]["0"][1]
+    end = ledger_offsets(cfg)[(topic, 0)]
+    assert after_first < end
+    faults = tmp_path / "faults"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "offsetlake.cli", "backfill", "--pipeline", cfg.name, "--pipelines-dir",
+         str(pipelines_dir), "--ranges", f"{topic}:0:{after_first - 50}-{end}"],
+        env={**os.environ, "OFFSETLAKE_FAULT": "before_commit:pause", "OFFSETLAKE_FAULT_DIR": str(faults)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (faults / "before_commit.reached").exists():
+        assert job.poll() is None and time.monotonic() < deadline, job.stderr.read() if job.poll() is not None else ""
+        time.sleep(0.2)
+
+    restore(cfg, first.version)  # [after_first, end) is ingest's again
+    (faults / "before_commit.release").touch()
+    out, err = job.communicate(timeout=300)
+
+    assert job.returncode != 0, out
+    assert "ledger moved back while the backfill ran" in err and "ingest owns those offsets" in err, err[-2000:]
+    assert pipeline_commits(cfg)[-1].meta.kind == "restore"  # the backfill committed nothing
+    ingest(spark, cfg)
     assert_exactly_once(cfg)
 
 
