@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from offsetlake.config import load_pipeline
 from offsetlake.kafka import KafkaCluster
+from offsetlake.local import broker as embedded_broker
 from offsetlake.ledger import pipeline_history, read_ledger
 from offsetlake.metadata import HistoryEntry
 from offsetlake.table import open_table, query
@@ -38,8 +39,6 @@ class RestartableBroker:
     port and data, by its PID."""
 
     def __init__(self, data_dir):
-        from offsetlake.local import broker as embedded_broker
-        self._broker = embedded_broker
         self.data_dir = data_dir
         self.current = embedded_broker.start(data_dir)
 
@@ -48,10 +47,10 @@ class RestartableBroker:
         return self.current.bootstrap_servers
 
     def stop(self) -> None:
-        self._broker.stop(self.current.pid)
+        embedded_broker.stop(self.current.pid)
 
     def start(self) -> None:
-        self.current = self._broker.start(self.data_dir, port=self.current.port)
+        self.current = embedded_broker.start(self.data_dir, port=self.current.port)
 
     def restart_in_background(self, down_seconds: float) -> threading.Thread:
         """Stop now; start again after `down_seconds`, in a thread (join it)."""

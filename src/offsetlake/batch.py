@@ -17,7 +17,7 @@ from offsetlake import faults
 from offsetlake.commit import (AttemptFiles, Change, Committed, Settled, add_actions, attempt_files, commit,
                                new_attempt_id, verdict)
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import OffsetlakeError
+from offsetlake.errors import OffsetlakeError, TableError
 from offsetlake.files import DataFile
 from offsetlake.formats import table_schema
 from offsetlake.kafka import TP, KafkaCluster
@@ -174,7 +174,6 @@ def nothing_to_ingest(cfg: PipelineConfig) -> bool:
     """True when a plan made now would find nothing to commit, decided without Spark and without
     creating the table, so a caller can skip starting a JVM at all. False whenever it cannot tell
     (no table yet): the ingest itself then decides, and words any error."""
-    from offsetlake.errors import TableError
     try:
         table = open_table(cfg.table_path)
     except TableError:

@@ -87,6 +87,7 @@ MAX_TRIES_PER_FAULT = 10  # draws per fault asked for, before a run gives up on 
 # A stream must commit again this soon after the broker is back: librdkafka reconnects within 10 s
 # (reconnect.backoff.max.ms), then one batch runs; the rest is slack for two busy cores.
 RECOVERY_LIMIT = 90
+COMMITTED = ": committed table version "  # in the line a job prints per committed batch (BatchResult.summary)
 
 
 class ChaosFailure(AssertionError):
@@ -242,7 +243,7 @@ class StreamWatch:
 
     def poll(self) -> int:
         text = self.job.log.read_text(errors="replace") if self.job.log.exists() else ""
-        seen = text.count(": committed table version ")
+        seen = text.count(COMMITTED)
         self.commits += [time.monotonic()] * (seen - len(self.commits))
         if self.died_at is None and self.job.proc.poll() is not None:
             self.died_at = time.monotonic()
@@ -250,7 +251,10 @@ class StreamWatch:
 
     def watch(self, until: float, done=lambda: False) -> None:
         """Poll until `until`, `done()`, or the stream's death."""
-        while self.poll() is not None and self.died_at is None and not done() and time.monotonic() < until:
+        while True:
+            self.poll()
+            if self.died_at is not None or done() or time.monotonic() >= until:
+                return
             time.sleep(0.2)
 
     @property
@@ -652,7 +656,7 @@ class Chaos:
         self.tally(ledger)
         # Counted from what the jobs printed: the table's history is cut short by the log clean-up the
         # checkpoint fault runs (one minute of log), and restores rewind batch numbers.
-        self.summary.batches = sum(log.read_text(errors="replace").count(": committed table version ")
+        self.summary.batches = sum(log.read_text(errors="replace").count(COMMITTED)
                                    for log in (self.workdir / "logs").glob("*.log"))
         self.summary.audit_ok = audit(self.cfg).ok
 

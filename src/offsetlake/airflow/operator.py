@@ -104,8 +104,11 @@ class OffsetlakeOperator(SparkSubmitOperator):
             return False
         from offsetlake.batch import nothing_to_ingest  # Kafka and Delta: only in the process that runs the task
         from offsetlake.config import load_pipeline
+        cfg = load_pipeline(self.pipeline)
+        # Asked once, without kafka.retry_seconds of retries: in an outage the job retries, not this check too.
+        once = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"retry_seconds": 0})})
         try:
-            if nothing_to_ingest(load_pipeline(self.pipeline)):
+            if nothing_to_ingest(once):
                 self.log.info("%s is up to date: nothing new to ingest, no Spark job submitted", self.pipeline)
                 return True
         except Exception as err:  # noqa: BLE001 - the job itself reports it

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from offsetlake.local import broker, processes, stack
 from offsetlake.config import load_pipeline, project_home
-from offsetlake.errors import OffsetlakeError
+from offsetlake.errors import OffsetlakeError, TableError
 
 PIPELINE = "demo_events"
 UI_PORT = int(os.environ.get("OFFSETLAKE_DEMO_UI_PORT", "8080"))
@@ -96,7 +96,7 @@ def _wait_for_commits(cfg, dag_id: str, since_ms: int, timeout: float) -> list:
         try:
             mine = [h for h in pipeline_history(open_table(cfg.table_path), cfg.name, since_ms=since_ms)
                     if h.meta.run.dag_id == dag_id]
-        except OffsetlakeError:  # no table yet
+        except TableError:  # no table yet
             mine = []
         if mine:
             return mine
