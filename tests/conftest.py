@@ -29,6 +29,17 @@ def own_broker(tmp_path):
 
 
 @pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory):
+    """A Schema Registry (offsetlake.local.schema_registry) over real HTTP on 127.0.0.1, with basic auth."""
+    from offsetlake.local import schema_registry as embedded_registry
+    data = tmp_path_factory.mktemp("registry")
+    r = embedded_registry.start(data, user="offsetlake", password="s3cret-registry-pw", pid_file=data / "registry.pid")
+    r.user, r.password = "offsetlake", "s3cret-registry-pw"
+    yield r
+    embedded_registry.stop(r.pid)
+
+
+@pytest.fixture(scope="session")
 def bootstrap(broker) -> str:
     return broker.bootstrap_servers
 

@@ -105,8 +105,10 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
 
 
-def kafka_committed_records(bootstrap: str, topic: str, until: dict[int, int] | None = None) -> dict:
-    """Every record Kafka returns under read_committed: {(topic, partition, offset): value}.
+def kafka_committed_records(bootstrap: str, topic: str, until: dict[int, int] | None = None,
+                            whole: bool = False) -> dict:
+    """Every record Kafka returns under read_committed: {(topic, partition, offset): value}
+    (`whole`: (key, value, headers)).
 
     Reads each partition from its log start up to `until[p]` (default: the LSO now).
     """
@@ -134,7 +136,7 @@ def kafka_committed_records(bootstrap: str, topic: str, until: dict[int, int] | 
                 if msg.offset() >= end:
                     done = True
                     break
-                out[(t, p, msg.offset())] = msg.value()
+                out[(t, p, msg.offset())] = (msg.key(), msg.value(), msg.headers() or []) if whole else msg.value()
             if not done and consumer.position([TopicPartition(t, p)])[0].offset >= end:
                 done = True
         consumer.close()

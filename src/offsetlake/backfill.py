@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from deltalake.transaction import RemoveAction
 
 from offsetlake import faults
-from offsetlake.batch import run_tasks
+from offsetlake.batch import TaskFiles, evolved_schema, run_tasks, table_columns
 from offsetlake.commit import Change, add_actions, attempt_files, commit, new_attempt_id
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import ConfigError, DataLossError
@@ -142,11 +142,12 @@ def backfill(spark, cfg: PipelineConfig, ranges: list[OffsetRange], run: Run | N
     tasks = split_ranges(ranges, cfg.batch.max_records_per_task)
     # Bad records of these offsets were quarantined at ingest: this attempt's quarantine files all go.
     with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as files:
-        read, data, bad = run_tasks(spark, TaskContext(cfg, ledger.batch or 0, attempt, tuple(tasks), fault_settings))
-        new_files = [f for _, f in data]
+        out = run_tasks(spark, TaskContext(cfg, ledger.batch or 0, attempt, tuple(tasks), fault_settings,
+                                           table_columns(table)))
+        new_files = [f for _, f in out.data]
         files.written[cfg.table_path] |= {f.path for f in new_files}
-        files.written[cfg.quarantine_path] |= {f.path for _, f in bad}
-        records = Records(read=sum(read.values()), rows=sum(f.num_records for f in new_files))
+        files.written[cfg.quarantine_path] |= {f.path for _, f in out.quarantine}
+        records = Records(read=sum(out.read.values()), rows=sum(f.num_records for f in new_files))
         replaced: dict = {}
 
         def decide(table) -> Change:
@@ -163,8 +164,9 @@ def backfill(spark, cfg: PipelineConfig, ranges: list[OffsetRange], run: Run | N
             metadata = CommitMetadata(cfg.name, "backfill", attempt=attempt, ranges=ranges_json(ranges),
                                       records=Records(records.read, records.rows, removed=removed_rows),
                                       run=run or Run.here())
-            return Change(metadata, [*removes, *add_actions(new_files + rewritten)], schema=schema,
-                          partition_by=cfg.table.partition_by)
+            wider = evolved_schema(table, TaskFiles(records.read, [], [], out.schemas))
+            return Change(metadata, [*removes, *add_actions(new_files + rewritten)], schema=wider or schema,
+                          partition_by=cfg.table.partition_by, evolve=wider is not None)
 
         outcome = commit(cfg.table_path, decide, "backfill")
         files.kept[cfg.table_path] = outcome.added_paths()

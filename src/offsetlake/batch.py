@@ -13,13 +13,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
 from offsetlake import faults
 from offsetlake.commit import (AttemptFiles, Change, Committed, Settled, add_actions, attempt_files, commit,
                                new_attempt_id, verdict)
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import OffsetlakeError, TableError
+from offsetlake.errors import OffsetlakeError, TableError, TableMissing
 from offsetlake.files import DataFile
-from offsetlake.formats import table_schema
+from offsetlake.evolution import Incompatible, adds_columns, merge_schema, plain_schema
+from offsetlake.formats import initial_table_schema, table_schema
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.ledger import Ledger, read_ledger, txn_actions
 from offsetlake.metadata import CommitMetadata, Records, Run, flat_offsets, ranges_json
@@ -28,7 +31,7 @@ from offsetlake.quarantine import WrittenFile, commit_quarantine
 from offsetlake.reader import OffsetRange
 from offsetlake.spark import session_of
 from offsetlake.table import open_table
-from offsetlake.tasks import RESULT_SCHEMA, TaskContext, parse_results, task_function
+from offsetlake.tasks import RESULT_SCHEMA, TaskContext, TaskResults, parse_results, task_function
 
 log = logging.getLogger("offsetlake.batch")
 MAX_BATCHES_PER_RUN = 100_000
@@ -77,9 +80,7 @@ def plan_batch(cfg: PipelineConfig, cluster: KafkaCluster, ledger: Ledger, tps: 
 def run_batch(spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], targets: dict[TP, int],
               run: Run) -> BatchResult:
     fault_settings = faults.settings_from_env()
-    schema = table_schema(cfg)
-    table = open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name,
-                       properties=cfg.maintenance.table_properties())
+    table = open_pipeline_table(cfg)
     plan = plan_batch(cfg, cluster, read_ledger(table, cfg.name, tps), tps, targets)
     faults.hit("after_plan", fault_settings)
     if not plan.needs_commit:
@@ -87,16 +88,41 @@ def run_batch(spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], 
 
     attempt = new_attempt_id()
     tasks = split_ranges(plan.ranges, cfg.batch.max_records_per_task)
+    columns = table_columns(table)
     with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as files:
-        read, data, bad = run_tasks(spark, TaskContext(cfg, plan.batch, attempt, tuple(tasks), fault_settings))
+        out = run_tasks(spark, TaskContext(cfg, plan.batch, attempt, tuple(tasks), fault_settings, columns))
         faults.hit("after_files_written", fault_settings)
-        written = TaskFiles(sum(read.values()), [WrittenFile(tasks[i], f) for i, f in data],
-                            [WrittenFile(tasks[i], f) for i, f in bad])
+        written = TaskFiles(sum(out.read.values()), [WrittenFile(tasks[i], f) for i, f in out.data],
+                            [WrittenFile(tasks[i], f) for i, f in out.quarantine], out.schemas)
         result = commit_batch(cfg, plan, attempt, written, run, files, fault_settings, snapshot=table)
     faults.hit("after_commit", fault_settings)
     if result.status == "committed":
         cluster.commit_group_offsets(cfg.consumer_group, plan.ends)
     return result
+
+
+def open_pipeline_table(cfg: PipelineConfig):
+    """The pipeline's table, checked; created when missing (registry formats: from the registry's latest
+    schema, so a table exists with its columns before the first record arrives)."""
+    try:
+        return open_table(cfg.table_path, table_schema(cfg), cfg.table.partition_by, cfg.name, create=False)
+    except TableMissing:
+        pass
+    try:
+        schema = initial_table_schema(cfg)
+    except Incompatible as err:
+        raise TableError(f"cannot create the table of pipeline {cfg.name}: {err}") from None
+    missing = sorted(set(cfg.table.partition_by) - set(schema.names))
+    if missing:
+        raise TableError(f"table.partition_by column {missing[0]!r} is not a column of the table "
+                         f"(the registry's latest schema has no such field)")
+    return open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name,
+                      properties=cfg.maintenance.table_properties())
+
+
+def table_columns(table) -> pa.Schema:
+    """The table's schema now, as the tasks build rows in (registry formats may add to it)."""
+    return plain_schema(pa.schema(table.schema()))
 
 
 @dataclass(frozen=True)
@@ -105,6 +131,18 @@ class TaskFiles:
     read: int
     data: list[WrittenFile]
     quarantine: list[WrittenFile]
+    schemas: list[pa.Schema] = field(default_factory=list)  # of the rows each task wrote
+
+
+def evolved_schema(table, written: TaskFiles) -> pa.Schema | None:
+    """The table's schema with the columns the rows add, when they add any (decided per snapshot)."""
+    current = merged = table_columns(table)
+    for schema in written.schemas:
+        try:
+            merged = merge_schema(merged, schema)
+        except Incompatible as err:  # two writer schemas in one batch disagree on a new column's type
+            raise OffsetlakeError(f"the batch's records add a column two ways: {err}") from None
+    return merged if adds_columns(current, merged) else None
 
 
 def commit_batch(cfg: PipelineConfig, plan: BatchPlan, attempt: str, written: TaskFiles, run: Run,
@@ -126,8 +164,10 @@ def commit_batch(cfg: PipelineConfig, plan: BatchPlan, attempt: str, written: Ta
         commit_quarantine(plan, written.quarantine, cfg.quarantine_path, attempt, run, files,
                           cfg.maintenance.table_properties())
         faults.hit("before_commit", fault_settings)
+        wider = evolved_schema(table, written)
         return Change(metadata, add_actions([w.file for w in written.data]),
-                      txn_actions(cfg.name, plan.batch, plan.ends), schema, cfg.table.partition_by)
+                      txn_actions(cfg.name, plan.batch, plan.ends), wider or schema, cfg.table.partition_by,
+                      evolve=wider is not None)
 
     outcome = commit(cfg.table_path, decide, f"batch {plan.batch}", snapshot=snapshot)
     if not isinstance(outcome, Committed):
@@ -144,10 +184,10 @@ def batch_metadata(plan: BatchPlan, attempt: str, records: Records, run: Run) ->
         rewind=plan.rewind, initialised_at=flat_offsets(plan.ends) if plan.initialises else {})
 
 
-def run_tasks(spark, ctx: TaskContext) -> tuple[dict[int, int], list[tuple[int, DataFile]], list[tuple[int, DataFile]]]:
-    """Run one Spark task per range; (records read per task, data files, quarantine files) by task index."""
+def run_tasks(spark, ctx: TaskContext) -> TaskResults:
+    """Run one Spark task per range; what each read and wrote, by task index."""
     if not ctx.tasks:
-        return {}, [], []
+        return TaskResults({}, [], [], [])
     ddl = ", ".join(f"{f.name} {_SPARK_TYPES[str(f.type)]}" for f in RESULT_SCHEMA)
     frame = session_of(spark).range(0, len(ctx.tasks), 1, numPartitions=len(ctx.tasks)).mapInArrow(task_function(ctx), ddl)
     try:

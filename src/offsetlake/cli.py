@@ -154,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bad-share", type=_share, default=0.0, help="share of records the schema rejects")
     p.add_argument("--every", type=float, help="keep producing --count records every this many seconds until SIGTERM")
     p.add_argument("--seed", type=int)
+    p.add_argument("--schema-version", type=int, choices=[1, 2], default=1,
+                   help="format avro: demo event schema 1, or 2 (adds a field 'country')")
 
     b = sub.add_parser("broker", help="the embedded noida-db broker (demo and tests)")
     b.add_argument("action", choices=["start", "stop"])
@@ -431,6 +433,9 @@ def _check_reachable(cfg: PipelineConfig) -> None:
     """Fail in a second, before a Spark session starts, if Kafka or the topics are not there."""
     from offsetlake.kafka import KafkaCluster
     KafkaCluster(cfg.kafka).partitions(cfg.topics)
+    if cfg.format.registry is not None:
+        from offsetlake.registry import registry_for
+        registry_for(cfg.format.registry).check()
 
 
 def cmd_produce(args) -> int:
@@ -440,15 +445,31 @@ def cmd_produce(args) -> int:
     if topic not in cfg.topics:
         raise ConfigError(f"--topic {topic!r} is not one of pipeline {cfg.name!r}'s topics: {cfg.topics}")
     ensure_topic(cfg.kafka, topic, args.partitions)
+    make_record = _demo_records(cfg, topic, args.schema_version)
     stop = threading.Event()
     if args.every:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while True:
         report = produce(cfg.kafka, topic, args.count, transactional_share=args.transactional_share,
-                         abort_share=args.abort_share, seed=args.seed, bad_share=args.bad_share)
+                         abort_share=args.abort_share, seed=args.seed, bad_share=args.bad_share,
+                         **({"make_record": make_record} if make_record else {}))
         print(report, flush=True)
         if not args.every or stop.wait(args.every):
             return 0
+
+
+def _demo_records(cfg: PipelineConfig, topic: str, schema_version: int):
+    """The record maker for the pipeline's format: None (JSON events) or Avro events through its registry."""
+    fmt = cfg.format
+    if fmt.type == "json":
+        return None
+    if fmt.type != "avro" or fmt.registry is None:
+        raise ConfigError(f"produce writes demo events as json or as avro through a registry, not {fmt.type!r}")
+    from offsetlake.local.producer import avro_event_maker, registry_client
+    reg = fmt.registry
+    client = registry_client(reg.url, reg.username and reg.username.get_secret_value(),
+                             reg.password and reg.password.get_secret_value())
+    return avro_event_maker(client, topic, schema_version, headers=fmt.include_headers)
 
 
 def cmd_broker(args) -> int:

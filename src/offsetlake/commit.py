@@ -20,6 +20,12 @@ decided here, once:
    object store that times out after the write): we look for this attempt's id in
    the newest commits before reporting failure, so clean-up never deletes a
    committed file.
+6. A change that adds columns (`Change.evolve`: a registry record with a newer
+   schema) must carry the table's new schema in the same commit. delta-rs writes a
+   metaData action only through `write_deltalake(schema_mode="merge")`, which writes
+   its own data files, so the attempt's files are read back and written through it
+   (with the same txn actions, userMetadata and no rebase); the attempt's own files
+   then go like any unreferenced file. Only the batch that brings a new column pays.
 
 Files are written before the commit under names that carry the attempt id;
 `attempt_files` removes the ones no landed commit references.
@@ -33,12 +39,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
-from offsetlake.errors import CommitConflictError
-from offsetlake.files import DataFile
+from offsetlake.errors import CommitConflictError, OffsetlakeError
+from offsetlake.files import DataFile, read_file
 from offsetlake.ledger import Ledger
 from offsetlake.metadata import CommitMetadata
 from offsetlake.planning import BatchPlan
@@ -57,6 +63,7 @@ class Change:
     schema: pa.Schema | None = None
     partition_by: list[str] = field(default_factory=list)
     restore_version: int | None = None  # a Delta RESTORE to this version instead of a write
+    evolve: bool = False  # `schema` adds columns to the table: written with them in this commit (step 6)
 
 
 @dataclass(frozen=True)
@@ -71,9 +78,12 @@ class Committed:
     version: int
     change: Change
     status: str = "committed"
+    rewritten: frozenset[str] | None = None  # an evolving change: the files written in its place
 
     def added_paths(self) -> set[str]:
         """The files this commit references: clean-up must keep them."""
+        if self.rewritten is not None:
+            return set(self.rewritten)
         return {a.path for a in self.change.actions if isinstance(a, AddAction)}
 
 
@@ -92,6 +102,8 @@ def commit(uri: str, decide: Decide, what: str, open_: Callable[[str], DeltaTabl
         if isinstance(change, Settled):
             return change
         try:
+            if change.evolve:
+                return _apply_evolving(uri, table, change)
             return Committed(_apply(table, change), change)
         except CommitFailedError:
             log.info("%s: another commit landed first; deciding again", what)
@@ -113,6 +125,40 @@ def _apply(table: DeltaTable, change: Change) -> int:
                                    partition_by=change.partition_by or None, commit_properties=properties)
     # No rebase: a successful commit is exactly the version after the snapshot we decided on.
     return table.version() + 1
+
+
+def _apply_evolving(uri: str, table: DeltaTable, change: Change) -> Committed:
+    """Step 6: the change's files written again through write_deltalake with the wider schema."""
+    if any(not isinstance(a, AddAction) for a in change.actions):
+        raise OffsetlakeError(f"{change.metadata.kind} would add columns to the table while removing rows; "
+                              f"ingest the records that bring the columns first")
+    before = {a for a in pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()}
+    schema = change.schema
+
+    def batches():
+        for action in change.actions:
+            rows = read_file(uri, action.path)
+            for column in change.partition_by:
+                value = pa.array([action.partition_values.get(column)] * rows.num_rows, pa.string())
+                rows = rows.append_column(column, value.cast(schema.field(column).type))
+            yield from _conform(rows, schema).to_batches()
+
+    properties = CommitProperties(custom_metadata={"userMetadata": change.metadata.to_json()},
+                                  max_commit_retries=0, app_transactions=change.txns or None)
+    decided_on = table.version()
+    write_deltalake(table, pa.RecordBatchReader.from_batches(schema, batches()), mode="append",
+                    schema_mode="merge", partition_by=change.partition_by or None, commit_properties=properties)
+    version = decided_on + 1  # no rebase, as in _apply
+    landed = DeltaTable(uri, version=version)
+    added = {a for a in pa.table(landed.get_add_actions(flatten=True)).column("path").to_pylist()} - before
+    return Committed(version, change, rewritten=frozenset(added))
+
+
+def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`rows` with exactly `schema`'s columns, in its order: columns it lacks are null."""
+    columns = [rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+               for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _landed_version(uri: str, attempt: str | None) -> int | None:

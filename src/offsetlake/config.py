@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SecretStr, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      ValidationError, model_validator)
 
 from offsetlake.errors import ConfigError
 
@@ -30,6 +31,11 @@ RESERVED_CLIENT_KEYS = {
 FIELD_TYPES = ("string", "long", "int", "double", "float", "boolean", "timestamp", "date", "binary")
 LINEAGE_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp")
 RAW_COLUMNS = ("key", "value")
+KEY_COLUMN = "kafka_key"  # format.key: the decoded Kafka key (formats other than raw)
+HEADERS_COLUMN = "kafka_headers"  # format.include_headers: map<string, binary>, every header in order
+# Formats in the Confluent wire format (magic byte 0, 4-byte schema id, payload): the table's payload
+# columns come from the registry and grow when a record arrives with a newer schema (README, Formats).
+REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
 UNKNOWN_FIELDS_COLUMN = "_unknown_fields"  # unknown_fields: keep -> JSON text of the undeclared fields
 DEFAULT_MAX_VALUE_BYTES = 1_048_576  # Kafka's own default message size limit
 
@@ -68,31 +74,104 @@ class SchemaField(_Strict):
     required: StrictBool = False
 
 
+class RegistrySettings(_Strict):
+    """A Confluent-compatible Schema Registry (Confluent, Karapace, Apicurio's ccompat API)."""
+    url: StrictStr = Field(pattern=r"^https?://")
+    # Basic auth: write them as ${ENV} references; they are never printed (SecretStr) nor logged.
+    username: SecretStr | None = None
+    password: SecretStr | None = None
+    # Which subject holds the schema the table is created from: topic -> "<topic>-value";
+    # record -> "<record_name>"; topic_record -> "<topic>-<record_name>" (Confluent's three strategies).
+    subject_name_strategy: Literal["topic", "record", "topic_record"] = "topic"
+    record_name: StrictStr | None = None  # the fully qualified record name, for record and topic_record
+    timeout_seconds: StrictInt = Field(default=10, gt=0)
+
+    @model_validator(mode="after")
+    def _record_name_when_needed(self):
+        if self.subject_name_strategy != "topic" and not self.record_name:
+            raise ValueError(f"subject_name_strategy {self.subject_name_strategy!r} needs 'record_name'")
+        if (self.username is None) != (self.password is None):
+            raise ValueError("give both 'username' and 'password' for basic auth, or neither")
+        return self
+
+    def subject(self, topic: str, key: bool = False) -> str:
+        if self.subject_name_strategy == "record":
+            return self.record_name
+        suffix = "key" if key else "value"
+        if self.subject_name_strategy == "topic_record":
+            return f"{topic}-{self.record_name}"
+        return f"{topic}-{suffix}"
+
+
+class KeyFormat(_Strict):
+    """How the Kafka key becomes the `kafka_key` column: raw bytes, UTF-8 text, a JSON object with a declared
+    schema (a struct), or a registry format (its subject: "<topic>-key" under the topic strategy)."""
+    type: Literal["raw", "string", "json", "avro", "protobuf", "json_schema"]
+    schema_: list[SchemaField] = Field(default_factory=list, alias="schema")
+
+    @model_validator(mode="after")
+    def _schema_matches_type(self):
+        if self.type == "json" and not self.schema_:
+            raise ValueError("key type 'json' needs a declared 'schema' (a list of fields)")
+        if self.type != "json" and self.schema_:
+            raise ValueError(f"key type {self.type!r} takes no 'schema'")
+        return self
+
+
 class RecordFormat(_Strict):
-    type: Literal["json", "raw"]
+    type: Literal["json", "raw", "avro", "protobuf", "json_schema"]
     schema_: list[SchemaField] = Field(default_factory=list, alias="schema")
     # Schema drift: fields the schema does not declare are dropped, or kept as JSON text in
     # UNKNOWN_FIELDS_COLUMN. A declared field whose type changes sends the record to quarantine.
     unknown_fields: Literal["drop", "keep"] = "drop"
     # Values above this many bytes go to quarantine instead of the table.
     max_value_bytes: StrictInt = Field(default=DEFAULT_MAX_VALUE_BYTES, gt=0)
+    registry: RegistrySettings | None = None
+    # avro without a registry: plain Avro binary values written with this schema (.avsc), no framing.
+    schema_file: StrictStr | None = None
+    key: KeyFormat | None = None
+    include_headers: StrictBool = False
+
+    @property
+    def evolves(self) -> bool:
+        """The table's payload columns come from the registry and may grow."""
+        return self.type in REGISTRY_FORMATS and self.schema_file is None
 
     @model_validator(mode="after")
     def _schema_matches_type(self):
         if self.type == "json" and not self.schema_:
             raise ValueError("format 'json' needs a declared 'schema' (a list of fields)")
-        if self.type == "raw" and self.schema_:
-            raise ValueError("format 'raw' keeps the value as bytes and takes no 'schema'")
+        if self.type in ("raw", *REGISTRY_FORMATS) and self.schema_:
+            raise ValueError(f"format {self.type!r} takes no 'schema' (raw keeps bytes; registry formats read "
+                             f"theirs from the registry or a schema_file)")
+        if self.schema_file is not None and self.type != "avro":
+            raise ValueError("'schema_file' is for format 'avro' without a registry")
+        if self.type == "avro" and (self.registry is None) == (self.schema_file is None):
+            raise ValueError("format 'avro' needs either a 'registry' or a 'schema_file' (not both)")
+        if self.type in ("protobuf", "json_schema") and self.registry is None:
+            raise ValueError(f"format {self.type!r} needs a 'registry'")
+        key_in_registry = self.key is not None and self.key.type in REGISTRY_FORMATS
+        if self.registry is not None and self.type not in REGISTRY_FORMATS and not key_in_registry:
+            raise ValueError(f"'registry' is for formats {', '.join(REGISTRY_FORMATS)} (value or key)")
+        if key_in_registry and self.registry is None:
+            raise ValueError(f"key type {self.key.type!r} needs a 'registry'")
+        if self.type == "raw" and self.key is not None:
+            raise ValueError("format 'raw' keeps the key as bytes in column 'key' and takes no 'key' section")
         names = [f.name for f in self.schema_]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"schema field {dupes[0]!r} is declared twice")
-        clash = sorted(set(names) & {*LINEAGE_COLUMNS, UNKNOWN_FIELDS_COLUMN})
+        clash = sorted(set(names) & {*LINEAGE_COLUMNS, UNKNOWN_FIELDS_COLUMN, KEY_COLUMN, HEADERS_COLUMN})
         if clash:
             raise ValueError(f"schema field {clash[0]!r} clashes with a column offsetlake adds")
-        if self.type == "raw" and self.unknown_fields == "keep":
-            raise ValueError("'unknown_fields: keep' needs format 'json' (raw keeps the whole value anyway)")
+        if self.type != "json" and self.unknown_fields == "keep":
+            raise ValueError("'unknown_fields: keep' needs format 'json' (raw keeps the whole value; registry "
+                             "formats add a column for every field a newer schema adds)")
         return self
+
+    def extra_columns(self) -> list[str]:
+        """Columns besides the payload and the lineage: the key and the headers, when asked for."""
+        return [*([KEY_COLUMN] if self.key else []), *([HEADERS_COLUMN] if self.include_headers else [])]
 
 
 class TableSettings(_Strict):
@@ -179,10 +258,11 @@ class PipelineConfig(_Strict):
     def _partition_columns_exist(self):
         columns = set(self.column_names())
         for col in self.table.partition_by:
-            if col not in columns:
+            # Registry formats learn their payload columns from the registry: checked when the table is made.
+            if col not in columns and not self.format.evolves:
                 raise ValueError(f"table.partition_by column {col!r} is not a column of the table")
         for col in self.maintenance.zorder_by:
-            if col not in self.data_columns():
+            if col not in self.data_columns() and not self.format.evolves:
                 raise ValueError(f"maintenance.zorder_by column {col!r} is not a data column of the table")
         if len(set(self.topics)) != len(self.topics):
             raise ValueError("topics lists a topic twice")
@@ -192,10 +272,14 @@ class PipelineConfig(_Strict):
         return self
 
     def column_names(self) -> list[str]:
-        payload = [f.name for f in self.format.schema_] if self.format.type == "json" else list(RAW_COLUMNS)
+        """The columns known from the pipeline file (registry formats: without the payload's)."""
+        if self.format.type == "raw":
+            payload = list(RAW_COLUMNS)
+        else:
+            payload = [f.name for f in self.format.schema_]
         if self.format.unknown_fields == "keep":
             payload.append(UNKNOWN_FIELDS_COLUMN)
-        return [*payload, *LINEAGE_COLUMNS]
+        return [*payload, *self.format.extra_columns(), *LINEAGE_COLUMNS]
 
     def data_columns(self) -> list[str]:
         """The columns that are not partition columns: what optimize may z-order by."""
@@ -269,7 +353,11 @@ def _absolute_paths(cfg: PipelineConfig, base_dir: Path) -> PipelineConfig:
             return t
         return t.model_copy(update={"path": str((base_dir / t.path).resolve())})
 
-    return cfg.model_copy(update={"table": absolute(cfg.table), "quarantine": absolute(cfg.quarantine)})
+    update = {"table": absolute(cfg.table), "quarantine": absolute(cfg.quarantine)}
+    schema_file = cfg.format.schema_file
+    if schema_file and not os.path.isabs(schema_file):
+        update["format"] = cfg.format.model_copy(update={"schema_file": str((base_dir / schema_file).resolve())})
+    return cfg.model_copy(update=update)
 
 
 def project_home() -> Path:

@@ -21,6 +21,15 @@ class TableError(OffsetlakeError):
     """The Delta table is missing, unreadable, or does not match the pipeline."""
 
 
+class RegistryError(OffsetlakeError):
+    """The Schema Registry is unreachable or refused a request: not bad data, so the batch fails and
+    nothing is committed."""
+
+
+class TableMissing(TableError):
+    """There is no Delta table at the path (yet)."""
+
+
 class StorageError(OffsetlakeError):
     """A data file could not be written where the table lives: a full disk, a quota, permissions."""
 

@@ -1,8 +1,12 @@
 """Record formats: turn Kafka messages (Arrow) into table rows, and bad records into quarantine rows.
 
 `raw` keeps key and value as bytes. `json` parses the value by the declared
-schema; a record that does not parse or does not fit the schema becomes a
-quarantine row (raw bytes, offsets, error) instead of stopping the batch.
+schema. `avro`, `protobuf` and `json_schema` read the Confluent wire format
+through the Schema Registry (`registry.py`); their payload columns are the table's
+plus any a newer writer schema adds (`evolution.py`). The key (`format.key`) and
+the headers (`format.include_headers`) become columns in every format. A record
+that does not parse or does not fit becomes a quarantine row (raw bytes, offsets,
+error) instead of stopping the batch.
 Runs in executors: no deltalake import here.
 """
 from __future__ import annotations
@@ -20,7 +24,9 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from offsetlake.config import LINEAGE_COLUMNS, UNKNOWN_FIELDS_COLUMN, PipelineConfig, SchemaField
+from offsetlake.config import (HEADERS_COLUMN, KEY_COLUMN, LINEAGE_COLUMNS, UNKNOWN_FIELDS_COLUMN, KeyFormat,
+                               PipelineConfig, SchemaField)
+from offsetlake.evolution import Incompatible, merge_type
 
 ARROW_TYPES = {
     "string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64(),
@@ -39,35 +45,107 @@ QUARANTINE_SCHEMA = pa.schema([
     ("value", pa.binary()),
     ("error", pa.string()),
 ])
+HEADERS_TYPE = pa.map_(pa.string(), pa.binary())
+# A table schema whose payload columns come from the registry carries this in its metadata: the columns
+# a pipeline file names are checked, the payload may be any and grow (table.check_schema).
+OPEN_PAYLOAD = {b"offsetlake.payload": b"from the registry, grows with the writer schemas"}
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
 
 
 def table_schema(cfg: PipelineConfig) -> pa.Schema:
-    if cfg.format.type == "raw":
+    """The table's columns as the pipeline file defines them. Registry formats: without the payload (and
+    a registry key) columns, which come from the registry (`initial_table_schema`), marked OPEN_PAYLOAD."""
+    fmt = cfg.format
+    if fmt.type == "raw":
         payload = [pa.field("key", pa.binary()), pa.field("value", pa.binary())]
+    elif fmt.type == "json":
+        payload = [pa.field(f.name, ARROW_TYPES[f.type]) for f in fmt.schema_]
+    elif fmt.schema_file:
+        payload = list(_struct_fields(registry_decoders(cfg).file_type()))
     else:
-        payload = [pa.field(f.name, ARROW_TYPES[f.type]) for f in cfg.format.schema_]
-    if cfg.format.unknown_fields == "keep":
+        payload = []
+    if fmt.unknown_fields == "keep":
         payload.append(pa.field(UNKNOWN_FIELDS_COLUMN, pa.string()))
-    return pa.schema([*payload, *LINEAGE_SCHEMA])
+    key_type = _fixed_key_type(fmt.key)
+    extra = [pa.field(KEY_COLUMN, key_type)] if key_type is not None else []
+    if fmt.include_headers:
+        extra.append(pa.field(HEADERS_COLUMN, HEADERS_TYPE))
+    return pa.schema([*payload, *extra, *LINEAGE_SCHEMA], metadata=OPEN_PAYLOAD if fmt.evolves else None)
+
+
+def initial_table_schema(cfg: PipelineConfig) -> pa.Schema:
+    """The schema a new table is created with: registry formats take the latest schema of the value (and
+    key) subject of the first topic."""
+    fixed = table_schema(cfg)
+    if not cfg.format.evolves:
+        return fixed
+    from offsetlake.registry import latest_arrow_type
+    fmt, topic = cfg.format, cfg.topics[0]
+    payload = _struct_fields(latest_arrow_type(fmt.registry, fmt.type, topic))
+    columns = [*payload, *fixed]
+    if fmt.key is not None and fmt.key.type in REGISTRY_KINDS:
+        key = pa.field(KEY_COLUMN, latest_arrow_type(fmt.registry, fmt.key.type, topic, key=True))
+        columns.insert(len(payload), key)
+    clash = sorted({f.name for f in payload} & {f.name for f in fixed})
+    if clash:
+        raise Incompatible(f"the registry schema's field {clash[0]!r} clashes with a column offsetlake adds")
+    return pa.schema(columns, metadata=OPEN_PAYLOAD)
+
+
+REGISTRY_KINDS = ("avro", "protobuf", "json_schema")
+
+
+def _fixed_key_type(key: KeyFormat | None) -> pa.DataType | None:
+    if key is None or key.type in REGISTRY_KINDS:
+        return None
+    if key.type == "json":
+        return pa.struct([pa.field(f.name, ARROW_TYPES[f.type]) for f in key.schema_])
+    return pa.binary() if key.type == "raw" else pa.string()
+
+
+def _struct_fields(t: pa.DataType) -> list[pa.Field]:
+    return [t.field(i).with_nullable(True) for i in range(t.num_fields)]
 
 
 def _lineage(messages: pa.Table) -> list[pa.ChunkedArray]:
     return [messages.column(name).cast(LINEAGE_SCHEMA.field(name).type) for name in LINEAGE_COLUMNS]
 
 
-def convert(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa.Table]:
-    """Return (rows for the table, rows for the quarantine)."""
+def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None = None) -> tuple[pa.Table, pa.Table]:
+    """Return (rows for the table, rows for the quarantine). `columns`: the table's schema now (registry
+    formats: the rows may add columns to it, see evolution.py; None: the pipeline's `table_schema`)."""
     messages, oversized = _split_oversized(messages, cfg.format.max_value_bytes)
+    key_values, key_type, bad_keys = _convert_keys(cfg, messages, columns)
+    quarantines = []
+    if bad_keys:
+        rows, errors = zip(*sorted(bad_keys.items()))
+        quarantines.append(_quarantine_rows(messages.take(pa.array(rows, pa.int64())), list(errors)))
+        keep = [i for i in range(messages.num_rows) if i not in bad_keys]
+        messages = messages.take(pa.array(keep, pa.int64()))
+        key_values = [key_values[i] for i in keep] if key_values is not None else None
     if cfg.format.type == "raw":
-        columns = [messages.column("key"), messages.column("value"), *_lineage(messages)]
-        table, quarantine = pa.Table.from_arrays(columns, schema=table_schema(cfg)), QUARANTINE_SCHEMA.empty_table()
+        payload, good = pa.table({"key": messages.column("key"), "value": messages.column("value")}), None
+    elif cfg.format.type == "json":
+        payload, good, bad = _convert_json(cfg, messages)
+        quarantines.append(bad)
     else:
-        table, quarantine = _convert_json(cfg, messages)
+        payload, good, bad = _convert_registry(cfg, messages, columns)
+        quarantines.append(bad)
+    kept = messages if good is None else messages.take(good)
+    extra = []
+    if key_type is not None:
+        values = key_values if good is None else [key_values[i] for i in good.to_pylist()]
+        extra.append((pa.field(KEY_COLUMN, key_type), pa.array(values, key_type)))
+    if cfg.format.include_headers:
+        extra.append((pa.field(HEADERS_COLUMN, HEADERS_TYPE), kept.column("headers")))
+    fields = [*payload.schema, *(f for f, _ in extra), *LINEAGE_SCHEMA]
+    table = pa.Table.from_arrays([*payload.columns, *(a for _, a in extra), *_lineage(kept)], schema=pa.schema(fields))
     if oversized is not None:
-        quarantine = pa.concat_tables([quarantine, oversized]).sort_by([("kafka_partition", "ascending"),
-                                                                        ("kafka_offset", "ascending")])
+        quarantines.append(oversized)
+    quarantine = pa.concat_tables(quarantines) if quarantines else QUARANTINE_SCHEMA.empty_table()
+    if len(quarantines) > 1:
+        quarantine = quarantine.sort_by([("kafka_partition", "ascending"), ("kafka_offset", "ascending")])
     return table, quarantine
 
 
@@ -92,7 +170,8 @@ class BadRecord(ValueError):
     pass
 
 
-def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa.Table]:
+def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa.Array | None, pa.Table]:
+    """(payload columns of the good records, their positions in `messages` (None: all), quarantine rows)."""
     fields = cfg.format.schema_
     keep_unknown = cfg.format.unknown_fields == "keep"
     # The fast decoder drops undeclared fields, so `keep` goes through the reference parser only.
@@ -116,16 +195,134 @@ def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa
         records[i] = fast.from_dict(record) if fast else record
         if keep_unknown:
             unknown.append(extra_json)
-    good, good_messages = records, messages
+    good, good_rows = records, None
     if bad_rows:
-        good_rows = [i for i, r in enumerate(records) if r is not None]
-        good, good_messages = [records[i] for i in good_rows], messages.take(pa.array(good_rows, pa.int64()))
+        good_rows = pa.array([i for i, r in enumerate(records) if r is not None], pa.int64())
+        good = [records[i] for i in good_rows.to_pylist()]
     get = fast.getter if fast else operator.itemgetter
     columns = [pa.array(list(map(get(f.name), good)), ARROW_TYPES[f.type]) for f in fields]
+    schema = [pa.field(f.name, ARROW_TYPES[f.type]) for f in fields]
     if keep_unknown:
         columns.append(pa.array(unknown, pa.string()))
-    table = pa.Table.from_arrays([*columns, *_lineage(good_messages)], schema=table_schema(cfg))
-    return table, _quarantine_rows(messages.take(pa.array(bad_rows, pa.int64())), errors)
+        schema.append(pa.field(UNKNOWN_FIELDS_COLUMN, pa.string()))
+    payload = pa.Table.from_arrays(columns, schema=pa.schema(schema))
+    return payload, good_rows, _quarantine_rows(messages.take(pa.array(bad_rows, pa.int64())), errors)
+
+
+# ---- registry formats ---------------------------------------------------------------------------
+
+def registry_decoders(cfg: PipelineConfig, key: bool = False):
+    """The value's (or the key's) decoders, one set per pipeline per process: schemas are fetched once."""
+    from offsetlake.registry import Decoders
+    fmt = cfg.format
+    kind = fmt.key.type if key else fmt.type
+    return Decoders.shared(kind, fmt.registry, None if key else fmt.schema_file, key)
+
+
+def _decode_side(decoders, raws: list, table_type: pa.DataType | None, what: str, nulls_allowed: bool):
+    """Decode wire-format values. Returns (values, their Arrow type: `table_type` merged with every writer
+    schema met, {position: error}). Records of a schema the table cannot hold are errors, with the reason."""
+    from offsetlake.registry import RegistryError, UnusableSchema
+    values: list = [None] * len(raws)
+    errors: dict[int, str] = {}
+    used: dict[int, tuple] = {}  # id(decoder) -> (decoder, positions)
+    for i, raw in enumerate(raws):
+        if raw is None and nulls_allowed:
+            continue
+        try:
+            decoder, payload = decoders.split(raw)
+            values[i] = decoder.decode(payload)
+        except RegistryError:
+            raise
+        except UnusableSchema as err:
+            errors[i] = f"{what}: {err}"
+            continue
+        except Exception as err:  # fastavro and protobuf raise many kinds on a corrupt payload
+            errors[i] = f"{what}: not a valid {decoders.kind} record ({type(err).__name__}: {err})"[:1000]
+            continue
+        used.setdefault(id(decoder), (decoder, []))[1].append(i)
+    merged = table_type
+    for decoder, positions in used.values():
+        try:
+            merged = decoder.arrow_type if merged is None else merge_type(merged, decoder.arrow_type, "")
+        except Incompatible as err:
+            for i in positions:
+                errors[i] = f"{what}: {decoder.label}: {err}"
+                values[i] = None
+    return values, merged, errors
+
+
+def _to_arrow(values: list, t: pa.DataType, rows: list[int], errors: dict[int, str], what: str) -> pa.Array:
+    """One pa.array for all the values; if Arrow refuses one (a number out of range), find which, per record."""
+    try:
+        return pa.array([values[i] for i in rows], t)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        pass
+    good = []
+    for i in rows:
+        try:
+            pa.array([values[i]], t)
+            good.append(i)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as err:
+            errors[i] = f"{what}: {err}"
+    rows[:] = good
+    return pa.array([values[i] for i in good], t)
+
+
+def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None):
+    """Avro, Protobuf, JSON Schema values: the payload columns are the table's plus what writers add."""
+    decoders = registry_decoders(cfg)
+    fixed = {KEY_COLUMN, HEADERS_COLUMN, *LINEAGE_COLUMNS}
+    current = [f for f in (columns if columns is not None else table_schema(cfg)) if f.name not in fixed]
+    values, merged, errors = _decode_side(decoders, messages.column("value").to_pylist(), pa.struct(current),
+                                          "value", nulls_allowed=False)
+    rows = [i for i in range(messages.num_rows) if i not in errors]
+    array = _to_arrow(values, merged, rows, errors, "value")
+    payload = pa.Table.from_struct_array(array) if len(array) else pa.schema(_struct_fields(merged)).empty_table()
+    payload = payload.cast(pa.schema(_struct_fields(merged)))
+    bad = sorted(errors)
+    quarantine = _quarantine_rows(messages.take(pa.array(bad, pa.int64())), [errors[i] for i in bad])
+    return payload, pa.array(rows, pa.int64()), quarantine
+
+
+def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None):
+    """(key values, the kafka_key column type, {position: error}); (None, None, {}) without format.key."""
+    key = cfg.format.key
+    if key is None:
+        return None, None, {}
+    raws = messages.column("key").to_pylist()
+    if key.type == "raw":
+        return raws, pa.binary(), {}
+    errors: dict[int, str] = {}
+    if key.type == "string":
+        values = []
+        for i, raw in enumerate(raws):
+            try:
+                values.append(None if raw is None else raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                errors[i] = "key is not UTF-8"
+                values.append(None)
+        return values, pa.string(), errors
+    if key.type == "json":
+        key_type = _fixed_key_type(key)
+        values = []
+        for i, raw in enumerate(raws):
+            try:
+                values.append(None if raw is None else _parse_record(raw, key.schema_)[0])
+            except BadRecord as err:
+                errors[i] = f"key: {err}"
+                values.append(None)
+        return values, key_type, errors
+    table_type = None
+    if columns is not None and KEY_COLUMN in columns.names:
+        table_type = columns.field(KEY_COLUMN).type
+    values, key_type, errors = _decode_side(registry_decoders(cfg, key=True), raws, table_type, "key",
+                                            nulls_allowed=True)
+    if key_type is None:  # no table yet and no key seen: a null column of the most neutral type
+        key_type = pa.binary()
+    rows = [i for i in range(len(raws)) if i not in errors]
+    _to_arrow(values, key_type, rows, errors, "key")
+    return values, key_type, errors
 
 
 class FastDecoder:

@@ -30,6 +30,12 @@ MESSAGE_SCHEMA = pa.schema([
     ("kafka_offset", pa.int64()),
     ("kafka_timestamp", pa.timestamp("ms", tz="UTC")),
 ])
+# With format.include_headers: every header, in order, duplicates kept (Kafka allows them).
+HEADERS_FIELD = pa.field("headers", pa.map_(pa.string(), pa.binary()))
+
+
+def message_schema(headers: bool) -> pa.Schema:
+    return MESSAGE_SCHEMA.append(HEADERS_FIELD) if headers else MESSAGE_SCHEMA
 _LOST = {_KErr._AUTO_OFFSET_RESET, _KErr.OFFSET_OUT_OF_RANGE}
 _FATAL = {_KErr.UNKNOWN_TOPIC_OR_PART, _KErr._UNKNOWN_TOPIC, _KErr._UNKNOWN_PARTITION,
           _KErr.TOPIC_AUTHORIZATION_FAILED, _KErr._AUTHENTICATION, _KErr.SASL_AUTHENTICATION_FAILED}
@@ -71,8 +77,8 @@ def reader_settings(settings: KafkaSettings, group: str) -> dict:
 
 
 def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seconds: float,
-               chunk: int = 20_000) -> Iterator[pa.RecordBatch]:
-    """Yield the records of `rng` as Arrow batches (MESSAGE_SCHEMA), in offset order."""
+               chunk: int = 20_000, headers: bool = False) -> Iterator[pa.RecordBatch]:
+    """Yield the records of `rng` as Arrow batches (`message_schema(headers)`), in offset order."""
     if rng.size <= 0:
         return
     # In an executor nobody configured logging: librdkafka's own lines would reach stderr, one a second
@@ -89,7 +95,7 @@ def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seco
             # consume() waits for num_messages or the timeout: asking for no more than the range can
             # still hold, with a short timeout, keeps the last call of a small range from idling.
             messages = consumer.consume(num_messages=min(chunk, rng.end - position), timeout=0.1)
-            columns = _empty_columns()
+            columns = _empty_columns(headers)
             for msg in messages:
                 err = msg.error()
                 if err is not None:
@@ -108,7 +114,7 @@ def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seco
             if columns["kafka_offset"]:
                 last_progress = time.monotonic()
                 transient.clear()
-                yield _to_batch(columns, rng)
+                yield _to_batch(columns, rng, headers)
             if position < rng.end and not messages:
                 # Markers and aborted records move the position without yielding anything.
                 fetched = consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset
@@ -136,8 +142,11 @@ def _handle_error(err, msg, rng: OffsetRange, position: int) -> int:
     return position  # transient (broker restart, leader change): librdkafka retries
 
 
-def _empty_columns() -> dict[str, list]:
-    return {"key": [], "value": [], "kafka_offset": [], "kafka_timestamp": []}
+def _empty_columns(headers: bool) -> dict[str, list]:
+    columns = {"key": [], "value": [], "kafka_offset": [], "kafka_timestamp": []}
+    if headers:
+        columns["headers"] = []
+    return columns
 
 
 def _append(columns: dict[str, list], msg, offset: int) -> None:
@@ -146,15 +155,20 @@ def _append(columns: dict[str, list], msg, offset: int) -> None:
     columns["kafka_offset"].append(offset)
     ts_type, ts = msg.timestamp()
     columns["kafka_timestamp"].append(ts if ts_type and ts >= 0 else None)
+    if "headers" in columns:
+        columns["headers"].append(msg.headers() or [])  # [(name, bytes | None)]
 
 
-def _to_batch(columns: dict[str, list], rng: OffsetRange) -> pa.RecordBatch:
+def _to_batch(columns: dict[str, list], rng: OffsetRange, headers: bool) -> pa.RecordBatch:
     n = len(columns["kafka_offset"])
-    return pa.record_batch([
+    arrays = [
         pa.array(columns["key"], pa.binary()),
         pa.array(columns["value"], pa.binary()),
         pa.repeat(pa.scalar(rng.topic, pa.string()), n),
         pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
         pa.array(columns["kafka_offset"], pa.int64()),
         pa.array(columns["kafka_timestamp"], pa.timestamp("ms", tz="UTC")),
-    ], schema=MESSAGE_SCHEMA)
+    ]
+    if headers:
+        arrays.append(pa.array(columns["headers"], HEADERS_FIELD.type))
+    return pa.record_batch(arrays, schema=message_schema(headers))

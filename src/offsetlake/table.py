@@ -10,7 +10,8 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from offsetlake.errors import TableError
+from offsetlake.errors import TableError, TableMissing
+from offsetlake.evolution import same_type
 from offsetlake.files import from_delta_path, open_filesystem, plain_types, to_delta_path
 
 
@@ -25,7 +26,7 @@ def open_table(uri: str, schema: pa.Schema | None = None, partition_by: list[str
         table = DeltaTable(uri)
     except TableNotFoundError:
         if schema is None or not create:
-            raise TableError(f"no Delta table at {uri}") from None
+            raise TableMissing(f"no Delta table at {uri}") from None
         table = _create(uri, schema, partition_by or [], name, properties)
     except OSError as err:
         raise TableError(f"cannot open Delta table at {uri}: {err}") from None
@@ -47,33 +48,23 @@ def _create(uri: str, schema: pa.Schema, partition_by: list[str], name: str | No
 
 
 def check_schema(uri: str, table: DeltaTable, expected: pa.Schema, partition_by: list[str]) -> None:
-    """The table must hold exactly the pipeline's columns, types and partitioning."""
+    """The table must hold exactly the pipeline's columns, types and partitioning. A schema marked
+    OPEN_PAYLOAD (registry formats) names only some columns: the payload columns may be any."""
+    from offsetlake.formats import OPEN_PAYLOAD
+    open_payload = (expected.metadata or {}).items() >= OPEN_PAYLOAD.items()
     actual = pa.schema(table.schema())
     have = {f.name: f.type for f in actual}
     for f in expected:
         if f.name not in have:
             raise TableError(f"table {uri} has no column {f.name!r} that the pipeline writes")
-        if not _same_type(have[f.name], f.type):
+        if not same_type(have[f.name], f.type):
             raise TableError(f"table {uri} column {f.name!r} is {have[f.name]}, the pipeline writes {f.type}")
     extra = sorted(set(have) - {f.name for f in expected})
-    if extra:
+    if extra and not open_payload:
         raise TableError(f"table {uri} has column {extra[0]!r} that the pipeline does not write")
     if list(table.metadata().partition_columns) != list(partition_by):
         raise TableError(f"table {uri} is partitioned by {table.metadata().partition_columns}, "
                          f"the pipeline says {partition_by}")
-
-
-def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
-    """Delta has fewer types than Arrow: compare what Delta can tell apart."""
-    def norm(t: pa.DataType):
-        if pa.types.is_large_string(t) or pa.types.is_string_view(t):
-            return pa.string()
-        if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
-            return pa.binary()
-        if pa.types.is_timestamp(t):
-            return ("timestamp", t.tz is not None)
-        return t
-    return norm(a) == norm(b)
 
 
 def delete_attempt_files(uri: str, attempt: str, keep: set[str] = frozenset()) -> int:

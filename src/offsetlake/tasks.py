@@ -14,12 +14,13 @@ from offsetlake import faults
 from offsetlake.config import PipelineConfig
 from offsetlake.files import DataFile, attempt_file_name, write_files
 from offsetlake.formats import convert
-from offsetlake.reader import MESSAGE_SCHEMA, OffsetRange, read_range
+from offsetlake.evolution import schema_from_text, schema_to_text
+from offsetlake.reader import OffsetRange, message_schema, read_range
 
 RESULT_SCHEMA = pa.schema([
     ("task", pa.int64()),
-    ("kind", pa.string()),  # data | quarantine | read (one per task, with record counts)
-    ("file", pa.string()),  # DataFile as JSON, for data and quarantine
+    ("kind", pa.string()),  # data | quarantine | read (one per task, with record counts) | schema
+    ("file", pa.string()),  # DataFile as JSON, for data and quarantine; the rows' schema, for schema
     ("records", pa.int64()),
 ])
 
@@ -31,22 +32,26 @@ class TaskContext:
     attempt: str
     tasks: tuple[OffsetRange, ...]
     fault_settings: dict
+    columns: pa.Schema | None = None  # the table's schema when planned (registry formats may add columns)
 
 
 def run_task(ctx: TaskContext, index: int) -> list[dict]:
     rng = ctx.tasks[index]
     cfg = ctx.cfg
-    batches = list(read_range(cfg.kafka, f"{cfg.consumer_group}.reader", rng, cfg.batch.read_timeout_seconds))
-    messages = pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA)
+    headers = cfg.format.include_headers
+    batches = list(read_range(cfg.kafka, f"{cfg.consumer_group}.reader", rng, cfg.batch.read_timeout_seconds,
+                              headers=headers))
+    messages = pa.Table.from_batches(batches, schema=message_schema(headers))
     faults.hit("after_read", ctx.fault_settings)
-    rows, bad = convert(cfg, messages)
+    rows, bad = convert(cfg, messages, ctx.columns)
 
     task_attempt = spark_task_attempt()
 
     def name(part: int) -> str:
         return attempt_file_name(ctx.batch, ctx.attempt, index, task_attempt, part)
 
-    out = [{"task": index, "kind": "read", "file": None, "records": messages.num_rows}]
+    out = [{"task": index, "kind": "read", "file": None, "records": messages.num_rows},
+           {"task": index, "kind": "schema", "file": schema_to_text(rows.schema), "records": 0}]
     for kind, uri, table, partition_by in (("data", cfg.table_path, rows, cfg.table.partition_by),
                                            ("quarantine", cfg.quarantine_path, bad, [])):
         for f in write_files(uri, table, partition_by, name):
@@ -71,14 +76,24 @@ def task_function(ctx: TaskContext):
     return run
 
 
-def parse_results(rows) -> tuple[dict[int, int], list[tuple[int, DataFile]], list[tuple[int, DataFile]]]:
-    """(records read per task, data files, quarantine files) from the collected task results."""
-    read, data, quarantine = {}, [], []
+@dataclass
+class TaskResults:
+    read: dict[int, int]  # records read, per task
+    data: list[tuple[int, DataFile]]  # (task, file)
+    quarantine: list[tuple[int, DataFile]]
+    schemas: list[pa.Schema]  # of the rows each task wrote (registry formats: may add columns)
+
+
+def parse_results(rows) -> TaskResults:
+    """What the tasks read and wrote, from their collected results."""
+    read, data, quarantine, schemas = {}, [], [], []
     for row in rows:
         if row["kind"] == "read":
             read[row["task"]] = row["records"]
+        elif row["kind"] == "schema":
+            schemas.append(schema_from_text(row["file"]))
         elif row["kind"] == "data":
             data.append((row["task"], DataFile.from_json(row["file"])))
         else:
             quarantine.append((row["task"], DataFile.from_json(row["file"])))
-    return read, data, quarantine
+    return TaskResults(read, data, quarantine, schemas)

@@ -171,7 +171,7 @@ def plain_append(spark, cfg) -> tuple[int, float, float]:
     table = open_table(cfg.table_path, schema, [], cfg.name)
     ranges = [OffsetRange(t, p, 0, end) for (t, p), end in ends.items() if end > 0]
     tasks = split_ranges(ranges, cfg.batch.max_records_per_task)
-    _, data, _ = run_tasks(spark, TaskContext(cfg, 1, uuid.uuid4().hex[:16], tuple(tasks), {"faults": {}}))
+    data = run_tasks(spark, TaskContext(cfg, 1, uuid.uuid4().hex[:16], tuple(tasks), {"faults": {}})).data
     commit_started = time.perf_counter()
     table.create_write_transaction(add_actions([f for _, f in data]), mode="append", schema=schema)
     done = time.perf_counter()

@@ -59,6 +59,53 @@ def demo_event(rng: random.Random, seq: int) -> tuple[bytes, bytes]:
     return str(user).encode(), json.dumps(event, separators=(",", ":")).encode()
 
 
+# The demo event in Avro, as a Schema Registry subject would hold it: version 2 adds a field (a
+# compatible change), so a topic carrying both shows a column arriving with its first record.
+DEMO_AVRO_V1 = {
+    "type": "record", "name": "DemoEvent", "namespace": "offsetlake.demo",
+    "fields": [
+        {"name": "event_id", "type": "string"},
+        {"name": "user_id", "type": "long"},
+        {"name": "action", "type": {"type": "enum", "name": "Action", "symbols": [a.upper() for a in ACTIONS]}},
+        {"name": "amount", "type": ["null", "double"], "default": None},
+        {"name": "event_time", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "seq", "type": "long"},
+    ],
+}
+DEMO_AVRO_V2 = {**DEMO_AVRO_V1, "fields": [*DEMO_AVRO_V1["fields"],
+                                          {"name": "country", "type": ["null", "string"], "default": None}]}
+COUNTRIES = ("DE", "FR", "IN", "JP", "US")
+
+
+def registry_client(url: str, username: str | None = None, password: str | None = None):
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    conf = {"url": url}
+    if username is not None:
+        conf["basic.auth.user.info"] = f"{username}:{password}"
+    return SchemaRegistryClient(conf)
+
+
+def avro_event_maker(client, topic: str, version: int = 1, headers: bool = True):
+    """A record maker for `produce`: demo events in Avro (Confluent wire format, the schema registered by
+    confluent-kafka's AvroSerializer under "<topic>-value"), the user id as a string key, two headers."""
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    schema = DEMO_AVRO_V2 if version >= 2 else DEMO_AVRO_V1
+    serialize = AvroSerializer(client, json.dumps(schema), conf={"auto.register.schemas": True})
+    context = SerializationContext(topic, MessageField.VALUE)
+
+    def make(rng: random.Random, seq: int):
+        user = rng.randrange(1, 5000)
+        event = {"event_id": uuid.UUID(int=rng.getrandbits(128)).hex[:20], "user_id": user,
+                 "action": rng.choice(ACTIONS).upper(), "amount": round(rng.uniform(0, 500), 2),
+                 "event_time": dt.datetime.now(dt.timezone.utc), "seq": seq}
+        if version >= 2:
+            event["country"] = rng.choice(COUNTRIES)
+        extra = [("source", b"offsetlake-demo"), ("seq", str(seq).encode())] if headers else None
+        return str(user).encode(), serialize(event, context), extra
+    return make
+
+
 def _transactional_producer(settings: KafkaSettings, base_id: str, generation: int) -> Producer:
     producer = Producer(client_settings(settings, **{"transactional.id": f"{base_id}-{generation}", "linger.ms": 5}))
     producer.init_transactions(settings.timeout_seconds)
@@ -75,10 +122,16 @@ BAD_VALUES = (
 
 def with_bad_records(make_record, share: float):
     """A record maker that emits records the demo schema rejects, with probability `share`."""
-    def make(rng: random.Random, seq: int) -> tuple[bytes, bytes]:
-        key, value = make_record(rng, seq)
-        return (key, rng.choice(BAD_VALUES)) if rng.random() < share else (key, value)
+    def make(rng: random.Random, seq: int):
+        key, value, *headers = make_record(rng, seq)
+        return (key, rng.choice(BAD_VALUES), *headers) if rng.random() < share else (key, value, *headers)
     return make
+
+
+def _record(made: tuple) -> dict:
+    """A record maker returns (key, value) or (key, value, headers)."""
+    key, value, *headers = made
+    return {"key": key, "value": value, **({"headers": headers[0]} if headers and headers[0] else {})}
 
 
 def produce(settings: KafkaSettings, topic: str, count: int, *, transactional_share: float = 0.5,
@@ -98,8 +151,7 @@ def produce(settings: KafkaSettings, topic: str, count: int, *, transactional_sh
             size = min(transaction_size, count - report.committed)
             if rng.random() >= transactional_share:
                 for _ in range(size):
-                    key, value = make_record(rng, seq)
-                    idempotent.produce(topic, value=value, key=key)
+                    idempotent.produce(topic, **_record(make_record(rng, seq)))
                     seq += 1
                 idempotent.flush(settings.timeout_seconds)
                 report.committed += size
@@ -107,8 +159,7 @@ def produce(settings: KafkaSettings, topic: str, count: int, *, transactional_sh
             abort = rng.random() < abort_share
             transactional.begin_transaction()
             for _ in range(size):
-                key, value = make_record(rng, seq)
-                transactional.produce(topic, value=value, key=key)
+                transactional.produce(topic, **_record(make_record(rng, seq)))
                 seq += 1
             transactional.flush(settings.timeout_seconds)  # aborted records must reach the log
             report.transactions += 1
