@@ -165,3 +165,155 @@ def test_an_unreachable_registry_fails_the_batch_in_one_line_and_commits_nothing
         assert "country" in [f.name for f in DeltaTable(cfg.table_path).schema().fields]
     finally:
         embedded_registry.stop(again.pid)
+
+
+def order_message_type():
+    """A Protobuf message built at run time (no protoc here): nested message, enum, repeated, map, a
+    Timestamp, an `optional` field."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, timestamp_pb2
+    from google.protobuf.message_factory import GetMessageClass
+    F = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(name="offsetlake_test_order.proto", package="offsetlake.test",
+                                              syntax="proto3", dependency=["google/protobuf/timestamp.proto"])
+    order = file.message_type.add(name="Order")
+    address = order.nested_type.add(name="Address")
+    address.field.add(name="city", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    address.field.add(name="zip", number=2, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+    entry = order.nested_type.add(name="CountsEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+    status = order.enum_type.add(name="Status")
+    status.value.add(name="NEW", number=0)
+    status.value.add(name="PAID", number=1)
+    order.field.add(name="id", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    order.field.add(name="amount_cents", number=2, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+    order.field.add(name="created", number=3, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                    type_name=".google.protobuf.Timestamp")
+    order.field.add(name="tags", number=4, type=F.TYPE_STRING, label=F.LABEL_REPEATED)
+    order.field.add(name="counts", number=5, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
+                    type_name=".offsetlake.test.Order.CountsEntry")
+    order.field.add(name="status", number=6, type=F.TYPE_ENUM, label=F.LABEL_OPTIONAL,
+                    type_name=".offsetlake.test.Order.Status")
+    order.field.add(name="address", number=7, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                    type_name=".offsetlake.test.Order.Address")
+    order.oneof_decl.add(name="_note")
+    order.field.add(name="note", number=8, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, oneof_index=0,
+                    proto3_optional=True)
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    pool.Add(file)
+    return GetMessageClass(pool.FindMessageTypeByName("offsetlake.test.Order"))
+
+
+def test_protobuf_and_json_schema_records_land_field_by_field(spark, pipeline, schema_registry, registry_env, client):
+    import datetime as dt
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    Order = order_message_type()
+    cfg, topic = pipeline(partitions=2, format={"type": "protobuf", "schema": [], "include_headers": True,
+                                                "registry": registry_section(schema_registry),
+                                                "key": {"type": "json", "schema": [{"name": "id", "type": "long"}]}})
+    serialize = ProtobufSerializer(Order, client, {"use.deprecated.format": False})
+    producer = Producer({"bootstrap.servers": cfg.kafka.bootstrap_servers})
+    created = dt.datetime(2026, 11, 23, 12, 0, 0, 123456, tzinfo=dt.timezone.utc)
+    for i in range(60):
+        order = Order(id=f"o{i}", amount_cents=i * 100, tags=[f"t{i}", "x"], status=i % 2,
+                      address={"city": "Pune", "zip": 411000 + i} if i % 3 else None)
+        order.counts["a"] = i
+        order.created.FromDatetime(created + dt.timedelta(seconds=i))
+        if i % 4 == 0:
+            order.note = "" if i % 8 == 0 else f"n{i}"
+        producer.produce(topic, key=json.dumps({"id": i}).encode(),
+                         value=serialize(order, SerializationContext(topic, MessageField.VALUE)),
+                         headers=[("h", bytes([i])), ("h", None)])
+    producer.flush(10)
+
+    ingest(spark, cfg)
+
+    assert_exactly_once(cfg)
+    rows = rows_by_offset(cfg, "id, amount_cents, created, tags, counts, status, address, note, kafka_key, "
+                               "kafka_headers")
+    truth = kafka_committed_records(cfg.kafka.bootstrap_servers, topic, whole=True)
+    assert len(rows) == len(truth) == 60
+    for (t, p, o), (key, value, headers) in truth.items():
+        row = rows[(p, o)]
+        i = json.loads(key)["id"]
+        assert row["kafka_key"] == {"id": i} and row["kafka_headers"] == headers
+        assert row["id"] == f"o{i}" and row["amount_cents"] == i * 100 and row["tags"] == [f"t{i}", "x"]
+        assert row["created"] == created + dt.timedelta(seconds=i)
+        assert row["counts"] == [("a", i)] and row["status"] == ("PAID" if i % 2 else "NEW")
+        assert row["address"] == ({"city": "Pune", "zip": 411000 + i} if i % 3 else None)
+        assert row["note"] == (None if i % 4 else "" if i % 8 == 0 else f"n{i}")  # `optional`: set "" is not null
+
+    # JSON Schema: nested object, array, date-time and date formats; a record breaking the schema quarantined.
+    schema = {"type": "object", "title": "Reading", "properties": {
+        "sensor": {"type": "string"}, "value": {"type": "number"}, "at": {"type": "string", "format": "date-time"},
+        "day": {"type": "string", "format": "date"}, "tags": {"type": "array", "items": {"type": "string"}},
+        "place": {"type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}}}},
+        "required": ["sensor", "value"]}
+    cfg2, topic2 = pipeline(partitions=1, format={"type": "json_schema", "schema": [],
+                                                  "registry": registry_section(schema_registry)})
+    serialize_json = JSONSerializer(json.dumps(schema), client)
+    context = SerializationContext(topic2, MessageField.VALUE)
+    for i in range(30):
+        producer.produce(topic2, value=serialize_json(
+            {"sensor": f"s{i}", "value": i / 4, "at": f"2026-11-23T10:00:{i:02d}Z", "day": "2026-11-23",
+             "tags": ["a"] * (i % 3), "place": {"lat": 18.5, "lon": 73.8}}, context))
+    framing = serialize_json({"sensor": "ok", "value": 1}, context)[:5]
+    producer.produce(topic2, value=framing + b'{"sensor": "bad", "value": "not a number"}')
+    producer.flush(10)
+
+    ingest(spark, cfg2)
+
+    assert_exactly_once(cfg2)
+    got = query(cfg2.table_path, "SELECT sensor, value, at, day, tags, place FROM t ORDER BY kafka_offset").to_pylist()
+    assert len(got) == 30
+    assert got[7] == {"sensor": "s7", "value": 7 / 4, "at": dt.datetime(2026, 11, 23, 10, 0, 7, tzinfo=dt.timezone.utc),
+                      "day": dt.date(2026, 11, 23), "tags": ["a"], "place": {"lat": 18.5, "lon": 73.8}}
+    errors = query(cfg2.quarantine_path, "SELECT error FROM t").column(0).to_pylist()
+    assert len(errors) == 1 and "value.value: expected a number" in errors[0]
+
+
+def test_a_registry_key_and_an_avro_schema_file_without_a_registry(spark, pipeline, schema_registry, registry_env,
+                                                                  client, tmp_path):
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    key_schema = {"type": "record", "name": "OrderKey", "fields": [{"name": "shop", "type": "string"},
+                                                                   {"name": "n", "type": "long"}]}
+    cfg, topic = pipeline(partitions=2, format={"type": "avro", "schema": [], "registry": registry_section(schema_registry),
+                                                "key": {"type": "avro"}})
+    key_serializer = AvroSerializer(client, json.dumps(key_schema))
+    value_maker = avro_event_maker(client, topic, 2, headers=False)
+    keys = iter(range(10_000))
+
+    def make(rng, seq):
+        _, value, _ = value_maker(rng, seq)
+        n = next(keys)
+        key = None if n % 10 == 0 else key_serializer({"shop": f"s{n % 3}", "n": n},
+                                                      SerializationContext(topic, MessageField.KEY))
+        return key, value
+    produce(cfg.kafka, topic, 200, abort_share=0.2, seed=8, make_record=make)
+
+    ingest(spark, cfg)
+
+    assert_exactly_once(cfg)
+    keys_seen = query(cfg.table_path, "SELECT kafka_key FROM t").column(0).to_pylist()
+    assert sum(k is None for k in keys_seen) == 20  # a record without a key keeps a null key, not quarantined
+    assert {k["shop"] for k in keys_seen if k} == {"s0", "s1", "s2"}
+
+    # Plain Avro values (no framing) written with a schema file.
+    schema_file = tmp_path / "event.avsc"
+    schema_file.write_text(json.dumps(DEMO_AVRO_V2))
+    cfg2, topic2 = pipeline(partitions=1, format={"type": "avro", "schema": [], "schema_file": str(schema_file)})
+    parsed = fastavro.parse_schema(DEMO_AVRO_V2)
+    producer = Producer({"bootstrap.servers": cfg2.kafka.bootstrap_servers})
+    for i in range(25):
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, parsed, {"event_id": f"e{i}", "user_id": i, "action": "VIEW", "amount": None,
+                                                  "event_time": 1_700_000_000_000 + i, "seq": i, "country": "IN"})
+        producer.produce(topic2, value=body.getvalue())
+    producer.flush(10)
+    ingest(spark, cfg2)
+    assert_exactly_once(cfg2)
+    got = query(cfg2.table_path, "SELECT event_id, seq, country FROM t ORDER BY seq").to_pylist()
+    assert got[24] == {"event_id": "e24", "seq": 24, "country": "IN"} and len(got) == 25
