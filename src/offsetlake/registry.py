@@ -470,6 +470,9 @@ class Decoders:
             if data is None:
                 raise ValueError("value is null (tombstone)")
             return self._file, data
+        if data is not None and len(data) >= 5 and data[0] == 0 and self.kind != "protobuf":
+            # The usual frame (magic byte 0, a 4-byte id), read without the general parser's objects.
+            return self.decoder(int.from_bytes(data[1:5], "big"), None, ()), data[5:]
         schema_id, guid, indexes, payload = split_frame(data, self._schema_type)
         return self.decoder(schema_id, guid, indexes), payload
 

@@ -77,7 +77,9 @@ def test_nothing_machine_specific_is_baked_into_a_dag(monkeypatch, airflow_db):
     monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(REPO / "include" / "pipelines"))
     bag = DagBag(dag_folder=str(REPO / "dags"))
     steps = [(dag_id, t) for dag_id, dag in bag.dags.items() for t in dag.tasks if t.task_type == "OffsetlakeOperator"]
-    assert len(steps) == 5, steps  # the demo pipeline's ingest, stream, backfill, recovery and maintenance steps
+    from offsetlake.config import list_pipelines
+    # Each demo pipeline's ingest, stream, backfill, recovery and maintenance steps.
+    assert len(steps) == 5 * len(list_pipelines(REPO / "include" / "pipelines")) == 10, steps
     for dag_id, t in steps:
         baked = json.dumps({f: getattr(t, f) for f in t.template_fields}, default=str)
         for machine_specific in ("127.0.0.1", "localhost", sys.executable, str(REPO)):

@@ -7,6 +7,8 @@ Rates are compared as ratios within the run because this machine is shared.
   first ingest        the raw ingest right after the session starts, which also forks Spark's
                       Python workers and imports the task code in them (reported apart)
   ingest raw / json   offsetlake ingest from an empty table to fully committed (session start apart)
+  ingest avro         the same events in Avro (Confluent wire format, schema from the embedded registry):
+                      target at least the json format's rate
   exactly-once cost   the same batch committed by the protocol (ledger read, verdict, txn, no
                       rebase) against a plain Delta append of the same kind of files (bench only),
                       end to end and with the bookkeeping timed directly (end to end is noisy)
@@ -19,6 +21,7 @@ Rates are compared as ratios within the run because this machine is shared.
                       of run; a triggered small batch (1,000 records), trigger to Delta commit
 
     python tests/benchmarks/bench_ingest.py [--records 1000000] [--scale-records 10000000] [--airflow-only]
+                                            [--formats-only]
 """
 from __future__ import annotations
 
@@ -75,6 +78,79 @@ def produce(bootstrap: str, topic: str, count: int, start: int = 0) -> float:
                 producer.poll(0.05)
     producer.flush(120)
     return time.perf_counter() - started
+
+
+BENCH_AVRO = {"type": "record", "name": "BenchEvent", "fields": [
+    {"name": "event_id", "type": "string"}, {"name": "user_id", "type": "long"},
+    {"name": "action", "type": "string"}, {"name": "amount", "type": ["null", "double"]},
+    {"name": "event_time", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "seq", "type": "long"}]}
+
+
+def produce_avro(bootstrap: str, topic: str, count: int, registry_url: str) -> float:
+    """The same events as `produce`, in Avro with the Confluent framing (schema registered once)."""
+    import io
+    import struct
+    import fastavro
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    schema_id = SchemaRegistryClient({"url": registry_url}).register_schema(
+        f"{topic}-value", Schema(json.dumps(BENCH_AVRO), "AVRO"))
+    parsed, frame = fastavro.parse_schema(BENCH_AVRO), b"\x00" + struct.pack(">I", schema_id)
+    rng = random.Random(1)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
+                         "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
+    started = time.perf_counter()
+    for i in range(count):
+        body = io.BytesIO()
+        body.write(frame)
+        fastavro.schemaless_writer(body, parsed, {
+            "event_id": f"e{i:012d}", "user_id": rng.randrange(5000), "action": rng.choice(ACTIONS),
+            "amount": round(rng.uniform(0, 500), 2), "event_time": 1_795_000_000_000, "seq": i})
+        while True:
+            try:
+                producer.produce(topic, value=body.getvalue(), partition=i % 4)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(120)
+    return time.perf_counter() - started
+
+
+def formats_only(records: int, work: Path) -> None:
+    """Raw read, json and avro ingest of the same events, one session: the avro target is a ratio to json."""
+    from offsetlake.local import schema_registry
+    b = broker.start(work / "broker")
+    registry = schema_registry.start(work / "registry")
+    lake = work / "lake"
+    try:
+        cfg_json = pipeline("bench_json", b.bootstrap_servers, "bench.events", lake, JSON_FORMAT)
+        ensure_topic(cfg_json.kafka, "bench.events", 4)
+        produce(b.bootstrap_servers, "bench.events", records)
+        cfg_avro = pipeline("bench_avro", b.bootstrap_servers, "bench.avro", lake,
+                            {"type": "avro", "registry": {"url": registry.url}})
+        ensure_topic(cfg_avro.kafka, "bench.avro", 4)
+        produce_avro(b.bootstrap_servers, "bench.avro", records, registry.url)
+        cluster = KafkaCluster(cfg_json.kafka)
+        n_raw, raw_s = raw_read(b.bootstrap_servers, "bench.events",
+                                cluster.end_offsets(cluster.partitions(["bench.events"]), "read_committed"))
+        spark = build_session("offsetlake-bench")
+        timed_ingest(spark, pipeline("bench_warm", b.bootstrap_servers, "bench.events", lake, {"type": "raw"}))
+        n_json, json_s = timed_ingest(spark, cfg_json)
+        n_avro, avro_s = timed_ingest(spark, cfg_avro)
+        spark.stop()
+    finally:
+        schema_registry.stop(registry.pid)
+        broker.stop(b.pid)
+    print_formats(n_raw / raw_s, n_json, json_s, n_avro, avro_s)
+
+
+def print_formats(raw_rate: float, n_json: int, json_s: float, n_avro: int, avro_s: float) -> None:
+    json_rate, avro_rate = n_json / json_s, n_avro / avro_s
+    print(f"{'offsetlake ingest, json format':<48} {n_json:>9} {json_s:>8.2f} {json_rate:>10.0f} {json_rate / raw_rate:>11.1%}")
+    print(f"{'offsetlake ingest, avro format (registry)':<48} {n_avro:>9} {avro_s:>8.2f} {avro_rate:>10.0f} "
+          f"{avro_rate / raw_rate:>11.1%}")
+    verdict = "met" if avro_rate >= json_rate else "NOT met"
+    print(f"target: avro ingest at least as fast as json ingest of the same events: {avro_rate / json_rate:.2f}x ({verdict})")
 
 
 def raw_read(bootstrap: str, topic: str, ends: dict) -> tuple[int, float]:
@@ -393,8 +469,12 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--scale-records", type=int, default=10_000_000, help="0 skips the scale run")
     parser.add_argument("--airflow-only", action="store_true", help="only the runs through real Airflow processes")
+    parser.add_argument("--formats-only", action="store_true", help="only raw read, json and avro ingest")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="offsetlake-bench-"))
+    if args.formats_only:
+        formats_only(args.records, work)
+        return
     if args.airflow_only:
         b = broker.start(work / "broker")
         try:
@@ -402,7 +482,9 @@ def main() -> None:
         finally:
             broker.stop(b.pid)
         return
+    from offsetlake.local import schema_registry
     b = broker.start(work / "broker")
+    registry = schema_registry.start(work / "registry")
     lake = work / "lake"
     out: dict = {"records": args.records, "scale_records": args.scale_records}
     try:
@@ -424,6 +506,11 @@ def main() -> None:
         with PeakMemory() as mem_1m:
             n_rawfmt, rawfmt_s = timed_ingest(spark, cfg_raw)
         n_json, json_s = timed_ingest(spark, pipeline("bench_json", b.bootstrap_servers, topic, lake, JSON_FORMAT))
+        cfg_avro = pipeline("bench_avro", b.bootstrap_servers, "bench.avro", lake,
+                            {"type": "avro", "registry": {"url": registry.url}})
+        ensure_topic(cfg_avro.kafka, "bench.avro", 4)
+        produce_avro(b.bootstrap_servers, "bench.avro", args.records, registry.url)
+        n_avro, avro_s = timed_ingest(spark, cfg_avro)
         eo = exactly_once_overhead(
             spark, lambda name: pipeline(name, b.bootstrap_servers, topic, lake, {"type": "raw"}))
 
@@ -450,6 +537,7 @@ def main() -> None:
             fetch_bytes[args.scale_records] = largest_fetch_response(b.bootstrap_servers, scale_topic, 0, 0)
             spark.stop()
     finally:
+        schema_registry.stop(registry.pid)
         broker.stop(b.pid)
 
     raw_rate = n_raw / raw_s
@@ -459,6 +547,7 @@ def main() -> None:
         ("first ingest of a session, raw (workers start)", n_cold, cold_s, n_cold / cold_s, n_cold / cold_s / raw_rate),
         ("offsetlake ingest, raw format", n_rawfmt, rawfmt_s, n_rawfmt / rawfmt_s, n_rawfmt / rawfmt_s / raw_rate),
         ("offsetlake ingest, json format", n_json, json_s, n_json / json_s, n_json / json_s / raw_rate),
+        ("offsetlake ingest, avro format (registry)", n_avro, avro_s, n_avro / avro_s, n_avro / avro_s / raw_rate),
         ("raw format, exactly-once protocol (median of 5)", n_eo, eo_s, n_eo / eo_s, n_eo / eo_s / raw_rate),
         ("raw format, plain append (median of 5)", n_eo, plain_s, n_eo / plain_s, n_eo / plain_s / raw_rate),
         ("small batch (1,000 new records, warm)", n_small, small_s, n_small / small_s, None),
@@ -481,6 +570,9 @@ def main() -> None:
           f"noise here is 10-20%), {direct:+.1%} timed directly: {eo['bookkeeping']:.3f}s of ledger, verdict, "
           f"txn commit and clean-up against {eo['plain_commit']:.3f}s for the plain commit, per {n_eo:,}-record batch")
     print(f"targets: raw format {rows[2][4]:.1%} of raw read (>= 30%), json {rows[3][4]:.1%} (>= 17%)")
+    avro_vs_json = (n_avro / avro_s) / (n_json / json_s)
+    print(f"target: avro ingest at least as fast as json ingest of the same events: {avro_vs_json:.2f}x "
+          f"({'met' if avro_vs_json >= 1 else 'NOT met'})")
     if latencies:
         print(f"stream: Kafka commit -> Delta commit median {statistics.median(latencies):.2f}s, "
               f"max {max(latencies):.2f}s over {len(latencies)} transactions (target < 2s); "

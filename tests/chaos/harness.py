@@ -60,6 +60,7 @@ from deltalake.exceptions import CommitFailedError  # noqa: E402
 import logging  # noqa: E402
 
 from offsetlake.local import broker as embedded_broker  # noqa: E402
+from offsetlake.local import schema_registry as embedded_registry  # noqa: E402
 from offsetlake.audit import audit  # noqa: E402
 from offsetlake.kafka import KafkaCluster  # noqa: E402
 from offsetlake.compaction import optimize  # noqa: E402
@@ -174,6 +175,7 @@ class Summary:
     examples: list = field(default_factory=list)
     excused: int = 0  # jobs other than streams that failed while a broker restart was under way
     streams: list["StreamWatch"] = field(default_factory=list)  # streams that met a broker restart
+    columns: list[str] = field(default_factory=list)  # the table's, at the end (avro: schema 2's field)
 
     @property
     def stream_uptime(self) -> float:
@@ -290,7 +292,7 @@ class Schedule:
 
 
 class Chaos:
-    def __init__(self, workdir: Path, seed: int, log, lanes: int = 2):
+    def __init__(self, workdir: Path, seed: int, log, lanes: int = 2, record_format: str = "json"):
         self.workdir, self.seed, self.log, self.lanes = workdir, seed, log, lanes
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
@@ -307,12 +309,18 @@ class Chaos:
         self.topic = f"chaos_{seed}"
         create_topic(self.broker.bootstrap_servers, self.topic, PARTITIONS)
         self.pipelines = workdir / "pipelines"
+        # Avro mode: the demo events in Avro through a Schema Registry, key and headers kept, schema 2
+        # arriving mid-run (a column added in the commit of its first record).
+        self.registry = embedded_registry.start(workdir / "registry") if record_format == "avro" else None
+        avro = {"format": {"type": "avro", "schema": [], "registry": {"url": self.registry.url},
+                           "key": {"type": "string"}, "include_headers": True}} if self.registry else {}
         name = write_pipeline(self.pipelines, self.broker.bootstrap_servers, [self.topic], workdir / "lake",
                               name=f"chaos_{seed}", batch={"max_records_per_batch": 4000,
                                                            "max_records_per_task": 1500,
-                                                           "read_timeout_seconds": 30})
+                                                           "read_timeout_seconds": 30}, **avro)
         self.cfg = load(self.pipelines, name)
-        self.workload = Workload(self.cfg.kafka, self.topic, seed)
+        self.workload = Workload(self.cfg.kafka, self.topic, seed,
+                                 registry_url=self.registry.url if self.registry else None)
         self.jobs = 0
         self.tries = 0  # faults drawn, injected or not
 
@@ -654,6 +662,7 @@ class Chaos:
         if ledger != lso:
             raise ChaosFailure(f"after the final ingest the ledger {ledger} is not at the LSO {lso}")
         self.tally(ledger)
+        self.summary.columns = [f.name for f in DeltaTable(self.cfg.table_path).schema().fields]
         # Counted from what the jobs printed: the table's history is cut short by the log clean-up the
         # checkpoint fault runs (one minute of log), and restores rewind batch numbers.
         self.summary.batches = sum(log.read_text(errors="replace").count(COMMITTED)
@@ -720,23 +729,27 @@ class Chaos:
 
     def close(self) -> None:
         embedded_broker.stop(self.broker.pid)
+        if self.registry is not None:
+            embedded_registry.stop(self.registry.pid)
 
 
 def _print(*args) -> None:
     print(*args, flush=True)
 
 
-def run(faults: int, seed: int | None = None, workdir: Path | None = None, log=_print, lanes: int = 2) -> Summary:
+def run(faults: int, seed: int | None = None, workdir: Path | None = None, log=_print, lanes: int = 2,
+        record_format: str = "json") -> Summary:
     seed = random.randrange(1_000_000) if seed is None else seed
     workdir = Path(workdir or tempfile.mkdtemp(prefix="offsetlake-chaos-"))
-    log(f"chaos: seed {seed}, {faults} faults, work in {workdir}")
+    log(f"chaos: seed {seed}, {faults} faults, {record_format} records, work in {workdir}")
     logging.getLogger("offsetlake.librdkafka").setLevel(logging.CRITICAL)  # a restarting broker is expected
-    chaos = Chaos(workdir, seed, log, lanes)
+    chaos = Chaos(workdir, seed, log, lanes, record_format)
     try:
         summary = chaos.run(faults)
     except ChaosFailure as err:
         log(chaos.summary.table())
-        raise ChaosFailure(f"{err} -- replay: make chaos CHAOS_ARGS='--seed {seed} --faults {faults}'") from None
+        raise ChaosFailure(f"{err} -- replay: make chaos CHAOS_ARGS='--seed {seed} --faults {faults} "
+                           f"--format {record_format}'") from None
     finally:
         chaos.close()
     (workdir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
@@ -751,10 +764,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--lanes", type=int, default=2, help="faults injected side by side (default 2)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, table, broker data)")
+    parser.add_argument("--format", choices=["json", "avro"], default="json",
+                        help="the records: JSON, or Avro through a Schema Registry with a schema change mid-run")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="offsetlake-chaos-"))
     try:
-        summary = run(args.faults, args.seed, workdir, lanes=args.lanes)
+        summary = run(args.faults, args.seed, workdir, lanes=args.lanes, record_format=args.format)
     except ChaosFailure as err:
         print(f"CHAOS FAILED: {err}", file=sys.stderr)
         print(f"logs kept in {workdir}", file=sys.stderr)

@@ -16,9 +16,12 @@ pytestmark = pytest.mark.slow
 FAULTS = 20
 
 
-def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path):
+@pytest.mark.parametrize("record_format", ["json", "avro"])
+def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path, record_format):
+    """`avro`: the records in Avro through a Schema Registry, key and headers kept, a field added mid-run."""
     seed = int(os.environ.get("OFFSETLAKE_CHAOS_SEED") or random.randrange(1_000_000))
-    summary = run(FAULTS, seed, tmp_path / "chaos")  # raises, naming the seed, at the first loss or duplicate
+    # Raises, naming the seed, at the first loss or duplicate.
+    summary = run(FAULTS, seed, tmp_path / "chaos", record_format=record_format)
 
     assert summary.injected >= FAULTS
     assert set(summary.faults) == set(KINDS), f"seed {seed}: never injected {set(KINDS) - set(summary.faults)}"
@@ -28,3 +31,5 @@ def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path):
     assert summary.job_failures == [], f"seed {seed}: jobs failed with no fault to explain it"
     # Availability: every stream that met a broker restart stayed up and committed again afterwards.
     assert summary.streams and summary.stream_uptime == 1.0, [w.as_dict() for w in summary.streams]
+    if record_format == "avro":  # schema 2's field arrived mid-run as a column, among all the faults
+        assert {"country", "kafka_key", "kafka_headers"} <= set(summary.columns), summary.columns

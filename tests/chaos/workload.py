@@ -27,6 +27,10 @@ from offsetlake.config import KafkaSettings
 from offsetlake.kafka import client_settings
 from offsetlake.local.producer import demo_event, with_bad_records
 
+# Avro mode: the first records use schema 1 only, so the table is created without the field schema 2
+# adds; after them both versions mix and the column arrives mid-run, in the commit of its first record.
+EVOLVE_AT_SEQ = 1500
+
 CHUNK = 20
 TIMEOUT = 10
 # A fatal producer error after a broker restart can reach us as a SystemError chained to the
@@ -36,13 +40,15 @@ PRODUCER_ERRORS = (KafkaException, SystemError)
 
 
 class Workload:
-    def __init__(self, settings: KafkaSettings, topic: str, seed: int, pause_seconds: float = 0.1):
+    def __init__(self, settings: KafkaSettings, topic: str, seed: int, pause_seconds: float = 0.1,
+                 registry_url: str | None = None):
         self.settings, self.topic, self.pause = settings, topic, pause_seconds
+        self.registry_url = registry_url  # avro mode: demo events in Avro through this registry
         self.stop_event = threading.Event()
         self.counts: Counter = Counter()
         self._generation = itertools.count()
         self._epoch = 0  # bumped on broker restart: every transactional producer starts afresh
-        self._make = with_bad_records(demo_event, 0.01)
+        self._makers = threading.local()  # one record maker (and serializer) per producing thread
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._threads = [
@@ -64,8 +70,20 @@ class Workload:
         with self._lock:
             self._epoch += 1
 
-    def _record(self, rng: random.Random) -> tuple[bytes, bytes]:
-        return self._make(rng, next(self._seq))
+    def _record(self, rng: random.Random) -> dict:
+        make = getattr(self._makers, "make", None)
+        if make is None:
+            make = self._makers.make = with_bad_records(self._maker(), 0.01)
+        key, value, *headers = make(rng, next(self._seq))
+        return {"key": key, "value": value, **({"headers": headers[0]} if headers and headers[0] else {})}
+
+    def _maker(self):
+        if self.registry_url is None:
+            return demo_event
+        from offsetlake.local.producer import avro_event_maker, registry_client
+        client = registry_client(self.registry_url)
+        v1, v2 = avro_event_maker(client, self.topic, 1), avro_event_maker(client, self.topic, 2)
+        return lambda rng, seq: (v2 if seq >= EVOLVE_AT_SEQ and rng.random() < 0.5 else v1)(rng, seq)
 
     def _transactional(self) -> tuple[Producer, int]:
         with self._lock:
@@ -88,8 +106,7 @@ class Workload:
             producer = state["producer"]
             producer.begin_transaction()
             for _ in range(size):
-                key, value = self._record(rng)
-                producer.produce(self.topic, value=value, key=key)
+                producer.produce(self.topic, **self._record(rng))
             producer.flush(TIMEOUT)  # the records reach the log whether we commit or abort
             if hold:
                 self.stop_event.wait(hold)
@@ -115,8 +132,7 @@ class Workload:
             if rng.random() < 0.5:
                 try:
                     for _ in range(CHUNK):
-                        key, value = self._record(rng)
-                        idempotent.produce(self.topic, value=value, key=key)
+                        idempotent.produce(self.topic, **self._record(rng))
                     idempotent.poll(0)
                     self.counts["idempotent chunks"] += 1
                 except BufferError:

@@ -4,7 +4,9 @@ up:   broker on 127.0.0.1:19092, demo events (with aborted transactions and a fe
       malformed records), a producer that keeps writing, Airflow (api-server on
       127.0.0.1:8080, scheduler, dag-processor, triggerer), the demo pipeline
       (mode: stream) streaming from its stream DAG, whose first commit is awaited
-      and reported as the table's history records it.
+      and reported as the table's history records it. Beside it, the Avro
+      pipeline: a Schema Registry on 127.0.0.1:18081, events in Avro (schema 1,
+      then schema 2 with a field more) and one triggered run of its ingest DAG.
 down: everything above, stopped by its pid file.
 """
 from __future__ import annotations
@@ -16,11 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-from offsetlake.local import broker, processes, stack
+from offsetlake.local import broker, processes, schema_registry, stack
 from offsetlake.config import load_pipeline, project_home
 from offsetlake.errors import OffsetlakeError, TableError
 
 PIPELINE = "demo_events"
+AVRO_PIPELINE = "demo_avro"
+REGISTRY_PORT = 18081
 UI_PORT = int(os.environ.get("OFFSETLAKE_DEMO_UI_PORT", "8080"))
 BROKER_PORT = 19092
 
@@ -54,6 +58,10 @@ def up() -> None:
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     (base / "producer.pid").write_text(f"{producer.pid}\n")
     print(f"demo producer running (pid {producer.pid}): 300 events every 5 s, some in aborted transactions")
+    registry = schema_registry.start(base / "registry", port=REGISTRY_PORT, pid_file=base / "registry.pid")
+    print(f"schema registry on {registry.url}; producing Avro events, schema 1 then schema 2 (adds 'country')")
+    _cli("produce", "--pipeline", AVRO_PIPELINE, "--count", "5000", "--abort-share", "0.2", "--bad-share", "0.002")
+    _cli("produce", "--pipeline", AVRO_PIPELINE, "--count", "2000", "--schema-version", "2")
 
     home = base / "airflow"
     env = stack.environment(home, UI_PORT, project_home())
@@ -70,12 +78,20 @@ def up() -> None:
     api.unpause(dags["stream"])  # mode: stream, so it keeps one run going from now on
     print(f"unpaused {dags['stream']} (the pipeline's mode is {cfg.mode}); waiting for its first commit ...",
           flush=True)
+    avro_ingest = f"offsetlake__{AVRO_PIPELINE}__ingest"
+    api.wait_for_dag(avro_ingest)
+    api.unpause(avro_ingest)  # mode: batch, hourly; and one run now
+    api.trigger(avro_ingest)
     committed = _wait_for_commits(cfg, dags["stream"], started_ms, timeout=300)
     api.unpause(dags["recovery"])  # its daily audit needs the table the stream made
+    avro_cfg = load_pipeline(AVRO_PIPELINE)
+    avro_committed = _wait_for_commits(avro_cfg, avro_ingest, started_ms, timeout=300)
     _cli("status", "--pipeline", PIPELINE)
     _cli("history", "--pipeline", PIPELINE, "--limit", "5")
     print(f"""
 stream DAG:   {_describe(committed)}
+Avro:         {avro_ingest}: {_describe(avro_committed)}; columns {_columns(avro_cfg)}
+              (schema registry {registry.url}; table {avro_cfg.table_path})
 Airflow UI:   {env['AIRFLOW__API__BASE_URL']}   login: {stack.USER} / {stack.password(home)}
 DAGs:         {dags['stream']} (mode: stream, one run always going), __ingest (triggered catch-up), __backfill (trigger form), __recovery (daily audit), __maintenance (daily optimize, vacuum, checkpoint; paused)
 Delta table:  {cfg.table_path}
@@ -85,6 +101,13 @@ logs:         {home}/*.log, {base}/producer.log
 stop it all:  make down""")
     if not committed:
         raise OffsetlakeError(f"the stream DAG committed nothing within 300 s; see {home}/scheduler.log")
+    if not avro_committed:
+        raise OffsetlakeError(f"the Avro ingest DAG committed nothing within 300 s; see {home}/scheduler.log")
+
+
+def _columns(cfg) -> str:
+    from offsetlake.table import open_table
+    return ", ".join(f.name for f in open_table(cfg.table_path).schema().fields)
 
 
 def _wait_for_commits(cfg, dag_id: str, since_ms: int, timeout: float) -> list:
@@ -120,6 +143,8 @@ def down() -> None:
     print(f"stopped Airflow components: {', '.join(stopped) or 'none running'}")
     if processes.stop_from_pid_file(base / "producer.pid", "offsetlake.cli"):
         print("stopped the demo producer")
+    if processes.stop_from_pid_file(base / "registry.pid", "offsetlake.local.schema_registry"):
+        print("stopped the schema registry")
     print("broker stopped" if broker.stop_from_pid_file(base / "broker.pid") else "broker was not running")
 
 
