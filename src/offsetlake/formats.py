@@ -21,6 +21,7 @@ import sys
 from typing import Annotated, Any
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -121,9 +122,9 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
     if bad_keys:
         rows, errors = zip(*sorted(bad_keys.items()))
         quarantines.append(_quarantine_rows(messages.take(pa.array(rows, pa.int64())), list(errors)))
-        keep = [i for i in range(messages.num_rows) if i not in bad_keys]
-        messages = messages.take(pa.array(keep, pa.int64()))
-        key_values = [key_values[i] for i in keep] if key_values is not None else None
+        keep = pa.array([i for i in range(messages.num_rows) if i not in bad_keys], pa.int64())
+        messages = messages.take(keep)
+        key_values = _take(key_values, keep)
     if cfg.format.type == "raw":
         payload, good = pa.table({"key": messages.column("key"), "value": messages.column("value")}), None
     elif cfg.format.type == "json":
@@ -135,8 +136,8 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
     kept = messages if good is None else messages.take(good)
     extra = []
     if key_type is not None:
-        values = key_values if good is None else [key_values[i] for i in good.to_pylist()]
-        extra.append((pa.field(KEY_COLUMN, key_type), pa.array(values, key_type)))
+        values = key_values if good is None else _take(key_values, good)
+        extra.append((pa.field(KEY_COLUMN, key_type), values if isinstance(values, pa.Array) else pa.array(values, key_type)))
     if cfg.format.include_headers:
         extra.append((pa.field(HEADERS_COLUMN, HEADERS_TYPE), kept.column("headers")))
     fields = [*payload.schema, *(f for f, _ in extra), *LINEAGE_SCHEMA]
@@ -147,6 +148,13 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
     if len(quarantines) > 1:
         quarantine = quarantine.sort_by([("kafka_partition", "ascending"), ("kafka_offset", "ascending")])
     return table, quarantine
+
+
+def _take(values, rows: pa.Array):
+    """`values` (a list, or an Arrow array from a registry key) at positions `rows`."""
+    if values is None or isinstance(values, pa.Array):
+        return values if values is None else values.take(rows)
+    return [values[i] for i in rows.to_pylist()]
 
 
 def _split_oversized(messages: pa.Table, limit: int) -> tuple[pa.Table, pa.Table | None]:
@@ -219,54 +227,93 @@ def registry_decoders(cfg: PipelineConfig, key: bool = False):
     return Decoders.shared(kind, fmt.registry, None if key else fmt.schema_file, key)
 
 
-def _decode_side(decoders, raws: list, table_type: pa.DataType | None, what: str, nulls_allowed: bool):
-    """Decode wire-format values. Returns (values, their Arrow type: `table_type` merged with every writer
-    schema met, {position: error}). Records of a schema the table cannot hold are errors, with the reason."""
-    from offsetlake.registry import RegistryError, UnusableSchema
-    values: list = [None] * len(raws)
+def _decode_side(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None, what: str, nulls_allowed: bool):
+    """Decode wire-format values. Returns (one Arrow value per raw value, null where it failed or was null;
+    the array's type: `table_type` merged with every writer schema met; {position: error}). Records of a
+    schema the table cannot hold are errors, with the reason. Each schema's records are decoded together
+    (`decode_many`, when the decoder has a vectorised path), then cast to the merged type."""
+    from offsetlake.registry import UnusableSchema
+    values = raw.combine_chunks()
     errors: dict[int, str] = {}
-    used: dict[int, tuple] = {}  # id(decoder) -> (decoder, positions)
-    for i, raw in enumerate(raws):
-        if raw is None and nulls_allowed:
+    groups: dict[int, tuple] = {}  # id(decoder) -> (decoder, positions, payloads)
+    framed, others = decoders.framed_groups(values)
+    for schema_id, positions in framed.items():
+        try:
+            decoder = decoders.decoder(schema_id, None, ())
+        except UnusableSchema as err:
+            errors.update({int(i): f"{what}: {err}" for i in positions})
+            continue
+        # An explicit stop: binary_slice without one fails in pyarrow 26 ("Negative buffer resize").
+        payloads = pc.binary_slice(values.take(pa.array(positions)), 5, 2**31 - 1)
+        groups[id(decoder)] = (decoder, positions.tolist(), payloads)
+    other_values = values.take(pa.array(others, pa.int64())).to_pylist()
+    for i, value in zip(others.tolist(), other_values):
+        if value is None and nulls_allowed:
             continue
         try:
-            decoder, payload = decoders.split(raw)
-            values[i] = decoder.decode(payload)
-        except RegistryError:
-            raise
+            decoder, payload = decoders.split(value)
         except UnusableSchema as err:
             errors[i] = f"{what}: {err}"
             continue
-        except Exception as err:  # fastavro and protobuf raise many kinds on a corrupt payload
-            errors[i] = f"{what}: not a valid {decoders.kind} record ({type(err).__name__}: {err})"[:1000]
+        except ValueError as err:  # not the wire format, a tombstone
+            errors[i] = f"{what}: {err}" if what != "value" else str(err)
             continue
-        used.setdefault(id(decoder), (decoder, []))[1].append(i)
-    merged = table_type
-    for decoder, positions in used.values():
+        group = groups.setdefault(id(decoder), (decoder, [], []))
+        if isinstance(group[2], pa.Array):  # framed the usual way too: one list of both
+            group = groups[id(decoder)] = (decoder, group[1], group[2].to_pylist())
+        group[1].append(i)
+        group[2].append(payload)
+    merged, usable = table_type, []
+    for decoder, positions, payloads in groups.values():
         try:
             merged = decoder.arrow_type if merged is None else merge_type(merged, decoder.arrow_type, "")
+            usable.append((decoder, positions, payloads))
         except Incompatible as err:
-            for i in positions:
-                errors[i] = f"{what}: {decoder.label}: {err}"
-                values[i] = None
-    return values, merged, errors
+            errors.update({i: f"{what}: {decoder.label}: {err}" for i in positions})
+    if merged is None:
+        return pa.nulls(len(values), pa.binary()), pa.binary(), errors
+    arrays, order = [], []
+    for decoder, positions, payloads in usable:
+        array, decoded = _decode_group(decoder, positions, payloads, errors, what)
+        arrays.append(array.cast(merged))
+        order += decoded
+    index = np.full(len(values), -1, dtype=np.int64)
+    index[np.asarray(order, dtype=np.int64)] = np.arange(len(order), dtype=np.int64)
+    combined = pa.concat_arrays(arrays) if arrays else pa.nulls(0, merged)
+    return combined.take(pa.array(index, mask=index < 0)), merged, errors
 
 
-def _to_arrow(values: list, t: pa.DataType, rows: list[int], errors: dict[int, str], what: str) -> pa.Array:
-    """One pa.array for all the values; if Arrow refuses one (a number out of range), find which, per record."""
+def _decode_group(decoder, positions: list[int], payloads: list[bytes], errors: dict[int, str], what: str):
+    """(an array of `decoder.arrow_type`, the positions it holds): every payload of one schema."""
+    from offsetlake.registry import RegistryError
+    many = getattr(decoder, "decode_many", None)
+    array = many(payloads) if many is not None else None
+    if array is not None:
+        return array, positions
+    values, decoded = [], []
+    if isinstance(payloads, pa.Array):
+        payloads = payloads.to_pylist()
+    for i, payload in zip(positions, payloads):
+        try:
+            values.append(decoder.decode(payload))
+            decoded.append(i)
+        except RegistryError:
+            raise
+        except Exception as err:  # fastavro and protobuf raise many kinds on a corrupt payload
+            errors[i] = f"{what}: not a valid {decoder.kind_name} record ({type(err).__name__}: {err})"[:1000]
     try:
-        return pa.array([values[i] for i in rows], t)
+        return pa.array(values, decoder.arrow_type), decoded
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
         pass
-    good = []
-    for i in rows:
+    kept, good = [], []  # Arrow refused a value (a number out of range): find which, record by record
+    for i, value in zip(decoded, values):
         try:
-            pa.array([values[i]], t)
+            pa.array([value], decoder.arrow_type)
+            kept.append(value)
             good.append(i)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as err:
             errors[i] = f"{what}: {err}"
-    rows[:] = good
-    return pa.array([values[i] for i in good], t)
+    return pa.array(kept, decoder.arrow_type), good
 
 
 def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None):
@@ -274,15 +321,14 @@ def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schem
     decoders = registry_decoders(cfg)
     fixed = {KEY_COLUMN, HEADERS_COLUMN, *LINEAGE_COLUMNS}
     current = [f for f in (columns if columns is not None else table_schema(cfg)) if f.name not in fixed]
-    values, merged, errors = _decode_side(decoders, messages.column("value").to_pylist(), pa.struct(current),
-                                          "value", nulls_allowed=False)
-    rows = [i for i in range(messages.num_rows) if i not in errors]
-    array = _to_arrow(values, merged, rows, errors, "value")
-    payload = pa.Table.from_struct_array(array) if len(array) else pa.schema(_struct_fields(merged)).empty_table()
+    values, merged, errors = _decode_side(decoders, messages.column("value"), pa.struct(current), "value",
+                                          nulls_allowed=False)
+    rows = pa.array([i for i in range(messages.num_rows) if i not in errors], pa.int64())
+    payload = pa.Table.from_struct_array(values.take(rows)) if len(rows) else pa.schema(_struct_fields(merged)).empty_table()
     payload = payload.cast(pa.schema(_struct_fields(merged)))
     bad = sorted(errors)
     quarantine = _quarantine_rows(messages.take(pa.array(bad, pa.int64())), [errors[i] for i in bad])
-    return payload, pa.array(rows, pa.int64()), quarantine
+    return payload, rows, quarantine
 
 
 def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None):
@@ -290,6 +336,11 @@ def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | 
     key = cfg.format.key
     if key is None:
         return None, None, {}
+    if key.type in REGISTRY_KINDS:
+        table_type = columns.field(KEY_COLUMN).type if columns is not None and KEY_COLUMN in columns.names else None
+        # No table type and no key seen: a null column of binary, the most neutral type.
+        return _decode_side(registry_decoders(cfg, key=True), messages.column("key"), table_type, "key",
+                            nulls_allowed=True)
     raws = messages.column("key").to_pylist()
     if key.type == "raw":
         return raws, pa.binary(), {}
@@ -313,16 +364,7 @@ def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | 
                 errors[i] = f"key: {err}"
                 values.append(None)
         return values, key_type, errors
-    table_type = None
-    if columns is not None and KEY_COLUMN in columns.names:
-        table_type = columns.field(KEY_COLUMN).type
-    values, key_type, errors = _decode_side(registry_decoders(cfg, key=True), raws, table_type, "key",
-                                            nulls_allowed=True)
-    if key_type is None:  # no table yet and no key seen: a null column of the most neutral type
-        key_type = pa.binary()
-    rows = [i for i in range(len(raws)) if i not in errors]
-    _to_arrow(values, key_type, rows, errors, "key")
-    return values, key_type, errors
+    raise ValueError(f"key type {key.type!r}")  # config validation allows no other
 
 
 class FastDecoder:

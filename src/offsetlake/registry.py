@@ -27,6 +27,7 @@ import json
 from typing import Any, Callable
 from urllib.parse import urlsplit, urlunsplit
 
+import numpy as np
 import pyarrow as pa
 
 from offsetlake.config import RegistrySettings
@@ -126,22 +127,170 @@ def split_frame(data: bytes | None, schema_type: str):
 class SchemaDecoder:
     """Decodes one schema's payloads into Python values of `arrow_type`."""
     arrow_type: pa.DataType
+    kind_name = "record"  # in error messages: "not a valid Avro record"
+    label = "schema"  # which schema, in quarantine reasons (set by Decoders)
 
     def decode(self, payload: bytes) -> Any:
         raise NotImplementedError
 
 
 class AvroDecoder(SchemaDecoder):
-    """fastavro's schemaless reader with the writer's schema (its C extension does the per-field work)."""
+    """fastavro's schemaless reader with the writer's schema, record by record; and for flat records (the
+    usual event) a vectorised path: `decode_many` (see FlatAvro)."""
+
+    kind_name = "Avro"
 
     def __init__(self, schema: dict | list | str, named: dict | None = None):
         import fastavro
         self._parsed = fastavro.parse_schema(_plain_logical_types(schema), named_schemas=named)
         self.arrow_type = avro_to_arrow(self._parsed, set())
         self._read = fastavro.schemaless_reader
+        self._flat = FlatAvro.of(self._parsed, self.arrow_type)
 
     def decode(self, payload: bytes) -> Any:
         return self._read(io.BytesIO(payload), self._parsed, None)
+
+    def decode_many(self, payloads: list[bytes] | pa.BinaryArray) -> pa.Array | None:
+        """All payloads at once as a StructArray of `arrow_type`, or None: decode them one by one."""
+        return self._flat.decode(payloads) if self._flat is not None and len(payloads) >= FlatAvro.MIN_RECORDS else None
+
+
+class FlatAvro:
+    """Many Avro records of one flat schema decoded in one call, by polars' Rust Avro reader.
+
+    The payloads are concatenated into one block of an in-memory Avro container file. A block has no
+    record boundaries, so one payload with bytes too many or too few would shift every record after
+    it; so the decoded values are checked against the payloads: each record's Avro encoding length,
+    computed column by column from the values (varint sizes, string lengths, union indexes), must equal
+    its payload's length. Starting aligned at the first record, equal lengths mean every record was
+    read from exactly its own bytes. Anything else (a mismatch, a polars error, a non-canonical
+    encoding) returns None and the caller decodes record by record with fastavro, which words errors.
+    Flat: fields of primitive types, enums, `["null", T]` unions of those, date and timestamp logical
+    types. Other schemas always take the per-record path.
+    """
+    MIN_RECORDS = 64  # below this the per-record path is as fast
+    _PRIMITIVE = {"boolean", "int", "long", "float", "double", "string", "bytes"}
+
+    def __init__(self, fields: list[tuple[str, Any, str | bool, str | None]], arrow_type: pa.DataType):
+        import fastavro
+        # (name, plain avro type, False or where the union puts null, logical type)
+        self._fields, self.arrow_type = fields, arrow_type
+        # A union keeps the writer's branch order: the index in the data is a position in it.
+        plain = {"type": "record", "name": "Flat", "fields": [
+            {"name": name, "type": _union(kind, nullable) if nullable else kind} for name, kind, nullable, _ in fields]}
+        header = io.BytesIO()
+        self._sync = b"offsetlake-flat!"  # 16 bytes, any value: the block ends with it
+        fastavro.write.Writer(header, fastavro.parse_schema(plain), codec="null", sync_marker=self._sync).flush()
+        self._header = header.getvalue()
+
+    @staticmethod
+    def of(parsed, arrow_type: pa.DataType) -> "FlatAvro | None":
+        if not isinstance(parsed, dict) or parsed.get("type") != "record":
+            return None
+        fields = []
+        for f in parsed["fields"]:
+            kind, nullable, logical = f["type"], False, None
+            if isinstance(kind, list):
+                branches = [b for b in kind if b != "null"]
+                if len(kind) != 2 or len(branches) != 1:
+                    return None
+                kind, nullable = branches[0], "null first" if kind[0] == "null" else "null last"
+            if isinstance(kind, dict):
+                if kind.get("logicalType") in ("date", "timestamp-millis", "timestamp-micros"):
+                    kind, logical = kind["type"], kind["logicalType"]
+                elif kind.get("type") == "enum" and not kind.get("logicalType"):
+                    kind = {"type": "enum", "name": kind["name"].rsplit(".", 1)[-1], "symbols": kind["symbols"]}
+                else:
+                    return None
+            elif kind not in FlatAvro._PRIMITIVE:
+                return None
+            fields.append((f["name"], kind, nullable, logical))
+        return FlatAvro(fields, arrow_type)
+
+    def decode(self, payloads: list[bytes] | pa.BinaryArray) -> pa.Array | None:
+        import polars
+        body, lengths = _concatenated(payloads)
+        container = self._header + _zigzag_varint(len(lengths)) + _zigzag_varint(len(body)) + body + self._sync
+        try:
+            table = polars.read_avro(io.BytesIO(container)).to_arrow()
+        except Exception:
+            return None
+        if table.num_rows != len(lengths):
+            return None
+        sizes = np.zeros(len(lengths), dtype=np.int64)
+        columns = []
+        for (name, kind, nullable, logical), column, target in zip(self._fields, table.columns, self.arrow_type):
+            column = column.combine_chunks()
+            if isinstance(kind, dict):  # enum: polars gives a dictionary column
+                column = column.cast(pa.string())
+            sizes += _avro_sizes(column, kind, nullable)
+            columns.append(_to_target(column, logical, target.type))
+        if not np.array_equal(sizes, lengths):
+            return None
+        return pa.StructArray.from_arrays(columns, fields=list(self.arrow_type))
+
+
+def _concatenated(payloads: list[bytes] | pa.BinaryArray) -> tuple[bytes, np.ndarray]:
+    """(the payloads' bytes end to end, each payload's length); an Arrow array gives both without a
+    Python object per payload."""
+    if not isinstance(payloads, pa.Array):
+        return b"".join(payloads), np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
+    offsets = np.frombuffer(payloads.buffers()[1], dtype=np.int32)[payloads.offset:payloads.offset + len(payloads) + 1]
+    data = payloads.buffers()[2]
+    body = data[int(offsets[0]):int(offsets[-1])].to_pybytes() if data is not None else b""
+    return body, np.diff(offsets).astype(np.int64)
+
+
+def _union(kind, nullable: str) -> list:
+    return ["null", kind] if nullable == "null first" else [kind, "null"]
+
+
+def _zigzag_varint(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _varint_sizes(values) -> np.ndarray:
+    """Bytes of each value's zigzag varint (Avro int and long)."""
+    x = np.asarray(values, dtype=np.int64)
+    z = ((x << 1) ^ (x >> 63)).astype(np.uint64)
+    n = np.ones(len(z), dtype=np.int64)
+    for k in range(1, 10):
+        n += z >= (np.uint64(1) << np.uint64(7 * k))
+    return n
+
+
+def _avro_sizes(column: pa.Array, kind, nullable: str | bool) -> np.ndarray:
+    """Each value's Avro binary encoding length."""
+    import pyarrow.compute as pc
+    if isinstance(kind, dict):
+        index = pc.index_in(column, value_set=pa.array(kind["symbols"])).fill_null(0)
+        sizes = _varint_sizes(index.to_numpy(zero_copy_only=False))
+    elif kind in ("string", "bytes"):
+        lengths = pc.binary_length(column).fill_null(0).to_numpy(zero_copy_only=False)
+        sizes = _varint_sizes(lengths) + lengths
+    elif kind in ("int", "long"):
+        sizes = _varint_sizes(column.fill_null(0).to_numpy(zero_copy_only=False))
+    else:
+        sizes = np.full(len(column), {"boolean": 1, "float": 4, "double": 8}[kind], dtype=np.int64)
+    if nullable:  # the union's branch index (0 or 1: one byte), then the value when not null
+        sizes = np.where(column.is_valid().to_numpy(zero_copy_only=False), sizes, 0) + 1
+    return sizes
+
+
+def _to_target(column: pa.Array, logical: str | None, target: pa.DataType) -> pa.Array:
+    """polars' column (large strings; dates and times read as their plain ints) as the mapped Arrow type."""
+    if logical in ("timestamp-millis", "timestamp-micros"):
+        unit = "ms" if logical == "timestamp-millis" else "us"
+        return column.cast(pa.int64()).cast(pa.timestamp(unit, tz="UTC")).cast(target)
+    if logical == "date":
+        return column.cast(pa.int32()).cast(pa.date32())
+    return column.cast(target)
 
 
 # Logical types that become their own Arrow type; every other logical type (uuid, time-*, local-timestamp-*,
@@ -209,6 +358,8 @@ def _avro_name(schema) -> str:
 
 class JsonSchemaDecoder(SchemaDecoder):
     """JSON text checked against the Arrow type the JSON Schema maps to (types strictly, as format json)."""
+
+    kind_name = "JSON"
 
     def __init__(self, schema: dict):
         self.arrow_type = json_schema_to_arrow(schema, schema, set())
@@ -312,6 +463,8 @@ class ProtobufDecoder(SchemaDecoder):
 
     proto3 fields without presence read as their default when unset (as every Protobuf reader does);
     message fields and `optional` fields are null when unset."""
+
+    kind_name = "Protobuf"
 
     def __init__(self, descriptor):
         from google.protobuf.message_factory import GetMessageClass
@@ -476,6 +629,21 @@ class Decoders:
         schema_id, guid, indexes, payload = split_frame(data, self._schema_type)
         return self.decoder(schema_id, guid, indexes), payload
 
+    def framed_groups(self, values: pa.Array) -> tuple[dict[int, np.ndarray], np.ndarray]:
+        """The usual frame read for all values at once: ({schema id: positions}, positions of the others,
+        which `split` reads one by one). Protobuf (message indexes follow the id) always goes one by one."""
+        import pyarrow.compute as pc
+        if self._file is not None or self.kind == "protobuf" or len(values) == 0:
+            return {}, np.arange(len(values))
+        usual = pc.and_(pc.greater_equal(pc.binary_length(values), 5),
+                        pc.equal(pc.binary_slice(values, 0, 1), pa.scalar(b"\x00", pa.binary())))
+        usual = usual.fill_null(False).to_numpy(zero_copy_only=False)
+        framed = np.nonzero(usual)[0]
+        ids_bytes = pc.binary_slice(values.take(pa.array(framed)), 1, 5).cast(pa.binary(4))
+        ids = np.frombuffer(ids_bytes.buffers()[1], dtype=">u4")[ids_bytes.offset:ids_bytes.offset + len(framed)]
+        groups = {int(i): framed[ids == i] for i in np.unique(ids)}
+        return groups, np.nonzero(~usual)[0]
+
     def _build(self, schema_id, guid, indexes: tuple) -> SchemaDecoder:
         registry = registry_for(self.settings)
         fmt = "serialized" if self.kind == "protobuf" else None
@@ -497,6 +665,7 @@ class _Record(SchemaDecoder):
 
     def __init__(self, inner: SchemaDecoder):
         self._inner = inner
+        self.kind_name = inner.kind_name
         self.arrow_type = pa.struct([pa.field("value", inner.arrow_type)])
 
     def decode(self, payload: bytes) -> Any:

@@ -159,3 +159,55 @@ def test_a_non_record_schema_becomes_one_value_column():
     decoder = _record(AvroDecoder("string"))
     assert decoder.arrow_type == pa.struct([("value", pa.string())])
     assert decoder.decode(b"\x06abc") == {"value": "abc"}
+
+
+FLAT = {"type": "record", "name": "Flat", "fields": [
+    {"name": "id", "type": "string"}, {"name": "n", "type": "long"}, {"name": "small", "type": "int"},
+    {"name": "maybe", "type": ["null", "double"]}, {"name": "last", "type": ["string", "null"]},
+    {"name": "ok", "type": "boolean"}, {"name": "f", "type": "float"}, {"name": "raw", "type": "bytes"},
+    {"name": "colour", "type": {"type": "enum", "name": "Colour", "symbols": ["RED", "GREEN", "BLUE"]}},
+    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "at_us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+    {"name": "day", "type": {"type": "int", "logicalType": "date"}}]}
+
+
+def flat_payloads(count: int) -> list[bytes]:
+    import random
+    rng, parsed, out = random.Random(7), fastavro.parse_schema(FLAT), []
+    for i in range(count):
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, parsed, {
+            "id": "é" * rng.randrange(0, 70), "n": rng.choice([0, -1, 63, -64, 64, 2**62, -2**63, rng.randrange(-10**12, 10**12)]),
+            "small": rng.randrange(-2**31, 2**31), "maybe": None if i % 3 else rng.random(),
+            "last": None if i % 5 == 0 else f"s{i}", "ok": i % 2 == 0, "f": 0.5, "raw": bytes(rng.randrange(0, 200)),
+            "colour": ["RED", "GREEN", "BLUE"][i % 3],
+            "at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(milliseconds=rng.randrange(10**10)),
+            "at_us": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=rng.randrange(10**12)),
+            "day": dt.date(2026, 1, 1) + dt.timedelta(days=i)})
+        out.append(body.getvalue())
+    return out
+
+
+def test_flat_avro_records_decoded_together_equal_record_by_record_decoding():
+    decoder = AvroDecoder(FLAT)
+    payloads = flat_payloads(500)
+    together = decoder.decode_many(payloads)
+    assert together is not None and together.type == decoder.arrow_type
+    assert together.to_pylist() == pa.array([decoder.decode(p) for p in payloads], decoder.arrow_type).to_pylist()
+
+
+@pytest.mark.parametrize("damage", ["a byte too many", "a byte too few", "two records in one"])
+def test_one_payload_out_of_step_sends_the_batch_record_by_record(damage):
+    decoder = AvroDecoder(FLAT)
+    payloads = flat_payloads(200)
+    if damage == "a byte too many":
+        payloads[50] += b"\x00"
+    elif damage == "a byte too few":
+        payloads[50] = payloads[50][:-1]
+    else:
+        payloads[50] += payloads[51]
+    assert decoder.decode_many(payloads) is None  # the caller then decodes one by one and words any error
+
+
+def test_nested_schemas_take_the_record_by_record_path():
+    assert AvroDecoder(EVERY_AVRO_CONSTRUCT).decode_many([b""] * 100) is None
