@@ -317,3 +317,44 @@ def test_a_registry_key_and_an_avro_schema_file_without_a_registry(spark, pipeli
     assert_exactly_once(cfg2)
     got = query(cfg2.table_path, "SELECT event_id, seq, country FROM t ORDER BY seq").to_pylist()
     assert got[24] == {"event_id": "e24", "seq": 24, "country": "IN"} and len(got) == 25
+
+
+def test_a_nested_field_added_on_a_partitioned_table_lands_with_its_offsets(spark, pipeline, schema_registry,
+                                                                            registry_env, client):
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    inner_v1 = {"type": "record", "name": "Place", "fields": [{"name": "city", "type": "string"}]}
+    inner_v2 = {**inner_v1, "fields": [*inner_v1["fields"], {"name": "zip", "type": ["null", "int"], "default": None}]}
+
+    def schema(inner):
+        return {"type": "record", "name": "Visit", "fields": [
+            {"name": "n", "type": "long"}, {"name": "place", "type": inner},
+            {"name": "tags", "type": {"type": "array", "items": "string"}}]}
+    cfg, topic = pipeline(partitions=2, table={"partition_by": ["kafka_partition"]},
+                          format={"type": "avro", "schema": [], "registry": registry_section(schema_registry)})
+    v1 = AvroSerializer(client, json.dumps(schema(inner_v1)))
+    v2 = AvroSerializer(client, json.dumps(schema(inner_v2)))
+    context = SerializationContext(topic, MessageField.VALUE)
+    producer = Producer({"bootstrap.servers": cfg.kafka.bootstrap_servers})
+    for n in range(100):
+        producer.produce(topic, value=v1({"n": n, "place": {"city": "Pune"}, "tags": ["a"]}, context), partition=n % 2)
+    producer.flush(10)
+    ingest(spark, cfg)
+    for n in range(100, 200):
+        record = {"n": n, "place": {"city": "Goa", "zip": n}, "tags": []}
+        producer.produce(topic, value=(v2 if n % 2 else v1)(record if n % 2 else {**record, "place": {"city": "Goa"}},
+                                                             context), partition=n % 2)
+    producer.flush(10)
+
+    committed = [r for r in ingest(spark, cfg) if r.status == "committed"]
+
+    assert len(committed) == 1
+    table = DeltaTable(cfg.table_path)
+    assert table.metadata().partition_columns == ["kafka_partition"]
+    place = next(f for f in table.schema().fields if f.name == "place")
+    assert [f.name for f in place.type.fields] == ["city", "zip"]
+    assert_exactly_once(cfg)
+    rows = {r["n"]: r for r in query(cfg.table_path, "SELECT n, place, tags, kafka_partition FROM t").to_pylist()}
+    assert len(rows) == 200
+    assert rows[5] == {"n": 5, "place": {"city": "Pune", "zip": None}, "tags": ["a"], "kafka_partition": 1}
+    assert rows[151] == {"n": 151, "place": {"city": "Goa", "zip": 151}, "tags": [], "kafka_partition": 1}
+    assert rows[150]["place"] == {"city": "Goa", "zip": None}
