@@ -123,8 +123,7 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
         rows, errors = zip(*sorted(bad_keys.items()))
         quarantines.append(_quarantine_rows(messages.take(pa.array(rows, pa.int64())), list(errors)))
         keep = pa.array([i for i in range(messages.num_rows) if i not in bad_keys], pa.int64())
-        messages = messages.take(keep)
-        key_values = _take(key_values, keep)
+        messages, key_values = messages.take(keep), key_values.take(keep)
     if cfg.format.type == "raw":
         payload, good = pa.table({"key": messages.column("key"), "value": messages.column("value")}), None
     elif cfg.format.type == "json":
@@ -136,8 +135,7 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
     kept = messages if good is None else messages.take(good)
     extra = []
     if key_type is not None:
-        values = key_values if good is None else _take(key_values, good)
-        extra.append((pa.field(KEY_COLUMN, key_type), values if isinstance(values, pa.Array) else pa.array(values, key_type)))
+        extra.append((pa.field(KEY_COLUMN, key_type), key_values if good is None else key_values.take(good)))
     if cfg.format.include_headers:
         extra.append((pa.field(HEADERS_COLUMN, HEADERS_TYPE), kept.column("headers")))
     fields = [*payload.schema, *(f for f, _ in extra), *LINEAGE_SCHEMA]
@@ -148,13 +146,6 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
     if len(quarantines) > 1:
         quarantine = quarantine.sort_by([("kafka_partition", "ascending"), ("kafka_offset", "ascending")])
     return table, quarantine
-
-
-def _take(values, rows: pa.Array):
-    """`values` (a list, or an Arrow array from a registry key) at positions `rows`."""
-    if values is None or isinstance(values, pa.Array):
-        return values if values is None else values.take(rows)
-    return [values[i] for i in rows.to_pylist()]
 
 
 def _split_oversized(messages: pa.Table, limit: int) -> tuple[pa.Table, pa.Table | None]:
@@ -332,7 +323,7 @@ def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schem
 
 
 def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None):
-    """(key values, the kafka_key column type, {position: error}); (None, None, {}) without format.key."""
+    """(the kafka_key column, its type, {position: error}); (None, None, {}) without format.key."""
     key = cfg.format.key
     if key is None:
         return None, None, {}
@@ -341,9 +332,9 @@ def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | 
         # No table type and no key seen: a null column of binary, the most neutral type.
         return _decode_side(registry_decoders(cfg, key=True), messages.column("key"), table_type, "key",
                             nulls_allowed=True)
-    raws = messages.column("key").to_pylist()
     if key.type == "raw":
-        return raws, pa.binary(), {}
+        return messages.column("key").combine_chunks(), pa.binary(), {}
+    raws = messages.column("key").to_pylist()
     errors: dict[int, str] = {}
     if key.type == "string":
         values = []
@@ -353,7 +344,7 @@ def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | 
             except UnicodeDecodeError:
                 errors[i] = "key is not UTF-8"
                 values.append(None)
-        return values, pa.string(), errors
+        return pa.array(values, pa.string()), pa.string(), errors
     if key.type == "json":
         key_type = _fixed_key_type(key)
         values = []
@@ -363,7 +354,7 @@ def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | 
             except BadRecord as err:
                 errors[i] = f"key: {err}"
                 values.append(None)
-        return values, key_type, errors
+        return pa.array(values, key_type), key_type, errors
     raise ValueError(f"key type {key.type!r}")  # config validation allows no other
 
 
