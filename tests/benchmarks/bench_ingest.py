@@ -64,15 +64,21 @@ ACTIONS = ("view", "click", "add_to_cart", "purchase", "refund")
 def produce(bootstrap: str, topic: str, count: int, start: int = 0) -> float:
     """~110-byte JSON events through an idempotent producer. Returns seconds."""
     rng = random.Random(1 + start)
+    values = (f'{{"event_id":"e{i:012d}","user_id":{rng.randrange(5000)},"action":"{rng.choice(ACTIONS)}",'
+              f'"amount":{rng.uniform(0, 500):.2f},"event_time":"2026-11-22T10:00:00.000Z","seq":{i}}}'.encode()
+              for i in range(start, start + count))
+    return send_all(bootstrap, topic, values, start)
+
+
+def send_all(bootstrap: str, topic: str, values, start: int = 0) -> float:
+    """Write `values` round-robin over 4 partitions through an idempotent producer. Returns seconds."""
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
                          "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
     started = time.perf_counter()
-    for i in range(start, start + count):
-        value = (f'{{"event_id":"e{i:012d}","user_id":{rng.randrange(5000)},"action":"{rng.choice(ACTIONS)}",'
-                 f'"amount":{rng.uniform(0, 500):.2f},"event_time":"2026-11-22T10:00:00.000Z","seq":{i}}}')
+    for i, value in enumerate(values, start):
         while True:
             try:
-                producer.produce(topic, value=value.encode(), partition=i % 4)
+                producer.produce(topic, value=value, partition=i % 4)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -97,23 +103,15 @@ def produce_avro(bootstrap: str, topic: str, count: int, registry_url: str) -> f
         f"{topic}-value", Schema(json.dumps(BENCH_AVRO), "AVRO"))
     parsed, frame = fastavro.parse_schema(BENCH_AVRO), b"\x00" + struct.pack(">I", schema_id)
     rng = random.Random(1)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                         "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
-    started = time.perf_counter()
-    for i in range(count):
+
+    def value(i: int) -> bytes:
         body = io.BytesIO()
         body.write(frame)
         fastavro.schemaless_writer(body, parsed, {
             "event_id": f"e{i:012d}", "user_id": rng.randrange(5000), "action": rng.choice(ACTIONS),
             "amount": round(rng.uniform(0, 500), 2), "event_time": 1_795_000_000_000, "seq": i})
-        while True:
-            try:
-                producer.produce(topic, value=body.getvalue(), partition=i % 4)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(120)
-    return time.perf_counter() - started
+        return body.getvalue()
+    return send_all(bootstrap, topic, (value(i) for i in range(count)))
 
 
 def formats_only(records: int, work: Path) -> None:
