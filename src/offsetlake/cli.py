@@ -357,7 +357,11 @@ def _optimize(args, cfg: PipelineConfig) -> None:
     settings = cfg.maintenance
     target = args.target_file_mb or settings.target_file_mb
     zorder = [c.strip() for c in args.zorder_by.split(",") if c.strip()] if args.zorder_by else settings.zorder_by
-    wrong = sorted(c for c in zorder if c not in cfg.data_columns())
+    columns = cfg.data_columns()
+    if cfg.format.evolves:  # the payload columns come from the registry: the table has them
+        from offsetlake.table import open_table
+        columns = [f.name for f in open_table(cfg.table_path).schema().fields if f.name not in cfg.table.partition_by]
+    wrong = sorted(c for c in zorder if c not in columns)
     if wrong:
         raise ConfigError(f"--zorder-by column {wrong[0]!r} is not a data column of pipeline {cfg.name!r}")
     run = _run(args)
