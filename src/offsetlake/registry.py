@@ -86,8 +86,8 @@ class Registry:
             return request()
         except SchemaRegistryError as err:
             if err.http_status_code == 404:
-                if unknown:
-                    raise UnusableSchema(f"unknown {what}: the Schema Registry at {self.url} has no such schema") from None
+                if unknown:  # the caller names the schema
+                    raise UnusableSchema(f"unknown to the Schema Registry at {self.url}") from None
                 raise RegistryError(f"Schema Registry at {self.url}: {what} not found") from None
             raise RegistryError(f"Schema Registry at {self.url} refused {what}: HTTP {err.http_status_code} "
                                 f"{_short(err.error_message)}") from None
@@ -611,7 +611,7 @@ class Decoders:
             try:
                 found = _labelled(self._build(schema_id, guid, indexes), label)
             except UnusableSchema as err:
-                found = UnusableSchema(f"schema id {schema_id if guid is None else guid}: {err}")
+                found = UnusableSchema(f"{label}: {err}")
             self._cache[key] = found
         if isinstance(found, UnusableSchema):
             raise found

@@ -114,7 +114,7 @@ def test_records_a_table_cannot_hold_are_quarantined_per_offset_with_the_reason(
     producer = Producer({"bootstrap.servers": cfg.kafka.bootstrap_servers})
     bad = {
         b"\x00" + struct.pack(">I", narrowed_id) + body.getvalue(): "cannot change a column's type",
-        b"\x00" + struct.pack(">I", 987654) + b"\x02": "unknown schema id 987654",
+        b"\x00" + struct.pack(">I", 987654) + b"\x02": "schema id 987654: unknown to the Schema Registry at",
         b'{"not": "framed"}': "not in the Schema Registry wire format",
         b"\x00" + struct.pack(">I", 1) + b"\xff\xff\xff": "not a valid Avro record",
     }
