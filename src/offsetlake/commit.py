@@ -115,9 +115,14 @@ def commit(uri: str, decide: Decide, what: str, open_: Callable[[str], DeltaTabl
     raise CommitConflictError(what, MAX_ATTEMPTS)
 
 
+def _properties(change: Change) -> CommitProperties:
+    """userMetadata, the ledger's txn actions, and no rebase: a commit lands on the snapshot decided on."""
+    return CommitProperties(custom_metadata={"userMetadata": change.metadata.to_json()},
+                            max_commit_retries=0, app_transactions=change.txns or None)
+
+
 def _apply(table: DeltaTable, change: Change) -> int:
-    properties = CommitProperties(custom_metadata={"userMetadata": change.metadata.to_json()},
-                                  max_commit_retries=0, app_transactions=change.txns or None)
+    properties = _properties(change)
     if change.restore_version is not None:
         table.restore(change.restore_version, commit_properties=properties)
         return table.version()  # restore, unlike a write transaction, moves the table object on
@@ -132,7 +137,7 @@ def _apply_evolving(uri: str, table: DeltaTable, change: Change) -> Committed:
     if any(not isinstance(a, AddAction) for a in change.actions):
         raise OffsetlakeError(f"{change.metadata.kind} would add columns to the table while removing rows; "
                               f"ingest the records that bring the columns first")
-    before = {a for a in pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()}
+    before = _file_paths(table)
     schema = change.schema
 
     def batches():
@@ -143,15 +148,16 @@ def _apply_evolving(uri: str, table: DeltaTable, change: Change) -> Committed:
                 rows = rows.append_column(column, value.cast(schema.field(column).type))
             yield from _conform(rows, schema).to_batches()
 
-    properties = CommitProperties(custom_metadata={"userMetadata": change.metadata.to_json()},
-                                  max_commit_retries=0, app_transactions=change.txns or None)
     decided_on = table.version()
     write_deltalake(table, pa.RecordBatchReader.from_batches(schema, batches()), mode="append",
-                    schema_mode="merge", partition_by=change.partition_by or None, commit_properties=properties)
+                    schema_mode="merge", partition_by=change.partition_by or None,
+                    commit_properties=_properties(change))
     version = decided_on + 1  # no rebase, as in _apply
-    landed = DeltaTable(uri, version=version)
-    added = {a for a in pa.table(landed.get_add_actions(flatten=True)).column("path").to_pylist()} - before
-    return Committed(version, change, rewritten=frozenset(added))
+    return Committed(version, change, rewritten=frozenset(_file_paths(DeltaTable(uri, version=version)) - before))
+
+
+def _file_paths(table: DeltaTable) -> set[str]:
+    return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
 
 
 def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
