@@ -25,8 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from offsetlake.config import (HEADERS_COLUMN, KEY_COLUMN, LINEAGE_COLUMNS, UNKNOWN_FIELDS_COLUMN, KeyFormat,
-                               PipelineConfig, SchemaField)
+from offsetlake.config import (HEADERS_COLUMN, KEY_COLUMN, LINEAGE_COLUMNS, REGISTRY_FORMATS, UNKNOWN_FIELDS_COLUMN,
+                               KeyFormat, PipelineConfig, SchemaField)
 from offsetlake.evolution import Incompatible, merge_type
 
 ARROW_TYPES = {
@@ -85,7 +85,7 @@ def initial_table_schema(cfg: PipelineConfig) -> pa.Schema:
     fmt, topic = cfg.format, cfg.topics[0]
     payload = _struct_fields(latest_arrow_type(fmt.registry, fmt.type, topic))
     columns = [*payload, *fixed]
-    if fmt.key is not None and fmt.key.type in REGISTRY_KINDS:
+    if fmt.key is not None and fmt.key.type in REGISTRY_FORMATS:
         key = pa.field(KEY_COLUMN, latest_arrow_type(fmt.registry, fmt.key.type, topic, key=True))
         columns.insert(len(payload), key)
     clash = sorted({f.name for f in payload} & {f.name for f in fixed})
@@ -94,11 +94,8 @@ def initial_table_schema(cfg: PipelineConfig) -> pa.Schema:
     return pa.schema(columns, metadata=OPEN_PAYLOAD)
 
 
-REGISTRY_KINDS = ("avro", "protobuf", "json_schema")
-
-
 def _fixed_key_type(key: KeyFormat | None) -> pa.DataType | None:
-    if key is None or key.type in REGISTRY_KINDS:
+    if key is None or key.type in REGISTRY_FORMATS:
         return None
     if key.type == "json":
         return pa.struct([pa.field(f.name, ARROW_TYPES[f.type]) for f in key.schema_])
@@ -249,9 +246,8 @@ def _decode_side(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None,
         except ValueError as err:  # not the wire format, a tombstone
             errors[i] = f"{what}: {err}" if what != "value" else str(err)
             continue
+        # Never a decoder of the usual frames above: these are keyed by GUID, or are Protobuf or a schema file.
         group = groups.setdefault(id(decoder), (decoder, [], []))
-        if isinstance(group[2], pa.Array):  # framed the usual way too: one list of both
-            group = groups[id(decoder)] = (decoder, group[1], group[2].to_pylist())
         group[1].append(i)
         group[2].append(payload)
     merged, usable = table_type, []
@@ -276,7 +272,6 @@ def _decode_side(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None,
 
 def _decode_group(decoder, positions: list[int], payloads: list[bytes], errors: dict[int, str], what: str):
     """(an array of `decoder.arrow_type`, the positions it holds): every payload of one schema."""
-    from offsetlake.registry import RegistryError
     many = getattr(decoder, "decode_many", None)
     array = many(payloads) if many is not None else None
     if array is not None:
@@ -288,8 +283,6 @@ def _decode_group(decoder, positions: list[int], payloads: list[bytes], errors: 
         try:
             values.append(decoder.decode(payload))
             decoded.append(i)
-        except RegistryError:
-            raise
         except Exception as err:  # fastavro and protobuf raise many kinds on a corrupt payload
             errors[i] = f"{what}: not a valid {decoder.kind_name} record ({type(err).__name__}: {err})"[:1000]
     try:
@@ -327,7 +320,7 @@ def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | 
     key = cfg.format.key
     if key is None:
         return None, None, {}
-    if key.type in REGISTRY_KINDS:
+    if key.type in REGISTRY_FORMATS:
         table_type = columns.field(KEY_COLUMN).type if columns is not None and KEY_COLUMN in columns.names else None
         # No table type and no key seen: a null column of binary, the most neutral type.
         return _decode_side(registry_decoders(cfg, key=True), messages.column("key"), table_type, "key",

@@ -618,14 +618,11 @@ class Decoders:
         return found
 
     def split(self, data: bytes | None):
-        """(decoder, payload) for one raw value."""
+        """(decoder, payload) for one raw value that `framed_groups` did not read."""
         if self._file is not None:
             if data is None:
                 raise ValueError("value is null (tombstone)")
             return self._file, data
-        if data is not None and len(data) >= 5 and data[0] == 0 and self.kind != "protobuf":
-            # The usual frame (magic byte 0, a 4-byte id), read without the general parser's objects.
-            return self.decoder(int.from_bytes(data[1:5], "big"), None, ()), data[5:]
         schema_id, guid, indexes, payload = split_frame(data, self._schema_type)
         return self.decoder(schema_id, guid, indexes), payload
 
