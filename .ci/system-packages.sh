@@ -4,6 +4,7 @@
 #   java        openjdk-17-jre-headless   Spark runs on the JVM
 #   initdb      postgresql                Airflow's metadata database in the cross-host test
 #   ip          iproute2                  network namespaces: the cross-host test's separate hosts
+#   chromium    chromium                  the offsetlake view's browser test (Playwright drives it)
 set -euo pipefail
 
 has_postgres() { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }
@@ -12,6 +13,7 @@ missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 has_postgres || missing+=(postgresql)
 command -v ip >/dev/null || missing+=(iproute2)
+command -v chromium >/dev/null || missing+=(chromium)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" != 0 ]; then

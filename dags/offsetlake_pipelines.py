@@ -1,6 +1,6 @@
-"""Airflow DAGs for every pipeline in include/pipelines/ (ingest, stream, backfill, recovery).
+"""Airflow DAGs for every pipeline in include/pipelines/ (ingest, stream, backfill, recovery, maintenance).
 
-Thin on purpose: the DAG definitions live in plugins/offsetlake/dags.py.
+Thin on purpose: the DAG definitions live in src/offsetlake/airflow/dags.py.
 """
 import os
 from pathlib import Path

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -262,3 +263,11 @@ def assert_quarantine_accounts_for_the_rest(cfg):
     for key, value, error in zip(bad_keys, bad.column(3).to_pylist(), bad.column(4).to_pylist()):
         assert value == truth[key] and error  # raw bytes kept, with the reason
     return len(bad_keys)
+
+
+def task_result(api, dag_id: str, run_id: str, task_id: str):
+    """What an Airflow task returned (its XCom), through the REST API."""
+    import urllib.parse
+    run = urllib.parse.quote(run_id, safe="")
+    value = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run}/taskInstances/{task_id}/xcomEntries/return_value")["value"]
+    return json.loads(value) if isinstance(value, str) else value

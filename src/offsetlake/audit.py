@@ -195,13 +195,17 @@ def sanity_issues(committed: dict[TP, int], ends: dict[TP, int]) -> list[str]:
 def repair(spark, cfg: PipelineConfig, run=None, dry_run: bool = False, report: AuditReport | None = None):
     """Audit (unless `report` is one just made), then backfill every span with a problem.
     Returns (audit before, backfill result or None)."""
+    import msgspec
+
     from offsetlake.backfill import backfill
+    from offsetlake.metadata import Run
     report = report or audit(cfg)
     ranges = report.repair_ranges()
     if not ranges:
         return report, None
     try:
-        return report, backfill(spark, cfg, ranges, run, dry_run=dry_run)
+        return report, backfill(spark, cfg, ranges, msgspec.structs.replace(run or Run.here(), via="repair"),
+                                dry_run=dry_run)
     except OffsetlakeError as err:
         raise OffsetlakeError(f"repair could not backfill what audit found: {err}") from None
 

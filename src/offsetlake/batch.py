@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import msgspec
 import pyarrow as pa
 
 from offsetlake import faults
@@ -80,6 +81,7 @@ def plan_batch(cfg: PipelineConfig, cluster: KafkaCluster, ledger: Ledger, tps: 
 def run_batch(spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], targets: dict[TP, int],
               run: Run) -> BatchResult:
     fault_settings = faults.settings_from_env()
+    began = time.monotonic()
     table = open_pipeline_table(cfg)
     plan = plan_batch(cfg, cluster, read_ledger(table, cfg.name, tps), tps, targets)
     faults.hit("after_plan", fault_settings)
@@ -94,7 +96,8 @@ def run_batch(spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], 
         faults.hit("after_files_written", fault_settings)
         written = TaskFiles(sum(out.read.values()), [WrittenFile(tasks[i], f) for i, f in out.data],
                             [WrittenFile(tasks[i], f) for i, f in out.quarantine], out.schemas)
-        result = commit_batch(cfg, plan, attempt, written, run, files, fault_settings, snapshot=table)
+        result = commit_batch(cfg, plan, attempt, written, run, files, fault_settings, snapshot=table,
+                              began=began, targets=targets)
     faults.hit("after_commit", fault_settings)
     if result.status == "committed":
         cluster.commit_group_offsets(cfg.consumer_group, plan.ends)
@@ -146,15 +149,22 @@ def evolved_schema(table, written: TaskFiles) -> pa.Schema | None:
 
 
 def commit_batch(cfg: PipelineConfig, plan: BatchPlan, attempt: str, written: TaskFiles, run: Run,
-                 files: AttemptFiles, fault_settings: dict | None = None, snapshot=None) -> BatchResult:
+                 files: AttemptFiles, fault_settings: dict | None = None, snapshot=None,
+                 began: float | None = None, targets: dict[TP, int] | None = None) -> BatchResult:
     """Quarantine, then data and offsets, in one commit each, through the one commit path. The files
     written and those that landed are recorded in `files` (`attempt_files` removes the others).
-    `snapshot`: the table as the plan read it, for the first decision."""
+    `snapshot`: the table as the plan read it, for the first decision; `began` (time.monotonic())
+    and `targets` (Kafka's end offsets the plan reads up to) go into the metadata as the batch's
+    duration and the lag it started from."""
     files.written[cfg.table_path] |= {w.file.path for w in written.data}
     files.written[cfg.quarantine_path] |= {w.file.path for w in written.quarantine}
     rows = sum(w.file.num_records for w in written.data)
     quarantined = sum(w.file.num_records for w in written.quarantine)
     metadata = batch_metadata(plan, attempt, Records(written.read, rows, quarantined), run)
+    metadata = msgspec.structs.replace(
+        metadata, lag=None if targets is None else sum(max(0, targets[tp] - start) for tp, start in plan.starts.items()
+                                                      if tp in targets),
+        seconds=None if began is None else round(time.monotonic() - began, 3))
     schema = table_schema(cfg)
 
     def decide(table) -> Change | Settled:
@@ -245,6 +255,7 @@ def stream(spark, cfg: PipelineConfig, stop: threading.Event, interval: float | 
            run: Run | None = None, max_seconds: float | None = None, on_batch=None) -> int:
     """Ingest in a loop in one Spark session until `stop` is set (SIGTERM) or max_seconds pass."""
     interval = cfg.stream_interval_seconds if interval is None else interval
+    run = msgspec.structs.replace(run or Run.here(), via="stream")  # its commits say they are a stream's
     deadline = time.monotonic() + max_seconds if max_seconds else None
     parent = os.getppid()
     committed = 0

@@ -35,9 +35,10 @@ from __future__ import annotations
 import logging
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
+import msgspec
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
@@ -96,11 +97,13 @@ def commit(uri: str, decide: Decide, what: str, open_: Callable[[str], DeltaTabl
 
     `snapshot`: a table object the caller has just loaded, used for the first decision instead of
     loading again (if it is stale, the commit fails on the conflict and the next try loads)."""
-    for _ in range(MAX_ATTEMPTS):
+    for conflicts in range(MAX_ATTEMPTS):
         table, snapshot = snapshot or open_(uri), None
         change = decide(table)
         if isinstance(change, Settled):
             return change
+        if conflicts:  # recorded in the commit itself: a metric of contention (the Airflow view shows it)
+            change = replace(change, metadata=msgspec.structs.replace(change.metadata, conflicts=conflicts))
         try:
             if change.evolve:
                 return _apply_evolving(uri, table, change)

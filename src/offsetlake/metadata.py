@@ -38,6 +38,7 @@ class Run(msgspec.Struct, omit_defaults=True, frozen=True):
     dag_id: str | None = None
     run_id: str | None = None
     try_number: int | None = None
+    via: str | None = None  # "stream": a batch of `offsetlake stream`; "repair": a backfill that repair made
 
     @staticmethod
     def here(dag_id: str | None = None, run_id: str | None = None, try_number: int | None = None) -> "Run":
@@ -91,6 +92,9 @@ class CommitMetadata(msgspec.Struct, omit_defaults=True, frozen=True, rename={"f
     from_: Offsets = {}  # reset, restore: the ledger before
     offsets: Offsets = {}  # reset, restore: the ledger after
     restored_version: int | None = None  # restore
+    seconds: float | None = None  # ingest, backfill: from planning to the commit
+    conflicts: int = 0  # commits by others that landed first, each followed by a new decision
+    lag: int | None = None  # ingest: records between the ledger and Kafka's end offsets when this batch was planned
 
     def to_json(self) -> str:
         stamped = self if self.offsetlake else msgspec.structs.replace(self, offsetlake=__version__)
@@ -108,6 +112,11 @@ class CommitMetadata(msgspec.Struct, omit_defaults=True, frozen=True, rename={"f
 
     def sets_ledger(self) -> bool:
         return self.kind in LEDGER_KINDS
+
+    @property
+    def change(self) -> str:
+        """What changed the table, as users name it: a stream's batch or a repair's backfill by that name."""
+        return self.run.via or self.kind
 
 
 _ENCODER = msgspec.json.Encoder()

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass
 
 from deltalake.exceptions import TableNotFoundError
 
+from offsetlake.changes import merge_ranges
 from offsetlake.config import PipelineConfig
 from offsetlake.kafka import KafkaCluster
 from offsetlake.ledger import pipeline_history, read_ledger
@@ -69,7 +70,7 @@ def format_history(rows: list[HistoryEntry]) -> str:
         meta = h.meta
         ranges = "; ".join(f"{t}[{p}] {r[0]}-{r[1]}" for t, parts in meta.ranges.items() for p, r in parts.items())
         batch = "-" if meta.batch is None else meta.batch
-        lines.append(f"{h.version:>7}  {batch!s:>5}  {meta.kind:<8} {meta.records.rows:>8} "
+        lines.append(f"{h.version:>7}  {batch!s:>5}  {meta.change:<8} {meta.records.rows:>8} "
                      f"{meta.records.quarantined:>6}  {ranges or '(no new offsets)'}")
         if meta.rewind:
             lines.append(f"{'':>7}  rewound after RESTORE of version {meta.rewind.restored_version}")
@@ -84,7 +85,7 @@ def commits_of_task_try(pipeline: str, dag_id: str, run_id: str, try_number: int
     (newest first, no further back than `started_ms`, when the try started).
 
     JSON-ready (it travels as XCom): the versions, kinds, rows, and the ranges merged per
-    partition from the first start to the last end (consecutive ingest batches tile them).
+    partition from the lowest start to the highest end (consecutive ingest batches tile them).
     """
     from offsetlake.config import load_pipeline
     cfg = load_pipeline(pipeline)
@@ -97,10 +98,7 @@ def commits_of_task_try(pipeline: str, dag_id: str, run_id: str, try_number: int
     mine = [h for h in entries if h.meta.run.is_task_try(dag_id, run_id, try_number)]
     ranges: dict[str, dict[str, list[int]]] = {}
     for h in mine:
-        for topic, parts in h.meta.ranges.items():
-            for p, (start, end) in parts.items():
-                first = ranges.setdefault(topic, {}).get(p, [start, end])[0]
-                ranges[topic][p] = [first, end]
+        merge_ranges(ranges, h.meta.ranges)
     return {"pipeline": pipeline, "table": cfg.table_path, "versions": [h.version for h in mine],
             "kinds": sorted({h.meta.kind for h in mine}), "rows": sum(h.meta.records.rows for h in mine),
             "ranges": ranges}

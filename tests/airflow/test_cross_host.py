@@ -13,7 +13,6 @@ by row against what Kafka holds under read_committed.
 from __future__ import annotations
 
 import json
-import urllib.parse
 
 import pytest
 
@@ -22,7 +21,8 @@ from offsetlake.local import broker as embedded_broker
 from offsetlake.local import stack
 from offsetlake.local.producer import produce
 from offsetlake.table import query
-from support import REPO, assert_exactly_once, create_topic, load, pipeline_commits, unique, write_pipeline
+from support import (REPO, assert_exactly_once, create_topic, load, pipeline_commits, task_result, unique,
+                     write_pipeline)
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +72,7 @@ def test_ingest_and_backfill_dags_run_on_a_spark_cluster_across_hosts(network, p
         ingest_run = api.trigger(ingest_id)
         assert api.wait_for_run(ingest_id, ingest_run, timeout=600) == "success", _logs(home)
         assert_exactly_once(cfg)
-        ingested = _xcom(api, ingest_id, ingest_run, "ingest")
+        ingested = task_result(api, ingest_id, ingest_run, "ingest")
         assert ingested["versions"] and ingested["kinds"] == ["ingest"] and ingested["rows"] > 0
 
         before = query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_partition, kafka_offset").to_pylist()
@@ -82,7 +82,7 @@ def test_ingest_and_backfill_dags_run_on_a_spark_cluster_across_hosts(network, p
         backfill_run = api.trigger(backfill_id, {"ranges": [{"topic": topic, "partition": 1, "start": 20, "end": 400}]})
         assert api.wait_for_run(backfill_id, backfill_run, timeout=600) == "success", _logs(home)
 
-        events = api.get("/api/v2/assets/events")["asset_events"]
+        backfilled = task_result(api, backfill_id, backfill_run, "backfill")
         apps = [a["name"] for a in cluster.applications()]
         runs_in_postgres = _dag_runs(postgres, ingest_id)
     finally:
@@ -102,17 +102,9 @@ def test_ingest_and_backfill_dags_run_on_a_spark_cluster_across_hosts(network, p
     assert f"offsetlake-ingest-{name}" in apps and f"offsetlake-backfill-{name}" in apps
     executor_logs = list(cluster.work_dir.glob("app-*/*/stderr"))
     assert len({p.parent.parent.name for p in executor_logs}) >= 2, apps
-    # Airflow's state is in PostgreSQL; the backfill's Asset event carries the committed ranges.
+    # Airflow's state is in PostgreSQL; the backfill's result (XCom) carries the committed ranges.
     assert ingest_run in runs_in_postgres
-    mine = [e for e in events if e.get("name") == f"offsetlake.{name}" and e["extra"].get("kind") == "backfill"]
-    assert mine and mine[-1]["extra"]["ranges"] == {topic: {"1": [20, 400]}}
-
-
-def _xcom(api: stack.Api, dag_id: str, run_id: str, task_id: str) -> dict:
-    run = urllib.parse.quote(run_id, safe="")
-    entry = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run}/taskInstances/{task_id}/xcomEntries/return_value")
-    value = entry["value"]
-    return json.loads(value) if isinstance(value, str) else value
+    assert backfilled["ranges"] == {topic: {"1": [20, 400]}} and backfilled["kinds"] == ["backfill"]
 
 
 def _dag_runs(postgres: Postgres, dag_id: str) -> list[str]:

@@ -122,6 +122,24 @@ def test_a_commit_that_lost_the_race_is_decided_again_never_rebased(table):
     assert [h.meta.attempt for h in history] == [theirs]  # one commit of batch 1: theirs
 
 
+def test_a_commit_records_how_many_commits_landed_before_it(table):
+    """Two unrelated writers land between our snapshots and our commit: ours says `conflicts: 2`."""
+    rivals = iter(range(1, 3))
+
+    def decide(snapshot):
+        change = Change(CommitMetadata("p", "reset", attempt=new_attempt_id()), schema=SCHEMA)
+        batch = next(rivals, None)
+        if batch is not None:
+            commit(table, lambda t: Change(CommitMetadata("q", "reset", attempt=new_attempt_id()),
+                                           txns=txn_actions("q", batch, {}), schema=SCHEMA), "rival")
+        return change
+
+    outcome = commit(table, decide, "reset")
+
+    assert [(m.pipeline, m.conflicts) for m in offsetlake_commits(table)] == [("q", 0), ("q", 0), ("p", 2)]
+    assert outcome.change.metadata.conflicts == 2
+
+
 def test_running_out_of_tries_is_one_typed_error_and_writes_nothing(table, monkeypatch):
     monkeypatch.setattr(commit_module, "MAX_ATTEMPTS", 3)
     rivals = iter(range(1, 100))

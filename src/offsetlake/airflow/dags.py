@@ -6,41 +6,34 @@ delta-rs never runs inside Airflow's forked task processes during a batch.
 Trigger forms are Params (types checked by Airflow) plus a `validate` task
 (`forms.py`, everything else); Spark steps receive only what `validate`
 normalised. Results travel by XCom: each Spark step returns the commits its
-task try made, and `publish` turns them into the table's Asset event.
+task try made. Asset events do not come from tasks: the table's Asset watches
+the table (`table_asset`), so a stream's batches, maintenance and changes made
+outside Airflow are announced like an ingest.
 """
 from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
 
-from airflow.sdk import DAG, Asset, Param, task
+from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 
 from offsetlake.airflow.operator import RETRIES, OffsetlakeOperator
+from offsetlake.airflow.triggers import TableChangeTrigger
 from offsetlake.config import PipelineConfig, list_pipelines, load_pipeline
 
 START = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
 
-def table_asset(cfg: PipelineConfig) -> Asset:
+def table_asset(cfg: PipelineConfig | str) -> Asset:
+    """The pipeline's table as an Airflow Asset, watched: every change of the table is an Asset event
+    (`triggers.TableChangeTrigger`). Schedule downstream DAGs on this object (`schedule=[table_asset("P")]`),
+    not on a plain `Asset` of the same name, which would define the Asset without its watcher."""
+    if isinstance(cfg, str):
+        cfg = load_pipeline(cfg)
     uri = cfg.table_path if "://" in cfg.table_path else f"file://{cfg.table_path}"
-    return Asset(name=f"offsetlake.{cfg.name}", uri=uri)
-
-
-def publish_task(cfg: PipelineConfig, step_id: str):
-    """Emit the table's Asset event with the committed ranges; skipped when nothing was committed."""
-    asset = table_asset(cfg)
-
-    @task(task_id="publish", outlets=[asset])
-    def publish(*, outlet_events, ti):
-        from airflow.sdk.exceptions import AirflowSkipException
-        result = ti.xcom_pull(task_ids=step_id) or {}
-        if not result.get("versions"):
-            raise AirflowSkipException("nothing committed: no Asset event")
-        outlet_events[asset].extra = {"pipeline": cfg.name, "kind": step_id, "versions": result["versions"],
-                                      "ranges": result["ranges"]}
-        return result
-
-    return publish()
+    watcher = AssetWatcher(name=f"offsetlake_{cfg.name}_changes",
+                           trigger=TableChangeTrigger(pipeline=cfg.name, table=cfg.table_path))
+    return Asset(name=f"offsetlake.{cfg.name}", uri=uri, watchers=[watcher])
 
 
 def retry_policy(cfg: PipelineConfig, command: str) -> dict:
@@ -70,8 +63,7 @@ def ingest_dag(cfg: PipelineConfig) -> DAG:
     schedule = cfg.schedule if cfg.mode == "batch" else None
     with _dag(cfg, "ingest", schedule=schedule,
               description=f"Ingest {', '.join(cfg.topics)} into {cfg.table_path}, exactly once") as dag:
-        step = OffsetlakeOperator(task_id="ingest", pipeline=cfg.name, command="ingest", **retry_policy(cfg, "ingest"))
-        step >> publish_task(cfg, "ingest")
+        OffsetlakeOperator(task_id="ingest", pipeline=cfg.name, command="ingest", **retry_policy(cfg, "ingest"))
     return dag
 
 
@@ -118,7 +110,7 @@ def backfill_dag(cfg: PipelineConfig) -> DAG:
         step = OffsetlakeOperator(task_id="backfill", pipeline=cfg.name, command="backfill", arguments=[
             "--ranges", "{{ ti.xcom_pull(task_ids='validate') }}",
             "--dry-run", "{{ 'true' if params.dry_run else 'false' }}"])
-        ranges >> step >> publish_task(cfg, "backfill")
+        ranges >> step
     return dag
 
 

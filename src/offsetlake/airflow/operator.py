@@ -16,6 +16,9 @@ which job to submit and how to read back what the job committed:
   other tasks get the result by XCom on any worker;
 - an ingest with nothing new to read submits no Spark job (the check reads the ledger
   and Kafka's end offsets in the task process): no JVM starts for nothing;
+- OpenLineage: the provider's listener asks `get_openlineage_facets_on_complete`
+  for the run's datasets: the pipeline's Kafka topics in, its Delta table out,
+  with the version the task committed (`offsetlake.lineage`);
 - a failed try is retried (`RETRIES`, with exponential backoff): every command is
   safe to run again, since the ledger turns a re-run of a committed batch into a
   no-op. That is what carries a pipeline across a Kafka outage longer than
@@ -94,7 +97,18 @@ class OffsetlakeOperator(SparkSubmitOperator):
         run_started = getattr(context.get("dag_run"), "start_date", None)
         since = int(((run_started or started) if retried else started).timestamp() * 1000) - CLOCK_SKEW_MS
         result = commits_of_task_try(self.pipeline, ti.dag_id, ti.run_id, None if retried else ti.try_number, since)
+        self._committed = result
         return {**result, "submitted": submitted}
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """OpenLineage (the provider calls this after `execute`): the Kafka topics in, the Delta table out,
+        with the newest version this task committed and the rows it added."""
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        from offsetlake.config import load_pipeline
+        from offsetlake.lineage import pipeline_datasets
+        inputs, output = pipeline_datasets(load_pipeline(self.pipeline), getattr(self, "_committed", None))
+        return OperatorLineage(inputs=inputs, outputs=[output])
 
     def _up_to_date(self) -> bool:
         """An ingest with nothing new to read submits no Spark job: it answers in a second or two

@@ -64,7 +64,8 @@ def up() -> None:
     _cli("produce", "--pipeline", AVRO_PIPELINE, "--count", "2000", "--schema-version", "2")
 
     home = base / "airflow"
-    env = stack.environment(home, UI_PORT, project_home())
+    # The example consumer DAG (dags/offsetlake_examples.py) runs on every change of demo_events' table.
+    env = stack.environment(home, UI_PORT, project_home(), extra={"OFFSETLAKE_EXAMPLE_CONSUMERS": PIPELINE})
     print("starting Airflow: api-server, scheduler, dag-processor, triggerer ...", flush=True)
     stack.start(env)
     api = stack.Api(env["AIRFLOW__API__BASE_URL"], stack.USER, stack.password(home))
@@ -74,6 +75,9 @@ def up() -> None:
         api.wait_for_dag(dag_id)
     api.unpause(dags["backfill"])
     api.unpause(dags["ingest"])  # in mode stream it has no schedule: it runs only when someone triggers it
+    consumer = f"example__{PIPELINE}__on_change"
+    api.wait_for_dag(consumer)
+    api.unpause(consumer)  # Airflow watches the table (its Asset) while a DAG scheduled on it is unpaused
     started_ms = int(time.time() * 1000)
     api.unpause(dags["stream"])  # mode: stream, so it keeps one run going from now on
     print(f"unpaused {dags['stream']} (the pipeline's mode is {cfg.mode}); waiting for its first commit ...",
@@ -86,13 +90,18 @@ def up() -> None:
     api.unpause(dags["recovery"])  # its daily audit needs the table the stream made
     avro_cfg = load_pipeline(AVRO_PIPELINE)
     avro_committed = _wait_for_commits(avro_cfg, avro_ingest, started_ms, timeout=300)
+    events = _wait_for_asset_event(api, f"offsetlake.{PIPELINE}", timeout=120)
     _cli("status", "--pipeline", PIPELINE)
     _cli("history", "--pipeline", PIPELINE, "--limit", "5")
+    base_url = env['AIRFLOW__API__BASE_URL']
     print(f"""
 stream DAG:   {_describe(committed)}
+Asset events: {_describe_events(events)}; each starts {consumer}
 Avro:         {avro_ingest}: {_describe(avro_committed)}; columns {_columns(avro_cfg)}
               (schema registry {registry.url}; table {avro_cfg.table_path})
-Airflow UI:   {env['AIRFLOW__API__BASE_URL']}   login: {stack.USER} / {stack.password(home)}
+Airflow UI:   {base_url}   login: {stack.USER} / {stack.password(home)}
+offsetlake:   {base_url}/plugin/offsetlake (lag, commits, audit; also a tab on each DAG)
+metrics:      {base_url}/offsetlake/metrics (Prometheus)
 DAGs:         {dags['stream']} (mode: stream, one run always going), __ingest (triggered catch-up), __backfill (trigger form), __recovery (daily audit), __maintenance (daily optimize, vacuum, checkpoint; paused)
 Delta table:  {cfg.table_path}
 quarantine:   {cfg.quarantine_path}
@@ -103,6 +112,8 @@ stop it all:  make down""")
         raise OffsetlakeError(f"the stream DAG committed nothing within 300 s; see {home}/scheduler.log")
     if not avro_committed:
         raise OffsetlakeError(f"the Avro ingest DAG committed nothing within 300 s; see {home}/scheduler.log")
+    if not events:
+        raise OffsetlakeError(f"no Asset event for {PIPELINE} within 120 s of its first commit; see {home}/triggerer.log")
 
 
 def _columns(cfg) -> str:
@@ -125,6 +136,24 @@ def _wait_for_commits(cfg, dag_id: str, since_ms: int, timeout: float) -> list:
             return mine
         time.sleep(2)
     return []
+
+
+def _wait_for_asset_event(api: stack.Api, asset: str, timeout: float) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = api.asset_events(asset, limit=5)
+        if events:
+            return events
+        time.sleep(3)
+    return []
+
+
+def _describe_events(events: list[dict]) -> str:
+    if not events:
+        return "none yet"
+    payload = events[0]["extra"].get("payload", {})
+    return (f"{len(events)} so far, the newest: {payload.get('kind')} of versions {payload.get('versions')}, "
+            f"{payload.get('rows')} rows, ranges {payload.get('ranges')}")
 
 
 def _describe(commits: list) -> str:

@@ -165,8 +165,28 @@ class Api:
                     raise
                 time.sleep(2)
 
-    def unpause(self, dag_id: str) -> None:
-        self._call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    def unpause(self, dag_id: str, paused: bool = False) -> None:
+        self._call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": paused})
+
+    def asset_events(self, name: str, limit: int = 100) -> list[dict]:
+        """The newest events of the Asset called `name`, newest first ([] while it has none)."""
+        assets = self.get(f"/api/v2/assets?name_pattern={urllib.request.quote(name)}")["assets"]
+        ids = [a["id"] for a in assets if a["name"] == name]
+        if not ids:
+            return []
+        return self.get(f"/api/v2/assets/events?asset_id={ids[0]}&order_by=-timestamp&limit={limit}")["asset_events"]
+
+    def end_runs(self, dag_id: str, timeout: float = 120) -> None:
+        """Pause the DAG and fail its running runs: Airflow stops their tasks (`on_kill`) and starts no more."""
+        self.unpause(dag_id, paused=True)
+        runs = f"/api/v2/dags/{dag_id}/dagRuns"
+        for run in self.get(f"{runs}?state=running&state=queued")["dag_runs"]:
+            self._call("PATCH", f"{runs}/{urllib.request.quote(run['dag_run_id'], safe='')}", {"state": "failed"})
+        deadline = time.monotonic() + timeout
+        while self.get(f"/api/v2/dags/{dag_id}/dagRuns/~/taskInstances?state=running")["total_entries"]:
+            if time.monotonic() > deadline:
+                raise OffsetlakeError(f"{dag_id}: tasks still running {timeout:.0f}s after their runs were failed")
+            time.sleep(2)
 
     def trigger(self, dag_id: str, conf: dict | None = None) -> str:
         run = self._call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})

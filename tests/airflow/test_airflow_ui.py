@@ -1,0 +1,231 @@
+"""What a user sees in Airflow, through real Airflow processes (api-server, scheduler, dag-processor,
+triggerer), a real Spark job per task, a real broker and a real headless Chromium.
+
+One Airflow for the module, two pipelines:
+- `batch_cfg` (mode batch): two batches ingested before Airflow starts (the chart needs points),
+  one ingest DAG run (its OpenLineage event), one recovery DAG run (the audit verdict), then more
+  records that nobody ingests, so the view has lag to show;
+- `stream_cfg` (mode stream): its stream DAG keeps a run going, and the example consumer DAG,
+  scheduled on the table's Asset, must start within 5 minutes of a stream commit.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from offsetlake.batch import ingest
+from offsetlake.local import stack
+from offsetlake.local.broker import free_port
+from offsetlake.local.producer import produce
+from support import REPO, assert_exactly_once, new_pipeline, pipeline_commits
+
+pytestmark = pytest.mark.slow
+CHROMIUM = "/usr/bin/chromium"
+WITHIN = 300  # seconds from a commit to the downstream DAG's start
+
+
+@pytest.fixture(scope="module")
+def ui(spark, bootstrap, tmp_path_factory):
+    root = tmp_path_factory.mktemp("ui")
+    pipelines = root / "pipelines"
+    batch_cfg, batch_topic = new_pipeline(bootstrap, pipelines, root / "lake", partitions=2, records=600,
+                                          schedule=None, mode="batch")
+    stream_cfg, stream_topic = new_pipeline(bootstrap, pipelines, root / "lake", partitions=2, records=300,
+                                            mode="stream", stream_interval_seconds=2)
+    ingest(spark, batch_cfg)
+    produce(batch_cfg.kafka, batch_topic, 400, transactional_share=0.5, abort_share=0.2, seed=2)
+    ingest(spark, batch_cfg)
+    produce(batch_cfg.kafka, batch_topic, 300, transactional_share=0.5, abort_share=0.2, seed=3)
+
+    home = root / "airflow"
+    lineage = root / "openlineage.jsonl"
+    env = stack.environment(home, free_port(), REPO, pipelines, spark_master="local[1]", extra={
+        "OFFSETLAKE_EXAMPLE_CONSUMERS": stream_cfg.name,
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(lineage),
+                                                       "append": True}),
+        "AIRFLOW__OPENLINEAGE__NAMESPACE": "offsetlake-test",
+    })
+    stack.start(env)
+    api = stack.Api(env["AIRFLOW__API__BASE_URL"], stack.USER, stack.password(home))
+    try:
+        consumer = f"example__{stream_cfg.name}__on_change"
+        for dag_id in (consumer, f"offsetlake__{stream_cfg.name}__stream", f"offsetlake__{batch_cfg.name}__ingest",
+                       f"offsetlake__{batch_cfg.name}__recovery"):
+            api.wait_for_dag(dag_id)
+            api.unpause(dag_id)
+        ingest_run = api.trigger(f"offsetlake__{batch_cfg.name}__ingest")
+        yield {"api": api, "env": env, "home": home, "lineage": lineage, "batch": batch_cfg,
+               "batch_topic": batch_topic, "stream": stream_cfg, "stream_topic": stream_topic,
+               "consumer": consumer, "ingest_run": ingest_run, "root": root}
+    finally:
+        try:
+            api.end_runs(f"offsetlake__{stream_cfg.name}__stream")  # the stream would run for an hour
+        finally:
+            stack.stop(home)
+
+
+def test_the_ingest_task_reports_openlineage_inputs_and_outputs(ui):
+    api, cfg = ui["api"], ui["batch"]
+    dag_id = f"offsetlake__{cfg.name}__ingest"
+    assert api.wait_for_run(dag_id, ui["ingest_run"], timeout=600) == "success", _logs(ui["home"])
+    committed = [h for h in pipeline_commits(cfg) if h.meta.run.dag_id == dag_id]
+    assert committed, "the triggered run had 300 records to ingest"
+
+    events = _wait_for_lineage(ui["lineage"], f"{dag_id}.ingest")
+    complete = events[-1]
+    assert {(d["namespace"], d["name"]) for d in complete["inputs"]} == {
+        (f"kafka://{cfg.kafka.bootstrap_servers}", ui["batch_topic"])}
+    [out] = complete["outputs"]
+    assert (out["namespace"], out["name"]) == ("file", cfg.table_path)
+    assert out["facets"]["version"]["datasetVersion"] == str(committed[-1].version)
+    assert out["outputFacets"]["outputStatistics"]["rowCount"] == sum(h.meta.records.rows for h in committed)
+
+
+def test_a_downstream_dag_starts_within_minutes_of_a_stream_commit(ui):
+    api, cfg = ui["api"], ui["stream"]
+    deadline = time.monotonic() + WITHIN + 240
+    streamed: list[tuple[dict, list[dict]]] = []  # consumer runs, with the stream's events they were started by
+    seed = 100
+    while time.monotonic() < deadline and not streamed:  # keep the stream committing until the consumer ran for it
+        for run in api.get(f"/api/v2/dags/{ui['consumer']}/dagRuns")["dag_runs"]:
+            events = api.get(f"/api/v2/dags/{ui['consumer']}/dagRuns/{run['dag_run_id']}/upstreamAssetEvents")
+            payloads = [e["extra"]["payload"] for e in events["asset_events"]]
+            if run.get("start_date") and any(p["kind"] == "stream" for p in payloads):
+                streamed.append((run, payloads))
+        seed += 1
+        produce(cfg.kafka, ui["stream_topic"], 50, transactional_share=0.5, abort_share=0.2, seed=seed)
+        time.sleep(5)
+    assert streamed, f"the consumer DAG never ran for a stream commit\n{_logs(ui['home'])}"
+    run, payloads = min(streamed, key=lambda r: r[0]["start_date"])
+    assert all(p["pipeline"] == cfg.name and p["kind"] in ("create", "stream") for p in payloads), payloads
+    payloads = [p for p in payloads if p["kind"] == "stream"]
+
+    commits = {h.version: h for h in pipeline_commits(cfg)}
+    versions = [v for p in payloads for v in p["versions"]]
+    first_commit = min(commits[v].timestamp for v in versions) / 1000
+    started = dt.datetime.fromisoformat(run["start_date"].replace("Z", "+00:00")).timestamp()
+    assert 0 <= started - first_commit < WITHIN, (run["start_date"], versions)
+    for p in payloads:  # each event says exactly which batches: their rows and offset ranges
+        named = [commits[v] for v in p["versions"]]
+        assert all(h.meta.run.via == "stream" and h.meta.run.dag_id == f"offsetlake__{cfg.name}__stream"
+                   for h in named)
+        assert p["rows"] == sum(h.meta.records.rows for h in named)
+        for topic, parts in p["ranges"].items():
+            for partition, (start, end) in parts.items():
+                spans = [h.meta.ranges[topic][partition] for h in named if partition in h.meta.ranges.get(topic, {})]
+                assert [start, end] == [min(s for s, _ in spans), max(e for _, e in spans)]
+
+    # Every commit from the first one announced on is announced, once.
+    announced = sorted(v for e in api.get("/api/v2/assets/events?limit=100")["asset_events"]
+                       if e["extra"].get("payload", {}).get("pipeline") == cfg.name
+                       for v in e["extra"]["payload"]["versions"])
+    assert announced == list(range(announced[0], announced[-1] + 1)), announced
+    assert_exactly_once(cfg)
+
+
+def test_the_offsetlake_view_in_a_real_browser_shows_what_status_says(ui, tmp_path):
+    from playwright.sync_api import sync_playwright
+    api, cfg, env = ui["api"], ui["batch"], ui["env"]
+    recovery = f"offsetlake__{cfg.name}__recovery"
+    assert api.wait_for_run(recovery, api.trigger(recovery), timeout=600) == "success", _logs(ui["home"])
+    for run in api.get(f"/api/v2/dags/{recovery}/dagRuns")["dag_runs"]:  # the @daily one unpausing made too
+        assert api.wait_for_run(recovery, run["dag_run_id"], timeout=600) == "success"
+    produce(cfg.kafka, ui["batch_topic"], 250, transactional_share=0.5, abort_share=0.2, seed=4)
+    base = env["AIRFLOW__API__BASE_URL"]
+    with pytest.raises(urllib.error.HTTPError) as anonymous:
+        urllib.request.urlopen(f"{base}/offsetlake/api/pipelines", timeout=30)
+    assert anonymous.value.code in (401, 403)  # behind Airflow's login
+
+    status = _cli(env, "status", cfg.name)
+    history = _cli(env, "history", cfg.name)[::-1]  # newest first, as the page lists them
+    assert sum(p["lag"] for p in status) > 0  # nothing ingests this pipeline now: its lag stays put
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{base}/offsetlake/?pipeline={cfg.name}")
+            _log_in(page, stack.USER, stack.password(ui["home"]))  # sent to Airflow's login, then back
+            page.wait_for_url("**/offsetlake/**", timeout=60_000)
+            view = page.locator(f"section[data-pipeline='{cfg.name}']")
+            shown = {(row.get_attribute("data-topic"), int(row.get_attribute("data-partition"))):
+                     tuple(int(row.get_by_test_id(k).inner_text()) for k in ("committed", "end", "lag"))
+                     for row in view.locator("tr[data-testid=partition]").all()}
+            assert shown == {(p["topic"], p["partition"]): (p["committed"], p["end"], p["lag"]) for p in status}
+            assert int(view.get_by_test_id("total-lag").inner_text()) == sum(p["lag"] for p in status)
+            assert view.get_by_test_id("audit").inner_text().startswith("ok")
+            commits = view.locator("tr[data-testid=commit]").all()
+            assert [(int(r.get_attribute("data-version")), r.get_by_test_id("kind").inner_text(),
+                     int(r.get_by_test_id("rows").inner_text()), int(r.get_by_test_id("quarantined").inner_text()))
+                    for r in commits] == [(h["version"], h["kind"], h["records"].get("rows", 0),
+                                           h["records"].get("quarantined", 0)) for h in history[:len(commits)]]
+            assert len(commits) == min(len(history), 30)
+            first = history[-1]
+            ranges = "; ".join(f"{t}[{p}] {r[0]}-{r[1]}" for t, parts in first["ranges"].items()
+                               for p, r in parts.items())
+            assert commits[-1].get_by_test_id("ranges").inner_text() == ranges if len(history) <= 30 else True
+            assert view.locator("svg[data-testid=chart] polyline").count() == 2  # lag and rows: 3 ingest commits
+            page.screenshot(path=str(tmp_path / "offsetlake-view.png"), full_page=True)
+
+            # Inside the Airflow UI: the navigation's "offsetlake" item, and the tab on the pipeline's DAGs.
+            page.goto(f"{base}/plugin/offsetlake")
+            frame = page.frame_locator("iframe")
+            frame.locator(f"section[data-pipeline='{cfg.name}']").wait_for(timeout=60_000)
+            assert frame.locator(f"section[data-pipeline='{ui['stream'].name}']").count() == 1
+            page.screenshot(path=str(tmp_path / "airflow-offsetlake-nav.png"))
+            page.goto(f"{base}/dags/offsetlake__{cfg.name}__ingest/plugin/offsetlake-dag")
+            frame = page.frame_locator("iframe")
+            frame.locator(f"section[data-pipeline='{cfg.name}']").wait_for(timeout=60_000)
+            assert frame.locator("section[data-testid=pipeline]").count() == 1  # this DAG's pipeline only
+            page.screenshot(path=str(tmp_path / "airflow-offsetlake-dag-tab.png"))
+        finally:
+            browser.close()
+    assert (tmp_path / "offsetlake-view.png").stat().st_size > 10_000
+
+    from prometheus_client.parser import text_string_to_metric_families
+    text = urllib.request.urlopen(f"{base}/offsetlake/metrics", timeout=60).read().decode()  # no login: scrapers
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    status = _cli(env, "status", cfg.name)
+    for p in status:
+        labels = tuple(sorted({"pipeline": cfg.name, "topic": p["topic"], "partition": str(p["partition"])}.items()))
+        assert samples[("offsetlake_committed_offset", labels)] == p["committed"]
+        assert samples[("offsetlake_lag_records", labels)] == p["lag"]
+    assert samples[("offsetlake_pipeline_lag_records", (("pipeline", cfg.name),))] == sum(p["lag"] for p in status)
+    assert samples[("offsetlake_up", (("pipeline", cfg.name),))] == 1
+
+
+def _log_in(page, user: str, password: str) -> None:
+    page.wait_for_selector("input[name=username]", timeout=60_000)
+    page.fill("input[name=username]", user)
+    page.fill("input[name=password]", password)
+    page.locator("button[type=submit]").click()
+
+
+def _cli(env: dict, command: str, pipeline: str) -> list[dict]:
+    proc = subprocess.run([sys.executable, "-m", "offsetlake.cli", command, "--pipeline", pipeline, "--json"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _wait_for_lineage(path, job: str, timeout: float = 120) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = path.read_text().splitlines() if path.exists() else []
+        events = [e for e in map(json.loads, lines) if e.get("job", {}).get("name") == job]
+        complete = [e for e in events if e.get("eventType") == "COMPLETE"]
+        if complete:
+            return complete
+        time.sleep(2)
+    raise AssertionError(f"no COMPLETE OpenLineage event for {job} in {path}")
+
+
+def _logs(home) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(home.glob("*.log")))
