@@ -36,16 +36,22 @@ class TableCommit:
 def table_version(path: str) -> int | None:
     """The table's current version; None while there is no table."""
     try:
-        return DeltaTable(path).version()
+        return DeltaTable(path, without_files=True).version()  # the log only: cheap on a big table
     except TableNotFoundError:
         return None
 
 
 def commits_after(path: str, version: int) -> list[TableCommit]:
-    """Every commit of the table after `version`, oldest first (any writer's)."""
-    table = DeltaTable(path)
+    """Every commit of the table after `version`, oldest first (any writer's); [] while there is no table.
+    A table now older than `version` was deleted and created again: all its commits are new."""
+    try:
+        table = DeltaTable(path, without_files=True)
+    except TableNotFoundError:
+        return []
     newest = table.version()
-    if newest <= version:
+    if newest < version:
+        version = -1
+    if newest == version:
         return []
     entries = table.history(limit=newest - version)
     commits = [TableCommit(e["version"], e.get("timestamp", 0), e.get("operation"),

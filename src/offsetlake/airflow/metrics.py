@@ -89,8 +89,6 @@ class CommitTotals:
                 current = table_version(cfg.table_path)
                 self._seen[cfg.name] = -1 if current is None else current
                 return totals
-            if table_version(cfg.table_path) is None:
-                return totals
             for commit in commits_after(cfg.table_path, seen):
                 self._seen[cfg.name] = commit.version
                 meta = commit.meta

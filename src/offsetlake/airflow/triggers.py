@@ -53,7 +53,7 @@ class TableChangeTrigger(BaseEventTrigger):
             await self._store_cursor(announced)
         while True:
             try:
-                commits = await asyncio.to_thread(self._commits_after, commits_after, announced)
+                commits = await asyncio.to_thread(commits_after, self.table, announced)
             except Exception as err:  # noqa: BLE001 - a table being restored or briefly unreachable: look again
                 log.warning("offsetlake %s: could not read %s (%s); looking again in %ss", self.pipeline,
                             self.table, err, self.poll_seconds)
@@ -64,13 +64,6 @@ class TableChangeTrigger(BaseEventTrigger):
                 announced = commits[-1].version
                 await self._store_cursor(announced)
             await asyncio.sleep(self.poll_seconds)
-
-    def _commits_after(self, commits_after, version: int):
-        from deltalake.exceptions import TableNotFoundError
-        try:
-            return commits_after(self.table, version)
-        except TableNotFoundError:  # not created yet
-            return []
 
     async def _load_cursor(self) -> int | None:
         if self.asset_state_store is None:
