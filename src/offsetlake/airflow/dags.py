@@ -53,6 +53,8 @@ def _dag(cfg: PipelineConfig, kind: str, **kwargs) -> DAG:
         catchup=False,
         max_active_runs=1,
         tags=["offsetlake", cfg.name, kind],
+        doc_md=(f"offsetlake pipeline **{cfg.name}** ({cfg.mode} mode). Lag per partition, recent commits and "
+                f"the last audit: this DAG's **offsetlake** tab, or [the offsetlake view](/offsetlake/?pipeline={cfg.name})."),
         **kwargs,
     )
 
