@@ -36,7 +36,7 @@ class TableCommit:
 def table_version(path: str) -> int | None:
     """The table's current version; None while there is no table."""
     try:
-        return DeltaTable(path, without_files=True).version()  # the log only: cheap on a big table
+        return DeltaTable(path).version()
     except TableNotFoundError:
         return None
 
@@ -45,7 +45,7 @@ def commits_after(path: str, version: int) -> list[TableCommit]:
     """Every commit of the table after `version`, oldest first (any writer's); [] while there is no table.
     A table now older than `version` was deleted and created again: all its commits are new."""
     try:
-        table = DeltaTable(path, without_files=True)
+        table = DeltaTable(path)
     except TableNotFoundError:
         return []
     newest = table.version()
