@@ -203,8 +203,25 @@ def run_tasks(spark, ctx: TaskContext) -> TaskResults:
     try:
         rows = frame.collect()
     except Exception as err:  # Spark wraps executor errors: surface ours as one line
+        wait_for_running_tasks(spark)
         raise _executor_error(err) from None
     return parse_results(row.asDict() for row in rows)
+
+
+def wait_for_running_tasks(spark, timeout: float = 30.0) -> None:
+    """A failed job returns while its other tasks are still being killed, and a Python worker may still be
+    writing a data file then: the attempt's clean-up, which runs next, waits until no task runs and
+    Spark's grace for stopping a worker (spark.python.task.killTimeout) has passed."""
+    session = session_of(spark)
+    try:
+        tracker = session.sparkContext._jsc.sc().statusTracker()
+        grace = float(session.conf.get("spark.python.task.killTimeout", "2s").rstrip("s") or 2)
+    except Exception:  # noqa: BLE001 - not a classic session (Spark Connect): nothing to wait on here
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(e.numRunningTasks() for e in tracker.getExecutorInfos()):
+        time.sleep(0.2)
+    time.sleep(grace)
 
 
 _SPARK_TYPES = {"int64": "long", "string": "string"}
