@@ -215,7 +215,7 @@ def wait_for_running_tasks(spark, timeout: float = 30.0) -> None:
     session = session_of(spark)
     try:
         tracker = session.sparkContext._jsc.sc().statusTracker()
-        grace = float(session.conf.get("spark.python.task.killTimeout", "2s").rstrip("s") or 2)
+        grace = session.sparkContext._jsc.sc().conf().getTimeAsSeconds("spark.python.task.killTimeout", "2s")
     except Exception:  # noqa: BLE001 - not a classic session (Spark Connect): nothing to wait on here
         return
     deadline = time.monotonic() + timeout

@@ -92,7 +92,7 @@ class CommitMetadata(msgspec.Struct, omit_defaults=True, frozen=True, rename={"f
     from_: Offsets = {}  # reset, restore: the ledger before
     offsets: Offsets = {}  # reset, restore: the ledger after
     restored_version: int | None = None  # restore
-    seconds: float | None = None  # ingest, backfill: from planning to the commit
+    seconds: float | None = None  # ingest: from planning to the commit
     conflicts: int = 0  # commits by others that landed first, each followed by a new decision
     lag: int | None = None  # ingest: records between the ledger and Kafka's end offsets when this batch was planned
 

@@ -68,7 +68,7 @@ def format_history(rows: list[HistoryEntry]) -> str:
     lines = [header, "-" * 80]
     for h in rows:
         meta = h.meta
-        ranges = "; ".join(f"{t}[{p}] {r[0]}-{r[1]}" for t, parts in meta.ranges.items() for p, r in parts.items())
+        ranges = ranges_text(meta.ranges)
         batch = "-" if meta.batch is None else meta.batch
         lines.append(f"{h.version:>7}  {batch!s:>5}  {meta.change:<8} {meta.records.rows:>8} "
                      f"{meta.records.quarantined:>6}  {ranges or '(no new offsets)'}")
@@ -77,6 +77,11 @@ def format_history(rows: list[HistoryEntry]) -> str:
         if meta.lost:
             lines.append(f"{'':>7}  LOST (deleted before ingest): {meta.lost}")
     return "\n".join(lines)
+
+
+def ranges_text(ranges: dict) -> str:
+    """`topic[partition] start-end; ...`: a commit's ranges as `offsetlake history` and the view show them."""
+    return "; ".join(f"{t}[{p}] {r[0]}-{r[1]}" for t, parts in ranges.items() for p, r in parts.items())
 
 
 def commits_of_task_try(pipeline: str, dag_id: str, run_id: str, try_number: int | None,

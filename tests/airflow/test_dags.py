@@ -43,13 +43,14 @@ def full_rows(cfg) -> list[dict]:
     return query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_topic, kafka_partition, kafka_offset").to_pylist()
 
 
-def test_the_dag_file_parses_into_four_dags_per_pipeline(monkeypatch, airflow_db):
+def test_the_dag_file_parses_into_five_dags_per_pipeline(monkeypatch, airflow_db):
     from airflow.dag_processing.dagbag import DagBag
     monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(REPO / "include" / "pipelines"))
+    monkeypatch.delenv("OFFSETLAKE_EXAMPLE_CONSUMERS", raising=False)  # no example consumer unless named
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
-    ids = {f"offsetlake__demo_events__{k}" for k in ("ingest", "stream", "backfill", "recovery")}
-    assert ids <= set(bag.dags)
+    kinds = ("ingest", "stream", "backfill", "recovery", "maintenance")
+    assert set(bag.dags) == {f"offsetlake__{p}__{k}" for p in ("demo_events", "demo_avro") for k in kinds}
     ingest_dag = bag.dags["offsetlake__demo_events__ingest"]
     assert ingest_dag.max_active_runs == 1 and not ingest_dag.catchup
     assert type(bag.dags["offsetlake__demo_events__backfill"].timetable).__name__ == "NullTimetable"  # manual only
@@ -225,7 +226,7 @@ def test_stream_dag_runs_for_a_bounded_time(pipeline):
     # The slack covers spark-submit's JVM start and the batch in flight at the deadline.
     assert bound <= ran < bound + 150, ran
     mine = [h for h in pipeline_commits(cfg) if h.meta.run.is_task_try(stream_dag(cfg).dag_id, dr.run_id, None)]
-    assert mine and all(h.meta.kind == "ingest" for h in mine)
+    assert mine and all(h.meta.kind == "ingest" and h.meta.run.via == "stream" for h in mine)
     assert_exactly_once(cfg)
 
 

@@ -45,6 +45,7 @@ class Snapshot:
 
 
 def snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
+    """Lag, the newest `limit` commits (none for `limit=0`) and the table's version."""
     partitions, commits, version, errors = [], [], None, []
     try:
         partitions = status(cfg)
@@ -52,7 +53,7 @@ def snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
         errors.append(f"Kafka: {_line(err)}")
     try:
         version = table_version(cfg.table_path)
-        commits = history(cfg, limit) if version is not None else []
+        commits = history(cfg, limit) if version is not None and limit else []
     except Exception as err:  # noqa: BLE001
         errors.append(f"table: {_line(err)}")
     return Snapshot(cfg, partitions, commits, version, "; ".join(errors) or None)
@@ -135,7 +136,7 @@ def prometheus_text(configs: list[PipelineConfig], totals: CommitTotals) -> byte
             last = GaugeMetricFamily("offsetlake_last_batch_duration_seconds", "The newest batch's duration",
                                      labels=["pipeline"])
             for cfg in configs:
-                snap = snapshot(cfg, limit=1)
+                snap = snapshot(cfg, limit=0)  # the counters read the commits themselves
                 up.add_metric([cfg.name], 0 if snap.error else 1)
                 for p in snap.partitions:
                     labels = [cfg.name, p.topic, str(p.partition)]

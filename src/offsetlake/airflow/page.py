@@ -71,7 +71,7 @@ PAGE = """<!doctype html>
    <td class="l" data-testid="kind">{{ h.kind }}</td><td>{{ h.batch if h.batch is not none else "-" }}</td>
    <td data-testid="rows">{{ h.rows }}</td><td data-testid="quarantined">{{ h.quarantined }}</td>
    <td>{{ h.seconds if h.seconds is not none else "" }}</td><td>{{ h.conflicts }}</td>
-   <td class="l" data-testid="ranges">{% for t, parts in h.ranges.items() %}{% for part, r in parts.items() %}{{ t }}[{{ part }}] {{ r[0] }}-{{ r[1] }}{{ "; " if not loop.last }}{% endfor %}{{ "; " if not loop.last }}{% endfor %}</td>
+   <td class="l" data-testid="ranges">{{ h.ranges_text }}</td>
    <td class="l muted">{{ h.by }}</td></tr>
  {% else %}<tr><td colspan="10" class="muted l">no commits yet</td></tr>{% endfor %}
  </table>

@@ -78,11 +78,14 @@ def _pipeline_view(name: str) -> dict:
     """Everything the page shows of one pipeline, JSON-ready."""
     from offsetlake.airflow.metrics import RECENT_COMMITS, snapshot
     from offsetlake.config import load_pipeline
+    from offsetlake.status import ranges_text
     cfg = load_pipeline(name)
     snap = snapshot(cfg)
     commits = [{"version": h.version, "time": _time(h.timestamp), "kind": h.meta.change, "batch": h.meta.batch,
                 "rows": h.meta.records.rows, "quarantined": h.meta.records.quarantined, "seconds": h.meta.seconds,
-                "conflicts": h.meta.conflicts, "ranges": h.meta.ranges, "by": h.meta.run.dag_id or h.meta.run.by}
+                "conflicts": h.meta.conflicts, "ranges": h.meta.ranges,
+                "ranges_text": ranges_text(h.meta.ranges),
+                "by": h.meta.run.dag_id or h.meta.run.by}
                for h in snap.commits[-RECENT_COMMITS:]][::-1]
     return {
         "pipeline": name, "mode": cfg.mode, "format": cfg.format.type, "topics": list(cfg.topics),
