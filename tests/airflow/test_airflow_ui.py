@@ -101,9 +101,11 @@ def test_a_downstream_dag_starts_within_minutes_of_a_stream_commit(ui):
     seed = 100
     while time.monotonic() < deadline and not streamed:  # keep the stream committing until the consumer ran for it
         for run in api.get(f"/api/v2/dags/{ui['consumer']}/dagRuns")["dag_runs"]:
+            if not run.get("start_date"):  # Airflow 3.3 answers 500 for a queued run's events (no start date)
+                continue
             events = api.get(f"/api/v2/dags/{ui['consumer']}/dagRuns/{run['dag_run_id']}/upstreamAssetEvents")
             payloads = [e["extra"]["payload"] for e in events["asset_events"]]
-            if run.get("start_date") and any(p["kind"] == "stream" for p in payloads):
+            if any(p["kind"] == "stream" for p in payloads):
                 streamed.append((run, payloads))
         seed += 1
         produce(cfg.kafka, ui["stream_topic"], 50, transactional_share=0.5, abort_share=0.2, seed=seed)
