@@ -32,7 +32,7 @@ from offsetlake.quarantine import WrittenFile, commit_quarantine
 from offsetlake.reader import OffsetRange
 from offsetlake.spark import session_of
 from offsetlake.table import open_table
-from offsetlake.tasks import RESULT_SCHEMA, TaskContext, TaskResults, parse_results, task_function
+from offsetlake.tasks import TaskContext, TaskResults, parse_results, task_function
 
 log = logging.getLogger("offsetlake.batch")
 MAX_BATCHES_PER_RUN = 100_000
@@ -198,14 +198,14 @@ def run_tasks(spark, ctx: TaskContext) -> TaskResults:
     """Run one Spark task per range; what each read and wrote, by task index."""
     if not ctx.tasks:
         return TaskResults({}, [], [], [])
-    ddl = ", ".join(f"{f.name} {_SPARK_TYPES[str(f.type)]}" for f in RESULT_SCHEMA)
-    frame = session_of(spark).range(0, len(ctx.tasks), 1, numPartitions=len(ctx.tasks)).mapInArrow(task_function(ctx), ddl)
+    n = len(ctx.tasks)
+    job = session_of(spark).sparkContext.parallelize(range(n), n).mapPartitionsWithIndex(task_function(ctx))
     try:
-        rows = frame.collect()
+        rows = job.collect()
     except Exception as err:  # Spark wraps executor errors: surface ours as one line
         wait_for_running_tasks(spark)
         raise _executor_error(err) from None
-    return parse_results(row.asDict() for row in rows)
+    return parse_results(rows)
 
 
 def wait_for_running_tasks(spark, timeout: float = 30.0) -> None:
@@ -222,9 +222,6 @@ def wait_for_running_tasks(spark, timeout: float = 30.0) -> None:
     while time.monotonic() < deadline and any(e.numRunningTasks() for e in tracker.getExecutorInfos()):
         time.sleep(0.2)
     time.sleep(grace)
-
-
-_SPARK_TYPES = {"int64": "long", "string": "string"}
 
 
 def _executor_error(err: Exception) -> Exception:

@@ -384,27 +384,20 @@ class FastDecoder:
     def decode_all(self, values: pa.ChunkedArray) -> list:
         """One decoded record per value, None where the reference parser has to decide."""
         decode = self._decode
-        out = []
-        for raw in values.to_pylist():
-            try:
-                out.append(decode(raw))
-            except (msgspec.DecodeError, TypeError):  # TypeError: a null value (tombstone)
-                out.append(None)
+        raws = values.to_pylist()
+        try:
+            out = [decode(raw) for raw in raws]  # the usual case: every value decodes
+        except (msgspec.DecodeError, TypeError):  # TypeError: a null value (tombstone)
+            out = []
+            for raw in raws:
+                try:
+                    out.append(decode(raw))
+                except (msgspec.DecodeError, TypeError):
+                    out.append(None)
         for i in _invalid_utf8(values):
             out[i] = None
         for attr, type_, required in self._coerced:
-            for i, record in enumerate(out):
-                if record is None:
-                    continue
-                value = getattr(record, attr)
-                if value is None:
-                    if required:
-                        out[i] = None
-                    continue
-                try:
-                    setattr(record, attr, _coerce(value, type_))
-                except (TypeError, ValueError, OverflowError):
-                    out[i] = None
+            _coerce_attribute(out, attr, type_, required)
         return out
 
     def from_dict(self, record: dict):
@@ -412,6 +405,29 @@ class FastDecoder:
 
     def getter(self, name: str):
         return operator.attrgetter(self._names[name])
+
+
+# ISO text, the usual form, parsed without _coerce's dispatch. A naive timestamp stays naive: Arrow stores
+# it as UTC, which is what the reference's explicit UTC means.
+_ISO_PARSERS = {"timestamp": dt.datetime.fromisoformat, "date": dt.date.fromisoformat}
+
+
+def _coerce_attribute(records: list, attr: str, type_: str, required: bool) -> None:
+    """Coerce one raw-JSON attribute of every decoded record in place; None out the records it refuses."""
+    parse = _ISO_PARSERS.get(type_)
+    for i, record in enumerate(records):
+        if record is None:
+            continue
+        value = getattr(record, attr)
+        if value is None:
+            if required:
+                records[i] = None
+            continue
+        try:
+            setattr(record, attr, parse(value) if parse is not None and value.__class__ is str
+                    else _coerce(value, type_))
+        except (TypeError, ValueError, OverflowError):
+            records[i] = None
 
 
 @functools.lru_cache(maxsize=16)

@@ -8,6 +8,7 @@ No group subscription and no commits: the Delta table is the only ledger.
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from dataclasses import dataclass
@@ -95,27 +96,31 @@ def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seco
             # consume() waits for num_messages or the timeout: asking for no more than the range can
             # still hold, with a short timeout, keeps the last call of a small range from idling.
             messages = consumer.consume(num_messages=min(chunk, rng.end - position), timeout=0.1)
-            columns = _empty_columns(headers)
-            for msg in messages:
-                err = msg.error()
-                if err is not None:
+            if any(m.error() is not None for m in messages):  # rare: the readable end, a broker away
+                for msg in messages:
+                    err = msg.error()
+                    if err is None:
+                        continue
                     position = max(position, _handle_error(err, msg, rng, position))
                     if err.code() != _KErr._PARTITION_EOF and err.str() not in transient:
                         transient.add(err.str())
                         log.warning("read of %s: %s; waiting for the broker (up to %s s)", rng, err.str(),
                                     max(stall_seconds, settings.retry_seconds))
-                    continue
-                offset = msg.offset()
-                if offset >= rng.end:
-                    position = rng.end
-                    break
-                _append(columns, msg, offset)
-                position = offset + 1
-            if columns["kafka_offset"]:
-                last_progress = time.monotonic()
-                transient.clear()
-                yield _to_batch(columns, rng, headers)
-            if position < rng.end and not messages:
+                messages = [m for m in messages if m.error() is None]
+            if messages:
+                # One column at a time, not one record at a time: the per-record Python work is what
+                # bounds a reader (offsets ascend within a partition, so `end` cuts the list once).
+                offsets = [m.offset() for m in messages]
+                cut = bisect.bisect_left(offsets, rng.end)
+                if cut < len(offsets):  # the rest belongs to the next batch
+                    messages, offsets, position = messages[:cut], offsets[:cut], rng.end
+                else:
+                    position = max(position, offsets[-1] + 1)
+                if offsets:
+                    last_progress = time.monotonic()
+                    transient.clear()
+                    yield _to_batch(messages, offsets, rng, headers)
+            elif position < rng.end:
                 # Markers and aborted records move the position without yielding anything.
                 fetched = consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset
                 if fetched > position:
@@ -142,33 +147,18 @@ def _handle_error(err, msg, rng: OffsetRange, position: int) -> int:
     return position  # transient (broker restart, leader change): librdkafka retries
 
 
-def _empty_columns(headers: bool) -> dict[str, list]:
-    columns = {"key": [], "value": [], "kafka_offset": [], "kafka_timestamp": []}
-    if headers:
-        columns["headers"] = []
-    return columns
-
-
-def _append(columns: dict[str, list], msg, offset: int) -> None:
-    columns["key"].append(msg.key())
-    columns["value"].append(msg.value())
-    columns["kafka_offset"].append(offset)
-    ts_type, ts = msg.timestamp()
-    columns["kafka_timestamp"].append(ts if ts_type and ts >= 0 else None)
-    if "headers" in columns:
-        columns["headers"].append(msg.headers() or [])  # [(name, bytes | None)]
-
-
-def _to_batch(columns: dict[str, list], rng: OffsetRange, headers: bool) -> pa.RecordBatch:
-    n = len(columns["kafka_offset"])
+def _to_batch(messages: list, offsets: list[int], rng: OffsetRange, headers: bool) -> pa.RecordBatch:
+    n = len(offsets)
+    keys = [m.key() for m in messages]
+    stamps = [m.timestamp() for m in messages]
     arrays = [
-        pa.array(columns["key"], pa.binary()),
-        pa.array(columns["value"], pa.binary()),
+        pa.nulls(n, pa.binary()) if keys.count(None) == n else pa.array(keys, pa.binary()),
+        pa.array([m.value() for m in messages], pa.binary()),
         pa.repeat(pa.scalar(rng.topic, pa.string()), n),
         pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
-        pa.array(columns["kafka_offset"], pa.int64()),
-        pa.array(columns["kafka_timestamp"], pa.timestamp("ms", tz="UTC")),
+        pa.array(offsets, pa.int64()),
+        pa.array([ts if kind and ts >= 0 else None for kind, ts in stamps], pa.timestamp("ms", tz="UTC")),
     ]
-    if headers:
-        arrays.append(pa.array(columns["headers"], HEADERS_FIELD.type))
+    if headers:  # every header, in order: [(name, bytes | None)]
+        arrays.append(pa.array([m.headers() or [] for m in messages], HEADERS_FIELD.type))
     return pa.record_batch(arrays, schema=message_schema(headers))

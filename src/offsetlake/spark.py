@@ -19,6 +19,8 @@ DEFAULTS = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
     "spark.python.worker.reuse": "true",
+    # Workers that do not re-read pyspark.zip before every task (see offsetlake/spark_daemon.py).
+    "spark.python.daemon.module": "offsetlake.spark_daemon",
     "spark.log.level": "WARN",
 }
 LOOPBACK = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}

@@ -57,6 +57,9 @@ from offsetlake.table import open_table
 from offsetlake.tasks import TaskContext
 
 REPO = Path(__file__).resolve().parents[2]
+# Shares of the same run's raw read before the speed work (issue 15), `make bench` at 0b95b7c on the
+# 2-core machine the targets were set on: the targets are twice these.
+BEFORE = {"raw": 0.391, "json": 0.253}
 RESULTS = Path(__file__).with_name("results.json")
 ACTIONS = ("view", "click", "add_to_cart", "purchase", "refund")
 
@@ -564,29 +567,54 @@ def main() -> None:
 
     overhead = eo_s / plain_s - 1
     direct = (eo["bookkeeping"] - eo["plain_commit"]) / plain_s
-    print(f"\nexactly-once bookkeeping over a plain append (target <= 3%): {overhead:+.1%} end to end (medians; "
-          f"noise here is 10-20%), {direct:+.1%} timed directly: {eo['bookkeeping']:.3f}s of ledger, verdict, "
-          f"txn commit and clean-up against {eo['plain_commit']:.3f}s for the plain commit, per {n_eo:,}-record batch")
-    print(f"targets: raw format {rows[2][4]:.1%} of raw read (>= 30%), json {rows[3][4]:.1%} (>= 17%)")
-    avro_vs_json = (n_avro / avro_s) / (n_json / json_s)
-    print(f"target: avro ingest at least as fast as json ingest of the same events: {avro_vs_json:.2f}x "
-          f"({'met' if avro_vs_json >= 1 else 'NOT met'})")
+    print(f"\nexactly-once bookkeeping, per {n_eo:,}-record batch: {eo['bookkeeping']:.3f}s of ledger, verdict, txn "
+          f"commit and clean-up against {eo['plain_commit']:.3f}s for the plain commit; end to end {overhead:+.1%} "
+          f"(medians of 5; one run to the next varies by 10-20% here)")
     if latencies:
-        print(f"stream: Kafka commit -> Delta commit median {statistics.median(latencies):.2f}s, "
-              f"max {max(latencies):.2f}s over {len(latencies)} transactions (target < 2s); "
-              f"median time between committed batches {statistics.median(batch_seconds) if batch_seconds else 0:.2f}s")
+        print(f"stream: median time between committed batches "
+              f"{statistics.median(batch_seconds) if batch_seconds else 0:.2f}s")
     print(f"peak memory during the {args.records:,} ingest (MB): {mem_1m.by_role()}")
-    print_airflow(out["airflow"])
     if scale:
-        rate_1m, rate_scale = rows[2][3], rows[-1][3]
-        print(f"scale: {args.scale_records:,} records at {rate_scale:.0f} rec/s = {rate_scale / rate_1m:.0%} of the "
-              f"{args.records:,} run (target >= 85%); peak memory (MB): {scale[4]}")
+        print(f"scale: {args.scale_records:,} records, peak memory (MB): {scale[4]}")
     print("largest fetch response for a read from offset 0 asking for at most 1 MiB (fetch.max.bytes): "
           + ", ".join(f"{n:,}-record topic {size / 2**20:.0f} MiB" for n, size in fetch_bytes.items())
           + " (a broker that honours fetch.max.bytes answers with at most 1 MiB)")
+
+    raw_share, json_share = rows[2][4], rows[3][4]
+    avro_vs_json = (n_avro / avro_s) / (n_json / json_s)
+    idle, commit = (statistics.median(out["airflow"][k]) for k in ("idle_run_seconds", "small_batch_commit_seconds"))
+    targets = [
+        (f"raw format {raw_share:.1%} of the raw read", f">= {2 * BEFORE['raw']:.1%} (2x {BEFORE['raw']:.1%} before)",
+         raw_share >= 2 * BEFORE["raw"]),
+        (f"json format {json_share:.1%} of the raw read",
+         f">= {2 * BEFORE['json']:.1%} (2x {BEFORE['json']:.1%} before)", json_share >= 2 * BEFORE["json"]),
+        (f"avro ingest {avro_vs_json:.2f}x the json ingest of the same events", ">= 1.00x", avro_vs_json >= 1),
+        (f"first ingest of a session {cold_s:.2f}s against {rawfmt_s:.2f}s warm ({cold_s / rawfmt_s - 1:+.0%})",
+         "within +20%", cold_s <= 1.2 * rawfmt_s),
+        (f"exactly-once bookkeeping {direct:+.1%} of a plain append's batch, timed directly", "<= 3%", direct <= 0.03),
+        (f"stream latency, Kafka commit -> Delta commit: median {statistics.median(latencies):.2f}s, max "
+         f"{max(latencies):.2f}s over {len(latencies)}" if latencies else "stream latency: no sample", "median < 2s",
+         bool(latencies) and statistics.median(latencies) < 2),
+        (f"airflow: ingest run with nothing to do, trigger -> run end, median {idle:.1f}s", "< 10s", idle < 10),
+        (f"airflow: triggered 1,000-record batch, trigger -> Delta commit, median {commit:.1f}s", "< 30s", commit < 30),
+    ]
+    if scale:
+        rate_1m, rate_scale = rows[2][3], rows[-1][3]
+        worker_1m, worker_scale = (m["python worker (largest)"] for m in (mem_1m.by_role(), scale[4]))
+        targets += [
+            (f"scale: {args.scale_records:,} records at {rate_scale / rate_1m:.0%} of the {args.records:,} run's rate",
+             ">= 85%", rate_scale >= 0.85 * rate_1m),
+            (f"scale: largest Python worker {worker_scale:.0f} MB at {args.scale_records:,} records, "
+             f"{worker_1m:.0f} MB at {args.records:,} (same max_records_per_task)", "<= 1.5x (bounded by the task)",
+             worker_scale <= 1.5 * worker_1m),
+        ]
+    print("\ntargets:")
+    for measured, target, met in targets:
+        print(f"  {'met    ' if met else 'NOT met'}  {measured}  (target {target})")
     out.update({
         "rows": [dict(zip(("measure", "records", "seconds", "rate", "ratio"), r)) for r in rows],
         "exactly_once_overhead": overhead, "exactly_once_overhead_direct": direct, "exactly_once_seconds": eo,
+        "targets": [{"measured": m, "target": t, "met": bool(ok)} for m, t, ok in targets],
         "stream_latency_seconds": latencies,
         "stream_batch_interval_seconds": batch_seconds, "peak_memory_mb": mem_1m.by_role(),
         "scale_peak_memory_mb": scale[4] if scale else None, "largest_fetch_response_bytes": fetch_bytes,
