@@ -1,7 +1,8 @@
 """`make bench`: offsetlake ingest throughput next to the raw Kafka read rate, measured in one run.
 
-Not collected by pytest. Prints a table and writes tests/benchmarks/results.json.
-Rates are compared as ratios within the run because this machine is shared.
+Not collected by pytest. Prints a table, then every target with `met` or `NOT met`, and writes
+tests/benchmarks/results.json. Rates are compared as ratios within the run because this machine
+is shared; the raw and json targets are twice their share before the speed work (BEFORE).
 
   raw read            one confluent-kafka consumer, read_committed, the whole topic: the anchor
   first ingest        the raw ingest right after the session starts, which also forks Spark's
