@@ -21,7 +21,6 @@ from offsetlake.commit import (AttemptFiles, Change, Committed, Settled, add_act
                                new_attempt_id, verdict)
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, TableError, TableMissing
-from offsetlake.files import DataFile
 from offsetlake.evolution import Incompatible, adds_columns, merge_schema, plain_schema
 from offsetlake.formats import initial_table_schema, table_schema
 from offsetlake.kafka import TP, KafkaCluster

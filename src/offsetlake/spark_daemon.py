@@ -1,17 +1,19 @@
-"""Spark's Python daemon (`spark.python.daemon.module`), started without Spark's own zip archives on sys.path.
+"""Spark's Python daemon (`spark.python.daemon.module`), started without Spark's own archives on sys.path.
 
-Spark puts `pyspark.zip` and `py4j-*-src.zip` first on every Python worker's path, and before each task
-the worker calls `importlib.invalidate_caches()`, which makes every zip importer read its archive's whole
-directory again (1,328 entries in pyspark.zip, thousands of classes in the spark-core jar): about
-0.15 s per task, measured with py-spy, the largest cost of a warm batch after reading Kafka. Where pyspark is installed in this Python (pip, as
-offsetlake requires), the archives hold the same code, so the daemon and the workers it forks import
-pyspark from the installation and no zip importer is left to re-read. Where it is not, nothing changes.
+Spark puts `pyspark.zip`, `py4j-*-src.zip` and the spark-core jar first on every Python worker's path,
+and before each task the worker calls `importlib.invalidate_caches()`, which makes every zip importer
+read its archive's whole directory again (1,328 entries in pyspark.zip, thousands of classes in the
+jar): about 0.15 s per task, measured with py-spy, the largest cost of a warm batch after reading Kafka.
+Where pyspark is installed in this Python (pip, as offsetlake requires), the archives hold the same
+code, so the daemon and the workers it forks import pyspark from the installation and no zip importer
+is left to re-read. Where it is not, nothing changes.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
 import sys
+
 
 def _is_spark_archive(entry: str) -> bool:
     """pyspark.zip, py4j-*-src.zip, and the spark-core jar Spark adds too (SparkContext.jarOfObject)."""
@@ -20,7 +22,7 @@ def _is_spark_archive(entry: str) -> bool:
 
 
 def drop_spark_archives() -> None:
-    """Leave Spark's zips off sys.path when pyspark and py4j import without them."""
+    """Leave Spark's archives off sys.path when pyspark and py4j import without them."""
     kept = [entry for entry in sys.path if not _is_spark_archive(entry)]
     if len(kept) == len(sys.path):
         return
