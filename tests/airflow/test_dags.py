@@ -166,6 +166,7 @@ def test_backfill_form_type_errors_are_rejected_at_trigger(pipeline, conf):
     conf = json.loads(json.dumps(conf).replace("TOPIC", topic))
     with pytest.raises(ParamValidationError):
         backfill_dag(cfg).test(run_conf=conf)
+    assert not DeltaTable.is_deltatable(cfg.table_path)  # refused before anything ran: nothing written
 
 
 @pytest.mark.parametrize("reason", ["x; rm -rf /", "../../etc/passwd", "$(whoami)", "a\nb"])
@@ -177,6 +178,7 @@ def test_recovery_reason_with_shell_or_path_is_rejected(pipeline, reason):
     state, tasks = run(recovery_dag(cfg), conf)
 
     assert state == "failed" and tasks["validate"] == "failed" and tasks["recovery"] == "upstream_failed"
+    assert not DeltaTable.is_deltatable(cfg.table_path)  # no reset was committed
 
 
 def test_recovery_dag_audits_and_repairs_injected_damage(spark, pipeline):
