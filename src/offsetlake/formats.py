@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from offsetlake import arrow_json
 from offsetlake.config import (HEADERS_COLUMN, KEY_COLUMN, LINEAGE_COLUMNS, REGISTRY_FORMATS, UNKNOWN_FIELDS_COLUMN,
                                KeyFormat, PipelineConfig, SchemaField)
 from offsetlake.evolution import Incompatible, merge_type
@@ -166,8 +167,44 @@ class BadRecord(ValueError):
     pass
 
 
+# Records per call to Arrow's JSON reader: one bad record sends only its chunk record by record.
+ARROW_JSON_CHUNK = 8192
+
+
 def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa.Array | None, pa.Table]:
-    """(payload columns of the good records, their positions in `messages` (None: all), quarantine rows)."""
+    """(payload columns of the good records, their positions in `messages` (None: all), quarantine rows).
+    Chunks whose records are all good go through Arrow's JSON reader (`arrow_json`), the rest record by
+    record; `keep` (undeclared fields kept as text) goes record by record."""
+    if cfg.format.unknown_fields == "keep":
+        return _convert_json_records(cfg, messages)
+    fields = cfg.format.schema_
+    schema = pa.schema([pa.field(f.name, ARROW_TYPES[f.type]) for f in fields])
+    values = messages.column("value")
+    payloads, positions, quarantines, all_good = [], [], [], True
+    for start in range(0, messages.num_rows, ARROW_JSON_CHUNK):
+        chunk = values.slice(start, ARROW_JSON_CHUNK).combine_chunks()
+        columns = arrow_json.read_columns(fields, chunk, _coerce)
+        if columns is not None:
+            payloads.append(pa.Table.from_arrays(columns, schema=schema))
+            positions.append(pa.array(range(start, start + len(chunk)), pa.int64()))
+            continue
+        payload, good, bad = _convert_json_records(cfg, messages.slice(start, ARROW_JSON_CHUNK))
+        payloads.append(payload)
+        if good is None:
+            good = pa.array(range(len(chunk)), pa.int64())
+        else:
+            all_good = False
+        positions.append(pc.add(good, start))
+        quarantines.append(bad)
+    if not payloads:
+        return schema.empty_table(), None, QUARANTINE_SCHEMA.empty_table()
+    good_rows = None if all_good else pa.concat_arrays(positions)
+    quarantine = pa.concat_tables(quarantines) if quarantines else QUARANTINE_SCHEMA.empty_table()
+    return pa.concat_tables(payloads), good_rows, quarantine
+
+
+def _convert_json_records(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa.Array | None, pa.Table]:
+    """`_convert_json` one record at a time: msgspec's decoder, the reference parser for what it refuses."""
     fields = cfg.format.schema_
     keep_unknown = cfg.format.unknown_fields == "keep"
     # The fast decoder drops undeclared fields, so `keep` goes through the reference parser only.

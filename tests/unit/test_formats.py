@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 from offsetlake.config import parse_pipeline
 from offsetlake.files import delta_stats, write_files
-from offsetlake.formats import (ARROW_TYPES, QUARANTINE_SCHEMA, BadRecord, FastDecoder, _parse_record, convert,
+from offsetlake import arrow_json, formats
+from offsetlake.formats import (ARROW_TYPES, QUARANTINE_SCHEMA, BadRecord, FastDecoder, _coerce, _parse_record, convert,
                                 table_schema)
 from offsetlake.reader import MESSAGE_SCHEMA
 
@@ -143,8 +144,10 @@ def test_null_keys_are_kept_and_null_values_are_tombstones():
     assert bad.column("error").to_pylist() == ["value is null (tombstone)"]
 
 
-# The fast JSON decoder (msgspec) must agree with the reference parser on every value: same verdict,
-# same row. Values are built from fragments chosen to sit on the edges where JSON parsers differ.
+# The fast JSON paths (Arrow's reader for chunks of good records, msgspec record by record) must agree
+# with the reference parser on every value: same verdict, same row. Values are built from fragments
+# chosen to sit on the edges where JSON parsers differ. A chunk with one bad record goes record by
+# record, so each value is also converted alone: that is where Arrow's reader decides it.
 EVERY_TYPE = {"type": "json", "schema": [
     {"name": "s", "type": "string", "required": True}, {"name": "l", "type": "long"}, {"name": "i", "type": "int"},
     {"name": "d", "type": "double"}, {"name": "f", "type": "float"}, {"name": "b", "type": "boolean"},
@@ -159,7 +162,10 @@ EDGE_VALUES = [
     '"2026-01-02T03:04:05Z"', '"2026-01-02 03:04:05.123456"', '"2026-01-02T03:04:05.123+02:00"',
     '"2026-01-02T03:04:05.1234567Z"', '"2026-02-30T00:00:00Z"', '"2026-01-02t03:04:05z"', '"20260102T030405"',
     '"2026-01-02T24:00:00"', "1700000000000", "1.7e12", '"2026-01-02"', '"20260102"', '"2026-W01-1"',
-    '"aGVsbG8="', '"aGVsbG8"', '"not base64!"',
+    '"aGVsbG8="', '"aGVsbG8"', '"not base64!"', '"0000-01-01T00:00:00Z"', '"0001-01-01T00:00:00Z"',
+    '"2026-00-10T00:00:00Z"', '"2026-01-02T03:04:05+25:00"', '"2026-01-02T03:04:05+23:59"', '"2026-01-02T03:04"',
+    '"2026-01-02T03:04:05+0200"', '"2026-01-02T03:04:05.5-00:30"', '" 2026-01-02T03:04:05Z"', "3.4028235e38", "1e39",
+    '"2026-01-02T03:04:05Z", "l": 1',
 ]
 VALID = {"s": '"a"', "l": "1", "i": "2", "d": "2.5", "f": "0.1", "b": "true", "t": '"2026-01-02T03:04:05Z"',
          "dt": '"2026-01-02"', "bin": '"aGk="', "class": '"c"'}
@@ -184,6 +190,12 @@ def json_values(draw):
 
 
 def assert_fast_path_agrees_with_reference(values):
+    for value in values:
+        assert_chunk_agrees_with_reference([value])
+    return assert_chunk_agrees_with_reference(values)
+
+
+def assert_chunk_agrees_with_reference(values):
     cfg = pipeline(EVERY_TYPE)
     rows, bad = convert(cfg, messages(values))
     fields = cfg.format.schema_
@@ -196,7 +208,7 @@ def assert_fast_path_agrees_with_reference(values):
     assert rows.column("kafka_offset").to_pylist() == [o for o, _ in expected]
     for f in fields:
         want = pa.array([r[f.name] for _, r in expected], ARROW_TYPES[f.type])
-        assert rows.column(f.name).combine_chunks().equals(want), f.name
+        assert rows.column(f.name).combine_chunks().equals(want), (f.name, values)
     assert list(zip(bad.column("kafka_offset").to_pylist(), bad.column("error").to_pylist())) == expected_bad
     return rows.num_rows
 
@@ -226,3 +238,30 @@ def test_fast_json_decoder_takes_ordinary_records_itself():
     ordinary = b'{"s":"a","l":1,"d":2.5,"t":"2026-01-02T03:04:05Z","dt":"2026-01-02","bin":"aGk=","class":"c"}'
     decoded = decoder.decode_all(pa.chunked_array([pa.array([ordinary, b'{"s":1,"dt":"2026-01-02"}'])]))
     assert decoded[0] is not None and decoded[1] is None
+
+
+def test_arrow_json_reader_takes_chunks_of_ordinary_records_itself():
+    """Guards the tests above: Arrow's reader really decides chunks of good records, in every form of
+    timestamp it reads itself, and hands a chunk with one bad record back."""
+    fields = pipeline(EVERY_TYPE).format.schema_
+    ordinary = [b'{"s":"a","l":1,"d":2.5,"t":"2026-01-02T03:04:05Z","dt":"2026-01-02","bin":"aGk=","class":"c"}',
+                b' {"s":"b","f":0.1,"b":false,"t":"2026-01-02T03:04:05.123+02:00","dt":"2026-01-03"}\t']
+    naive = [b'{"s":"a","t":"2026-01-02 03:04:05.5","dt":"2026-01-02"}']
+    for values in (ordinary, naive):
+        assert arrow_json.read_columns(fields, pa.array(values, pa.binary()), _coerce) is not None
+    columns = arrow_json.read_columns(fields, pa.array(ordinary + naive, pa.binary()), _coerce)
+    assert columns is not None and columns[6].to_pylist()[2] == dt.datetime(2026, 1, 2, 3, 4, 5, 500000, dt.timezone.utc)
+    for bad in (b'{"s":1,"dt":"2026-01-02"}', b'{"s":"a"}', b'{"s":"a","dt":"2026-01-02","d":NaN}',
+                b'{"s":"a","dt":"2026-01-02"}{"s":"a","dt":"2026-01-02"}', b" ", None):
+        assert arrow_json.read_columns(fields, pa.array(ordinary + [bad], pa.binary()), _coerce) is None, bad
+
+
+def test_a_bad_record_sends_only_its_chunk_record_by_record(monkeypatch):
+    monkeypatch.setattr(formats, "ARROW_JSON_CHUNK", 3)
+    good = b'{"s":"a","dt":"2026-01-02","l":%d}'
+    values = [good % i for i in range(4)] + [b'{"s":"a","dt":"2026-01-02","l":"x"}'] + [good % i for i in range(5, 9)]
+    decided = []
+    real = formats._convert_json_records
+    monkeypatch.setattr(formats, "_convert_json_records", lambda cfg, msgs: decided.append(msgs.num_rows) or real(cfg, msgs))
+    assert assert_chunk_agrees_with_reference(values) == 8
+    assert decided == [3]  # rows 3 to 5, the chunk holding the bad record
