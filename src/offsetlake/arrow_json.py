@@ -36,12 +36,11 @@ _YEAR = r"(?:[1-9]\d{3}|0[1-9]\d{2}|00[1-9]\d|000[1-9])"
 _CLOCK = _YEAR + r"-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?"
 _AWARE = "^" + _CLOCK + r"(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)$"
 _NAIVE = "^" + _CLOCK + "$"  # naive means UTC, as in the reference
-UTC_MICROS = pa.timestamp("us", tz="UTC")
 
 
-def read_columns(fields: list[SchemaField], values: pa.Array, coerce) -> list[pa.Array] | None:
-    """The declared columns of `values` (binary JSON texts), or None: decide these record by record.
-    `coerce(value, type)` is the reference's conversion of one JSON value."""
+def read_columns(fields: list[SchemaField], values: pa.Array, schema: pa.Schema, coerce) -> list[pa.Array] | None:
+    """The declared columns of `values` (binary JSON texts) as `schema` types them, or None: decide these
+    record by record. `coerce(value, type)` is the reference's conversion of one JSON value."""
     if len(values) == 0 or values.null_count:
         return None
     try:
@@ -52,19 +51,19 @@ def read_columns(fields: list[SchemaField], values: pa.Array, coerce) -> list[pa
     if not (pc.all(pc.starts_with(trimmed, "{")).as_py() and pc.all(pc.ends_with(trimmed, "}")).as_py()):
         return None
     document = _lines(values)
-    schema = pa.schema([(f.name, _PARSED_AS[f.type]) for f in fields])
+    parsed_as = pa.schema([(f.name, _PARSED_AS[f.type]) for f in fields])
     try:
         table = pj.read_json(
             pa.BufferReader(document),
             read_options=pj.ReadOptions(use_threads=False, block_size=max(len(document), 1 << 16)),
-            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"))
+            parse_options=pj.ParseOptions(explicit_schema=parsed_as, unexpected_field_behavior="ignore"))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
         return None
     if table.num_rows != len(values):
         return None
     columns = []
     for f in fields:
-        column = _finish(table.column(f.name).combine_chunks(), f.type, coerce)
+        column = _finish(table.column(f.name).combine_chunks(), f.type, schema.field(f.name).type, coerce)
         if column is None or (f.required and column.null_count):
             return None
         columns.append(column)
@@ -79,32 +78,32 @@ def _lines(values: pa.Array) -> pa.Buffer:
     return data[int(bounds[0]):int(bounds[-1])]
 
 
-def _finish(column: pa.Array, type_: str, coerce) -> pa.Array | None:
+def _finish(column: pa.Array, type_: str, target: pa.DataType, coerce) -> pa.Array | None:
+    """`column` as parsed (`_PARSED_AS`) to `target`, the declared type's Arrow type; None: not here."""
     if type_ in ("double", "float"):
         if pc.any(pc.invert(pc.is_finite(column))).as_py():  # NaN or Infinity: the reference refuses them
             return None
-        return column.cast(pa.float32()) if type_ == "float" else column
+        return column.cast(target)
     if type_ == "timestamp":
-        return _timestamps(column, coerce)
+        return _timestamps(column, target, coerce)
     if type_ in ("date", "binary"):
-        return _by_reference(column, type_, coerce)
+        return _by_reference(column, type_, target, coerce)
     return column
 
 
-def _timestamps(column: pa.Array, coerce) -> pa.Array | None:
+def _timestamps(column: pa.Array, target: pa.DataType, coerce) -> pa.Array | None:
     try:
         if pc.all(pc.match_substring_regex(column, _AWARE)).as_py() is not False:
-            return column.cast(UTC_MICROS)
+            return column.cast(target)
         if pc.all(pc.match_substring_regex(column, _NAIVE)).as_py() is not False:
-            return column.cast(pa.timestamp("us")).cast(UTC_MICROS)
+            return column.cast(pa.timestamp(target.unit)).cast(target)
     except pa.ArrowInvalid:  # matched the pattern but is no date (February 30th): the reference words it
         return None
-    return _by_reference(column, "timestamp", coerce)
+    return _by_reference(column, "timestamp", target, coerce)
 
 
-def _by_reference(column: pa.Array, type_: str, coerce) -> pa.Array | None:
+def _by_reference(column: pa.Array, type_: str, target: pa.DataType, coerce) -> pa.Array | None:
     try:
-        return pa.array([None if v is None else coerce(v, type_) for v in column.to_pylist()],
-                        UTC_MICROS if type_ == "timestamp" else {"date": pa.date32(), "binary": pa.binary()}[type_])
+        return pa.array([None if v is None else coerce(v, type_) for v in column.to_pylist()], target)
     except (TypeError, ValueError, OverflowError):
         return None

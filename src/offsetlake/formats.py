@@ -180,27 +180,23 @@ def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa
     fields = cfg.format.schema_
     schema = pa.schema([pa.field(f.name, ARROW_TYPES[f.type]) for f in fields])
     values = messages.column("value")
-    payloads, positions, quarantines, all_good = [], [], [], True
+    payloads, kept, quarantines = [], [], [QUARANTINE_SCHEMA.empty_table()]
     for start in range(0, messages.num_rows, ARROW_JSON_CHUNK):
         chunk = values.slice(start, ARROW_JSON_CHUNK).combine_chunks()
-        columns = arrow_json.read_columns(fields, chunk, _coerce)
+        columns = arrow_json.read_columns(fields, chunk, schema, _coerce)
         if columns is not None:
             payloads.append(pa.Table.from_arrays(columns, schema=schema))
-            positions.append(pa.array(range(start, start + len(chunk)), pa.int64()))
+            kept.append((start, len(chunk), None))
             continue
         payload, good, bad = _convert_json_records(cfg, messages.slice(start, ARROW_JSON_CHUNK))
         payloads.append(payload)
-        if good is None:
-            good = pa.array(range(len(chunk)), pa.int64())
-        else:
-            all_good = False
-        positions.append(pc.add(good, start))
+        kept.append((start, len(chunk), good))
         quarantines.append(bad)
-    if not payloads:
-        return schema.empty_table(), None, QUARANTINE_SCHEMA.empty_table()
-    good_rows = None if all_good else pa.concat_arrays(positions)
-    quarantine = pa.concat_tables(quarantines) if quarantines else QUARANTINE_SCHEMA.empty_table()
-    return pa.concat_tables(payloads), good_rows, quarantine
+    good_rows = None  # every record good, the usual case: no positions built
+    if any(good is not None for _, _, good in kept):
+        good_rows = pa.concat_arrays([pa.array(np.arange(start, start + n), pa.int64()) if good is None
+                                      else pc.add(good, start) for start, n, good in kept])
+    return pa.concat_tables(payloads or [schema.empty_table()]), good_rows, pa.concat_tables(quarantines)
 
 
 def _convert_json_records(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa.Array | None, pa.Table]:

@@ -244,16 +244,17 @@ def test_arrow_json_reader_takes_chunks_of_ordinary_records_itself():
     """Guards the tests above: Arrow's reader really decides chunks of good records, in every form of
     timestamp it reads itself, and hands a chunk with one bad record back."""
     fields = pipeline(EVERY_TYPE).format.schema_
+    schema = pa.schema([(f.name, ARROW_TYPES[f.type]) for f in fields])
     ordinary = [b'{"s":"a","l":1,"d":2.5,"t":"2026-01-02T03:04:05Z","dt":"2026-01-02","bin":"aGk=","class":"c"}',
                 b' {"s":"b","f":0.1,"b":false,"t":"2026-01-02T03:04:05.123+02:00","dt":"2026-01-03"}\t']
     naive = [b'{"s":"a","t":"2026-01-02 03:04:05.5","dt":"2026-01-02"}']
     for values in (ordinary, naive):
-        assert arrow_json.read_columns(fields, pa.array(values, pa.binary()), _coerce) is not None
-    columns = arrow_json.read_columns(fields, pa.array(ordinary + naive, pa.binary()), _coerce)
+        assert arrow_json.read_columns(fields, pa.array(values, pa.binary()), schema, _coerce) is not None
+    columns = arrow_json.read_columns(fields, pa.array(ordinary + naive, pa.binary()), schema, _coerce)
     assert columns is not None and columns[6].to_pylist()[2] == dt.datetime(2026, 1, 2, 3, 4, 5, 500000, dt.timezone.utc)
     for bad in (b'{"s":1,"dt":"2026-01-02"}', b'{"s":"a"}', b'{"s":"a","dt":"2026-01-02","d":NaN}',
                 b'{"s":"a","dt":"2026-01-02"}{"s":"a","dt":"2026-01-02"}', b" ", None):
-        assert arrow_json.read_columns(fields, pa.array(ordinary + [bad], pa.binary()), _coerce) is None, bad
+        assert arrow_json.read_columns(fields, pa.array(ordinary + [bad], pa.binary()), schema, _coerce) is None, bad
 
 
 def test_a_bad_record_sends_only_its_chunk_record_by_record(monkeypatch):
