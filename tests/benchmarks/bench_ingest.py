@@ -64,6 +64,8 @@ REPO = Path(__file__).resolve().parents[2]
 BEFORE = {"raw": 0.391, "json": 0.253}
 RESULTS = Path(__file__).with_name("results.json")
 RUNS = 3  # the raw read and the raw, json and avro ingests are medians of this many runs
+JSON_ROW = f"offsetlake ingest, json format (median of {RUNS})"
+AVRO_ROW = f"ingest, avro format, registry (median of {RUNS})"
 ACTIONS = ("view", "click", "add_to_cart", "purchase", "refund")
 
 
@@ -120,6 +122,14 @@ def produce_avro(bootstrap: str, topic: str, count: int, registry_url: str) -> f
     return send_all(bootstrap, topic, (value(i) for i in range(count)))
 
 
+def avro_events(bootstrap: str, registry_url: str, lake: Path, records: int) -> dict:
+    """The bench events in Avro on topic bench.avro; returns the pipeline format that reads them."""
+    fmt = {"type": "avro", "registry": {"url": registry_url}}
+    ensure_topic(pipeline("bench_avro", bootstrap, "bench.avro", lake, fmt).kafka, "bench.avro", 4)
+    produce_avro(bootstrap, "bench.avro", records, registry_url)
+    return fmt
+
+
 def formats_only(records: int, work: Path) -> None:
     """Raw read, json and avro ingest of the same events, one session: the avro target is a ratio to json."""
     from offsetlake.local import schema_registry
@@ -130,9 +140,7 @@ def formats_only(records: int, work: Path) -> None:
         cfg_json = pipeline("bench_json", b.bootstrap_servers, "bench.events", lake, JSON_FORMAT)
         ensure_topic(cfg_json.kafka, "bench.events", 4)
         produce(b.bootstrap_servers, "bench.events", records)
-        avro_format = {"type": "avro", "registry": {"url": registry.url}}
-        ensure_topic(pipeline("bench_avro", b.bootstrap_servers, "bench.avro", lake, avro_format).kafka, "bench.avro", 4)
-        produce_avro(b.bootstrap_servers, "bench.avro", records, registry.url)
+        avro_format = avro_events(b.bootstrap_servers, registry.url, lake, records)
         cluster = KafkaCluster(cfg_json.kafka)
         n_raw, raw_s = median_raw_read(b.bootstrap_servers, "bench.events",
                                        cluster.end_offsets(cluster.partitions(["bench.events"]), "read_committed"))
@@ -149,8 +157,8 @@ def formats_only(records: int, work: Path) -> None:
 
 def print_formats(raw_rate: float, n_json: int, json_s: float, n_avro: int, avro_s: float) -> None:
     json_rate, avro_rate = n_json / json_s, n_avro / avro_s
-    print(f"{'offsetlake ingest, json format (median of 3)':<48} {n_json:>9} {json_s:>8.2f} {json_rate:>10.0f} {json_rate / raw_rate:>11.1%}")
-    print(f"{'ingest, avro format, registry (median of 3)':<48} {n_avro:>9} {avro_s:>8.2f} {avro_rate:>10.0f} "
+    print(f"{JSON_ROW:<48} {n_json:>9} {json_s:>8.2f} {json_rate:>10.0f} {json_rate / raw_rate:>11.1%}")
+    print(f"{AVRO_ROW:<48} {n_avro:>9} {avro_s:>8.2f} {avro_rate:>10.0f} "
           f"{avro_rate / raw_rate:>11.1%}")
     print_targets([avro_target(json_rate, avro_rate)])
 
@@ -249,18 +257,20 @@ def timed_ingest(spark, cfg) -> tuple[int, float]:
     return sum(r.records for r in results), time.perf_counter() - started
 
 
-def median_ingest(spark, bootstrap: str, topic: str, lake: Path, name: str, fmt: dict,
-                  runs: int = RUNS) -> tuple[int, float]:
-    """The median of `runs` ingests of the same records, each into a table of its own (the first is
+def median_ingest(spark, bootstrap: str, topic: str, lake: Path, name: str, fmt: dict) -> tuple[int, float]:
+    """The median of RUNS ingests of the same records, each into a table of its own (the first is
     `name`): one ingest's time here depends mostly on how busy the broker happens to be."""
-    timed = [timed_ingest(spark, pipeline(name if i == 0 else f"{name}_{i}", bootstrap, topic, lake, fmt))
-             for i in range(runs)]
-    return statistics.median(n for n, _ in timed), statistics.median(sec for _, sec in timed)
+    return _medians([timed_ingest(spark, pipeline(name if i == 0 else f"{name}_{i}", bootstrap, topic, lake, fmt))
+                     for i in range(RUNS)])
 
 
-def median_raw_read(bootstrap: str, topic: str, ends: dict, runs: int = RUNS) -> tuple[int, float]:
-    reads = [raw_read(bootstrap, topic, ends) for _ in range(runs)]
-    return statistics.median(n for n, _ in reads), statistics.median(sec for _, sec in reads)
+def median_raw_read(bootstrap: str, topic: str, ends: dict) -> tuple[int, float]:
+    return _medians([raw_read(bootstrap, topic, ends) for _ in range(RUNS)])
+
+
+def _medians(runs: list[tuple[int, float]]) -> tuple[int, float]:
+    """(records, seconds) of several runs -> the median of each."""
+    return statistics.median(n for n, _ in runs), statistics.median(sec for _, sec in runs)
 
 
 def plain_append(spark, cfg) -> tuple[int, float, float]:
@@ -535,9 +545,7 @@ def main() -> None:
         with PeakMemory() as mem_1m:
             n_rawfmt, rawfmt_s = median_ingest(spark, b.bootstrap_servers, topic, lake, "bench_raw", {"type": "raw"})
         n_json, json_s = median_ingest(spark, b.bootstrap_servers, topic, lake, "bench_json", JSON_FORMAT)
-        avro_format = {"type": "avro", "registry": {"url": registry.url}}
-        ensure_topic(pipeline("bench_avro", b.bootstrap_servers, "bench.avro", lake, avro_format).kafka, "bench.avro", 4)
-        produce_avro(b.bootstrap_servers, "bench.avro", args.records, registry.url)
+        avro_format = avro_events(b.bootstrap_servers, registry.url, lake, args.records)
         n_avro, avro_s = median_ingest(spark, b.bootstrap_servers, "bench.avro", lake, "bench_avro", avro_format)
         eo = exactly_once_overhead(
             spark, lambda name: pipeline(name, b.bootstrap_servers, topic, lake, {"type": "raw"}))
@@ -571,11 +579,12 @@ def main() -> None:
     raw_rate = n_raw / raw_s
     n_eo, eo_s, plain_s = eo["records"], eo["protocol"], eo["plain"]
     rows = [
-        ("raw read (1 consumer, median of 3)", n_raw, raw_s, raw_rate, 1.0),
+        (f"raw read (1 consumer, median of {RUNS})", n_raw, raw_s, raw_rate, 1.0),
         ("first ingest of a session, raw (workers start)", n_cold, cold_s, n_cold / cold_s, n_cold / cold_s / raw_rate),
-        ("offsetlake ingest, raw format (median of 3)", n_rawfmt, rawfmt_s, n_rawfmt / rawfmt_s, n_rawfmt / rawfmt_s / raw_rate),
-        ("offsetlake ingest, json format (median of 3)", n_json, json_s, n_json / json_s, n_json / json_s / raw_rate),
-        ("ingest, avro format, registry (median of 3)", n_avro, avro_s, n_avro / avro_s, n_avro / avro_s / raw_rate),
+        (f"offsetlake ingest, raw format (median of {RUNS})", n_rawfmt, rawfmt_s, n_rawfmt / rawfmt_s,
+         n_rawfmt / rawfmt_s / raw_rate),
+        (JSON_ROW, n_json, json_s, n_json / json_s, n_json / json_s / raw_rate),
+        (AVRO_ROW, n_avro, avro_s, n_avro / avro_s, n_avro / avro_s / raw_rate),
         ("raw format, exactly-once protocol (median of 5)", n_eo, eo_s, n_eo / eo_s, n_eo / eo_s / raw_rate),
         ("raw format, plain append (median of 5)", n_eo, plain_s, n_eo / plain_s, n_eo / plain_s / raw_rate),
         ("small batch (1,000 new records, warm)", n_small, small_s, n_small / small_s, None),
