@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from offsetlake import jvm_archive
+
 DEFAULTS_FILE = "include/spark-defaults.conf"
 DEFAULTS = {
     "spark.ui.enabled": "false",
@@ -31,8 +33,15 @@ def is_local(master: str) -> bool:
 
 
 def spark_conf(master: str) -> dict[str, str]:
-    """Settings for a job on `master`: ours, include/spark-defaults.conf, loopback bindings if local."""
-    return {**DEFAULTS, **read_defaults(), **(LOOPBACK if is_local(master) else {})}
+    """Settings for a job on `master`: ours, include/spark-defaults.conf, loopback bindings if local, and
+    the driver JVM's class archive when this machine has one (offsetlake/jvm_archive.py), before any
+    driver options of spark-defaults.conf."""
+    conf = {**DEFAULTS, **read_defaults(), **(LOOPBACK if is_local(master) else {})}
+    archive = jvm_archive.driver_java_options()
+    if archive:
+        key = "spark.driver.extraJavaOptions"
+        conf[key] = f"{archive} {conf.get(key, '')}".strip()
+    return conf
 
 
 def build_session(app_name: str, master: str | None = None, extra_conf: dict | None = None):
