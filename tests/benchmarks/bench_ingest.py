@@ -6,8 +6,10 @@ is shared; the raw and json targets are twice their share before the speed work 
 
   raw read            one confluent-kafka consumer, read_committed, the whole topic: the anchor
                       (this and the raw, json and avro ingests: medians of 3 runs, each to a new table)
-  first ingest        the raw ingest right after the session starts, which also forks Spark's
-                      Python workers and imports the task code in them (reported apart)
+  first ingest        the raw ingest right after a session starts, in a process of its own (a new JVM, as
+                      each spark-submit has): it also forks Spark's Python workers and imports the task
+                      code in them. Median of 3 such processes, each to a new table; their session
+                      start is reported apart
   ingest raw / json   offsetlake ingest from an empty table to fully committed (session start apart)
   ingest avro         the same events in Avro (Confluent wire format, schema from the embedded registry):
                       target at least the json format's rate
@@ -35,6 +37,7 @@ import os
 import random
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -262,6 +265,30 @@ def median_ingest(spark, bootstrap: str, topic: str, lake: Path, name: str, fmt:
     `name`): one ingest's time here depends mostly on how busy the broker happens to be."""
     return _medians([timed_ingest(spark, pipeline(name if i == 0 else f"{name}_{i}", bootstrap, topic, lake, fmt))
                      for i in range(RUNS)])
+
+
+def first_ingest(bootstrap: str, topic: str, lake: Path, name: str) -> dict:
+    """A new process (its own JVM) starts a session and ingests the topic into a new table `name`."""
+    out = subprocess.run([sys.executable, __file__, "--first-ingest", bootstrap, topic, str(lake), name],
+                         check=True, capture_output=True, text=True, timeout=600).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def first_ingest_here(bootstrap: str, topic: str, lake: Path, name: str) -> None:
+    """The child of `first_ingest`: prints {records, session_seconds, seconds} as its last line."""
+    started = time.perf_counter()
+    spark = build_session("offsetlake-bench-first")
+    session_seconds = time.perf_counter() - started
+    records, seconds = timed_ingest(spark, pipeline(name, bootstrap, topic, lake, {"type": "raw"}))
+    spark.stop()
+    print(json.dumps({"records": records, "session_seconds": session_seconds, "seconds": seconds}))
+
+
+def median_first_ingest(bootstrap: str, topic: str, lake: Path) -> tuple[int, float, float]:
+    """(records, seconds, session start seconds): medians of RUNS first ingests, one process each."""
+    runs = [first_ingest(bootstrap, topic, lake, f"bench_cold_{i}") for i in range(RUNS)]
+    return (statistics.median(r["records"] for r in runs), statistics.median(r["seconds"] for r in runs),
+            statistics.median(r["session_seconds"] for r in runs))
 
 
 def median_raw_read(bootstrap: str, topic: str, ends: dict) -> tuple[int, float]:
@@ -509,7 +536,13 @@ def main() -> None:
     parser.add_argument("--scale-records", type=int, default=10_000_000, help="0 skips the scale run")
     parser.add_argument("--airflow-only", action="store_true", help="only the runs through real Airflow processes")
     parser.add_argument("--formats-only", action="store_true", help="only raw read, json and avro ingest")
+    parser.add_argument("--first-ingest", nargs=4, metavar=("BOOTSTRAP", "TOPIC", "LAKE", "NAME"),
+                        help=argparse.SUPPRESS)  # the child process of median_first_ingest
     args = parser.parse_args()
+    if args.first_ingest:
+        bootstrap, topic, lake, name = args.first_ingest
+        first_ingest_here(bootstrap, topic, Path(lake), name)
+        return
     work = Path(tempfile.mkdtemp(prefix="offsetlake-bench-"))
     if args.formats_only:
         formats_only(args.records, work)
@@ -535,12 +568,10 @@ def main() -> None:
         ends = cluster.end_offsets(cluster.partitions([topic]), "read_committed")
         n_raw, raw_s = median_raw_read(b.bootstrap_servers, topic, ends)
 
-        started = time.perf_counter()
+        # The same ingest, each on a fresh table, right after a session starts in a process of its own:
+        # the first batch of a session also forks Spark's Python workers and imports the task code in them.
+        n_cold, cold_s, out["spark_session_seconds"] = median_first_ingest(b.bootstrap_servers, topic, lake)
         spark = build_session("offsetlake-bench")
-        out["spark_session_seconds"] = time.perf_counter() - started
-        # The same ingest once more, on a fresh table, right after the session starts: the first
-        # batch of a session also forks Spark's Python workers and imports the task code in them.
-        n_cold, cold_s = timed_ingest(spark, pipeline("bench_cold", b.bootstrap_servers, topic, lake, {"type": "raw"}))
 
         with PeakMemory() as mem_1m:
             n_rawfmt, rawfmt_s = median_ingest(spark, b.bootstrap_servers, topic, lake, "bench_raw", {"type": "raw"})
@@ -580,7 +611,8 @@ def main() -> None:
     n_eo, eo_s, plain_s = eo["records"], eo["protocol"], eo["plain"]
     rows = [
         (f"raw read (1 consumer, median of {RUNS})", n_raw, raw_s, raw_rate, 1.0),
-        ("first ingest of a session, raw (workers start)", n_cold, cold_s, n_cold / cold_s, n_cold / cold_s / raw_rate),
+        (f"first ingest of a session, raw (median of {RUNS})", n_cold, cold_s, n_cold / cold_s,
+         n_cold / cold_s / raw_rate),
         (f"offsetlake ingest, raw format (median of {RUNS})", n_rawfmt, rawfmt_s, n_rawfmt / rawfmt_s,
          n_rawfmt / rawfmt_s / raw_rate),
         (JSON_ROW, n_json, json_s, n_json / json_s, n_json / json_s / raw_rate),
@@ -596,7 +628,7 @@ def main() -> None:
                  ("scale: offsetlake ingest, raw format", n_scale, scale_s, n_scale / scale_s,
                   n_scale / scale_s / scale_raw_rate)]
     print(f"\nproduced {args.records} records in {out['produce_seconds']:.1f}s; "
-          f"Spark session start {out['spark_session_seconds']:.1f}s (reported apart)")
+          f"Spark session start {out['spark_session_seconds']:.1f}s (median of {RUNS} new processes, reported apart)")
     print(f"{'measure':<48} {'records':>9} {'seconds':>8} {'rec/s':>10} {'of raw read':>12}")
     for name, n, sec, rate, ratio in rows:
         print(f"{name:<48} {n:>9} {sec:>8.2f} {rate:>10.0f} {'' if ratio is None else f'{ratio:.1%}':>12}")
