@@ -8,9 +8,12 @@ is shared; the raw and json targets are twice their share before the speed work 
                       (this and the raw, json and avro ingests: medians of 3 runs, each to a new table)
   first ingest        the raw ingest right after a session starts, in a process of its own (a new JVM, as
                       each spark-submit has): it also forks Spark's Python workers and imports the task
-                      code in them. Median of 3 such processes, each to a new table; their session
-                      start is reported apart
-  ingest raw / json   offsetlake ingest from an empty table to fully committed (session start apart)
+                      code in them. Then a second, warm ingest in the same process; the target is the
+                      median over 3 such processes of first/warm (paired: a burst of the broker's own
+                      work slows both alike). Each ingest to a new table; session start reported apart
+  ingest raw / json   offsetlake ingest from an empty table to fully committed (session start apart),
+                      each right after a raw read of its own: the share is the median of the pairs'
+                      (paired: a burst of the broker's own work slows both sides alike)
   ingest avro         the same events in Avro (Confluent wire format, schema from the embedded registry):
                       target at least the json format's rate
   exactly-once cost   the same batch committed by the protocol (ledger read, verdict, txn, no
@@ -267,28 +270,52 @@ def median_ingest(spark, bootstrap: str, topic: str, lake: Path, name: str, fmt:
                      for i in range(RUNS)])
 
 
+def paired_ingest(spark, bootstrap: str, topic: str, lake: Path, name: str, fmt: dict,
+                  ends: dict) -> tuple[int, float, float]:
+    """RUNS pairs of a raw read of the topic and, right after it, an ingest of the same records into a
+    table of its own. Returns the median records, the median seconds and the median of each pair's
+    ingest rate over its raw read's: the broker's own bursts of work (up to a CPU-second, seen while
+    idle) then slow both sides of a pair alike, where shares of medians taken minutes apart swung
+    from 49% to 82% on the same code."""
+    records, seconds, shares = [], [], []
+    for i in range(RUNS):
+        n_read, read_s = raw_read(bootstrap, topic, ends)
+        n, sec = timed_ingest(spark, pipeline(name if i == 0 else f"{name}_{i}", bootstrap, topic, lake, fmt))
+        records.append(n)
+        seconds.append(sec)
+        shares.append((n / sec) / (n_read / read_s))
+    return statistics.median(records), statistics.median(seconds), statistics.median(shares)
+
+
 def first_ingest(bootstrap: str, topic: str, lake: Path, name: str) -> dict:
-    """A new process (its own JVM) starts a session and ingests the topic into a new table `name`."""
+    """A new process (its own JVM) starts a session, ingests the topic into a new table `name`, then again
+    (warm) into `name`_warm."""
     out = subprocess.run([sys.executable, __file__, "--first-ingest", bootstrap, topic, str(lake), name],
                          check=True, capture_output=True, text=True, timeout=600).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def first_ingest_here(bootstrap: str, topic: str, lake: Path, name: str) -> None:
-    """The child of `first_ingest`: prints {records, session_seconds, seconds} as its last line."""
+    """The child of `first_ingest`: prints {records, session_seconds, seconds, warm_seconds} as its last line."""
     started = time.perf_counter()
     spark = build_session("offsetlake-bench-first")
     session_seconds = time.perf_counter() - started
     records, seconds = timed_ingest(spark, pipeline(name, bootstrap, topic, lake, {"type": "raw"}))
+    _, warm_seconds = timed_ingest(spark, pipeline(f"{name}_warm", bootstrap, topic, lake, {"type": "raw"}))
     spark.stop()
-    print(json.dumps({"records": records, "session_seconds": session_seconds, "seconds": seconds}))
+    print(json.dumps({"records": records, "session_seconds": session_seconds, "seconds": seconds,
+                      "warm_seconds": warm_seconds}))
 
 
-def median_first_ingest(bootstrap: str, topic: str, lake: Path) -> tuple[int, float, float]:
-    """(records, seconds, session start seconds): medians of RUNS first ingests, one process each."""
+def median_first_ingest(bootstrap: str, topic: str, lake: Path) -> dict:
+    """Medians over RUNS processes of: records, seconds of the first ingest, session start seconds, and
+    first/warm (each process's first ingest over its own warm one)."""
     runs = [first_ingest(bootstrap, topic, lake, f"bench_cold_{i}") for i in range(RUNS)]
-    return (statistics.median(r["records"] for r in runs), statistics.median(r["seconds"] for r in runs),
-            statistics.median(r["session_seconds"] for r in runs))
+    return {"records": statistics.median(r["records"] for r in runs),
+            "seconds": statistics.median(r["seconds"] for r in runs),
+            "session_seconds": statistics.median(r["session_seconds"] for r in runs),
+            "over_warm": statistics.median(r["seconds"] / r["warm_seconds"] for r in runs),
+            "runs": runs}
 
 
 def median_raw_read(bootstrap: str, topic: str, ends: dict) -> tuple[int, float]:
@@ -570,12 +597,15 @@ def main() -> None:
 
         # The same ingest, each on a fresh table, right after a session starts in a process of its own:
         # the first batch of a session also forks Spark's Python workers and imports the task code in them.
-        n_cold, cold_s, out["spark_session_seconds"] = median_first_ingest(b.bootstrap_servers, topic, lake)
+        out["first_ingest"] = first = median_first_ingest(b.bootstrap_servers, topic, lake)
+        n_cold, cold_s, out["spark_session_seconds"] = first["records"], first["seconds"], first["session_seconds"]
         spark = build_session("offsetlake-bench")
 
         with PeakMemory() as mem_1m:
-            n_rawfmt, rawfmt_s = median_ingest(spark, b.bootstrap_servers, topic, lake, "bench_raw", {"type": "raw"})
-        n_json, json_s = median_ingest(spark, b.bootstrap_servers, topic, lake, "bench_json", JSON_FORMAT)
+            n_rawfmt, rawfmt_s, raw_share = paired_ingest(spark, b.bootstrap_servers, topic, lake, "bench_raw",
+                                                          {"type": "raw"}, ends)
+        n_json, json_s, json_share = paired_ingest(spark, b.bootstrap_servers, topic, lake, "bench_json",
+                                                   JSON_FORMAT, ends)
         avro_format = avro_events(b.bootstrap_servers, registry.url, lake, args.records)
         n_avro, avro_s = median_ingest(spark, b.bootstrap_servers, "bench.avro", lake, "bench_avro", avro_format)
         eo = exactly_once_overhead(
@@ -613,9 +643,9 @@ def main() -> None:
         (f"raw read (1 consumer, median of {RUNS})", n_raw, raw_s, raw_rate, 1.0),
         (f"first ingest of a session, raw (median of {RUNS})", n_cold, cold_s, n_cold / cold_s,
          n_cold / cold_s / raw_rate),
-        (f"offsetlake ingest, raw format (median of {RUNS})", n_rawfmt, rawfmt_s, n_rawfmt / rawfmt_s,
-         n_rawfmt / rawfmt_s / raw_rate),
-        (JSON_ROW, n_json, json_s, n_json / json_s, n_json / json_s / raw_rate),
+        (f"offsetlake ingest, raw format (median of {RUNS}, paired)", n_rawfmt, rawfmt_s, n_rawfmt / rawfmt_s,
+         raw_share),
+        (f"{JSON_ROW[:-1]}, paired)", n_json, json_s, n_json / json_s, json_share),
         (AVRO_ROW, n_avro, avro_s, n_avro / avro_s, n_avro / avro_s / raw_rate),
         ("raw format, exactly-once protocol (median of 5)", n_eo, eo_s, n_eo / eo_s, n_eo / eo_s / raw_rate),
         ("raw format, plain append (median of 5)", n_eo, plain_s, n_eo / plain_s, n_eo / plain_s / raw_rate),
@@ -648,15 +678,14 @@ def main() -> None:
           + ", ".join(f"{n:,}-record topic {size / 2**20:.0f} MiB" for n, size in fetch_bytes.items())
           + " (a broker that honours fetch.max.bytes answers with at most 1 MiB)")
 
-    raw_share, json_share = rows[2][4], rows[3][4]
     targets = [
         (f"raw format {raw_share:.1%} of the raw read", f">= {2 * BEFORE['raw']:.1%} (2x {BEFORE['raw']:.1%} before)",
          raw_share >= 2 * BEFORE["raw"]),
         (f"json format {json_share:.1%} of the raw read",
          f">= {2 * BEFORE['json']:.1%} (2x {BEFORE['json']:.1%} before)", json_share >= 2 * BEFORE["json"]),
         avro_target(n_json / json_s, n_avro / avro_s),
-        (f"first ingest of a session {cold_s:.2f}s against {rawfmt_s:.2f}s warm ({cold_s / rawfmt_s - 1:+.0%})",
-         "within +20%", cold_s <= 1.2 * rawfmt_s),
+        (f"first ingest of a session over a warm one in the same process, median of {RUNS} processes: "
+         f"{first['over_warm'] - 1:+.0%} (first {cold_s:.2f}s)", "within +20%", first["over_warm"] <= 1.2),
         (f"exactly-once bookkeeping {direct:+.1%} of a plain append's batch, timed directly", "<= 3%", direct <= 0.03),
         (f"stream latency, Kafka commit -> Delta commit: median {statistics.median(latencies):.2f}s, max "
          f"{max(latencies):.2f}s over {len(latencies)}" if latencies else "stream latency: no sample", "median < 2s",
