@@ -220,9 +220,11 @@ def _run(args) -> Run:
 
 @contextmanager
 def _spark(args, cfg: PipelineConfig, job: str):
-    """A Spark session started on first use (a run with nothing to do starts no JVM), always stopped."""
+    """A Spark session started on first use (a run with nothing to do starts no JVM), always stopped.
+    Under spark-submit, whose JVM runs already, it starts while the command plans (start_early)."""
     from offsetlake.spark import LazySession
     spark = LazySession(f"offsetlake-{job}-{cfg.name}", args.master)
+    spark.start_early()
     try:
         yield spark
     finally:
@@ -232,8 +234,8 @@ def _spark(args, cfg: PipelineConfig, job: str):
 def cmd_ingest(args) -> int:
     from offsetlake.batch import ingest
     cfg = _pipeline(args)
-    _check_reachable(cfg)
-    with _spark(args, cfg, "ingest") as spark:
+    with _spark(args, cfg, "ingest") as spark:  # under spark-submit it starts while Kafka is checked
+        _check_reachable(cfg)
         for result in ingest(spark, cfg, _run(args)):
             print(result.summary(), flush=True)
     return 0
@@ -242,11 +244,11 @@ def cmd_ingest(args) -> int:
 def cmd_stream(args) -> int:
     from offsetlake.batch import print_progress, stream
     cfg = _pipeline(args)
-    _check_reachable(cfg)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())  # finish the batch in flight, then leave
-    with _spark(args, cfg, "stream") as spark:
+    with _spark(args, cfg, "stream") as spark:  # under spark-submit it starts while Kafka is checked
+        _check_reachable(cfg)
         n = stream(spark, cfg, stop, args.interval, _run(args), max_seconds=args.max_seconds, on_batch=print_progress)
     print(f"stream stopped after {n} committed batches", flush=True)
     return 0
@@ -434,7 +436,8 @@ def cmd_recover(args) -> int:
 
 
 def _check_reachable(cfg: PipelineConfig) -> None:
-    """Fail in a second, before a Spark session starts, if Kafka or the topics are not there."""
+    """Fail in a second if Kafka or the topics are not there: before a Spark session starts (from a
+    terminal), or while one starts in the background (under spark-submit: LazySession.start_early)."""
     from offsetlake.kafka import KafkaCluster
     KafkaCluster(cfg.kafka).partitions(cfg.topics)
     if cfg.format.registry is not None:

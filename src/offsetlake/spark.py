@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 from offsetlake import jvm_archive
@@ -51,8 +52,7 @@ def build_session(app_name: str, master: str | None = None, extra_conf: dict | N
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
-    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit already set master and conf
-    if not under_submit or master:
+    if not under_spark_submit() or master:  # spark-submit already set master and conf
         master = master or os.environ.get("OFFSETLAKE_SPARK_MASTER", "local[*]")
         builder = builder.master(master)
         for key, value in spark_conf(master).items():
@@ -62,23 +62,52 @@ def build_session(app_name: str, master: str | None = None, extra_conf: dict | N
     return builder.getOrCreate()
 
 
+def under_spark_submit() -> bool:
+    """True in a driver that spark-submit started: its JVM is already running."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
 class LazySession:
     """A Spark session started on first use: a run with nothing to read never starts a JVM.
 
     `offsetlake ingest` on an up-to-date pipeline then answers in about a second
     instead of the JVM's start-up time, and a job killed while planning costs as little.
+    Under spark-submit the JVM runs already, and `start_early` starts the session in the
+    background while the driver plans (Kafka, the Delta log), so the two overlap.
     """
 
     def __init__(self, app_name: str, master: str | None = None):
         self.app_name, self.master = app_name, master
         self._session = None
+        self._starting: threading.Thread | None = None
+
+    def start_early(self) -> None:
+        """Under spark-submit, start the session in a background thread now (elsewhere: nothing; the
+        first `get` starts it). PySpark leaves SIGINT alone when its context starts off the main thread."""
+        if not under_spark_submit() or self._session is not None or self._starting is not None:
+            return
+        self._starting = threading.Thread(target=self._start, name="offsetlake-spark-start", daemon=True)
+        self._starting.start()
+
+    def _start(self) -> None:
+        try:
+            self._session = build_session(self.app_name, self.master)
+        except Exception:  # noqa: BLE001 - get() starts it again in the caller's thread, which sees the error
+            pass
+
+    def _join(self) -> None:
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
 
     def get(self):
+        self._join()
         if self._session is None:
             self._session = build_session(self.app_name, self.master)
         return self._session
 
     def stop(self) -> None:
+        self._join()
         if self._session is not None:
             self._session.stop()
             self._session = None

@@ -163,8 +163,8 @@ def formats_only(records: int, work: Path) -> None:
 
 def print_formats(raw_rate: float, n_json: int, json_s: float, n_avro: int, avro_s: float) -> None:
     json_rate, avro_rate = n_json / json_s, n_avro / avro_s
-    print(f"{JSON_ROW:<48} {n_json:>9} {json_s:>8.2f} {json_rate:>10.0f} {json_rate / raw_rate:>11.1%}")
-    print(f"{AVRO_ROW:<48} {n_avro:>9} {avro_s:>8.2f} {avro_rate:>10.0f} "
+    print(f"{JSON_ROW:<54} {n_json:>9} {json_s:>8.2f} {json_rate:>10.0f} {json_rate / raw_rate:>11.1%}")
+    print(f"{AVRO_ROW:<54} {n_avro:>9} {avro_s:>8.2f} {avro_rate:>10.0f} "
           f"{avro_rate / raw_rate:>11.1%}")
     print_targets([avro_target(json_rate, avro_rate)])
 
@@ -659,9 +659,9 @@ def main() -> None:
                   n_scale / scale_s / scale_raw_rate)]
     print(f"\nproduced {args.records} records in {out['produce_seconds']:.1f}s; "
           f"Spark session start {out['spark_session_seconds']:.1f}s (median of {RUNS} new processes, reported apart)")
-    print(f"{'measure':<48} {'records':>9} {'seconds':>8} {'rec/s':>10} {'of raw read':>12}")
+    print(f"{'measure':<54} {'records':>9} {'seconds':>8} {'rec/s':>10} {'of raw read':>12}")
     for name, n, sec, rate, ratio in rows:
-        print(f"{name:<48} {n:>9} {sec:>8.2f} {rate:>10.0f} {'' if ratio is None else f'{ratio:.1%}':>12}")
+        print(f"{name:<54} {n:>9} {sec:>8.2f} {rate:>10.0f} {'' if ratio is None else f'{ratio:.1%}':>12}")
 
     overhead = eo_s / plain_s - 1
     direct = (eo["bookkeeping"] - eo["plain_commit"]) / plain_s
