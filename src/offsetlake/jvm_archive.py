@@ -15,7 +15,7 @@ Rules kept here, each because the JVM demands it:
 - Only driver JVMs started on this host get it (PySpark's, or spark-submit's in client mode); executors on
   a cluster start their own JVMs, with their own class paths.
 
-`python -m offsetlake.jvm_archive` builds it once per machine (about 15 s; `make` does it, the Dockerfile
+`python -m offsetlake.jvm_archive` builds it once per machine (about 20 s; `make` does it, the Dockerfile
 too); `spark_conf` adds it to a session's driver options whenever it exists.
 """
 from __future__ import annotations
