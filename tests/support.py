@@ -201,6 +201,17 @@ def run_cli(*args, env: dict | None = None, timeout: float = 300, check: bool = 
     return proc
 
 
+def spark_submit(application: Path, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`spark-submit` of this Python's pyspark on local[2], bound to loopback, as the operator runs jobs."""
+    env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1",
+           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+         "--conf", "spark.driver.bindAddress=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
+         str(application), *args],
+        env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def files_containing(root: Path, needle: bytes) -> list[str]:
     """Every file under `root` whose bytes contain `needle` (a secret that must not be there)."""
     return [str(p) for p in Path(root).rglob("*") if p.is_file() and needle in p.read_bytes()]

@@ -20,7 +20,7 @@ from offsetlake.batch import ingest
 from offsetlake.local.producer import produce
 from offsetlake.table import committed_files
 from support import (REPO, assert_exactly_once, assert_quarantine_accounts_for_the_rest, data_files_on_disk,
-                    ingest_process, pipeline_commits, table_lineage, wait_while_running)
+                    ingest_process, pipeline_commits, spark_submit, table_lineage, wait_while_running)
 
 pytestmark = pytest.mark.slow
 FAULT_POINTS = ["after_plan", "after_read", "after_task_write", "after_files_written", "before_commit", "after_commit"]
@@ -118,16 +118,8 @@ def test_stream_ingests_as_records_arrive_and_stops_on_sigterm(pipeline, pipelin
 
 def test_spark_submit_runs_the_ingest_job(pipeline, pipelines_dir):
     cfg, _ = pipeline(partitions=3, records=500)
-    spark_submit = Path(sys.executable).parent / "spark-submit"
-    env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1",
-           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    proc = subprocess.run(
-        [str(spark_submit), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
-         "--conf", "spark.driver.bindAddress=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
-         str(REPO / "jobs" / "ingest.py"), "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir),
-         "--dag-id", "demo_dag", "--run-id", "manual__1", "--try-number", "2"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )
+    proc = spark_submit(REPO / "jobs" / "ingest.py", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir),
+                        "--dag-id", "demo_dag", "--run-id", "manual__1", "--try-number", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = pipeline_commits(cfg)[-1].meta.run
     assert (run.by, run.dag_id, run.run_id, run.try_number) == ("airflow", "demo_dag", "manual__1", 2)

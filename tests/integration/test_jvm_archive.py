@@ -6,7 +6,6 @@ and this test process may have one already.
 """
 from __future__ import annotations
 
-import os
 import stat
 import subprocess
 import sys
@@ -42,7 +41,7 @@ def spark_classes_loaded(log: Path) -> dict[str, int]:
 
 def run_session(tmp_path: Path, name: str) -> dict[str, int]:
     log = tmp_path / f"{name}.log"
-    subprocess.run([sys.executable, "-c", SESSION, str(log)], check=True, timeout=300, env=os.environ.copy())
+    subprocess.run([sys.executable, "-c", SESSION, str(log)], check=True, timeout=300)
     return spark_classes_loaded(log)
 
 

@@ -3,12 +3,9 @@ cannot start fails the code that asks for it, in its own thread. (From a termina
 tests/integration/test_cli.py checks that an up-to-date ingest starts no JVM.)"""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from support import spark_submit
 
 STARTS_EARLY = """
 import time
@@ -39,25 +36,20 @@ print("stopped")
 """
 
 
-def spark_submit(tmp_path: Path, script: str) -> subprocess.CompletedProcess:
+def submit_driver(tmp_path: Path, script: str):
     path = tmp_path / "driver.py"
     path.write_text(script)
-    env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1",
-           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    return subprocess.run([str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
-                           "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.bindAddress=127.0.0.1",
-                           "--conf", "spark.driver.host=127.0.0.1", str(path)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    return spark_submit(path)
 
 
 def test_under_spark_submit_the_session_starts_before_it_is_asked_for(tmp_path):
-    done = spark_submit(tmp_path, STARTS_EARLY)
+    done = submit_driver(tmp_path, STARTS_EARLY)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["context before get: True", "same context: True", "job: 6"]
 
 
 def test_a_session_that_cannot_start_raises_in_get_and_stops_cleanly(tmp_path):
-    done = spark_submit(tmp_path, FAILS_EARLY)
+    done = submit_driver(tmp_path, FAILS_EARLY)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines == ["get raised: Py4JJavaError naming the master: True", "stopped"], lines
