@@ -152,8 +152,8 @@ def formats_only(records: int, work: Path) -> None:
                                        cluster.end_offsets(cluster.partitions(["bench.events"]), "read_committed"))
         spark = build_session("offsetlake-bench")
         timed_ingest(spark, pipeline("bench_warm", b.bootstrap_servers, "bench.events", lake, {"type": "raw"}))
-        n_json, json_s = median_ingest(spark, b.bootstrap_servers, "bench.events", lake, "bench_json", JSON_FORMAT)
-        n_avro, avro_s = median_ingest(spark, b.bootstrap_servers, "bench.avro", lake, "bench_avro", avro_format)
+        n_json, json_s, _ = median_ingest(spark, b.bootstrap_servers, "bench.events", lake, "bench_json", JSON_FORMAT)
+        n_avro, avro_s, _ = median_ingest(spark, b.bootstrap_servers, "bench.avro", lake, "bench_avro", avro_format)
         spark.stop()
     finally:
         schema_registry.stop(registry.pid)
@@ -263,28 +263,24 @@ def timed_ingest(spark, cfg) -> tuple[int, float]:
     return sum(r.records for r in results), time.perf_counter() - started
 
 
-def median_ingest(spark, bootstrap: str, topic: str, lake: Path, name: str, fmt: dict) -> tuple[int, float]:
+def median_ingest(spark, bootstrap: str, topic: str, lake: Path, name: str, fmt: dict,
+                  paired_with: dict | None = None) -> tuple[int, float, float | None]:
     """The median of RUNS ingests of the same records, each into a table of its own (the first is
-    `name`): one ingest's time here depends mostly on how busy the broker happens to be."""
-    return _medians([timed_ingest(spark, pipeline(name if i == 0 else f"{name}_{i}", bootstrap, topic, lake, fmt))
-                     for i in range(RUNS)])
-
-
-def paired_ingest(spark, bootstrap: str, topic: str, lake: Path, name: str, fmt: dict,
-                  ends: dict) -> tuple[int, float, float]:
-    """RUNS pairs of a raw read of the topic and, right after it, an ingest of the same records into a
-    table of its own. Returns the median records, the median seconds and the median of each pair's
-    ingest rate over its raw read's: the broker's own bursts of work (up to a CPU-second, seen while
-    idle) then slow both sides of a pair alike, where shares of medians taken minutes apart swung
-    from 49% to 82% on the same code."""
+    `name`): one ingest's time here depends mostly on how busy the broker happens to be. Returns the
+    median records and seconds, and with `paired_with` (the topic's end offsets) the median share:
+    each ingest then runs right after a raw read of its own, and its share is its rate over that
+    read's. The broker's own bursts of work (up to a CPU-second, seen while idle) slow both sides of
+    a pair alike, where shares of medians taken minutes apart swung from 49% to 82% on the same code."""
     records, seconds, shares = [], [], []
     for i in range(RUNS):
-        n_read, read_s = raw_read(bootstrap, topic, ends)
+        n_read, read_s = raw_read(bootstrap, topic, paired_with) if paired_with else (None, None)
         n, sec = timed_ingest(spark, pipeline(name if i == 0 else f"{name}_{i}", bootstrap, topic, lake, fmt))
         records.append(n)
         seconds.append(sec)
-        shares.append((n / sec) / (n_read / read_s))
-    return statistics.median(records), statistics.median(seconds), statistics.median(shares)
+        if paired_with:
+            shares.append((n / sec) / (n_read / read_s))
+    return (statistics.median(records), statistics.median(seconds),
+            statistics.median(shares) if shares else None)
 
 
 def first_ingest(bootstrap: str, topic: str, lake: Path, name: str) -> dict:
@@ -602,12 +598,12 @@ def main() -> None:
         spark = build_session("offsetlake-bench")
 
         with PeakMemory() as mem_1m:
-            n_rawfmt, rawfmt_s, raw_share = paired_ingest(spark, b.bootstrap_servers, topic, lake, "bench_raw",
-                                                          {"type": "raw"}, ends)
-        n_json, json_s, json_share = paired_ingest(spark, b.bootstrap_servers, topic, lake, "bench_json",
-                                                   JSON_FORMAT, ends)
+            n_rawfmt, rawfmt_s, raw_share = median_ingest(spark, b.bootstrap_servers, topic, lake, "bench_raw",
+                                                          {"type": "raw"}, paired_with=ends)
+        n_json, json_s, json_share = median_ingest(spark, b.bootstrap_servers, topic, lake, "bench_json",
+                                                   JSON_FORMAT, paired_with=ends)
         avro_format = avro_events(b.bootstrap_servers, registry.url, lake, args.records)
-        n_avro, avro_s = median_ingest(spark, b.bootstrap_servers, "bench.avro", lake, "bench_avro", avro_format)
+        n_avro, avro_s, _ = median_ingest(spark, b.bootstrap_servers, "bench.avro", lake, "bench_avro", avro_format)
         eo = exactly_once_overhead(
             spark, lambda name: pipeline(name, b.bootstrap_servers, topic, lake, {"type": "raw"}))
 
