@@ -1,7 +1,10 @@
-"""offsetlake.spark_daemon in real Spark: the workers run without Spark's archives on sys.path.
+"""offsetlake's Python workers in real Spark: they run without Spark's archives on sys.path
+(offsetlake.spark_daemon), talk to their JVM over a Unix socket, and keep what they imported out of the
+collector's walk after their first task (offsetlake.tasks.freeze_long_lived_objects).
 
-Without it each task re-reads pyspark.zip's and the spark-core jar's directories (see the module);
-nothing else would notice if a Spark upgrade stopped honouring `spark.python.daemon.module`.
+Without these each task re-reads pyspark.zip's and the spark-core jar's directories, waits ~40 ms for its
+input on loopback TCP, and waits for a full collection before it starts; only timings would show it,
+so these tests look at the workers themselves.
 """
 from __future__ import annotations
 
@@ -24,6 +27,41 @@ def test_spark_workers_import_pyspark_from_the_installation_with_no_zip_importer
     assert not any(spark_daemon._is_spark_archive(p) for p in seen["path"]), seen["path"]
     assert seen["zip_importers"] == []
     assert ".zip" not in seen["pyspark"] and ".jar" not in seen["pyspark"]
+
+
+def test_workers_talk_to_their_jvm_over_a_unix_socket_only(spark):
+    def worker_sockets(index, _rows):
+        import os as worker_os
+        inodes = set()
+        for fd in worker_os.listdir("/proc/self/fd"):
+            target = worker_os.readlink(f"/proc/self/fd/{fd}") if worker_os.path.exists(f"/proc/self/fd/{fd}") else ""
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+
+        def listed(table):
+            with open(f"/proc/self/net/{table}") as f:
+                return {line.split()[9] for line in f.readlines()[1:]}
+        unix = {line.split()[6] for line in open("/proc/self/net/unix").readlines()[1:] if len(line.split()) > 6}
+        yield {"sockets": len(inodes), "unix": len(inodes & unix), "tcp": len(inodes & (listed("tcp") | listed("tcp6")))}
+
+    seen = spark.sparkContext.parallelize([0, 1], 2).mapPartitionsWithIndex(worker_sockets).collect()
+    for worker in seen:
+        assert worker["sockets"] >= 1 and worker["unix"] == worker["sockets"] and worker["tcp"] == 0, seen
+
+
+def test_a_worker_freezes_what_it_imported_after_its_first_task(spark):
+    def after_a_task(index, _rows):
+        import gc as worker_gc
+        from offsetlake.tasks import collector_paused
+        with collector_paused():
+            worker_gc.collect()  # would not run: the collector is off inside a task
+            paused = not worker_gc.isenabled()
+        yield {"paused": paused, "enabled_after": worker_gc.isenabled(), "frozen": worker_gc.get_freeze_count()}
+
+    seen = spark.sparkContext.parallelize([0, 1], 2).mapPartitionsWithIndex(after_a_task).collect()
+    for worker in seen:
+        # offsetlake.tasks, pyarrow and confluent_kafka alone hold tens of thousands of objects
+        assert worker["paused"] and worker["enabled_after"] and worker["frozen"] > 10_000, seen
 
 
 @pytest.mark.parametrize("importable", [True, False])
