@@ -26,10 +26,10 @@ from offsetlake.formats import initial_table_schema, table_schema
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.ledger import Ledger, read_ledger, txn_actions
 from offsetlake.metadata import CommitMetadata, Records, Run, flat_offsets, ranges_json
-from offsetlake.planning import BatchPlan, apply_data_loss, cap_ends, split_ranges, start_offsets
+from offsetlake.planning import BatchPlan, apply_data_loss, assign_slots, cap_ends, split_ranges, start_offsets
 from offsetlake.quarantine import WrittenFile, commit_quarantine
 from offsetlake.reader import OffsetRange
-from offsetlake.spark import session_of
+from offsetlake.spark import is_local, session_of
 from offsetlake.table import open_table
 from offsetlake.tasks import TaskContext, TaskResults, parse_results, task_function
 
@@ -194,17 +194,25 @@ def batch_metadata(plan: BatchPlan, attempt: str, records: Records, run: Run) ->
 
 
 def run_tasks(spark, ctx: TaskContext) -> TaskResults:
-    """Run one Spark task per range; what each read and wrote, by task index."""
+    """Run the tasks, one range each, in a Spark task per slot; what each read and wrote, by task index."""
     if not ctx.tasks:
         return TaskResults({}, [], [], [])
-    n = len(ctx.tasks)
-    job = session_of(spark).sparkContext.parallelize(range(n), n).mapPartitionsWithIndex(task_function(ctx))
+    context = session_of(spark).sparkContext
+    slots = assign_slots([t.size for t in ctx.tasks], task_slots(context))
+    job = context.parallelize(range(len(slots)), len(slots)).mapPartitionsWithIndex(task_function(ctx, slots))
     try:
         rows = job.collect()
     except Exception as err:  # Spark wraps executor errors: surface ours as one line
         wait_for_running_tasks(spark)
         raise _executor_error(err) from None
     return parse_results(rows)
+
+
+def task_slots(context) -> int | None:
+    """How many tasks run at once: a local master's cores (local[N]). On a cluster None, so each range
+    has a Spark task of its own: the cores there are only known once executors have registered, and
+    Spark then balances the tasks across them as they finish."""
+    return context.defaultParallelism if is_local(context.master) else None
 
 
 def wait_for_running_tasks(spark, timeout: float = 30.0) -> None:

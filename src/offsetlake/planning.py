@@ -84,9 +84,23 @@ def cap_ends(starts: dict[TP, int], ends: dict[TP, int], max_records: int) -> di
 
 
 def split_ranges(ranges: list[OffsetRange], max_per_task: int) -> list[OffsetRange]:
-    """Spark tasks: each reads one slice of one partition, at most `max_per_task` offsets."""
+    """Tasks: each reads one slice of one partition, at most `max_per_task` offsets."""
     tasks = []
     for r in ranges:
         for lo in range(r.start, r.end, max_per_task):
             tasks.append(OffsetRange(r.topic, r.partition, lo, min(lo + max_per_task, r.end)))
     return tasks
+
+
+def assign_slots(sizes: list[int], slots: int | None) -> list[list[int]]:
+    """The tasks (indexes into `sizes`, their record counts) that each of `slots` Spark tasks runs, in
+    order: the largest first, each to the slot with the fewest records so far, so the slots finish
+    together. None (slots unknown) or at least one slot per task: one task each, as Spark would."""
+    if slots is None or slots >= len(sizes):
+        return [[i] for i in range(len(sizes))]
+    load, assigned = [0] * slots, [[] for _ in range(slots)]
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        slot = min(range(slots), key=lambda s: (load[s], s))
+        load[slot] += sizes[i]
+        assigned[slot].append(i)
+    return [sorted(tasks) for tasks in assigned]

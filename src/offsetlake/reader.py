@@ -80,22 +80,63 @@ def reader_settings(settings: KafkaSettings, group: str) -> dict:
 def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seconds: float,
                chunk: int = 20_000, headers: bool = False) -> Iterator[pa.RecordBatch]:
     """Yield the records of `rng` as Arrow batches (`message_schema(headers)`), in offset order."""
-    if rng.size <= 0:
-        return
-    # In an executor nobody configured logging: librdkafka's own lines would reach stderr, one a second
-    # per consumer while a broker is away. The reader logs each distinct error once instead (below).
-    librdkafka_log.setLevel(logging.CRITICAL)
-    consumer = Consumer(reader_settings(settings, group))
-    # A broker restarting or a leader moving shows as transient errors that librdkafka retries on its
-    # own; while they last, the read may wait up to kafka.retry_seconds instead of the stall limit.
-    transient: set[str] = set()
-    try:
-        consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
+    with RangeReader(settings, group, rng, stall_seconds, chunk, headers) as reader:
+        yield from reader
+
+
+class RangeReader:
+    """The reader of one range, fetching from the moment it is made: librdkafka's threads fetch and parse
+    while the caller does other work (a task converts and writes one range while the next is fetched).
+    Iterate it once for the batches; close it (or use it as a context manager) in any case."""
+
+    def __init__(self, settings: KafkaSettings, group: str, rng: OffsetRange, stall_seconds: float,
+                 chunk: int = 20_000, headers: bool = False):
+        self.settings, self.rng, self.stall_seconds, self.chunk, self.headers = (
+            settings, rng, stall_seconds, chunk, headers)
+        self._consumer = None
+        if rng.size <= 0:
+            return
+        # In an executor nobody configured logging: librdkafka's own lines would reach stderr, one a second
+        # per consumer while a broker is away. The reader logs each distinct error once instead (below).
+        librdkafka_log.setLevel(logging.CRITICAL)
+        self._consumer = Consumer(reader_settings(settings, group))
+        try:
+            self._consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
+        except KafkaException as err:
+            self.close()
+            raise KafkaError(f"read of {rng} failed: {err.args[0].str() if err.args else err}") from None
+
+    def __enter__(self) -> "RangeReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        if self._consumer is None:
+            return
+        try:
+            yield from self._batches(self._consumer)
+        except KafkaException as err:
+            raise KafkaError(f"read of {self.rng} failed: {err.args[0].str() if err.args else err}") from None
+        finally:
+            self.close()
+
+    def _batches(self, consumer) -> Iterator[pa.RecordBatch]:
+        rng, settings, stall_seconds = self.rng, self.settings, self.stall_seconds
+        # A broker restarting or a leader moving shows as transient errors that librdkafka retries on its
+        # own; while they last, the read may wait up to kafka.retry_seconds instead of the stall limit.
+        transient: set[str] = set()
         position, last_progress = rng.start, time.monotonic()
         while position < rng.end:
             # consume() waits for num_messages or the timeout: asking for no more than the range can
             # still hold, with a short timeout, keeps the last call of a small range from idling.
-            messages = consumer.consume(num_messages=min(chunk, rng.end - position), timeout=0.1)
+            messages = consumer.consume(num_messages=min(self.chunk, rng.end - position), timeout=0.1)
             if any(m.error() is not None for m in messages):  # rare: the readable end, a broker away
                 for msg in messages:
                     err = msg.error()
@@ -119,7 +160,7 @@ def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seco
                 if offsets:
                     last_progress = time.monotonic()
                     transient.clear()
-                    yield _to_batch(messages, offsets, rng, headers)
+                    yield _to_batch(messages, offsets, rng, self.headers)
             elif position < rng.end:
                 # Markers and aborted records move the position without yielding anything.
                 fetched = consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset
@@ -129,10 +170,6 @@ def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seco
             if position < rng.end and time.monotonic() - last_progress > limit:
                 raise KafkaError(f"read of {rng} stalled at offset {position} for {limit:.0f}s "
                                  f"(broker at {settings.bootstrap_servers} unreachable or topic truncated)")
-    except KafkaException as err:
-        raise KafkaError(f"read of {rng} failed: {err.args[0].str() if err.args else err}") from None
-    finally:
-        consumer.close()
 
 
 def _handle_error(err, msg, rng: OffsetRange, position: int) -> int:

@@ -187,3 +187,23 @@ def test_bad_records_are_quarantined_and_every_record_is_accounted_for(spark, pi
 
     assert_quarantine_accounts_for_the_rest(cfg)
     assert sum(r.quarantined for r in results) > 0
+
+
+def test_more_ranges_than_cores_run_as_one_spark_task_per_core_and_stay_exact(spark, pipeline):
+    # local[2] and 6 ranges: two Spark tasks, each reading its three ranges in order and fetching the
+    # next while it writes the last (tasks.run_tasks_in_order)
+    cfg, topic = pipeline(partitions=3, batch={"max_records_per_task": 200})
+    report = produce(cfg.kafka, topic, 1200, seed=21)
+    context = spark.sparkContext
+    jobs_before = set(context.statusTracker().getJobIdsForGroup(None))
+
+    results = ingest(spark, cfg)
+
+    assert len(committed(results)) == 1
+    [job] = set(context.statusTracker().getJobIdsForGroup(None)) - jobs_before
+    [stage] = context.statusTracker().getJobInfo(job).stageIds
+    assert context.statusTracker().getStageInfo(stage).numTasks == 2
+    [commit] = pipeline_commits(cfg)
+    ranges = sum(-(-(hi - lo) // 200) for parts in commit.meta.ranges.values() for lo, hi in parts.values())
+    assert ranges >= 6 and len(DeltaTable(cfg.table_path).file_uris()) == ranges  # a file per range, none lost
+    assert assert_exactly_once(cfg) == report.committed

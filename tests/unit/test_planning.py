@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from offsetlake.errors import DataLossError
-from offsetlake.planning import BatchPlan, apply_data_loss, cap_ends, split_ranges, start_offsets
+from offsetlake.planning import BatchPlan, apply_data_loss, assign_slots, cap_ends, split_ranges, start_offsets
 from offsetlake.reader import OffsetRange
 
 A, B, C = ("t", 0), ("t", 1), ("t", 2)
@@ -59,3 +59,20 @@ def test_plan_ranges_and_commit_need():
     assert plan.needs_commit and plan.span == 10
     assert not BatchPlan("p", 1, starts={A: 5}, ends={A: 5}).needs_commit
     assert BatchPlan("p", 1, starts={A: 5}, ends={A: 5}, rewind={"restored_version": 1}).needs_commit
+
+
+def test_assign_slots_gives_each_slot_tasks_to_run_in_order_and_evens_out_the_records():
+    assert assign_slots([250, 250, 250, 250], 2) == [[0, 2], [1, 3]]
+    assert assign_slots([100, 10, 10, 80], 2) == [[0], [1, 2, 3]]
+    sizes = [5, 9, 3, 7, 1, 8]
+    slots = assign_slots(sizes, 3)
+    assert sorted(i for s in slots for i in s) == list(range(6))  # every task exactly once
+    assert all(s == sorted(s) for s in slots)
+    loads = [sum(sizes[i] for i in s) for s in slots]
+    assert max(loads) - min(loads) <= 2, loads  # 11 each at best
+
+
+def test_assign_slots_gives_each_task_its_own_slot_when_slots_are_unknown_or_enough():
+    assert assign_slots([3, 4], None) == [[0], [1]]
+    assert assign_slots([3, 4], 8) == [[0], [1]]
+    assert assign_slots([], 2) == []
