@@ -36,7 +36,21 @@ def drop_spark_archives() -> None:
         del sys.path_importer_cache[entry]
 
 
+def quiet_on_closed_socket(worker):
+    """pyspark.daemon's `worker`, returning 1 (this worker exits, as it would for any failure) instead
+    of raising when its JVM has closed the socket: a stopping session closes its idle workers' sockets,
+    and over a Unix socket (spark.py) a worker that still had bytes to flush then printed a BrokenPipe
+    traceback, in about one session stop of eight. Nobody is left to read what it had to say."""
+    def run(sock, authenticated):
+        try:
+            return worker(sock, authenticated)
+        except BrokenPipeError:
+            return 1
+    return run
+
+
 if __name__ == "__main__":
     drop_spark_archives()
     from pyspark import daemon
+    daemon.worker = quiet_on_closed_socket(daemon.worker)
     daemon.manager()
