@@ -67,10 +67,6 @@ def in_spark_worker() -> bool:
     return SparkTaskContext.get() is not None
 
 
-def run_task(ctx: TaskContext, index: int) -> list[dict]:
-    return run_tasks_in_order(ctx, [index])
-
-
 def run_tasks_in_order(ctx: TaskContext, indexes: list[int]) -> list[dict]:
     """Run the tasks `indexes` one after another in this Spark task. The next task's range is opened
     (librdkafka starts fetching and parsing it in its own threads) before the current one is converted
@@ -85,6 +81,7 @@ def run_tasks_in_order(ctx: TaskContext, indexes: list[int]) -> list[dict]:
                 messages = read_all(ctx, reader)
                 reader = open_range(ctx, indexes[position + 1]) if position + 1 < len(indexes) else None
                 out += convert_and_write(ctx, index, messages)
+                del messages  # before the next range is read: one range as Arrow at a time
         finally:
             if reader is not None:
                 reader.close()
