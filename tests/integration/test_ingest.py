@@ -190,7 +190,7 @@ def test_bad_records_are_quarantined_and_every_record_is_accounted_for(spark, pi
 
 
 def test_more_ranges_than_cores_run_as_one_spark_task_per_core_and_stay_exact(spark, pipeline):
-    # local[2] and 6 ranges: two Spark tasks, each reading its three ranges in order and fetching the
+    # local[2] and six or more ranges: two Spark tasks, each reading its share of them in order, fetching the
     # next while it writes the last (tasks.run_tasks_in_order)
     cfg, topic = pipeline(partitions=3, batch={"max_records_per_task": 200})
     report = produce(cfg.kafka, topic, 1200, seed=21)
