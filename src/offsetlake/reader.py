@@ -104,7 +104,7 @@ class RangeReader:
             self._consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
         except KafkaException as err:
             self.close()
-            raise KafkaError(f"read of {rng} failed: {err.args[0].str() if err.args else err}") from None
+            raise _read_failed(rng, err) from None
 
     def __enter__(self) -> "RangeReader":
         return self
@@ -123,7 +123,7 @@ class RangeReader:
         try:
             yield from self._batches(self._consumer)
         except KafkaException as err:
-            raise KafkaError(f"read of {self.rng} failed: {err.args[0].str() if err.args else err}") from None
+            raise _read_failed(self.rng, err) from None
         finally:
             self.close()
 
@@ -170,6 +170,10 @@ class RangeReader:
             if position < rng.end and time.monotonic() - last_progress > limit:
                 raise KafkaError(f"read of {rng} stalled at offset {position} for {limit:.0f}s "
                                  f"(broker at {settings.bootstrap_servers} unreachable or topic truncated)")
+
+
+def _read_failed(rng: OffsetRange, err: KafkaException) -> KafkaError:
+    return KafkaError(f"read of {rng} failed: {err.args[0].str() if err.args else err}")
 
 
 def _handle_error(err, msg, rng: OffsetRange, position: int) -> int:
