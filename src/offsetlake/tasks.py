@@ -62,9 +62,14 @@ def freeze_long_lived_objects() -> None:
         _frozen = True
 
 
-def in_spark_worker() -> bool:
+def spark_task_context():
+    """The running Spark task's context; None outside a Spark task (a driver, a test)."""
     from pyspark import TaskContext as SparkTaskContext
-    return SparkTaskContext.get() is not None
+    return SparkTaskContext.get()
+
+
+def in_spark_worker() -> bool:
+    return spark_task_context() is not None
 
 
 def run_tasks_in_order(ctx: TaskContext, indexes: list[int]) -> list[dict]:
@@ -122,8 +127,7 @@ def convert_and_write(ctx: TaskContext, index: int, messages: pa.Table) -> list[
 
 def spark_task_attempt() -> int:
     """Spark's id of the running task attempt, unique within the application (0 outside Spark)."""
-    from pyspark import TaskContext as SparkTaskContext
-    context = SparkTaskContext.get()
+    context = spark_task_context()
     return context.taskAttemptId() if context is not None else 0
 
 
