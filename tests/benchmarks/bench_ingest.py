@@ -72,6 +72,7 @@ RESULTS = Path(__file__).with_name("results.json")
 RUNS = 3  # the raw read and the raw, json and avro ingests are medians of this many runs
 JSON_ROW = f"offsetlake ingest, json format (median of {RUNS})"
 AVRO_ROW = f"ingest, avro format, registry (median of {RUNS})"
+LABEL_WIDTH = 54  # the longest measure's name, with a paired share
 ACTIONS = ("view", "click", "add_to_cart", "purchase", "refund")
 
 
@@ -163,10 +164,15 @@ def formats_only(records: int, work: Path) -> None:
 
 def print_formats(raw_rate: float, n_json: int, json_s: float, n_avro: int, avro_s: float) -> None:
     json_rate, avro_rate = n_json / json_s, n_avro / avro_s
-    print(f"{JSON_ROW:<54} {n_json:>9} {json_s:>8.2f} {json_rate:>10.0f} {json_rate / raw_rate:>11.1%}")
-    print(f"{AVRO_ROW:<54} {n_avro:>9} {avro_s:>8.2f} {avro_rate:>10.0f} "
-          f"{avro_rate / raw_rate:>11.1%}")
+    print_row(JSON_ROW, n_json, json_s, json_rate, json_rate / raw_rate)
+    print_row(AVRO_ROW, n_avro, avro_s, avro_rate, avro_rate / raw_rate)
     print_targets([avro_target(json_rate, avro_rate)])
+
+
+def print_row(name: str, records: int, seconds: float, rate: float, ratio: float | None) -> None:
+    """One line of the measure table: the header's columns in `main`."""
+    share = "" if ratio is None else f"{ratio:.1%}"
+    print(f"{name:<{LABEL_WIDTH}} {records:>9} {seconds:>8.2f} {rate:>10.0f} {share:>12}")
 
 
 def avro_target(json_rate: float, avro_rate: float) -> tuple[str, str, bool]:
@@ -655,9 +661,9 @@ def main() -> None:
                   n_scale / scale_s / scale_raw_rate)]
     print(f"\nproduced {args.records} records in {out['produce_seconds']:.1f}s; "
           f"Spark session start {out['spark_session_seconds']:.1f}s (median of {RUNS} new processes, reported apart)")
-    print(f"{'measure':<54} {'records':>9} {'seconds':>8} {'rec/s':>10} {'of raw read':>12}")
-    for name, n, sec, rate, ratio in rows:
-        print(f"{name:<54} {n:>9} {sec:>8.2f} {rate:>10.0f} {'' if ratio is None else f'{ratio:.1%}':>12}")
+    print(f"{'measure':<{LABEL_WIDTH}} {'records':>9} {'seconds':>8} {'rec/s':>10} {'of raw read':>12}")
+    for row in rows:
+        print_row(*row)
 
     overhead = eo_s / plain_s - 1
     direct = (eo["bookkeeping"] - eo["plain_commit"]) / plain_s
