@@ -179,7 +179,11 @@ class KafkaCluster:
         return self._list_offsets(tps, OffsetSpec.for_timestamp(timestamp_ms))
 
     def commit_group_offsets(self, group: str, offsets: dict[TP, int]) -> bool:
-        """Mirror the ledger into the consumer group so lag tools see it. Informational only."""
+        """Mirror the ledger into the consumer group so lag tools see it. Informational only.
+
+        This consumer (and `group_offsets`') never assigns a partition, so it never fetches: fetch sizes
+        do not apply. The planner only lists offsets (admin requests). Every consumer that fetches records,
+        the batch's readers and audit's read of Kafka alike, is reader.RangeReader, sized in reader.py."""
         if not offsets:
             return True
         consumer = None

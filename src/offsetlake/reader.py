@@ -57,6 +57,33 @@ class OffsetRange:
         return f"{self.topic}[{self.partition}] [{self.start}, {self.end})"
 
 
+# ---- fetch sizing ------------------------------------------------------------------------------------
+# A reader reads one partition, so its per-partition limit is its whole fetch. librdkafka's default
+# `max.partition.fetch.bytes` is 1 MiB: on Apache Kafka, which honours it, a reader then gets ~1 MiB per round
+# trip. Measured on Apache Kafka 4.1 (1M records of ~110 B, 4 partitions, 2 cores): `read_range` of one 250k
+# range 119k rec/s with the default, 362k-469k rec/s with 50 MiB; `offsetlake ingest` (raw) 213k-224k ->
+# 866k-1,120k rec/s, JSON 210k -> 740k-774k rec/s. noida-db ignores both limits and answers with the
+# partition's whole tail, so nothing on the embedded broker shows the effect (README, Speed).
+FETCH_BYTES = 50 * 1024 * 1024  # one response: fetch.max.bytes = max.partition.fetch.bytes
+# librdkafka keeps fetching ahead while a partition's queue holds less than this (and fewer than
+# queued.min.messages); a fetch in flight may overshoot it by one response. So what one reader holds in
+# librdkafka is at most QUEUE_BYTES + FETCH_BYTES, whatever the backlog (on Apache Kafka; see below).
+QUEUE_BYTES = 64 * 1024 * 1024
+# noida-db 0.2.3 ignores fetch.max.bytes and answers with the partition's whole tail (a 140 MB response
+# was measured for 1M records); librdkafka's 100 MB default then rejects every response and the read
+# stalls. On Apache Kafka a response never exceeds FETCH_BYTES (plus one record batch, which the
+# broker sends whole when it alone is larger: Kafka's message.max.bytes bounds that).
+RECEIVE_BYTES = 1_000_000_000
+
+
+def reader_memory_bound(max_records_per_task: int, record_bytes: int) -> int:
+    """What one reader holds at most, in bytes, on a broker that honours fetch limits: librdkafka's queue,
+    one fetch response in flight, and one range as Arrow (`record_bytes` each, lineage columns included).
+    A task holds two readers at once (it fetches the next range while writing the current one), but only
+    one range as Arrow (tasks.run_tasks_in_order), so a task's bound is this plus QUEUE_BYTES + FETCH_BYTES."""
+    return QUEUE_BYTES + FETCH_BYTES + max_records_per_task * record_bytes
+
+
 def reader_settings(settings: KafkaSettings, group: str) -> dict:
     return client_settings(
         settings,
@@ -67,12 +94,10 @@ def reader_settings(settings: KafkaSettings, group: str) -> dict:
             "auto.offset.reset": "error",  # a missing offset is data loss, never a silent jump
             "enable.partition.eof": True,
             "isolation.level": settings.isolation_level,
-            "queued.max.messages.kbytes": 65536,
-            "fetch.max.bytes": 52428800,
-            # noida-db 0.2.3 ignores fetch.max.bytes and answers with the partition's whole tail
-            # (a 140 MB response was measured for 1M records); librdkafka's 100 MB default then
-            # rejects every response and the read stalls. Apache Kafka honours fetch.max.bytes.
-            "receive.message.max.bytes": 1_000_000_000,
+            "queued.max.messages.kbytes": QUEUE_BYTES // 1024,
+            "fetch.max.bytes": FETCH_BYTES,
+            "max.partition.fetch.bytes": FETCH_BYTES,
+            "receive.message.max.bytes": RECEIVE_BYTES,
         },
     )
 

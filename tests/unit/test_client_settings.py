@@ -88,3 +88,33 @@ def test_secrets_are_redacted_from_the_config_repr(cfg):
     text = repr(cfg) + str(cfg) + repr(cfg.kafka)
     assert SECRET not in text
     assert "sasl.username" in text  # not a secret: shown
+
+
+def test_the_reader_fetches_in_large_responses_with_bounded_memory(cfg, built):
+    """On a broker that honours fetch limits (Apache Kafka), one reader of one partition asks for large
+    responses (librdkafka's 1 MiB per partition made a reader ~4x slower there), and what it holds stays
+    bounded: librdkafka's queue, one response in flight, one range as Arrow."""
+    with pytest.raises(Built):
+        list(reader.read_range(cfg.kafka, "g", OffsetRange("orders", 0, 0, 10), 5))
+    settings = built["reader"]
+    MiB = 1024 * 1024
+    per_partition, per_fetch = settings["max.partition.fetch.bytes"], settings["fetch.max.bytes"]
+    assert per_partition == per_fetch >= 32 * MiB  # a reader reads one partition: its share is the whole fetch
+    assert settings["receive.message.max.bytes"] >= per_fetch + 512  # librdkafka's own rule
+    queue = settings["queued.max.messages.kbytes"] * 1024
+    assert queue + per_fetch <= 128 * MiB  # what librdkafka holds for one reader, whatever the backlog
+    # The bound the README states, for the default batch settings and the bench's ~110 B records (plus the
+    # lineage columns, ~30 B a row in Arrow): 114 MiB of librdkafka + 250k records as Arrow.
+    bound = reader.reader_memory_bound(cfg.batch.max_records_per_task, 140)
+    assert bound == queue + per_fetch + 250_000 * 140
+    assert bound < 150 * MiB
+
+
+def test_a_pipeline_cannot_shrink_the_readers_fetches_by_accident(monkeypatch, built):
+    """The reader's fetch sizing wins over the pipeline's client settings (they are the protocol's)."""
+    cfg = parse_pipeline({"name": "p", "topics": ["orders"], "table": {"path": "/lake/p"}, "format": {"type": "raw"},
+                          "kafka": {"bootstrap_servers": "k:9092", "client": {"max.partition.fetch.bytes": 1048576}}},
+                         "p.yaml")
+    with pytest.raises(Built):
+        list(reader.read_range(cfg.kafka, "g", OffsetRange("orders", 0, 0, 10), 5))
+    assert built["reader"]["max.partition.fetch.bytes"] == reader.FETCH_BYTES
