@@ -34,7 +34,20 @@ def schema_registry(tmp_path_factory):
     from offsetlake.local import schema_registry as embedded_registry
     data = tmp_path_factory.mktemp("registry")
     r = embedded_registry.start(data, user="offsetlake", password="s3cret-registry-pw", pid_file=data / "registry.pid")
-    r.user, r.password = "offsetlake", "s3cret-registry-pw"
+    r.user, r.password, r.answers = "offsetlake", "s3cret-registry-pw", "confluent"
+    yield r
+    embedded_registry.stop(r.pid)
+
+
+@pytest.fixture(scope="session")
+def karapace_registry(tmp_path_factory):
+    """The same registry answering as Karapace does: Protobuf as .proto source, Avro keys reordered, JSON
+    Schema with escaped slashes (offsetlake.local.schema_registry, --answer-as karapace)."""
+    from offsetlake.local import schema_registry as embedded_registry
+    data = tmp_path_factory.mktemp("karapace")
+    r = embedded_registry.start(data, user="offsetlake", password="s3cret-registry-pw", pid_file=data / "registry.pid",
+                                answer_as="karapace")
+    r.user, r.password, r.answers = "offsetlake", "s3cret-registry-pw", "karapace"
     yield r
     embedded_registry.stop(r.pid)
 

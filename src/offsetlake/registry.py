@@ -708,9 +708,13 @@ def _proto_message(registry: Registry, schema, indexes: tuple):
     from google.protobuf.descriptor_pool import DescriptorPool
     pool = DescriptorPool()
     _proto_well_known(pool)
-    _proto_references(registry, schema, pool)
-    file_proto = _file_proto(schema.schema_str)
-    pool.Add(file_proto)
+    files = _proto_files(registry, schema)
+    for file_proto in files:
+        try:
+            pool.FindFileByName(file_proto.name)  # a well-known type, or a file two references share
+        except KeyError:
+            pool.Add(file_proto)
+    file_proto = files[-1]
     path, message = [], None
     scope = file_proto.message_type
     for index in indexes:
@@ -722,15 +726,82 @@ def _proto_message(registry: Registry, schema, indexes: tuple):
     return pool.FindMessageTypeByName(".".join([file_proto.package, *path] if file_proto.package else path))
 
 
+# ---- Protobuf schemas as the registry returns them ------------------------------------------------
+# Confluent's registry answers `format=serialized` with a base64 FileDescriptorProto, which is what
+# offsetlake asks for. Karapace (measured, 3.16) answers with the `.proto` source whatever the format,
+# and Apicurio's and Redpanda's Confluent-compatible APIs may too. Source is compiled here with protoc
+# from the grpcio-tools wheel (Google's own compiler, so every construct of the language parses as the
+# producer's did; a pure-Python parser would be a second grammar to trust), once per schema per process.
+MAIN_PROTO = "offsetlake_schema.proto"  # the name the schema itself gets; its imports keep their names
+
+
+def _proto_files(registry: Registry, schema) -> list:
+    """The schema's FileDescriptorProto and every file it imports, dependencies first (the schema last)."""
+    sources: dict[str, str] = {}  # file name -> .proto source
+    compiled: dict[str, Any] = {}  # file name -> FileDescriptorProto (the registry sent descriptors)
+    _proto_sources(registry, schema, MAIN_PROTO, sources, compiled)
+    if not sources:
+        return list(compiled.values())  # references are read before the file that imports them
+    return _compile_proto(sources, compiled)
+
+
+def _proto_sources(registry: Registry, schema, name: str, sources: dict, compiled: dict) -> None:
+    for ref in schema.references or []:
+        if ref.name.startswith(("google/protobuf/", "google/type/")) or ref.name in sources or ref.name in compiled:
+            continue  # well-known types come with protobuf (and protoc); a shared import is read once
+        referenced = registry.version(ref.subject, ref.version, fmt="serialized")
+        _proto_sources(registry, referenced.schema, ref.name, sources, compiled)
+    descriptor = _file_proto(schema.schema_str)
+    if descriptor is None:
+        sources[name] = schema.schema_str
+    else:
+        compiled[name] = descriptor
+
+
 def _file_proto(schema_str: str):
+    """The FileDescriptorProto a base64 schema holds; None for anything else (`.proto` source)."""
     from google.protobuf import descriptor_pb2
     proto = descriptor_pb2.FileDescriptorProto()
     try:
-        proto.ParseFromString(base64.standard_b64decode(schema_str))
+        proto.ParseFromString(base64.b64decode(schema_str, validate=True))
     except Exception:
-        raise UnusableSchema("the registry returned a Protobuf schema that is not a serialized descriptor "
-                             "(offsetlake asks for format=serialized)") from None
-    return proto
+        return None
+    return proto if proto.name or proto.message_type else None
+
+
+def _compile_proto(sources: dict[str, str], compiled: dict) -> list:
+    """protoc over the sources (imports resolved among them, then among the `compiled` descriptors, then
+    the well-known types protoc ships); UnusableSchema with protoc's first error line when it refuses."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from importlib import resources
+
+    from google.protobuf import descriptor_pb2
+    with tempfile.TemporaryDirectory(prefix="offsetlake-proto-") as work:
+        for name, text in sources.items():
+            path = os.path.join(work, "src", name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+        out = os.path.join(work, "schema.pb")
+        args = [sys.executable, "-m", "grpc_tools.protoc", f"-I{os.path.join(work, 'src')}",
+                f"-I{resources.files('grpc_tools') / '_proto'}", "--include_imports", f"--descriptor_set_out={out}"]
+        if compiled:
+            given = os.path.join(work, "given.pb")
+            with open(given, "wb") as f:
+                f.write(descriptor_pb2.FileDescriptorSet(file=list(compiled.values())).SerializeToString())
+            args.append(f"--descriptor_set_in={given}")
+        done = subprocess.run([*args, *sources], capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            first = next((line for line in done.stderr.splitlines() if line.strip()), f"exit {done.returncode}")
+            raise UnusableSchema(f"the registry's Protobuf schema does not compile: {_short(first)}")
+        with open(out, "rb") as f:
+            files = list(descriptor_pb2.FileDescriptorSet.FromString(f.read()).file)
+    # protoc writes dependencies first; the schema itself goes last, whichever form it came in.
+    main = compiled.get(MAIN_PROTO) or next(f for f in files if f.name == MAIN_PROTO)
+    return [*(f for f in files if f.name != MAIN_PROTO), main]
 
 
 def _proto_well_known(pool) -> None:
@@ -742,15 +813,6 @@ def _proto_well_known(pool) -> None:
         pool.AddSerializedFile(date_pb2.DESCRIPTOR.serialized_pb)
     except ImportError:
         pass
-
-
-def _proto_references(registry: Registry, schema, pool) -> None:
-    for ref in schema.references or []:
-        if ref.name.startswith(("google/protobuf/", "google/type/")):
-            continue  # well-known types are in the pool already
-        referenced = registry.version(ref.subject, ref.version, fmt="serialized")
-        _proto_references(registry, referenced.schema, pool)
-        pool.Add(_file_proto(referenced.schema.schema_str))
 
 
 def latest_arrow_type(settings: RegistrySettings, kind: str, topic: str, key: bool = False) -> pa.DataType:

@@ -22,6 +22,13 @@ from support import (assert_exactly_once, assert_one_line_failure, kafka_committ
                      run_cli)
 
 
+@pytest.fixture(params=["confluent", "karapace"])
+def schema_registry(request, schema_registry, karapace_registry):
+    """Every test here runs against a registry that answers as Confluent's does and one that answers as
+    Karapace does (Protobuf schemas as .proto source: offsetlake compiles them)."""
+    return schema_registry if request.param == "confluent" else karapace_registry
+
+
 def registry_section(registry, **extra) -> dict:
     return {"url": registry.url, "username": "${REGISTRY_USER}", "password": "${REGISTRY_PASSWORD}", **extra}
 
@@ -169,12 +176,18 @@ def test_an_unreachable_registry_fails_the_batch_in_one_line_and_commits_nothing
 
 def order_message_type():
     """A Protobuf message built at run time (no protoc here): nested message, enum, repeated, map, a
-    Timestamp, an `optional` field."""
+    Timestamp, an `optional` field, and a message imported from another file (a schema reference)."""
     from google.protobuf import descriptor_pb2, descriptor_pool, timestamp_pb2
     from google.protobuf.message_factory import GetMessageClass
     F = descriptor_pb2.FieldDescriptorProto
+    money = descriptor_pb2.FileDescriptorProto(name="offsetlake_test/money.proto", package="offsetlake.common",
+                                               syntax="proto3")
+    amount = money.message_type.add(name="Money")
+    amount.field.add(name="currency", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    amount.field.add(name="cents", number=2, type=F.TYPE_SINT64, label=F.LABEL_OPTIONAL)
     file = descriptor_pb2.FileDescriptorProto(name="offsetlake_test_order.proto", package="offsetlake.test",
-                                              syntax="proto3", dependency=["google/protobuf/timestamp.proto"])
+                                              syntax="proto3", dependency=["google/protobuf/timestamp.proto",
+                                                                           "offsetlake_test/money.proto"])
     order = file.message_type.add(name="Order")
     address = order.nested_type.add(name="Address")
     address.field.add(name="city", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
@@ -200,8 +213,11 @@ def order_message_type():
     order.oneof_decl.add(name="_note")
     order.field.add(name="note", number=8, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, oneof_index=0,
                     proto3_optional=True)
+    order.field.add(name="price", number=9, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                    type_name=".offsetlake.common.Money")
     pool = descriptor_pool.DescriptorPool()
     pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    pool.Add(money)
     pool.Add(file)
     return GetMessageClass(pool.FindMessageTypeByName("offsetlake.test.Order"))
 
@@ -221,6 +237,7 @@ def test_protobuf_and_json_schema_records_land_field_by_field(spark, pipeline, s
         order = Order(id=f"o{i}", amount_cents=i * 100, tags=[f"t{i}", "x"], status=i % 2,
                       address={"city": "Pune", "zip": 411000 + i} if i % 3 else None)
         order.counts["a"] = i
+        order.price.currency, order.price.cents = "EUR", -i
         order.created.FromDatetime(created + dt.timedelta(seconds=i))
         if i % 4 == 0:
             order.note = "" if i % 8 == 0 else f"n{i}"
@@ -229,10 +246,15 @@ def test_protobuf_and_json_schema_records_land_field_by_field(spark, pipeline, s
                          headers=[("h", bytes([i])), ("h", None)])
     producer.flush(10)
 
+    # The registry answers with what a Karapace registry would: the .proto source, for the schema and its import.
+    answered = client.get_latest_version(f"{topic}-value", fmt="serialized").schema
+    assert answered.schema_str.startswith('syntax = "proto3";') == (schema_registry.answers == "karapace")
+    assert [r.name for r in answered.references] == ["offsetlake_test/money.proto"]
+
     ingest(spark, cfg)
 
     assert_exactly_once(cfg)
-    rows = rows_by_offset(cfg, "id, amount_cents, created, tags, counts, status, address, note, kafka_key, "
+    rows = rows_by_offset(cfg, "id, amount_cents, created, tags, counts, status, address, note, price, kafka_key, "
                                "kafka_headers")
     truth = kafka_committed_records(cfg.kafka.bootstrap_servers, topic, whole=True)
     assert len(rows) == len(truth) == 60
@@ -245,6 +267,7 @@ def test_protobuf_and_json_schema_records_land_field_by_field(spark, pipeline, s
         assert row["counts"] == [("a", i)] and row["status"] == ("PAID" if i % 2 else "NEW")
         assert row["address"] == ({"city": "Pune", "zip": 411000 + i} if i % 3 else None)
         assert row["note"] == (None if i % 4 else "" if i % 8 == 0 else f"n{i}")  # `optional`: set "" is not null
+        assert row["price"] == {"currency": "EUR", "cents": -i}  # a message from an imported file (a reference)
 
     # JSON Schema: nested object, array, date-time and date formats; a record breaking the schema quarantined.
     schema = {"type": "object", "title": "Reading", "properties": {

@@ -11,7 +11,13 @@ serializer registers base64 descriptors, which is what offsetlake asks for with
 `format=serialized`). No compatibility checks: the producer decides. Optional
 basic auth. State lives in `<data-dir>/schemas.json`, so a restart keeps every id.
 
+`--answer-as karapace` answers as Karapace does (measured, 3.16), and as other Confluent-compatible
+registries may: a Protobuf schema as `.proto` source even when asked for `format=serialized`, Avro
+schemas with their keys reordered, JSON Schemas with every `/` escaped. What is stored stays as
+registered, so lookups by the producers' serializers match either way.
+
     python -m offsetlake.local.schema_registry --port 18081 --data-dir DIR [--user U --password-env VAR]
+                                               [--answer-as confluent|karapace]
 """
 from __future__ import annotations
 
@@ -78,7 +84,37 @@ class Store:
         return {"subject": subject, "version": number, "id": schema_id, **self.by_id(schema_id)}
 
 
-def handler_for(store: Store, credentials: str | None):
+ANSWERS = ("confluent", "karapace")
+
+
+def as_karapace(entry: dict) -> dict:
+    """A stored schema as Karapace answers it (see the module docstring)."""
+    kind, text = entry["schemaType"], entry["schema"]
+    if kind == "PROTOBUF":
+        from google.protobuf import descriptor_pb2
+
+        from offsetlake.local.proto_text import proto_text
+        try:
+            descriptor = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text, validate=True))
+        except Exception:  # registered as source already
+            return entry
+        return {**entry, "schema": proto_text(descriptor)}
+    if kind == "JSON":
+        return {**entry, "schema": json.dumps(json.loads(text)).replace("/", "\\/")}
+    return {**entry, "schema": json.dumps(_reordered(json.loads(text)))}
+
+
+def _reordered(node):
+    """Every object's keys sorted (Karapace's own order differs from the registered one)."""
+    if isinstance(node, dict):
+        return {k: _reordered(node[k]) for k in sorted(node)}
+    if isinstance(node, list):
+        return [_reordered(n) for n in node]
+    return node
+
+
+def handler_for(store: Store, credentials: str | None, answer_as: str = "confluent"):
+    shown = as_karapace if answer_as == "karapace" else (lambda entry: entry)
     expected = "Basic " + base64.b64encode(credentials.encode()).decode() if credentials else None
 
     class Handler(BaseHTTPRequestHandler):
@@ -116,6 +152,7 @@ def handler_for(store: Store, credentials: str | None):
                 found = store.by_id(int(path[2]))
                 if found is None:
                     return self._not_found(40403, f"Schema {path[2]} not found")
+                found = shown(found)
                 if len(path) == 4 and path[3] == "schema":
                     return self._reply(200, json.loads(found["schema"]) if found["schemaType"] != "PROTOBUF"
                                        else found["schema"])
@@ -131,7 +168,7 @@ def handler_for(store: Store, credentials: str | None):
                 if found is None:
                     return self._not_found(40401 if path[1] not in store.subjects else 40402,
                                            f"Subject '{path[1]}' or version {path[3]} not found.")
-                return self._reply(200, found)
+                return self._reply(200, shown(found))
             if path[0] == "config":
                 return self._reply(200, {"compatibilityLevel": "BACKWARD"})
             self._not_found(404, f"no such endpoint: {self.path}")
@@ -156,9 +193,9 @@ def handler_for(store: Store, credentials: str | None):
     return Handler
 
 
-def serve(port: int, data_dir: Path, credentials: str | None, host: str = HOST) -> None:
+def serve(port: int, data_dir: Path, credentials: str | None, host: str = HOST, answer_as: str = "confluent") -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = ThreadingHTTPServer((host, port), handler_for(Store(data_dir / "schemas.json"), credentials))
+    server = ThreadingHTTPServer((host, port), handler_for(Store(data_dir / "schemas.json"), credentials, answer_as))
     server.daemon_threads = True
     server.serve_forever()
 
@@ -175,14 +212,16 @@ class SchemaRegistry:
 
 
 def start(data_dir: Path | str, port: int | None = None, user: str | None = None, password: str | None = None,
-          pid_file: Path | str | None = None, timeout: float = 30.0) -> SchemaRegistry:
-    """Start the registry as its own process (stopped by PID); returns when it answers."""
+          pid_file: Path | str | None = None, timeout: float = 30.0, answer_as: str = "confluent") -> SchemaRegistry:
+    """Start the registry as its own process (stopped by PID); returns when it answers. `answer_as`:
+    "confluent", or "karapace" to answer as Karapace does (the module docstring)."""
     from offsetlake.local.broker import free_port
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     env = dict(os.environ)
-    args = [sys.executable, "-m", "offsetlake.local.schema_registry", "--port", str(port), "--data-dir", str(data_dir)]
+    args = [sys.executable, "-m", "offsetlake.local.schema_registry", "--port", str(port), "--data-dir", str(data_dir),
+            "--answer-as", answer_as]
     if user is not None:
         env["OFFSETLAKE_REGISTRY_PASSWORD"] = password or ""
         args += ["--user", user, "--password-env", "OFFSETLAKE_REGISTRY_PASSWORD"]
@@ -217,9 +256,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--user")
     parser.add_argument("--password-env", help="environment variable holding the basic-auth password")
+    parser.add_argument("--answer-as", choices=ANSWERS, default="confluent",
+                        help="answer as Confluent's registry does, or as Karapace does (Protobuf as .proto source, ...)")
     args = parser.parse_args(argv)
     credentials = f"{args.user}:{os.environ.get(args.password_env or '', '')}" if args.user else None
-    serve(args.port, args.data_dir, credentials)
+    serve(args.port, args.data_dir, credentials, answer_as=args.answer_as)
 
 
 if __name__ == "__main__":
