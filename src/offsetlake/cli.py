@@ -186,7 +186,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _pipeline(args) -> PipelineConfig:
-    return load_pipeline(args.pipeline, args.pipelines_dir)
+    """The pipeline, with its Airflow connections (kafka.connection, format.registry.connection) applied:
+    handed over by the operator's task (offsetlake.connections), or read through Airflow where it runs."""
+    from offsetlake.connections import resolve_connections
+    return resolve_connections(load_pipeline(args.pipeline, args.pipelines_dir))
 
 
 def cmd_status(args) -> int:

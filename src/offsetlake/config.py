@@ -45,7 +45,12 @@ class _Strict(BaseModel):
 
 
 class KafkaSettings(_Strict):
-    bootstrap_servers: StrictStr
+    # Either here, or from the Airflow connection's extra (`connection`).
+    bootstrap_servers: StrictStr | None = None
+    # An Airflow connection (the Apache Kafka provider's type, conn_type "kafka"): its extra holds librdkafka
+    # settings (bootstrap.servers, security.protocol, sasl.*, ssl.*). Resolved where the Airflow task runs
+    # (offsetlake.connections); `client` settings here win over the connection's. The CLI uses ${ENV} instead.
+    connection: StrictStr | None = None
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
     client: dict[StrictStr, StrictStr | StrictInt | StrictBool] = Field(default_factory=dict)
     timeout_seconds: StrictInt = Field(default=30, gt=0)
@@ -57,6 +62,8 @@ class KafkaSettings(_Strict):
         clash = sorted(RESERVED_CLIENT_KEYS & set(self.client))
         if clash:
             raise ValueError(f"client setting {clash[0]!r} is managed by offsetlake and cannot be set")
+        if self.bootstrap_servers is None and self.connection is None:
+            raise ValueError("give 'bootstrap_servers', or an Airflow 'connection' whose extra holds bootstrap.servers")
         return self
 
     def client_config(self) -> dict[str, Any]:
@@ -76,7 +83,11 @@ class SchemaField(_Strict):
 
 class RegistrySettings(_Strict):
     """A Confluent-compatible Schema Registry (Confluent, Karapace, Apicurio's ccompat API)."""
-    url: StrictStr = Field(pattern=r"^https?://")
+    # Either here, or from the Airflow connection (`connection`).
+    url: StrictStr | None = Field(default=None, pattern=r"^https?://")
+    # An Airflow HTTP connection: its host (and schema, port) give the URL when `url` is not set, its login and
+    # password the basic auth. Resolved where the Airflow task runs (offsetlake.connections).
+    connection: StrictStr | None = None
     # Basic auth: write them as ${ENV} references; they are never printed (SecretStr) nor logged.
     username: SecretStr | None = None
     password: SecretStr | None = None
@@ -92,6 +103,11 @@ class RegistrySettings(_Strict):
             raise ValueError(f"subject_name_strategy {self.subject_name_strategy!r} needs 'record_name'")
         if (self.username is None) != (self.password is None):
             raise ValueError("give both 'username' and 'password' for basic auth, or neither")
+        if self.url is None and self.connection is None:
+            raise ValueError("give the registry's 'url', or an Airflow 'connection' whose host is the registry")
+        if self.connection is not None and self.username is not None:
+            raise ValueError("basic auth comes from the 'connection' (its login and password): drop 'username' and "
+                             "'password'")
         return self
 
     def subject(self, topic: str, key: bool = False) -> str:

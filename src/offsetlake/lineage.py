@@ -16,7 +16,9 @@ from offsetlake.config import PipelineConfig
 
 
 def kafka_namespace(cfg: PipelineConfig) -> str:
-    first = cfg.kafka.bootstrap_servers.split(",")[0].strip()
+    # With kafka.connection and no bootstrap_servers in the file, the connection id names the cluster (the
+    # lineage is built in the task process, which does not resolve the connection a second time for it).
+    first = (cfg.kafka.bootstrap_servers or f"airflow-connection-{cfg.kafka.connection}").split(",")[0].strip()
     return f"kafka://{first.split('://')[-1]}"
 
 

@@ -48,7 +48,8 @@ def snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
     """Lag, the newest `limit` commits (none for `limit=0`) and the table's version."""
     partitions, commits, version, errors = [], [], None, []
     try:
-        partitions = status(cfg)
+        from offsetlake.connections import resolve_connections
+        partitions = status(resolve_connections(cfg))  # kafka.connection: read where the view runs
     except Exception as err:  # noqa: BLE001 - shown on the page, one line
         errors.append(f"Kafka: {_line(err)}")
     try:
