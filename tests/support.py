@@ -282,3 +282,29 @@ def task_result(api, dag_id: str, run_id: str, task_id: str):
     run = urllib.parse.quote(run_id, safe="")
     value = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run}/taskInstances/{task_id}/xcomEntries/return_value")["value"]
     return json.loads(value) if isinstance(value, str) else value
+
+
+class BackgroundSampler:
+    """Calls `sample()` every `interval` seconds in a thread of its own while the `with` block runs
+    (peak memory in the bench, secrets in process lists in tests/airflow/test_airflow_connections.py)."""
+
+    interval = 0.1
+
+    def __init__(self):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> None:
+        raise NotImplementedError

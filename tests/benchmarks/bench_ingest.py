@@ -77,6 +77,8 @@ from offsetlake.table import open_table
 from offsetlake.tasks import TaskContext
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+from support import BackgroundSampler  # noqa: E402 - tests/ is not a package
 # Shares of the same run's raw read before the speed work (issue 15), `make bench` at 0b95b7c on the
 # 2-core machine the targets were set on: the targets are twice these.
 BEFORE = {"raw": 0.391, "json": 0.253}
@@ -608,33 +610,25 @@ def _when_covered(covered: list[tuple[float, dict]], offsets: dict) -> float | N
     return None
 
 
-class PeakMemory:
+class PeakMemory(BackgroundSampler):
     """Peak resident memory (VmRSS sampled 4x a second) of this process and of every process
     under it (the JVM, Spark's Python workers) while the block runs."""
 
+    interval = 0.25
+
     def __init__(self):
+        super().__init__()
         self.peaks: dict[int, tuple[str, int]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
 
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _sample(self):
-        while not self._stop.wait(0.25):
-            for pid in _descendants(os.getpid()) | {os.getpid()}:
-                try:
-                    status = Path(f"/proc/{pid}/status").read_text()
-                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                except OSError:
-                    continue
-                hwm = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-                self.peaks[pid] = (cmd, max(hwm, self.peaks.get(pid, ("", 0))[1]))
+    def sample(self) -> None:
+        for pid in _descendants(os.getpid()) | {os.getpid()}:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            hwm = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+            self.peaks[pid] = (cmd, max(hwm, self.peaks.get(pid, ("", 0))[1]))
 
     def by_role(self) -> dict[str, float]:
         """MB: the driver (this Python), the JVM, the largest Python worker. The broker is a child of
@@ -674,7 +668,6 @@ def _descendants(root: int) -> set[int]:
 def airflow_runs(bootstrap: str, work: Path, small: int = 1000) -> dict:
     """Seconds through real Airflow processes: trigger -> end of an ingest run that finds nothing to do
     (median of 3), and trigger -> Delta commit of a triggered small batch (median of 3)."""
-    sys.path.insert(0, str(REPO / "tests"))
     from offsetlake.local import stack
     from offsetlake.ledger import pipeline_history
     from support import load, write_pipeline

@@ -1,7 +1,7 @@
 """Airflow connections in a pipeline: how a resolved connection becomes Kafka and registry settings.
 
 Pure logic: the connections come from the file the operator hands to its job (as in production); the
-real path through Airflow processes is tests/airflow/test_connections.py."""
+real path through Airflow processes is tests/airflow/test_airflow_connections.py."""
 import json
 import stat
 

@@ -13,7 +13,6 @@ XCom, the tables and the pipeline files are read for both secrets.
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from pathlib import Path
 
@@ -24,43 +23,34 @@ from offsetlake.local import schema_registry as embedded_registry
 from offsetlake.local import stack
 from offsetlake.local.broker import free_port
 from offsetlake.local.producer import avro_event_maker, produce, registry_client
-from support import REPO, assert_exactly_once, create_topic, files_containing, load, task_result, unique, write_pipeline
+from support import (REPO, BackgroundSampler, assert_exactly_once, create_topic, files_containing, load, task_result,
+                     unique, write_pipeline)
 
 pytestmark = pytest.mark.slow
 
 
-class ProcessWatch:
+class ProcessWatch(BackgroundSampler):
     """Samples /proc/*/cmdline and /proc/*/environ of every process, 10 times a second, for `needles`."""
 
     def __init__(self, *needles: str, owners: set[int] = frozenset()):
+        super().__init__()
         self.needles = [n.encode() for n in needles]
         self.owners = {str(pid) for pid in owners}  # processes that hold a secret by design (the registry server)
         self.found: list[str] = []
         self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self):
-        while not self._stop.wait(0.1):
-            self.samples += 1
-            for proc in Path("/proc").iterdir():
-                if not proc.name.isdigit() or proc.name in self.owners:
+    def sample(self) -> None:
+        self.samples += 1
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or proc.name in self.owners:
+                continue
+            for part in ("cmdline", "environ"):
+                try:
+                    data = (proc / part).read_bytes()
+                except OSError:
                     continue
-                for part in ("cmdline", "environ"):
-                    try:
-                        data = (proc / part).read_bytes()
-                    except OSError:
-                        continue
-                    if any(n in data for n in self.needles):
-                        self.found.append(f"/proc/{proc.name}/{part}: {(proc / 'cmdline').read_bytes()[:200]!r}")
+                if any(n in data for n in self.needles):
+                    self.found.append(f"/proc/{proc.name}/{part}: {(proc / 'cmdline').read_bytes()[:200]!r}")
 
 
 def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(bootstrap, tmp_path):
