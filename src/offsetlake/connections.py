@@ -63,29 +63,37 @@ def write_connections_file(directory: Path, connections: dict[str, dict]) -> Pat
     return path
 
 
-def _lookup(conn_id: str) -> dict[str, Any]:
+def read_connections(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
+    """Every connection the pipeline names, read through Airflow once: what the operator hands to its job."""
+    return {conn_id: fetch_from_airflow(conn_id) for conn_id in connection_ids(cfg)}
+
+
+def _handed_over() -> dict[str, dict[str, Any]]:
+    """The connections the operator's task wrote for this job ({} outside such a job)."""
     path = os.environ.get(CONNECTIONS_FILE_ENV)
-    if path:
-        try:
-            given = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"{CONNECTIONS_FILE_ENV}={path}: cannot read the connections the Airflow task "
-                              f"resolved ({type(err).__name__})") from None
-        if conn_id in given:
-            return given[conn_id]
-    return fetch_from_airflow(conn_id)
+    if not path:
+        return {}
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{CONNECTIONS_FILE_ENV}={path}: cannot read the connections the Airflow task "
+                          f"resolved ({type(err).__name__})") from None
 
 
-def resolve_connections(cfg: PipelineConfig) -> PipelineConfig:
-    """`cfg` with its Airflow connections applied (itself when it names none)."""
-    if not connection_ids(cfg):
+def resolve_connections(cfg: PipelineConfig, given: dict[str, dict[str, Any]] | None = None) -> PipelineConfig:
+    """`cfg` with its Airflow connections applied (itself when it names none). Each comes from `given` (read
+    already), else from the file the operator handed to this job, else through Airflow where this runs."""
+    ids = connection_ids(cfg)
+    if not ids:
         return cfg
+    found = given if given is not None else _handed_over()
+    conns = {conn_id: found[conn_id] if conn_id in found else fetch_from_airflow(conn_id) for conn_id in ids}
     update: dict[str, Any] = {}
     if cfg.kafka.connection:
-        update["kafka"] = _kafka(cfg, _lookup(cfg.kafka.connection))
+        update["kafka"] = _kafka(cfg, conns[cfg.kafka.connection])
     registry = cfg.format.registry
     if registry is not None and registry.connection:
-        update["format"] = cfg.format.model_copy(update={"registry": _registry(registry, _lookup(registry.connection))})
+        update["format"] = cfg.format.model_copy(update={"registry": _registry(registry, conns[registry.connection])})
     return cfg.model_copy(update=update)
 
 

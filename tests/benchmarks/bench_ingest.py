@@ -269,16 +269,17 @@ def avro_events(bootstrap: str, registry_url: str, lake: Path, records: int) -> 
 
 @contextlib.contextmanager
 def broker_under_test(args, work: Path):
-    """(bootstrap, registry URL): the embedded noida-db, or the cluster --bootstrap names; --registry or the
-    embedded registry. Prints what the broker says of itself; on your cluster, deletes what the run made."""
+    """(bootstrap, registry URL, what the broker says of itself): the embedded noida-db, or the cluster
+    --bootstrap names; --registry or the embedded registry. On your cluster, deletes what the run made."""
     from offsetlake.local import schema_registry
     use_broker(args.client_config, external=bool(args.bootstrap))
     registry = None if args.registry else schema_registry.start(work / "registry")
     embedded = None if args.bootstrap else broker.start(work / "broker")
     bootstrap = args.bootstrap or embedded.bootstrap_servers
     try:
-        print(f"broker: {describe_broker(bootstrap)}" + (" (the embedded noida-db)" if embedded else ""))
-        yield bootstrap, args.registry or registry.url
+        described = describe_broker(bootstrap) + (" (the embedded noida-db)" if embedded else "")
+        print(f"broker: {described}")
+        yield bootstrap, args.registry or registry.url, described
     finally:
         try:
             if EXTERNAL or args.registry:  # what the run made on your cluster or registry
@@ -293,7 +294,7 @@ def broker_under_test(args, work: Path):
 def formats_only(args, work: Path) -> None:
     """Raw read, json and avro ingest of the same events, one session: the avro target is a ratio to json."""
     records, lake, events = args.records, work / "lake", topic_name("events")
-    with broker_under_test(args, work) as (bootstrap, registry_url):
+    with broker_under_test(args, work) as (bootstrap, registry_url, _):
         create_topic(bootstrap, events)
         produce(bootstrap, events, records)
         avro_format = avro_events(bootstrap, registry_url, lake, records)
@@ -751,13 +752,12 @@ def main() -> None:
         formats_only(args, work)
         return
     if args.airflow_only:
-        with broker_under_test(args, work) as (bootstrap, _):
+        with broker_under_test(args, work) as (bootstrap, _, _):
             print_targets(airflow_targets(airflow_runs(bootstrap, work)))
         return
     lake = work / "lake"
     out: dict = {"records": args.records, "scale_records": args.scale_records}
-    with broker_under_test(args, work) as (bootstrap, registry_url):
-        out["broker"] = describe_broker(bootstrap)
+    with broker_under_test(args, work) as (bootstrap, registry_url, out["broker"]):
         topic = topic_name("events")
         cfg_raw = pipeline("bench_raw", bootstrap, topic, lake, {"type": "raw"})
         create_topic(bootstrap, topic)

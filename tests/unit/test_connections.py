@@ -74,3 +74,12 @@ def test_missing_pieces_are_one_line_errors_naming_them(tmp_path, monkeypatch):
     monkeypatch.setenv(CONNECTIONS_FILE_ENV, str(write_connections_file(tmp_path, {"bare": bare})))
     with pytest.raises(ConfigError, match="'bare' has no bootstrap.servers"):
         resolve_connections(pipeline({"connection": "bare"}))
+
+
+def test_connections_read_already_are_used_as_given(monkeypatch):
+    """The operator reads each connection through Airflow once and passes them on; nothing is read again."""
+    monkeypatch.delenv(CONNECTIONS_FILE_ENV, raising=False)
+    cfg = resolve_connections(pipeline({"connection": "kafka_prod"}, {"connection": "registry_prod"}),
+                              {"kafka_prod": KAFKA, "registry_prod": REGISTRY})
+    assert cfg.kafka.client_config()["sasl.password"] == "pw-kafka"
+    assert cfg.format.registry.password.get_secret_value() == "pw-registry"

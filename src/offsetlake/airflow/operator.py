@@ -26,16 +26,20 @@ which job to submit and how to read back what the job committed:
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from offsetlake.config import project_home
 from offsetlake.spark import spark_conf
+
+if TYPE_CHECKING:
+    from offsetlake.config import PipelineConfig
 
 # Commit timestamps come from the writer's clock (the Spark driver's host): read back a little earlier.
 CLOCK_SKEW_MS = 5 * 60 * 1000
@@ -91,9 +95,13 @@ class OffsetlakeOperator(SparkSubmitOperator):
                                  "--try-number", str(ti.try_number), *self.arguments]
         self.conf = {**spark_conf(self._master()), **(self.conf or {})}
         started = dt.datetime.now(dt.timezone.utc)
-        submitted = not self._up_to_date()
+        from offsetlake.config import load_pipeline
+        from offsetlake.connections import read_connections
+        cfg = load_pipeline(self.pipeline)
+        connections = read_connections(cfg)  # once, here: through Airflow's API and its secrets backends
+        submitted = not self._up_to_date(cfg, connections)
         if submitted:
-            with self._connections_for_the_job():
+            with self._handed_to_the_job(connections):
                 super().execute(context)
         from offsetlake.status import commits_of_task_try  # reads Delta: only in the process that runs the task
         # A retry reports what every try of this run committed: a failed try may have committed batches.
@@ -114,51 +122,38 @@ class OffsetlakeOperator(SparkSubmitOperator):
         inputs, output = pipeline_datasets(load_pipeline(self.pipeline), getattr(self, "_committed", None))
         return OperatorLineage(inputs=inputs, outputs=[output])
 
-    def _connections_for_the_job(self):
-        """The pipeline's Airflow connections, resolved here (where the task runs, through Airflow's API and
-        its secrets backends) and handed to the job as a file only this user can read, named by an
-        environment variable of spark-submit; deleted when spark-submit ends (offsetlake.connections)."""
-        import contextlib
-
-        from offsetlake.config import load_pipeline
-        from offsetlake.connections import (CONNECTIONS_FILE_ENV, connection_ids, fetch_from_airflow,
-                                            write_connections_file)
-        ids = connection_ids(load_pipeline(self.pipeline))
-        if not ids:
-            return contextlib.nullcontext()
-        connections = {conn_id: fetch_from_airflow(conn_id) for conn_id in ids}
+    @contextlib.contextmanager
+    def _handed_to_the_job(self, connections: dict[str, dict]):
+        """The pipeline's Airflow connections (read where the task runs) handed to the job as a file only this
+        user can read, named by an environment variable of spark-submit; deleted when spark-submit ends
+        (offsetlake.connections)."""
+        if not connections:
+            yield
+            return
+        from offsetlake.connections import CONNECTIONS_FILE_ENV, write_connections_file
         directory = Path(tempfile.mkdtemp(prefix="offsetlake-connections-"))  # 0700
+        previous = self.env_vars
+        try:
+            path = write_connections_file(directory, connections)
+            self.env_vars = {**(previous or {}), CONNECTIONS_FILE_ENV: str(path)}
+            self.log.info("Airflow connections %s handed to the job in a private file", ", ".join(connections))
+            yield
+        finally:
+            self.env_vars = previous
+            shutil.rmtree(directory, ignore_errors=True)
 
-        @contextlib.contextmanager
-        def handed_over():
-            previous = self.env_vars
-            try:
-                path = write_connections_file(directory, connections)
-                self.env_vars = {**(previous or {}), CONNECTIONS_FILE_ENV: str(path)}
-                self.log.info("Airflow connections %s handed to the job in a private file", ", ".join(ids))
-                yield
-            finally:
-                self.env_vars = previous
-                shutil.rmtree(directory, ignore_errors=True)
-        return handed_over()
-
-    def _up_to_date(self) -> bool:
+    def _up_to_date(self, cfg: PipelineConfig, connections: dict[str, dict]) -> bool:
         """An ingest with nothing new to read submits no Spark job: it answers in a second or two
         instead of a JVM's start. Anything unclear (no table yet, Kafka unreachable) goes to the job,
         which decides and words the error (and Airflow retries it)."""
         if self.command != "ingest":
             return False
         from offsetlake.batch import nothing_to_ingest  # Kafka and Delta: only in the process that runs the task
-        from offsetlake.config import load_pipeline
         from offsetlake.connections import resolve_connections
         try:
-            cfg = resolve_connections(load_pipeline(self.pipeline))
-        except Exception as err:  # noqa: BLE001 - the job itself reports it
-            self.log.info("could not read %s's connections (%s): submitting the job", self.pipeline, err)
-            return False
-        # Asked once, without kafka.retry_seconds of retries: in an outage the job retries, not this check too.
-        once = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"retry_seconds": 0})})
-        try:
+            cfg = resolve_connections(cfg, connections)
+            # Asked once, without kafka.retry_seconds of retries: in an outage the job retries, not this check too.
+            once = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"retry_seconds": 0})})
             if nothing_to_ingest(once):
                 self.log.info("%s is up to date: nothing new to ingest, no Spark job submitted", self.pipeline)
                 return True
