@@ -47,6 +47,7 @@ class BatchResult:
     quarantined: int = 0
     message: str = ""
     files: set[str] = field(default_factory=set)  # data files the commit added
+    spark_job: tuple[float, float] | None = None  # epoch seconds its Spark job was submitted and ended
 
     def summary(self) -> str:
         if self.status == "up_to_date":
@@ -98,6 +99,7 @@ def run_batch(spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], 
         result = commit_batch(cfg, plan, attempt, written, run, files, fault_settings, snapshot=table,
                               began=began, targets=targets)
     faults.hit("after_commit", fault_settings)
+    result.spark_job = out.job
     if result.status == "committed":
         cluster.commit_group_offsets(cfg.consumer_group, plan.ends)
     return result
@@ -199,13 +201,16 @@ def run_tasks(spark, ctx: TaskContext) -> TaskResults:
         return TaskResults({}, [], [], [])
     context = session_of(spark).sparkContext
     slots = assign_slots([t.size for t in ctx.tasks], task_slots(context))
+    submitted = time.time()
     job = context.parallelize(range(len(slots)), len(slots)).mapPartitionsWithIndex(task_function(ctx, slots))
     try:
         rows = job.collect()
     except Exception as err:  # Spark wraps executor errors: surface ours as one line
         wait_for_running_tasks(spark)
         raise _executor_error(err) from None
-    return parse_results(rows)
+    results = parse_results(rows)
+    results.job = (submitted, time.time())
+    return results
 
 
 def task_slots(context) -> int | None:

@@ -237,10 +237,16 @@ def _spark(args, cfg: PipelineConfig, job: str):
 def cmd_ingest(args) -> int:
     from offsetlake.batch import ingest
     cfg = _pipeline(args)
+    from offsetlake.spark import startup_report
+    first_job = None
     with _spark(args, cfg, "ingest") as spark:  # under spark-submit it starts while Kafka is checked
         _check_reachable(cfg)
         for result in ingest(spark, cfg, _run(args)):
             print(result.summary(), flush=True)
+            first_job = first_job or result.spark_job
+        report = startup_report(spark.ready_at, first_job)
+    if report:
+        print(report, flush=True)
     return 0
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.abc
+import importlib.machinery
+import sys
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -62,6 +65,54 @@ def freeze_long_lived_objects() -> None:
         _frozen = True
 
 
+@contextlib.contextmanager
+def pandas_left_out():
+    """pandas unimportable while a task runs, in a worker that has not imported it.
+
+    pyarrow checks the inputs it converts for pandas objects (`pa.array` and `pa.scalar` without a
+    type, a compute function given a Python number), and where pandas is installed (pyspark brings
+    it) its first check imports it: 0.37 s in each Python worker, on the first task of every session,
+    where nothing a task does uses pandas. py-spy showed it as a third of a worker's first task.
+    While `import pandas` raises ImportError, pyarrow takes the inputs for what they are and goes on
+    (pandas-shim.pxi). After the task the import works again: a later job in the worker that wants
+    pandas (`to_pandas`, pyspark's pandas UDFs) imports it then."""
+    if "pandas" in sys.modules:
+        yield
+        return
+    sys.meta_path.insert(0, _NO_PANDAS)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(_NO_PANDAS)
+
+
+class _PandasNotFound:
+    """An import finder under which `import pandas` raises ImportError while it is on sys.meta_path.
+
+    It finds pandas (`importlib.util.find_spec` answers as it would without it: polars asks that when
+    it is first imported and keeps the answer) and fails only when the module would be executed, so
+    nothing but the import itself sees the difference, and a failed import leaves no trace in
+    sys.modules."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != "pandas":  # its submodules import it first
+            return None
+        return importlib.machinery.ModuleSpec(name, _NotLoaded())
+
+
+class _NotLoaded(importlib.abc.Loader):
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        raise ImportError(f"{module.__name__} is left out while an offsetlake task runs",
+                          name=module.__name__)
+
+
+_NO_PANDAS = _PandasNotFound()
+
+
 def spark_task_context():
     """The running Spark task's context; None outside a Spark task (a driver, a test)."""
     from pyspark import TaskContext as SparkTaskContext
@@ -79,7 +130,7 @@ def run_tasks_in_order(ctx: TaskContext, indexes: list[int]) -> list[dict]:
     time, and that wait now overlaps with work. At most two ranges are held at a time, one as Arrow
     and the next in librdkafka's queue."""
     out: list[dict] = []
-    with collector_paused():
+    with collector_paused(), pandas_left_out():
         reader = open_range(ctx, indexes[0])
         try:
             for position, index in enumerate(indexes):
@@ -147,6 +198,7 @@ class TaskResults:
     data: list[tuple[int, DataFile]]  # (task, file)
     quarantine: list[tuple[int, DataFile]]
     schemas: list[pa.Schema]  # of the rows each task wrote (registry formats: may add columns)
+    job: tuple[float, float] | None = None  # epoch seconds the Spark job was submitted and ended
 
 
 def parse_results(rows) -> TaskResults:

@@ -13,6 +13,7 @@ XCom, the tables and the pipeline files are read for both secrets.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -119,6 +120,9 @@ def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(boo
     logs = _task_logs(home)
     assert "authentication failed" in logs  # the SCRAM connection's settings reached the job's clients
     assert "handed to the job in a private file" in logs
+    # the ingest said where its start-up went (make bench reads this line from the task log)
+    assert re.search(r"start-up, seconds after spark-submit's JVM started: Python driver [0-9.]+, Spark session "
+                     r"ready [0-9.]+, first Spark job [0-9.]+ to [0-9.]+", logs), logs[-3000:]
 
     assert watch.samples > 50 and watch.found == []  # no command line or environment ever held a secret
     events = [p for p in event_logs.rglob("*") if p.is_file()]

@@ -9,8 +9,8 @@ is shared; the raw and json targets are twice their share before the speed work 
   first ingest        the raw ingest right after a session starts, in a process of its own (a new JVM, as
                       each spark-submit has): it also forks Spark's Python workers and imports the task
                       code in them. Then a second, warm ingest in the same process; the target is the
-                      median over 3 such processes of first/warm (paired: a burst of the broker's own
-                      work slows both alike). Each ingest to a new table; session start reported apart
+                      median over 5 such processes of first/warm. Each ingest to a new table, each from a
+                      settled broker (below); session start reported apart
   ingest raw / json   offsetlake ingest from an empty table to fully committed (session start apart),
                       each right after a raw read of its own: the share is the median of the pairs'
                       (paired: a burst of the broker's own work slows both sides alike)
@@ -25,7 +25,13 @@ is shared; the raw and json targets are twice their share before the speed work 
   fetch size          the largest fetch response the broker sends when asked for at most 1 MiB
   airflow             through real Airflow processes (api-server, scheduler, dag-processor,
                       triggerer; LocalExecutor): an ingest run with nothing to do, trigger to end
-                      of run; a triggered small batch (1,000 records), trigger to Delta commit
+                      of run; a triggered small batch (1,000 records), trigger to Delta commit; a
+                      triggered batch of --records, trigger to Delta commit, step by step (Airflow's
+                      task start, the processes' starts from /proc, the start-up line the job prints)
+
+Every timed read and ingest on the embedded noida-db starts once the broker has settled (its own CPU
+use, from /proc, below 5% of a core for half a second): after serving a 1M-record read it keeps a core
+busy for 3-4 s, and a measure started then paid for the one before it.
 
     python tests/benchmarks/bench_ingest.py [--records 1000000] [--scale-records 10000000] [--airflow-only]
                                             [--formats-only]
@@ -57,6 +63,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -70,6 +77,7 @@ from offsetlake.commit import add_actions
 from offsetlake.config import RESERVED_CLIENT_KEYS, parse_pipeline
 from offsetlake.formats import table_schema
 from offsetlake.kafka import KafkaCluster
+from offsetlake.metadata import HistoryEntry
 from offsetlake.planning import split_ranges
 from offsetlake.reader import OffsetRange
 from offsetlake.spark import build_session
@@ -84,6 +92,7 @@ from support import BackgroundSampler  # noqa: E402 - tests/ is not a package
 BEFORE = {"raw": 0.391, "json": 0.253}
 RESULTS = Path(__file__).with_name("results.json")
 RUNS = 3  # the raw read and the raw, json and avro ingests are medians of this many runs
+FIRST_RUNS = 5  # first ingests of a session, each in a process of its own: first/warm varies most
 JSON_ROW = f"offsetlake ingest, json format (median of {RUNS})"
 AVRO_ROW = f"ingest, avro format, registry (median of {RUNS})"
 LABEL_WIDTH = 54  # the longest measure's name, with a paired share
@@ -97,6 +106,36 @@ CREATED_TOPICS: list[str] = []
 REGISTERED: list[tuple[str, str]] = []  # (registry URL, subject): deleted with the topics on your cluster
 PIPELINES: set[str] = set()  # their consumer groups (offsetlake.<name>) are deleted with the topics
 CLIENT_CONFIG_ENV = "OFFSETLAKE_BENCH_CLIENT_CONFIG"
+BROKER_PID_ENV = "OFFSETLAKE_BENCH_BROKER_PID"  # the embedded noida-db, for `settled` in the first-ingest children
+SETTLE_CPU = 0.05  # the broker is settled when it used less than this share of a core over SETTLE_WINDOW
+SETTLE_WINDOW = 0.5
+SETTLE_MAX_SECONDS = 20
+
+
+def settled() -> float:
+    """Wait until the embedded noida-db has finished the work a previous read left it (returns the
+    seconds waited; no wait on a broker of yours, whose work the bench cannot see). After serving a
+    1M-record ingest noida-db keeps a core busy for 3-4 s (measured from /proc: 2.7-3.6 CPU-seconds in
+    the 4 s after each ingest), and a measure started then shares the machine with it: an ingest
+    right after another took 1.8-2.2 s, the same after 4 s idle 1.3-1.6 s. Every timed read and ingest
+    starts from a settled broker, so none pays for the one before (and a first ingest of a session is
+    compared with a warm one on equal terms)."""
+    pid = os.environ.get(BROKER_PID_ENV)
+    if not pid:
+        return 0.0
+    started = time.perf_counter()
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu_seconds() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    while time.perf_counter() - started < SETTLE_MAX_SECONDS:
+        before = cpu_seconds()
+        time.sleep(SETTLE_WINDOW)
+        if cpu_seconds() - before < SETTLE_CPU * SETTLE_WINDOW:
+            break
+    return time.perf_counter() - started
 
 
 def kafka_conf(bootstrap: str, **extra) -> dict:
@@ -276,6 +315,8 @@ def broker_under_test(args, work: Path):
     registry = None if args.registry else schema_registry.start(work / "registry")
     embedded = None if args.bootstrap else broker.start(work / "broker")
     bootstrap = args.bootstrap or embedded.bootstrap_servers
+    if embedded:
+        os.environ[BROKER_PID_ENV] = str(embedded.pid)  # inherited by the first-ingest children
     try:
         described = describe_broker(bootstrap) + (" (the embedded noida-db)" if embedded else "")
         print(f"broker: {described}")
@@ -365,6 +406,7 @@ def raw_read(bootstrap: str, topic: str, ends: dict) -> tuple[int, float]:
     todo = {tp: end for tp, end in sorted(ends.items()) if end > 0}
     rounds = [todo] if EXTERNAL else [{tp: end} for tp, end in todo.items()]
     n = 0
+    settled()
     started = time.perf_counter()
     for partitions in rounds:
         left = dict(partitions)
@@ -433,6 +475,7 @@ def largest_fetch_response(bootstrap: str, topic: str, partition: int, offset: i
 
 
 def timed_ingest(spark, cfg) -> tuple[int, float]:
+    settled()
     started = time.perf_counter()
     results = ingest(spark, cfg)
     return sum(r.records for r in results), time.perf_counter() - started
@@ -479,9 +522,9 @@ def first_ingest_here(bootstrap: str, topic: str, lake: Path, name: str) -> None
 
 
 def median_first_ingest(bootstrap: str, topic: str, lake: Path) -> dict:
-    """Medians over RUNS processes of: records, seconds of the first ingest, session start seconds, and
+    """Medians over FIRST_RUNS processes of: records, seconds of the first ingest, session start seconds, and
     first/warm (each process's first ingest over its own warm one)."""
-    runs = [first_ingest(bootstrap, topic, lake, f"bench_cold_{i}") for i in range(RUNS)]
+    runs = [first_ingest(bootstrap, topic, lake, f"bench_cold_{i}") for i in range(FIRST_RUNS)]
     return {"records": statistics.median(r["records"] for r in runs),
             "seconds": statistics.median(r["seconds"] for r in runs),
             "session_seconds": statistics.median(r["session_seconds"] for r in runs),
@@ -666,9 +709,10 @@ def _descendants(root: int) -> set[int]:
     return out
 
 
-def airflow_runs(bootstrap: str, work: Path, small: int = 1000) -> dict:
+def airflow_runs(bootstrap: str, work: Path, small: int = 1000, large: int = 1_000_000) -> dict:
     """Seconds through real Airflow processes: trigger -> end of an ingest run that finds nothing to do
-    (median of 3), and trigger -> Delta commit of a triggered small batch (median of 3)."""
+    (median of 3), trigger -> Delta commit of a triggered small batch (median of 3), and of one batch
+    of `large` records (0: none), with where that run's time went (`spark_submit_timeline`)."""
     from offsetlake.local import stack
     from offsetlake.ledger import pipeline_history
     from support import load, write_pipeline
@@ -681,11 +725,23 @@ def airflow_runs(bootstrap: str, work: Path, small: int = 1000) -> dict:
         os.environ[f"OFFSETLAKE_BENCH_CLIENT_{i}"] = value
         client[key] = "${" + f"OFFSETLAKE_BENCH_CLIENT_{i}" + "}"
     name = write_pipeline(pipelines, bootstrap, [topic], work / "lake", schedule=None, kafka={"client": client},
-                          format={"type": "raw", "schema": []})
+                          format={"type": "raw", "schema": []},
+                          batch={"max_records_per_batch": max(large, small), "max_records_per_task": 250_000})
     PIPELINES.add(name)
     cfg = load(pipelines, name)
     home = work / "airflow"
     env = stack.environment(home, broker.free_port(), REPO, pipelines, spark_master="local[2]")
+    out: dict = {}
+
+    def committed(run_id: str, started: float) -> HistoryEntry:
+        while True:
+            entry = next((h for h in pipeline_history(open_table(cfg.table_path), name, limit=3)
+                          if h.meta.run.run_id == run_id), None)
+            if entry:
+                return entry
+            assert time.perf_counter() - started < 300, "no commit within 300 s"
+            time.sleep(0.2)
+
     try:
         stack.start(env)
         api = stack.Api(env["AIRFLOW__API__BASE_URL"], stack.USER, stack.password(home))
@@ -705,14 +761,107 @@ def airflow_runs(bootstrap: str, work: Path, small: int = 1000) -> dict:
             produced += small
             started = time.perf_counter()
             run_id = api.trigger(dag_id)
-            while not any(h.meta.run.run_id == run_id for h in pipeline_history(open_table(cfg.table_path), name, limit=3)):
-                assert time.perf_counter() - started < 300, "no commit within 300 s"
-                time.sleep(0.2)
+            committed(run_id, started)
             commit.append(time.perf_counter() - started)
             api.wait_for_run(dag_id, run_id, timeout=300)
+        out.update(idle_run_seconds=idle, small_batch_commit_seconds=commit)
+        if large:
+            produce(bootstrap, topic, large, start=produced)
+            with ProcessStarts(since=time.time()) as starts:
+                triggered, started = time.time(), time.perf_counter()
+                run_id = api.trigger(dag_id)
+                entry = committed(run_id, started)
+                api.wait_for_run(dag_id, run_id, timeout=300)
+            assert entry.meta.records.read == large, f"the run read {entry.meta.records.read}, not {large}"
+            task, report = task_of(api, dag_id, run_id)
+            out["large_batch"] = spark_submit_timeline(large, triggered, task, starts.started, report,
+                                                       entry.timestamp / 1000)
     finally:
         stack.stop(home)
-    return {"idle_run_seconds": idle, "small_batch_commit_seconds": commit}
+    return out
+
+
+class ProcessStarts(BackgroundSampler):
+    """When the processes of a spark-submit started: the first of each role that started at or after
+    `since` (epoch seconds), from /proc/<pid>/stat, so exact to the kernel's clock tick however late a
+    sample sees the process."""
+
+    interval = 0.05
+    ROLES = {
+        # bin/spark-submit runs Spark's launcher (a JVM) to build the command, then execs SparkSubmit's JVM
+        # in its own process: this is that process, and the start the driver's start-up line counts from
+        "spark-submit": lambda argv: "org.apache.spark.deploy.SparkSubmit" in argv
+        and "org.apache.spark.launcher.Main" not in argv,
+        "daemon": lambda argv: "offsetlake.spark_daemon" in argv or "pyspark.daemon" in argv,
+    }
+
+    def __init__(self, since: float):
+        super().__init__()
+        self.since = since
+        self.started: dict[str, float] = {}
+        self._known: set[str] = set()  # pids given a role (a pid seen between fork and exec is looked at again)
+
+    def sample(self) -> None:
+        from offsetlake.spark import process_started
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or entry.name in self._known:
+                continue
+            try:
+                argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+            except OSError:
+                continue
+            started = process_started(entry.name)
+            for role, matches in self.ROLES.items():
+                if started is not None and matches(argv) and started >= self.since - 0.01:
+                    self._known.add(entry.name)
+                    self.started[role] = min(started, self.started.get(role, started))
+
+
+STARTUP = re.compile(r"start-up, seconds after spark-submit's JVM started: Python driver ([0-9.]+), Spark session "
+                     r"ready ([0-9.]+), first Spark job ([0-9.]+) to ([0-9.]+)")
+
+
+def task_of(api, dag_id: str, run_id: str) -> tuple[float, dict[str, float]]:
+    """When the run's task started (epoch seconds, as Airflow recorded it), and the start-up line
+    `offsetlake ingest` printed to its log (spark.startup_report), in seconds after spark-submit's JVM."""
+    import datetime as dt
+    run = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
+    tis = [ti for ti in api.get(f"{run}/taskInstances")["task_instances"] if ti.get("start_date")]
+    for ti in tis:
+        log = json.dumps(api.get(f"{run}/taskInstances/{ti['task_id']}/logs/{ti['try_number']}"))
+        found = STARTUP.search(log)
+        if found:
+            driver, session, job, job_end = map(float, found.groups())
+            return (dt.datetime.fromisoformat(ti["start_date"]).timestamp(),
+                    {"driver": driver, "session": session, "job": job, "job_end": job_end})
+    print(f"bench: no start-up line in the task logs of {run_id} (an offsetlake that does not print one?)")
+    return min(dt.datetime.fromisoformat(ti["start_date"]).timestamp() for ti in tis), {}
+
+
+def spark_submit_timeline(records: int, triggered: float, task: float, starts: dict[str, float],
+                          report: dict[str, float], commit: float) -> dict:
+    """Where a triggered run's time went, trigger -> Delta commit, as (step, seconds) in order."""
+    jvm = starts.get("spark-submit")
+    after_jvm = (lambda key: None if jvm is None or key not in report else jvm + report[key])
+    marks = [("trigger -> the Airflow task starts (scheduler, executor)", task),
+             ("-> spark-submit starts (task runner; operator: pipeline, connections, anything to do?)", jvm),
+             ("-> the Python driver starts (Spark's launcher, SparkSubmit's JVM)", after_jvm("driver")),
+             ("-> the Spark session is ready (SparkContext)",
+              after_jvm("session")),
+             ("-> the batch's Spark job is submitted (the plan was made meanwhile)", after_jvm("job")),
+             ("-> the job ends (Spark's Python daemon and workers start in it)", after_jvm("job_end")),
+             ("-> the Delta commit", commit)]
+    steps, last = [], triggered
+    for label, at in marks:
+        if at is None:
+            steps.append((label, None))
+            continue
+        steps.append((label, at - last))
+        last = at
+    daemon = starts.get("daemon")
+    return {"records": records, "trigger_to_commit_seconds": commit - triggered, "steps": steps,
+            "daemon_after_job_submitted_seconds": None if daemon is None or after_jvm("job") is None
+            else daemon - after_jvm("job")}
 
 
 def airflow_targets(result: dict) -> list[tuple[str, str, bool]]:
@@ -723,6 +872,20 @@ def airflow_targets(result: dict) -> list[tuple[str, str, bool]]:
         (f"airflow: triggered 1,000-record batch, trigger -> Delta commit, median {commit:.1f}s of "
          f"{[round(x, 1) for x in result['small_batch_commit_seconds']]}", "< 30s", commit < 30),
     ]
+
+
+def print_timeline(result: dict) -> None:
+    """The triggered large batch, step by step (reported, no target: the steps are Airflow's and Spark's)."""
+    large = result.get("large_batch")
+    if not large:
+        return
+    print(f"\nairflow: a triggered {large['records']:,}-record batch, trigger -> Delta commit "
+          f"{large['trigger_to_commit_seconds']:.2f}s (one run, spark-submit on local[2]):")
+    for label, seconds in large["steps"]:
+        print(f"  {label:<96} {'(not seen)' if seconds is None else f'{seconds:6.2f}s'}")
+    if large["daemon_after_job_submitted_seconds"] is not None:
+        print(f"  (Spark's Python daemon started {large['daemon_after_job_submitted_seconds']:.2f}s after the job "
+              f"was submitted)")
 
 
 def main() -> None:
@@ -753,7 +916,9 @@ def main() -> None:
         return
     if args.airflow_only:
         with broker_under_test(args, work) as (bootstrap, _, _):
-            print_targets(airflow_targets(airflow_runs(bootstrap, work)))
+            result = airflow_runs(bootstrap, work, large=args.records)
+        print_timeline(result)
+        print_targets(airflow_targets(result))
         return
     lake = work / "lake"
     out: dict = {"records": args.records, "scale_records": args.scale_records}
@@ -788,7 +953,7 @@ def main() -> None:
         fetch_bytes = {args.records: largest_fetch_response(bootstrap, topic, 0, 0)}
         spark.stop()  # the Airflow runs start Spark applications of their own
         spark = None
-        out["airflow"] = airflow_runs(bootstrap, work)
+        out["airflow"] = airflow_runs(bootstrap, work, large=args.records)
 
         scale = None
         if args.scale_records:
@@ -809,7 +974,7 @@ def main() -> None:
     n_eo, eo_s, plain_s = eo["records"], eo["protocol"], eo["plain"]
     rows = [
         (f"raw read (1 consumer, median of {RUNS})", n_raw, raw_s, raw_rate, 1.0),
-        (f"first ingest of a session, raw (median of {RUNS})", n_cold, cold_s, n_cold / cold_s,
+        (f"first ingest of a session, raw (median of {FIRST_RUNS})", n_cold, cold_s, n_cold / cold_s,
          n_cold / cold_s / raw_rate),
         (f"offsetlake ingest, raw format (median of {RUNS}, paired)", n_rawfmt, rawfmt_s, n_rawfmt / rawfmt_s,
          raw_share),
@@ -827,7 +992,7 @@ def main() -> None:
                   n_scale / scale_s / scale_raw_rate)]
     print(f"\nbroker: {out['broker']}")
     print(f"produced {args.records} records in {out['produce_seconds']:.1f}s; "
-          f"Spark session start {out['spark_session_seconds']:.1f}s (median of {RUNS} new processes, reported apart)")
+          f"Spark session start {out['spark_session_seconds']:.1f}s (median of {FIRST_RUNS} new processes, reported apart)")
     print(f"{'measure':<{LABEL_WIDTH}} {'records':>9} {'seconds':>8} {'rec/s':>10} {'of raw read':>12}")
     for row in rows:
         print_row(*row)
@@ -849,7 +1014,7 @@ def main() -> None:
 
     targets = [*share_targets(raw_share, json_share),
         avro_target(n_json / json_s, n_avro / avro_s),
-        (f"first ingest of a session over a warm one in the same process, median of {RUNS} processes: "
+        (f"first ingest of a session over a warm one in the same process, median of {FIRST_RUNS} processes: "
          f"{first['over_warm'] - 1:+.0%} (first {cold_s:.2f}s)", "within +20%", first["over_warm"] <= 1.2),
         (f"exactly-once bookkeeping {direct:+.1%} of a plain append's batch, timed directly", "<= 3%", direct <= 0.03),
         (f"stream latency, Kafka commit -> Delta commit: median {statistics.median(latencies):.2f}s, max "
@@ -867,6 +1032,7 @@ def main() -> None:
              f"{worker_1m:.0f} MB at {args.records:,} (same max_records_per_task)", "<= 1.5x (bounded by the task)",
              worker_scale <= 1.5 * worker_1m),
         ]
+    print_timeline(out["airflow"])
     print_targets(targets)
     out.update({
         "rows": [dict(zip(("measure", "records", "seconds", "rate", "ratio"), r)) for r in rows],

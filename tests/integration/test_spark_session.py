@@ -3,6 +3,8 @@ cannot start fails the code that asks for it, in its own thread. (From a termina
 tests/integration/test_cli.py checks that an up-to-date ingest starts no JVM.)"""
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 
 from support import spark_submit
@@ -36,6 +38,20 @@ print("stopped")
 """
 
 
+REPORTS_START_UP = """
+import time
+print("driver code:", time.time())
+from offsetlake.spark import LazySession, startup_report
+spark = LazySession("reports-start-up")
+spark.start_early()
+session = spark.get()
+submitted = time.time()
+session.sparkContext.parallelize(range(4), 2).sum()
+print(startup_report(spark.ready_at, (submitted, time.time())))
+spark.stop()
+"""
+
+
 def submit_driver(tmp_path: Path, script: str):
     path = tmp_path / "driver.py"
     path.write_text(script)
@@ -53,3 +69,19 @@ def test_a_session_that_cannot_start_raises_in_get_and_stops_cleanly(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines == ["get raised: Py4JJavaError naming the master: True", "stopped"], lines
+
+
+def test_under_spark_submit_the_start_up_is_counted_from_spark_submits_jvm(tmp_path):
+    launched = time.time()
+    done = submit_driver(tmp_path, REPORTS_START_UP)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, report = done.stdout.splitlines()
+    found = re.fullmatch(r"start-up, seconds after spark-submit's JVM started: Python driver ([0-9.]+), Spark session "
+                         r"ready ([0-9.]+), first Spark job ([0-9.]+) to ([0-9.]+)", report)
+    assert found, report
+    driver, session, job, job_end = map(float, found.groups())
+    assert 0 < driver < session <= job < job_end, report
+    # spark-submit's process started when this test launched it: its start, as the driver's code saw
+    # it (its own clock minus the report's driver mark), falls between the launch and the driver code
+    jvm_started = float(first.split()[-1]) - driver
+    assert launched - 0.1 < jvm_started < launched + 2.0, (launched, jvm_started, report)
