@@ -12,7 +12,7 @@ from deltalake import DeltaTable, write_deltalake
 from offsetlake.batch import ingest
 from offsetlake.local.producer import produce
 from offsetlake.table import query
-from support import REPO, assert_exactly_once, ledger_offsets, pipeline_commits, table_lineage
+from support import REPO, assert_exactly_once, assert_rows_are_kafkas_except, ledger_offsets, pipeline_commits, table_lineage
 
 pytestmark = pytest.mark.slow
 
@@ -212,6 +212,7 @@ def test_recovery_dag_reset_moves_the_ledger(spark, pipeline):
     assert last.meta.kind == "reset" and last.meta.reason == "skip a bad deploy (INC-42)"
     ingest(spark, cfg)
     assert pipeline_commits(cfg)[-1].meta.ranges[topic]["0"][0] == end + 30
+    assert_rows_are_kafkas_except(cfg, topic, 0, range(end, end + 30))  # before the reset and after it, row by row
 
 
 def test_stream_dag_runs_for_a_bounded_time(pipeline):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 from deltalake import DeltaTable
 
@@ -56,6 +57,14 @@ def test_every_kind_of_change_is_announced_with_its_versions_and_ranges(spark, p
     assert ingested.meta.lag == sum(e - s for s, e in ingested.meta.ranges[topic].values()) > 300
 
 
+async def _started(trigger: TableChangeTrigger, timeout: float = 60) -> None:
+    """Until the trigger has read the version it announces after (its first step)."""
+    deadline = time.monotonic() + timeout
+    while trigger.announced_version is None:
+        assert time.monotonic() < deadline, f"the trigger did not read {trigger.table} in {timeout} s"
+        await asyncio.sleep(0.02)
+
+
 def test_the_watcher_yields_an_event_for_commits_made_after_it_started(spark, pipeline):
     cfg, topic = pipeline(partitions=2, records=200, ingest=True)
     before = DeltaTable(cfg.table_path).version()
@@ -64,8 +73,8 @@ def test_the_watcher_yields_an_event_for_commits_made_after_it_started(spark, pi
         trigger = TableChangeTrigger(pipeline=cfg.name, table=cfg.table_path, poll_seconds=0.2)
         events = trigger.run()
         waiting = asyncio.ensure_future(anext(events))
-        await asyncio.sleep(1)  # started: it announces from the table's current version on
-        assert not waiting.done()
+        await _started(trigger)
+        assert trigger.announced_version == before and not waiting.done()  # it announces what comes after
         await asyncio.to_thread(backfill, spark, cfg, [OffsetRange(topic, 1, 0, 30)])
         event = await asyncio.wait_for(waiting, timeout=60)
         await events.aclose()

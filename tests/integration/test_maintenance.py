@@ -103,29 +103,41 @@ def test_optimize_running_beside_an_ingest_loses_and_duplicates_nothing(pipeline
 def test_stream_compacts_what_it_wrote(spark, pipeline):
     cfg, topic = pipeline(partitions=2, records=100, batch={"max_records_per_batch": 50, "max_records_per_task": 25},
                           maintenance={"compact_every_batches": 3})
-    stop = threading.Event()
+    stop, failures = threading.Event(), []
 
-    def produce_and_stop():
-        for seed in range(4):
-            produce(cfg.kafka, topic, 60, transactional_share=0.0, seed=100 + seed)
-            time.sleep(1.5)
-        deadline = time.monotonic() + 120
-        while ledger_offsets(cfg) != _lso(cfg) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        stop.set()
+    def run_stream():
+        try:
+            stream(spark, cfg, stop, 0.2)
+        except BaseException as err:  # noqa: BLE001 - handed to the test's thread, which fails with it
+            failures.append(err)
 
-    worker = threading.Thread(target=stream, args=(spark, cfg, stop, 0.2))
-    feeder = threading.Thread(target=produce_and_stop)
+    worker = threading.Thread(target=run_stream)
     worker.start()
-    feeder.start()
-    feeder.join(300)
-    worker.join(300)
+    try:
+        _caught_up(cfg, worker, failures)
+        for seed in range(4):  # each lot committed before the next: two batches of at most 50 per lot
+            produce(cfg.kafka, topic, 60, transactional_share=0.0, seed=100 + seed)
+            _caught_up(cfg, worker, failures)
+    finally:
+        stop.set()
+        worker.join(300)
+    assert not worker.is_alive(), "the stream did not stop within 300 s of being asked to"
+    assert not failures, failures
 
     kinds = [h.meta.kind for h in pipeline_commits(cfg)]
     assert kinds.count("ingest") >= 6 and kinds.count("optimize") >= 1, kinds
     # Every `compact_every_batches` batches the stream folds their files together: far fewer files than batches.
     assert len(committed_files(cfg.table_path)) < kinds.count("ingest")
     assert_exactly_once(cfg)
+
+
+def _caught_up(cfg, worker: threading.Thread, failures: list, timeout: float = 120) -> None:
+    """Until the stream running in `worker` has committed up to the LSO of every partition."""
+    deadline = time.monotonic() + timeout
+    while not (DeltaTable.is_deltatable(cfg.table_path) and ledger_offsets(cfg) == _lso(cfg)):
+        assert worker.is_alive() and not failures, f"the stream stopped: {failures}"
+        assert time.monotonic() < deadline, f"the stream did not catch up with Kafka in {timeout} s"
+        time.sleep(0.2)
 
 
 def _lso(cfg) -> dict:

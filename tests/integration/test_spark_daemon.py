@@ -71,19 +71,3 @@ def test_the_archives_stay_when_pyspark_would_not_import_without_them(monkeypatc
         assert list(sys.path_importer_cache) == ["/work"]
     else:
         assert sys.path == path
-
-
-def test_a_worker_whose_jvm_closed_its_socket_exits_without_a_traceback():
-    def closed(sock, authenticated):
-        raise BrokenPipeError(32, "Broken pipe")
-
-    def served(sock, authenticated):
-        return 0
-
-    def failed(sock, authenticated):
-        raise ValueError("a real failure")
-
-    assert spark_daemon.quiet_on_closed_socket(closed)(None, True) == 1  # exits, as on any failure
-    assert spark_daemon.quiet_on_closed_socket(served)(None, True) == 0  # stays for the next task
-    with pytest.raises(ValueError):
-        spark_daemon.quiet_on_closed_socket(failed)(None, True)  # still printed by pyspark's daemon

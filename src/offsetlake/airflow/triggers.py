@@ -40,6 +40,11 @@ class TableChangeTrigger(BaseEventTrigger):
         self.pipeline, self.table, self.poll_seconds = pipeline, table, poll_seconds
         self._cursor: int | None = None  # where this process is, when there is no state store (tests)
 
+    @property
+    def announced_version(self) -> int | None:
+        """The last version announced (at first, the version it started at); None until it looked."""
+        return self._cursor
+
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"pipeline": self.pipeline, "table": self.table, "poll_seconds": self.poll_seconds})
