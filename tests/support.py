@@ -1,7 +1,6 @@
 """Helpers shared by the integration tests: pipelines on a test broker, and the exactly-once check."""
 from __future__ import annotations
 
-import collections
 import json
 import os
 import subprocess
@@ -13,15 +12,17 @@ from pathlib import Path
 
 import yaml
 from deltalake import DeltaTable
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from offsetlake.config import load_pipeline
-from offsetlake.kafka import KafkaCluster
 from offsetlake.local import broker as embedded_broker
-from offsetlake.ledger import pipeline_history, read_ledger
+from offsetlake.ledger import pipeline_history
 from offsetlake.metadata import HistoryEntry
-from offsetlake.table import open_table, query
+from offsetlake.table import query
+from offsetlake.local import producer as demo_producer
+import oracle
+from oracle import JOURNAL, assert_exactly_once, ledger_offsets  # noqa: F401 - the tests' oracle, re-exported
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,7 +92,6 @@ def write_pipeline(directory: Path, bootstrap: str, topics: list[str], lake: Pat
 def new_pipeline(bootstrap: str, pipelines_dir: Path, lake: Path, partitions: int = 3, records: int = 0,
                  **overrides):
     """A new topic, a pipeline reading it, and `records` committed records among aborted transactions."""
-    from offsetlake.local.producer import produce
     topic = unique("t")
     create_topic(bootstrap, topic, partitions)
     name = write_pipeline(pipelines_dir, bootstrap, [topic], lake, **overrides)
@@ -99,6 +99,28 @@ def new_pipeline(bootstrap: str, pipelines_dir: Path, lake: Path, partitions: in
     if records:
         produce(cfg.kafka, topic, records, transactional_share=0.6, abort_share=0.25, seed=len(name))
     return cfg, topic
+
+
+def produce(settings, topic: str, count: int, **options) -> demo_producer.ProduceReport:
+    """offsetlake's demo producer, recording what it commits in the oracle's journal."""
+    return demo_producer.produce(settings, topic, count, journal=JOURNAL, **options)
+
+
+class JournaledProducer:
+    """A plain confluent-kafka producer whose records the oracle's journal knows (idempotent writes).
+    `bad`: the reason the record must be quarantined with (a fragment of the quarantine's error)."""
+
+    def __init__(self, bootstrap: str, **config):
+        self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **config})
+
+    def produce(self, topic: str, value=None, key=None, headers=None, partition: int | None = None,
+                bad: str | None = None) -> None:
+        record = {"key": key, "value": value, **({"headers": headers} if headers else {})}
+        placed = {} if partition is None else {"partition": partition}
+        self._producer.produce(topic, **record, **placed, on_delivery=JOURNAL.sent(topic, record, None, bad))
+
+    def flush(self, timeout: float = 10) -> None:
+        assert self._producer.flush(timeout) == 0, "records still unsent"
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
@@ -109,40 +131,11 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 def kafka_committed_records(bootstrap: str, topic: str, until: dict[int, int] | None = None,
                             whole: bool = False) -> dict:
     """Every record Kafka returns under read_committed: {(topic, partition, offset): value}
-    (`whole`: (key, value, headers)).
-
-    Reads each partition from its log start up to `until[p]` (default: the LSO now).
-    """
-    cluster = KafkaCluster(_settings(bootstrap))
-    tps = cluster.partitions([topic])
-    ends = cluster.end_offsets(tps, "read_committed")
-    starts = cluster.start_offsets(tps)
-    out = {}
-    for t, p in tps:
-        end = ends[(t, p)] if until is None else until.get(p, 0)
-        if end <= starts[(t, p)]:
-            continue
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("truth"),
-                             "isolation.level": "read_committed", "enable.auto.commit": False,
-                             "enable.partition.eof": True, "auto.offset.reset": "error"})
-        consumer.assign([TopicPartition(t, p, starts[(t, p)])])
-        deadline = time.monotonic() + 60
-        done = False
-        while not done and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, 0.5):
-                if msg.error():
-                    if msg.offset() >= end:
-                        done = True
-                    continue
-                if msg.offset() >= end:
-                    done = True
-                    break
-                out[(t, p, msg.offset())] = (msg.key(), msg.value(), msg.headers() or []) if whole else msg.value()
-            if not done and consumer.position([TopicPartition(t, p)])[0].offset >= end:
-                done = True
-        consumer.close()
-        assert done, f"could not read {t}[{p}] up to {end}"
-    return out
+    (`whole`: (key, value, headers)), from each partition's log start up to `until[p]` (default: the LSO)."""
+    records = oracle.read_committed(bootstrap, topic, until)
+    if whole:
+        return {k: (r.key, r.value, r.headers) for k, r in records.items()}
+    return {k: r.value for k, r in records.items()}
 
 
 def _settings(bootstrap: str):
@@ -161,49 +154,16 @@ def quarantine_lineage(cfg) -> list[tuple[str, int, int]]:
     return table_lineage(cfg.quarantine_path)
 
 
-def ledger_offsets(cfg) -> dict:
-    tps = KafkaCluster(cfg.kafka).partitions(cfg.topics)
-    return read_ledger(open_table(cfg.table_path), cfg.name, tps).offsets
-
-
-def assert_exactly_once(cfg, caught_up: bool = True) -> int:
-    """Row by row: every (topic, partition, offset) Kafka holds under read_committed below the
-    ledger's committed end is in the table exactly once (or, if it did not parse, in the
-    quarantine), and nothing else is. Returns the table's row count."""
-    rows = table_lineage(cfg.table_path)
-    counts = collections.Counter(rows)
-    duplicated = sorted(k for k, n in counts.items() if n > 1)
-    assert not duplicated, f"{len(duplicated)} duplicated rows, e.g. {duplicated[:5]}"
-    offsets = ledger_offsets(cfg)
-    expected = set()
-    for topic in cfg.topics:
-        until = {p: o for (t, p), o in offsets.items() if t == topic}
-        expected |= set(kafka_committed_records(cfg.kafka.bootstrap_servers, topic, until))
-        if caught_up:
-            lso = KafkaCluster(cfg.kafka).end_offsets(KafkaCluster(cfg.kafka).partitions([topic]), "read_committed")
-            behind = {tp: (offsets.get(tp), end) for tp, end in lso.items() if offsets.get(tp, 0) != end}
-            assert not behind, f"ledger is not at the LSO: {behind}"
-    quarantined = set(quarantine_lineage(cfg))
-    assert not quarantined & set(counts), "records both in the table and in the quarantine"
-    missing = sorted(expected - set(counts) - quarantined)
-    unexpected = sorted(set(counts) - expected)
-    assert not missing, f"{len(missing)} records missing from the table, e.g. {missing[:5]}"
-    assert not unexpected, f"{len(unexpected)} rows that Kafka does not hold (aborted?), e.g. {unexpected[:5]}"
-    return len(rows)
-
-
 def assert_rows_are_kafkas_except(cfg, topic: str, partition: int, skipped: range) -> None:
-    """After a reset that skipped `skipped` on one partition: the table holds every record Kafka returns
-    under read_committed but those, each once and each with its own record's event_id (JSON events)."""
-    kafka = kafka_committed_records(cfg.kafka.bootstrap_servers, topic)
-    expected = {k: json.loads(v)["event_id"] for k, v in kafka.items() if not (k[1] == partition and k[2] in skipped)}
-    rows = query(cfg.table_path, "SELECT kafka_topic, kafka_partition, kafka_offset, event_id FROM t").to_pylist()
-    table = {(r["kafka_topic"], r["kafka_partition"], r["kafka_offset"]): r["event_id"] for r in rows}
-    assert len(table) == len(rows), f"{len(rows) - len(table)} duplicated rows"
-    missing, unexpected = sorted(expected.keys() - table.keys()), sorted(table.keys() - expected.keys())
-    assert not missing and not unexpected, f"missing {missing[:5]}, unexpected (skipped?) {unexpected[:5]}"
-    wrong = sorted(k for k, event_id in expected.items() if table[k] != event_id)
-    assert not wrong, f"rows whose event_id is not their record's: {wrong[:5]}"
+    """After a reset that skipped `skipped` on one partition: the oracle finds those records missing, and
+    nothing else (every other record in the table or the quarantine once, with its values)."""
+    found = oracle.check(cfg)
+    kafka = oracle.read_committed(cfg.kafka.bootstrap_servers, topic)
+    expected = sorted(k for k in kafka if k[1] == partition and k[2] in skipped)
+    missing = sorted(w for w, _ in found.kinds.pop(oracle.MISSING, []))
+    assert expected, f"nothing Kafka holds in {topic}[{partition}] {skipped}: the reset skipped nothing"
+    assert missing == expected, f"missing {missing[:5]}..., the reset skipped {expected[:5]}..."
+    assert found.ok, f"the oracle found, in {cfg.table_path}:\n{found.report()}"
 
 
 def run_cli(*args, env: dict | None = None, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
@@ -274,19 +234,10 @@ def pipeline_commits(cfg) -> list[HistoryEntry]:
     return pipeline_history(DeltaTable(cfg.table_path), cfg.name)
 
 
-def assert_quarantine_accounts_for_the_rest(cfg):
-    """table rows + quarantine rows = Kafka's read_committed records, each exactly once."""
-    rows = table_lineage(cfg.table_path)
-    bad = query(cfg.quarantine_path, "SELECT kafka_topic, kafka_partition, kafka_offset, value, error FROM t")
-    bad_keys = list(zip(*(bad.column(i).to_pylist() for i in range(3))))
-    assert len(set(bad_keys)) == len(bad_keys), "a record was quarantined twice"
-    assert not set(bad_keys) & set(rows), "a record is both in the table and the quarantine"
-    truth = kafka_committed_records(cfg.kafka.bootstrap_servers, cfg.topics[0])
-    assert set(rows) | set(bad_keys) == set(truth)
-    assert len(rows) + len(bad_keys) == len(truth)
-    for key, value, error in zip(bad_keys, bad.column(3).to_pylist(), bad.column(4).to_pylist()):
-        assert value == truth[key] and error  # raw bytes kept, with the reason
-    return len(bad_keys)
+def assert_quarantine_accounts_for_the_rest(cfg) -> int:
+    """The oracle's whole check, and the number of records quarantined."""
+    assert_exactly_once(cfg)
+    return len(quarantine_lineage(cfg))
 
 
 def task_result(api, dag_id: str, run_id: str, task_id: str):

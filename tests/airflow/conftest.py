@@ -1,6 +1,7 @@
-"""Airflow for tests: a private AIRFLOW_HOME with a SQLite DB migrated once per session.
+"""Airflow for tests: a private AIRFLOW_HOME whose metadata DB is PostgreSQL, as in production: one server
+per session, migrated once, stopped by its PID when the session ends.
 
-Airflow reads its configuration when first imported, so the environment is set
+Airflow reads its configuration when first imported, so the server starts and the environment is set
 here, at collection, before any test module imports airflow.
 """
 from __future__ import annotations
@@ -14,15 +15,18 @@ from pathlib import Path
 
 import pytest
 
+from hosts import Postgres
+
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="offsetlake-airflow-"))
+METADATA_DB = Postgres.start()
 
 AIRFLOW_ENV = {
     "AIRFLOW_HOME": str(AIRFLOW_HOME),
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
     "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME}/airflow.db",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": METADATA_DB.url,
     "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
     "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
     "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
@@ -39,3 +43,7 @@ def airflow_db():
                           timeout=900, env={**os.environ})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return AIRFLOW_HOME
+
+
+def pytest_sessionfinish(session, exitstatus):
+    METADATA_DB.stop()

@@ -27,8 +27,7 @@ from hosts import descendants
 from offsetlake.batch import ingest
 from offsetlake.local import stack
 from offsetlake.local.broker import free_port
-from offsetlake.local.producer import produce
-from support import REPO, assert_exactly_once, new_pipeline, pipeline_commits
+from support import produce, REPO, assert_exactly_once, new_pipeline, pipeline_commits
 
 pytestmark = pytest.mark.slow
 CHROMIUM = "/usr/bin/chromium"

@@ -19,9 +19,8 @@ import pytest
 from hosts import Postgres, PrivateNetwork, SparkStandalone, free_port
 from offsetlake.local import broker as embedded_broker
 from offsetlake.local import stack
-from offsetlake.local.producer import produce
 from offsetlake.table import query
-from support import (REPO, assert_exactly_once, create_topic, load, pipeline_commits, task_result, unique,
+from support import (produce, REPO, assert_exactly_once, create_topic, load, pipeline_commits, task_result, unique,
                      write_pipeline)
 
 pytestmark = pytest.mark.slow

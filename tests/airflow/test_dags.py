@@ -10,9 +10,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from offsetlake.batch import ingest
-from offsetlake.local.producer import produce
 from offsetlake.table import query
-from support import REPO, assert_exactly_once, assert_rows_are_kafkas_except, ledger_offsets, pipeline_commits, table_lineage
+from support import produce, REPO, assert_exactly_once, assert_rows_are_kafkas_except, ledger_offsets, pipeline_commits, table_lineage
 
 pytestmark = pytest.mark.slow
 
@@ -263,8 +262,7 @@ def test_a_broker_outage_longer_than_retry_seconds_is_carried_by_the_stream_dags
     """The stream outlives a restart shorter than kafka.retry_seconds (tests/integration/test_broker_restart.py);
     past it the stream exits with one line, and Airflow's retries take over until the broker is back."""
     from offsetlake.airflow.dags import stream_dag
-    from offsetlake.local.producer import produce
-    from support import new_pipeline
+    from support import new_pipeline, produce
     monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(pipelines_dir))
     cfg, topic = new_pipeline(own_broker.bootstrap_servers, pipelines_dir, lake, partitions=2, records=300,
                               kafka={"retry_seconds": 2, "timeout_seconds": 2}, stream_interval_seconds=0.5,

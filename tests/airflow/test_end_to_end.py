@@ -18,9 +18,8 @@ from offsetlake.local import stack
 from offsetlake.batch import ingest
 from offsetlake.local.broker import free_port
 from offsetlake.errors import OffsetlakeError
-from offsetlake.local.producer import produce
 from offsetlake.table import query
-from support import (REPO, assert_exactly_once, create_topic, files_containing, load, pipeline_commits, task_result,
+from support import (produce, REPO, assert_exactly_once, create_topic, files_containing, load, pipeline_commits, task_result,
                     unique, write_pipeline)
 
 pytestmark = pytest.mark.slow

@@ -55,7 +55,7 @@ for path in (REPO / "tests", REPO / "tests" / "chaos"):
         sys.path.insert(0, str(path))
 
 from deltalake import DeltaTable  # noqa: E402
-from deltalake.exceptions import CommitFailedError  # noqa: E402
+from deltalake.exceptions import CommitFailedError, DeltaError  # noqa: E402
 
 import logging  # noqa: E402
 
@@ -67,8 +67,8 @@ from offsetlake.compaction import optimize  # noqa: E402
 from offsetlake.errors import TableError  # noqa: E402
 from offsetlake.formats import table_schema  # noqa: E402
 from offsetlake.maintenance import checkpoint, cleanup, restore, vacuum  # noqa: E402
-from support import (create_topic, kafka_committed_records, ledger_offsets, load, quarantine_lineage,  # noqa: E402
-                     table_lineage, write_pipeline)
+import oracle  # noqa: E402
+from support import create_topic, ledger_offsets, load, quarantine_lineage, table_lineage, write_pipeline  # noqa: E402
 from workload import Workload  # noqa: E402
 
 POINTS = ("after_plan", "after_read", "after_files_written", "before_commit", "after_commit")
@@ -169,6 +169,9 @@ class Summary:
     missing: int = 0
     duplicated: int = 0
     unexpected: int = 0
+    wrong: int = 0  # rows or quarantine rows unlike their record, or unlike what the producers made them
+    journaled: int = 0  # records whose producer saw how their transaction ended, checked against that
+    findings: str = ""  # the oracle's report, naming offsets
     audit_ok: bool = False
     seconds: float = 0.0
     produced: dict = field(default_factory=dict)
@@ -194,7 +197,7 @@ class Summary:
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.duplicated or self.unexpected) and self.audit_ok
+        return not (self.missing or self.duplicated or self.unexpected or self.wrong) and self.audit_ok
 
     def table(self) -> str:
         width = max(len(k) for k in [*self.faults, "duplicated (offsets twice)"]) + 2
@@ -204,8 +207,9 @@ class Summary:
         lines += ["-" * (width + 10)]
         rows = [("batches committed (job logs)", self.batches), ("kafka records (read_committed)", self.kafka_records),
                 ("table rows", self.table_rows), ("quarantined", self.quarantined),
+                ("checked against the producers' record", self.journaled),
                 ("missing", self.missing), ("duplicated (offsets twice)", self.duplicated),
-                ("unexpected (not in Kafka)", self.unexpected)]
+                ("unexpected (not in Kafka)", self.unexpected), ("values or reasons wrong", self.wrong)]
         width = max(width, *(len(k) + 2 for k, _ in rows))
         lines += [f"{k:<{width}}{v:>8}" for k, v in rows]
         lines += [f"{'offsetlake audit':<{width}}{'ok' if self.audit_ok else 'FAILED':>8}",
@@ -226,6 +230,7 @@ class Summary:
         return {"seed": self.seed, "faults": dict(self.faults), "injected": self.injected, "batches": self.batches,
                 "kafka_records": self.kafka_records, "table_rows": self.table_rows, "quarantined": self.quarantined,
                 "missing": self.missing, "duplicated": self.duplicated, "unexpected": self.unexpected,
+                "wrong": self.wrong, "journaled": self.journaled, "findings": self.findings,
                 "audit_ok": self.audit_ok, "job_failures": self.job_failures, "seconds": round(self.seconds, 1),
                 "produced": self.produced, "examples": self.examples, "excused": self.excused,
                 "stream_uptime": round(self.stream_uptime, 4), "streams": [w.as_dict() for w in self.streams]}
@@ -319,7 +324,8 @@ class Chaos:
                                                            "max_records_per_task": 1500,
                                                            "read_timeout_seconds": 30}, **avro)
         self.cfg = load(self.pipelines, name)
-        self.workload = Workload(self.cfg.kafka, self.topic, seed,
+        self.journal = oracle.Journal()  # what the workload's producers committed and aborted
+        self.workload = Workload(self.cfg.kafka, self.topic, seed, self.journal,
                                  registry_url=self.registry.url if self.registry else None)
         self.jobs = 0
         self.tries = 0  # faults drawn, injected or not
@@ -359,6 +365,11 @@ class Chaos:
         """Wait for a job nobody killed; a failure is recorded unless a fault explains it."""
         rc = job.wait()
         job.kill()  # whatever the driver left behind (its JVM) goes with its group
+        return self.account(job, rc, may_fail)
+
+    def account(self, job: Job, rc: int | None, may_fail: bool = False) -> int | None:
+        """A job that exited non-zero, or hung past JOB_TIMEOUT, is a failure unless a fault the harness
+        injected explains it; the summary counts the ones a broker restart excused."""
         # Another lane restarted the broker: an ingest or backfill may fail (Airflow retries it), but a
         # stream must ride it out (kafka.retry_seconds), so its failure is never excused.
         excused = job.broker_restarts != self.broker_restarts and not job.name.startswith("stream")
@@ -392,10 +403,15 @@ class Chaos:
     # -- faults: each returns True if the fault really happened -------------------------------------
 
     def kill_at(self, rng: random.Random, point: str) -> bool:
+        """The job SIGKILLs itself at `point`. Exit 0: it had nothing to do there (not reached). Any other
+        end (a crash, a hang) is accounted as a job failure, as for a job nobody killed."""
         job = self.start("ingest", fault=f"{point}:exit")
         rc = job.wait()
         job.kill()  # whatever the driver left behind (its JVM) goes with its group
-        return rc == -signal.SIGKILL
+        if rc == -signal.SIGKILL:
+            return True
+        self.account(job, rc)
+        return False
 
     def job_args(self, rng: random.Random, command: str, stream_seconds: float | None = None) -> tuple[str, ...] | None:
         """Arguments for an ingest, a stream (bounded when asked) or a backfill of a committed span;
@@ -532,9 +548,10 @@ class Chaos:
                         return
                     except CommitFailedError:
                         time.sleep(0.2)
-            except Exception:
+            except (DeltaError, TableError):
                 # A checkpoint meanwhile (another lane's, or delta-rs' own every 100 commits) cleaned the
-                # log up past the target: no RESTORE can reach it now. Anything else is a real failure.
+                # log up past the target: no RESTORE can reach it now (delta-rs or offsetlake says the
+                # version is gone). Any other error, or this one with the target still in the log, fails.
                 if target >= self.last_checkpoint():
                     raise
         with self.checkpoints:  # the other lane's checkpoint fault waits: the target stays in the log
@@ -629,25 +646,24 @@ class Chaos:
             return
         self.tally(ledger_offsets(self.cfg))
         s = self.summary
-        if s.missing or s.duplicated or s.unexpected:
-            raise ChaosFailure(f"{when}: {s.missing} missing, {s.duplicated} duplicated, {s.unexpected} "
-                               f"unexpected rows, e.g. {s.examples}")
+        if s.findings:
+            raise ChaosFailure(f"{when}: {s.missing} missing, {s.duplicated} duplicated, {s.unexpected} unexpected, "
+                               f"{s.wrong} wrong:\n{s.findings}")
 
     def tally(self, until: dict) -> None:
-        rows = table_lineage(self.cfg.table_path)
-        # The quarantine commit comes first, so a job killed before its table commit leaves the
-        # quarantine ahead of the ledger; the next batch skips those. Count them once the ledger is there.
-        quarantined = [q for q in quarantine_lineage(self.cfg) if q[2] < until.get(q[:2], 0)]
-        counts = collections.Counter(rows)
-        expected = set(kafka_committed_records(self.broker.bootstrap_servers, self.topic,
-                                               {p: o for (_, p), o in until.items()}))
-        seen = set(counts) | set(quarantined)
+        """The oracle, values and producer-side truth included. The quarantine commit comes first, so a job
+        killed before its table commit leaves the quarantine ahead of the ledger; the next batch skips those:
+        they are counted once the ledger is there."""
+        found = oracle.check(self.cfg, until, quarantine_ahead=True, journal=self.journal)
         s = self.summary
-        s.kafka_records, s.table_rows, s.quarantined = len(expected), len(rows), len(quarantined)
-        missing, unexpected = sorted(expected - seen), sorted(seen - expected)
-        twice = sorted(k for k, n in counts.items() if n > 1) + sorted(set(counts) & set(quarantined))
-        s.missing, s.unexpected, s.duplicated = len(missing), len(unexpected), len(twice)
-        s.examples = (missing or unexpected or twice)[:5]
+        s.kafka_records, s.table_rows, s.quarantined = found.kafka_records, found.table_rows, found.quarantined
+        s.journaled = found.journaled
+        s.missing = found.count(oracle.MISSING, oracle.PRODUCER_LOST)
+        s.duplicated = found.count(oracle.DUPLICATED, oracle.QUARANTINED_TWICE, oracle.BOTH)
+        s.unexpected = found.count(oracle.UNEXPECTED, oracle.QUARANTINE_UNEXPECTED, oracle.PRODUCER_ABORTED)
+        s.wrong = found.count(oracle.WRONG_VALUE, oracle.QUARANTINE_WRONG, oracle.GOOD_QUARANTINED,
+                              oracle.BAD_NOT_QUARANTINED, oracle.PRODUCER_DIFFERS)
+        s.examples, s.findings = found.examples(), found.report()
 
     def final_verdict(self) -> None:
         self.workload.stop()

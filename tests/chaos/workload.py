@@ -5,6 +5,10 @@ one mixes idempotent writes with short transactions, some aborted after their
 records reached the log; the other holds transactions open for seconds, so the
 last stable offset stalls behind them, then commits or aborts them.
 
+Every record is told to a journal (the oracle's producer-side truth): where
+the broker put it, and whether its transaction committed or aborted; a
+transaction whose end raised stays "in doubt" and only Kafka decides it.
+
 Both survive a broker restart: on any error the transactional producer is
 abandoned and a new one starts under a fresh transactional id. A fresh id is
 also taken after every abort, and after every broker restart (noida-db aborts
@@ -25,7 +29,7 @@ from confluent_kafka import KafkaException, Producer
 
 from offsetlake.config import KafkaSettings
 from offsetlake.kafka import client_settings
-from offsetlake.local.producer import demo_event, with_bad_records
+from offsetlake.local.producer import Journal, demo_event, with_bad_records
 
 # Avro mode: the first records use schema 1 only, so the table is created without the field schema 2
 # adds; after them both versions mix and the column arrives mid-run, in the commit of its first record.
@@ -40,9 +44,9 @@ PRODUCER_ERRORS = (KafkaException, SystemError)
 
 
 class Workload:
-    def __init__(self, settings: KafkaSettings, topic: str, seed: int, pause_seconds: float = 0.1,
+    def __init__(self, settings: KafkaSettings, topic: str, seed: int, journal: Journal, pause_seconds: float = 0.1,
                  registry_url: str | None = None):
-        self.settings, self.topic, self.pause = settings, topic, pause_seconds
+        self.settings, self.topic, self.pause, self.journal = settings, topic, pause_seconds, journal
         self.registry_url = registry_url  # avro mode: demo events in Avro through this registry
         self.stop_event = threading.Event()
         self.counts: Counter = Counter()
@@ -70,12 +74,14 @@ class Workload:
         with self._lock:
             self._epoch += 1
 
-    def _record(self, rng: random.Random) -> dict:
+    def _send(self, producer: Producer, rng: random.Random, transaction: str | None) -> None:
+        """Produce the next record, told to the journal (as part of `transaction`, or on its own)."""
         make = getattr(self._makers, "make", None)
         if make is None:
             make = self._makers.make = with_bad_records(self._maker(), 0.01)
         key, value, *headers = make(rng, next(self._seq))
-        return {"key": key, "value": value, **({"headers": headers[0]} if headers and headers[0] else {})}
+        record = {"key": key, "value": value, **({"headers": headers[0]} if headers and headers[0] else {})}
+        producer.produce(self.topic, **record, on_delivery=self.journal.sent(self.topic, record, transaction))
 
     def _maker(self):
         if self.registry_url is None:
@@ -105,17 +111,20 @@ class Workload:
                 state["producer"], state["epoch"] = self._transactional()
             producer = state["producer"]
             producer.begin_transaction()
+            transaction = uuid.uuid4().hex
             for _ in range(size):
-                producer.produce(self.topic, **self._record(rng))
+                self._send(producer, rng, transaction)
             producer.flush(TIMEOUT)  # the records reach the log whether we commit or abort
             if hold:
                 self.stop_event.wait(hold)
             if abort or not self._fresh(state["epoch"]):
                 producer.abort_transaction(TIMEOUT)
+                self.journal.ended(transaction, committed=False)
                 self.counts["transactions aborted"] += 1
                 state["producer"] = None
             else:
                 producer.commit_transaction(TIMEOUT)
+                self.journal.ended(transaction, committed=True)
                 self.counts["transactions committed"] += 1
         except PRODUCER_ERRORS:
             self.counts["producer errors (broker away)"] += 1
@@ -132,7 +141,7 @@ class Workload:
             if rng.random() < 0.5:
                 try:
                     for _ in range(CHUNK):
-                        idempotent.produce(self.topic, **self._record(rng))
+                        self._send(idempotent, rng, None)
                     idempotent.poll(0)
                     self.counts["idempotent chunks"] += 1
                 except BufferError:

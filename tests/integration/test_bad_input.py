@@ -13,30 +13,25 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from offsetlake.local import broker as embedded_broker
 from offsetlake.batch import ingest
-from offsetlake.local.producer import produce
 from offsetlake.table import query
-from support import (assert_exactly_once, assert_one_line_failure, data_files_on_disk, ingest_process, new_pipeline,
+from support import (JournaledProducer, produce, assert_exactly_once, assert_one_line_failure, data_files_on_disk, ingest_process, new_pipeline,
                      run_cli, unique, write_pipeline)
 
 pytestmark = pytest.mark.slow
 BIG = 600_000  # above the pipeline's max_value_bytes below, within the broker's 1 MB message limit
 
 
-def send(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                         "message.max.bytes": 2_000_000})
-    failures = []
-    for key, value in records:
-        producer.produce(topic, value=value, key=key, partition=0,
-                         on_delivery=lambda err, msg: err and failures.append(err))
+def send(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None, str | None]]) -> None:
+    """(key, value, the reason it must be quarantined with, or None), told to the oracle's journal."""
+    producer = JournaledProducer(bootstrap, **{"message.max.bytes": 2_000_000})
+    for key, value, bad in records:
+        producer.produce(topic, value=value, key=key, partition=0, bad=bad)
     producer.flush(30)
-    assert not failures, failures
 
 
 def good(n: int, **extra) -> bytes:
@@ -68,7 +63,9 @@ KEEP_UNKNOWN_ERRORS = {13: "undeclared fields: Out of range float values are not
 def test_bad_records_are_quarantined_and_the_batch_goes_on(spark, bootstrap, pipelines_dir, lake, unknown_fields):
     cfg, topic = new_pipeline(bootstrap, pipelines_dir, lake, partitions=1,
                               format={"unknown_fields": unknown_fields, "max_value_bytes": 100_000})
-    send(bootstrap, topic, [(k, v) for k, v, _ in BAD_RECORDS])
+    keep = unknown_fields == "keep"
+    send(bootstrap, topic, [(k, v, KEEP_UNKNOWN_ERRORS.get(i) if keep and not e else e)
+                            for i, (k, v, e) in enumerate(BAD_RECORDS)])
     produce(cfg.kafka, topic, 200, seed=3, abort_share=0.3, bad_share=0.1)  # more, among aborted transactions
 
     committed = [r for r in ingest(spark, cfg) if r.status == "committed"]

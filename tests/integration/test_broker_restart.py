@@ -16,8 +16,7 @@ from offsetlake.config import KafkaSettings
 from offsetlake.errors import KafkaError, TableError
 from offsetlake.kafka import KafkaCluster
 from offsetlake.local import broker as embedded_broker
-from offsetlake.local.producer import produce
-from support import REPO, assert_exactly_once, new_pipeline, pipeline_commits, table_lineage, wait_while_running
+from support import produce, REPO, assert_exactly_once, new_pipeline, pipeline_commits, table_lineage, wait_while_running
 
 
 def test_planning_waits_out_a_broker_restart(own_broker, tmp_path, caplog):

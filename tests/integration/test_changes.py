@@ -16,10 +16,9 @@ from offsetlake.batch import ingest, stream
 from offsetlake.changes import announcements, commits_after
 from offsetlake.compaction import optimize
 from offsetlake.formats import table_schema
-from offsetlake.local.producer import produce
 from offsetlake.maintenance import reset, restore
 from offsetlake.reader import OffsetRange
-from support import ledger_offsets, pipeline_commits
+from support import produce, ledger_offsets, pipeline_commits
 
 
 def test_every_kind_of_change_is_announced_with_its_versions_and_ranges(spark, pipeline):

@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from offsetlake.local.producer import produce
-from support import assert_one_line_failure, create_topic, load, run_cli, unique, write_pipeline
+from support import produce, assert_one_line_failure, create_topic, load, run_cli, unique, write_pipeline
 
 
 def test_bad_config_names_the_key_and_writes_nothing(pipelines_dir, lake, bootstrap):

@@ -13,9 +13,8 @@ import pytest
 from deltalake import DeltaTable
 
 from hosts import require
-from offsetlake.local.producer import produce
 from offsetlake.table import committed_files
-from support import assert_exactly_once, data_files_on_disk, ingest_process, new_pipeline
+from support import produce, assert_exactly_once, data_files_on_disk, ingest_process, new_pipeline
 
 pytestmark = pytest.mark.slow
 SIZE_MB = 16

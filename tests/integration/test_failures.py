@@ -17,9 +17,8 @@ import pytest
 from deltalake import DeltaTable
 
 from offsetlake.batch import ingest
-from offsetlake.local.producer import produce
 from offsetlake.table import committed_files
-from support import (REPO, assert_exactly_once, assert_quarantine_accounts_for_the_rest, data_files_on_disk,
+from support import (produce, REPO, assert_exactly_once, assert_quarantine_accounts_for_the_rest, data_files_on_disk,
                     ingest_process, pipeline_commits, spark_submit, table_lineage, wait_while_running)
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,7 @@ from deltalake import DeltaTable
 from offsetlake.batch import ingest
 from offsetlake.errors import DataLossError
 from offsetlake.ledger import partition_app_id, pipeline_app_id, pipeline_history
-from offsetlake.local.producer import produce
-from support import (assert_exactly_once, assert_quarantine_accounts_for_the_rest, ledger_offsets, pipeline_commits, table_lineage, unique)
+from support import (JournaledProducer, produce, assert_exactly_once, assert_quarantine_accounts_for_the_rest, ledger_offsets, pipeline_commits, table_lineage, unique)
 
 
 def committed(results):
@@ -74,7 +73,7 @@ def test_partition_added_later_is_read_from_its_earliest_offset(spark, pipeline,
     ingest(spark, cfg)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_partitions([NewPartitions(topic, 3)])[topic].result()
-    producer = Producer({"bootstrap.servers": bootstrap})
+    producer = JournaledProducer(bootstrap)
     for i in range(50):
         producer.produce(topic, partition=2, value=json.dumps({"event_id": f"e{i}", "user_id": i}).encode())
     producer.flush(10)

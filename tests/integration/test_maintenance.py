@@ -21,11 +21,10 @@ from offsetlake.errors import ConfigError, TableError
 from offsetlake.files import write_file
 from offsetlake.formats import table_schema
 from offsetlake.ledger import read_ledger
-from offsetlake.local.producer import produce
 from offsetlake.maintenance import checkpoint, restore, vacuum
 from offsetlake.reader import OffsetRange
 from offsetlake.table import committed_files, query
-from support import (assert_exactly_once, data_files_on_disk, ingest_process, ledger_offsets, pipeline_commits,
+from support import (produce, assert_exactly_once, data_files_on_disk, ingest_process, ledger_offsets, pipeline_commits,
                      run_cli)
 
 SMALL_BATCHES = {"max_records_per_batch": 300, "max_records_per_task": 100}

@@ -16,10 +16,9 @@ from offsetlake.backfill import backfill
 from offsetlake.batch import ingest
 from offsetlake.errors import ConfigError, DataLossError
 from offsetlake.maintenance import cleanup, reset, restore
-from offsetlake.local.producer import produce
 from offsetlake.reader import OffsetRange
 from offsetlake.table import committed_files, query
-from support import (assert_exactly_once, assert_rows_are_kafkas_except, data_files_on_disk, ingest_process,
+from support import (produce, assert_exactly_once, assert_rows_are_kafkas_except, data_files_on_disk, ingest_process,
                      ledger_offsets, pipeline_commits, wait_while_running)
 
 

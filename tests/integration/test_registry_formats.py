@@ -15,10 +15,10 @@ from deltalake import DeltaTable
 
 from offsetlake.batch import ingest
 from offsetlake.local import schema_registry as embedded_registry
-from offsetlake.local.producer import DEMO_AVRO_V1, DEMO_AVRO_V2, avro_event_maker, produce, registry_client
+from offsetlake.local.producer import DEMO_AVRO_V1, DEMO_AVRO_V2, avro_event_maker, registry_client
 from offsetlake.metadata import CommitMetadata
 from offsetlake.table import query
-from support import (assert_exactly_once, assert_one_line_failure, kafka_committed_records, quarantine_lineage,
+from support import (JournaledProducer, produce, assert_exactly_once, assert_one_line_failure, kafka_committed_records, quarantine_lineage,
                      run_cli)
 
 
@@ -118,15 +118,15 @@ def test_records_a_table_cannot_hold_are_quarantined_per_offset_with_the_reason(
     fastavro.schemaless_writer(body, fastavro.parse_schema(narrowed),
                                {"event_id": "x", "user_id": "u-1", "action": "VIEW", "amount": None,
                                 "event_time": 0, "seq": 1})
-    producer = Producer({"bootstrap.servers": cfg.kafka.bootstrap_servers})
+    producer = JournaledProducer(cfg.kafka.bootstrap_servers)
     bad = {
         b"\x00" + struct.pack(">I", narrowed_id) + body.getvalue(): "cannot change a column's type",
         b"\x00" + struct.pack(">I", 987654) + b"\x02": "schema id 987654: unknown to the Schema Registry at",
         b'{"not": "framed"}': "not in the Schema Registry wire format",
         b"\x00" + struct.pack(">I", 1) + b"\xff\xff\xff": "not a valid Avro record",
     }
-    for value in bad:
-        producer.produce(topic, value=value, key=b"k", partition=0)
+    for value, reason in bad.items():
+        producer.produce(topic, value=value, key=b"k", partition=0, bad=reason)
     producer.flush(10)
     produce(cfg.kafka, topic, 100, transactional_share=0, seed=2, make_record=avro_event_maker(client, topic, 1))
 
@@ -253,7 +253,7 @@ def test_protobuf_and_json_schema_records_land_field_by_field(spark, pipeline, s
 
     ingest(spark, cfg)
 
-    assert_exactly_once(cfg)
+    assert_exactly_once(cfg, protobuf={"value": Order})
     rows = rows_by_offset(cfg, "id, amount_cents, created, tags, counts, status, address, note, price, kafka_key, "
                                "kafka_headers")
     truth = kafka_committed_records(cfg.kafka.bootstrap_servers, topic, whole=True)

@@ -12,8 +12,7 @@ import uuid
 
 import pytest
 
-from offsetlake.local.producer import produce
-from support import create_topic, files_containing, load, run_cli, unique, write_pipeline
+from support import produce, create_topic, files_containing, load, run_cli, unique, write_pipeline
 
 pytestmark = pytest.mark.slow
 PASSWORD_VAR = "OFFSETLAKE_TEST_KAFKA_PASSWORD"

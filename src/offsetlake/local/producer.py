@@ -10,6 +10,7 @@ import json
 import random
 import uuid
 from dataclasses import dataclass
+from typing import Callable, Protocol
 
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -31,6 +32,17 @@ class ProduceReport:
     def __str__(self) -> str:
         return (f"produced {self.committed} committed records ({self.transactions} transactions, "
                 f"{self.aborted_transactions} aborted holding {self.aborted} records that readers must skip)")
+
+
+class Journal(Protocol):
+    """What a producer tells a record keeper (the tests' producer-side truth): each record as it is sent,
+    and how its transaction ended. `transaction` is None for a record written outside a transaction."""
+
+    def sent(self, topic: str, record: dict, transaction: str | None) -> Callable:
+        """Called before the record is produced; returns its delivery callback (err, msg)."""
+
+    def ended(self, transaction: str, committed: bool) -> None:
+        """The transaction's records are committed (or aborted) now."""
 
 
 def ensure_topic(settings: KafkaSettings, topic: str, partitions: int) -> None:
@@ -134,10 +146,19 @@ def _record(made: tuple) -> dict:
     return {"key": key, "value": value, **({"headers": headers[0]} if headers and headers[0] else {})}
 
 
+def _send(producer: Producer, topic: str, record: dict, journal: Journal | None, transaction: str | None) -> None:
+    if journal is None:
+        producer.produce(topic, **record)
+    else:
+        producer.produce(topic, **record, on_delivery=journal.sent(topic, record, transaction))
+
+
 def produce(settings: KafkaSettings, topic: str, count: int, *, transactional_share: float = 0.5,
             abort_share: float = 0.2, transaction_size: int = 50, seed: int | None = None,
-            transactional_id: str | None = None, make_record=demo_event, bad_share: float = 0.0) -> ProduceReport:
-    """Write `count` committed records; transactional chunks are aborted with probability `abort_share`."""
+            transactional_id: str | None = None, make_record=demo_event, bad_share: float = 0.0,
+            journal: Journal | None = None) -> ProduceReport:
+    """Write `count` committed records; transactional chunks are aborted with probability `abort_share`.
+    `journal` is told of every record and of how each transaction ended."""
     rng = random.Random(seed)
     if bad_share:
         make_record = with_bad_records(make_record, bad_share)
@@ -151,20 +172,23 @@ def produce(settings: KafkaSettings, topic: str, count: int, *, transactional_sh
             size = min(transaction_size, count - report.committed)
             if rng.random() >= transactional_share:
                 for _ in range(size):
-                    idempotent.produce(topic, **_record(make_record(rng, seq)))
+                    _send(idempotent, topic, _record(make_record(rng, seq)), journal, None)
                     seq += 1
                 idempotent.flush(settings.timeout_seconds)
                 report.committed += size
                 continue
             abort = rng.random() < abort_share
             transactional.begin_transaction()
+            transaction = f"{base_id}-{report.aborted_transactions}:{report.transactions}"
             for _ in range(size):
-                transactional.produce(topic, **_record(make_record(rng, seq)))
+                _send(transactional, topic, _record(make_record(rng, seq)), journal, transaction)
                 seq += 1
             transactional.flush(settings.timeout_seconds)  # aborted records must reach the log
             report.transactions += 1
             if abort:
                 transactional.abort_transaction(settings.timeout_seconds)
+                if journal is not None:
+                    journal.ended(transaction, committed=False)
                 report.aborted += size
                 report.aborted_transactions += 1
                 # noida-db 0.2.3 reports every aborted transaction of a partition in each fetch,
@@ -174,6 +198,8 @@ def produce(settings: KafkaSettings, topic: str, count: int, *, transactional_sh
                 transactional = _transactional_producer(settings, base_id, report.aborted_transactions)
             else:
                 transactional.commit_transaction(settings.timeout_seconds)
+                if journal is not None:
+                    journal.ended(transaction, committed=True)
                 report.committed += size
     except KafkaException as err:
         raise KafkaError(f"producing to {topic!r} failed: {err.args[0].str() if err.args else err}") from None

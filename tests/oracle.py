@@ -1,0 +1,503 @@
+"""The exactly-once oracle: a pipeline's table and quarantine, row by row and value by value, against two
+truths — what Kafka returns under read_committed, and what the producers recorded they committed.
+
+What it checks (`check` collects every finding; `assert_exactly_once` fails naming each kind's offsets):
+- every record Kafka holds below the ledger's end is in the table or the quarantine, once, and nothing
+  else is: no duplicate, no row of an aborted record, no record quarantined twice;
+- every column that comes from Kafka equals what this module decodes from the record: key, headers,
+  timestamp, and the value as its format decodes it (raw bytes, JSON fields, registry records);
+- every quarantine row holds its record's key, value and timestamp, and a reason;
+- producer-side truth (`Journal`): every record a producer committed below the ledger's end is one Kafka
+  returns, with the same key, value and headers, and none it aborted is; a record the producers made bad
+  is quarantined with its reason, and a record they made good is not quarantined.
+
+The decoding here shares no code with offsetlake's formats: `json.loads`, fastavro with the writer schema
+the registry client fetches, confluent-kafka's ProtobufDeserializer, base64 and datetime from the standard
+library. A bug in offsetlake's decoding therefore shows as a difference instead of cancelling out.
+"""
+from __future__ import annotations
+
+import base64
+import collections
+import datetime as dt
+import io
+import json
+import struct
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import fastavro
+import pyarrow as pa
+from confluent_kafka import Consumer, TopicPartition
+
+from offsetlake.config import HEADERS_COLUMN, KEY_COLUMN, LINEAGE_COLUMNS, UNKNOWN_FIELDS_COLUMN, KafkaSettings
+from offsetlake.kafka import KafkaCluster
+from offsetlake.ledger import read_ledger
+from offsetlake.local.producer import BAD_VALUES
+from offsetlake.table import open_table, query
+
+Offset = tuple[str, int, int]  # (topic, partition, offset)
+UTC = dt.timezone.utc
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
+
+
+# -- what Kafka holds --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KafkaRecord:
+    key: bytes | None
+    value: bytes | None
+    headers: list  # [(name, bytes | None)], in order
+    timestamp: dt.datetime
+
+
+def read_committed(bootstrap: str, topic: str, until: dict[int, int] | None = None,
+                   client: dict | None = None) -> dict[Offset, KafkaRecord]:
+    """Every record Kafka returns under read_committed, from each partition's log start up to `until[p]`
+    (default: the LSO now), read by a plain consumer of its own (`client`: the cluster's security settings)."""
+    client = client or {}
+    cluster = KafkaCluster(KafkaSettings(bootstrap_servers=bootstrap, timeout_seconds=10, client=client))
+    tps = cluster.partitions([topic])
+    ends = cluster.end_offsets(tps, "read_committed")
+    starts = cluster.start_offsets(tps)
+    out: dict[Offset, KafkaRecord] = {}
+    for t, p in tps:
+        end = ends[(t, p)] if until is None else until.get(p, 0)
+        if end > starts[(t, p)]:
+            out.update(_read_partition({"bootstrap.servers": bootstrap, **client}, t, p, starts[(t, p)], end))
+    return out
+
+
+def _read_partition(settings: dict, topic: str, partition: int, start: int, end: int) -> dict[Offset, KafkaRecord]:
+    consumer = Consumer({**settings, "group.id": f"truth_{uuid.uuid4().hex[:8]}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "auto.offset.reset": "error"})
+    consumer.assign([TopicPartition(topic, partition, start)])
+    out, done, deadline = {}, False, time.monotonic() + 60
+    try:
+        while not done and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 0.5):
+                if msg.offset() >= end:
+                    done = True
+                    break
+                if msg.error():
+                    continue
+                out[(topic, partition, msg.offset())] = KafkaRecord(
+                    msg.key(), msg.value(), msg.headers() or [], EPOCH + dt.timedelta(milliseconds=msg.timestamp()[1]))
+            if not done and consumer.position([TopicPartition(topic, partition)])[0].offset >= end:
+                done = True
+    finally:
+        consumer.close()
+    assert done, f"the oracle could not read {topic}[{partition}] up to {end}"
+    return out
+
+
+# -- what the producers recorded -----------------------------------------------------------------------
+
+
+@dataclass
+class Sent:
+    key: bytes | None
+    value: bytes | None
+    headers: list
+    bad: str | None  # the reason the producer made it bad (a fragment the quarantine's error must hold)
+    outcome: str = "in doubt"  # committed | aborted | in doubt (its transaction's end was not seen)
+
+
+class Journal:
+    """Producer-side truth: every record the test producers sent, by where the broker put it, and how its
+    transaction ended. Thread-safe: the chaos workload's producers write from two threads and
+    librdkafka's delivery callbacks. Implements offsetlake.local.producer.Journal."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_offset: dict[Offset, Sent] = {}
+        self._open: dict[str, list[Sent]] = collections.defaultdict(list)
+
+    def sent(self, topic: str, record: dict, transaction: str | None, bad: str | None = None) -> Callable:
+        value = record.get("value")
+        if bad is None and value in BAD_VALUES:
+            bad = BAD_REASON[value]
+        sent = Sent(record.get("key"), value, _headers(record.get("headers")), bad)
+
+        def delivered(err, msg) -> None:
+            if err is not None:
+                return  # never written: no offset to account for
+            with self._lock:
+                self._by_offset[(msg.topic(), msg.partition(), msg.offset())] = sent
+                if transaction is None:
+                    sent.outcome = "committed"
+                else:
+                    self._open[transaction].append(sent)
+        return delivered
+
+    def ended(self, transaction: str, committed: bool) -> None:
+        with self._lock:
+            for sent in self._open.pop(transaction, []):
+                sent.outcome = "committed" if committed else "aborted"
+
+    def add(self, where: Offset, sent: Sent) -> None:
+        """Record a record as placed (the meta-test states a producer's record this way)."""
+        with self._lock:
+            self._by_offset[where] = sent
+
+    def of_topic(self, topic: str) -> dict[Offset, Sent]:
+        with self._lock:
+            return {k: v for k, v in self._by_offset.items() if k[0] == topic}
+
+
+def _headers(headers) -> list:
+    if not headers:
+        return []
+    items = headers.items() if isinstance(headers, dict) else headers
+    return [(k, v.encode() if isinstance(v, str) else v) for k, v in items]
+
+
+JOURNAL = Journal()  # the test session's: support.produce and support.JournaledProducer write here
+
+# The quarantine's reason for each of the demo producer's bad values, by the format the pipeline reads.
+BAD_REASON = {
+    BAD_VALUES[0]: "value is not JSON",
+    BAD_VALUES[1]: "field 'user_id': expected an integer",
+    BAD_VALUES[2]: "required field 'event_id' is missing",
+    BAD_VALUES[3]: "value is not JSON",
+}
+UNFRAMED = "not in the Schema Registry wire format"  # any of them read by a registry format
+
+
+# -- decoding, independently of offsetlake ------------------------------------------------------------
+
+
+class Decoder:
+    """The row a record must become: {column: value} for every column that comes from Kafka."""
+
+    def __init__(self, cfg, registry=None, protobuf: dict | None = None):
+        self.cfg, self.fmt = cfg, cfg.format
+        self._registry = registry
+        self._protobuf = protobuf or {}  # "value" / "key": the message class a test's producer used
+        self._writers: dict[int, Any] = {}
+        self._file_schema = None
+
+    def row(self, record: KafkaRecord, schema: pa.Schema) -> dict:
+        row: dict[str, Any] = {"kafka_timestamp": record.timestamp}
+        fmt = self.fmt
+        if fmt.type == "raw":
+            row.update(key=record.key, value=record.value)
+        else:
+            fields = self._value(record.value)
+            payload = [f for f in schema if f.name not in {*LINEAGE_COLUMNS, KEY_COLUMN, HEADERS_COLUMN,
+                                                            UNKNOWN_FIELDS_COLUMN}]
+            for f in payload:
+                row[f.name] = coerce(fields.get(f.name), f.type)
+            if fmt.unknown_fields == "keep":
+                extra = {k: v for k, v in fields.items() if k not in {f.name for f in payload}}
+                row[UNKNOWN_FIELDS_COLUMN] = extra or None
+        if fmt.key is not None:
+            row[KEY_COLUMN] = self._key(record.key, schema.field(KEY_COLUMN).type)
+        if fmt.include_headers:
+            row[HEADERS_COLUMN] = list(record.headers)
+        return row
+
+    def _value(self, value: bytes) -> dict:
+        kind = self.fmt.type
+        if kind == "json":
+            return json.loads(value)
+        if kind == "avro" and self.fmt.schema_file:
+            if self._file_schema is None:
+                self._file_schema = fastavro.parse_schema(json.loads(Path(self.fmt.schema_file).read_text()))
+            return fastavro.schemaless_reader(io.BytesIO(value), self._file_schema, None)
+        return self._registered(value, kind, "value")
+
+    def _key(self, key: bytes | None, arrow_type: pa.DataType):
+        if key is None:
+            return None
+        kind = self.fmt.key.type
+        if kind == "raw":
+            return key
+        if kind == "string":
+            return key.decode()
+        decoded = json.loads(key) if kind == "json" else self._registered(key, kind, "key")
+        return coerce(decoded, arrow_type)
+
+    def _registered(self, data: bytes, kind: str, part: str) -> dict:
+        """The Confluent wire format: magic byte 0, the schema id, then the payload."""
+        assert data[:1] == b"\x00", f"not in the Schema Registry wire format: {data[:16]!r}"
+        if kind == "json_schema":
+            return json.loads(data[5:])
+        if kind == "protobuf":
+            return self._protobuf_message(data, part)
+        schema_id = struct.unpack(">I", data[1:5])[0]
+        if schema_id not in self._writers:
+            schema_str = self.registry().get_schema(schema_id).schema_str
+            self._writers[schema_id] = fastavro.parse_schema(json.loads(schema_str))
+        return fastavro.schemaless_reader(io.BytesIO(data[5:]), self._writers[schema_id], None)
+
+    def _protobuf_message(self, data: bytes, part: str) -> dict:
+        from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+        message_type = self._protobuf.get(part)
+        assert message_type is not None, (f"the oracle decodes Protobuf with the producer's message class: "
+                                          f"pass protobuf={{{part!r}: <class>}}")
+        deserialize = ProtobufDeserializer(message_type, {"use.deprecated.format": False})
+        field_kind = MessageField.VALUE if part == "value" else MessageField.KEY
+        return protobuf_fields(deserialize(data, SerializationContext(self.cfg.topics[0], field_kind)))
+
+    def registry(self):
+        if self._registry is None:
+            from confluent_kafka.schema_registry import SchemaRegistryClient
+            settings = self.fmt.registry
+            assert settings.url, "the oracle needs registry=<client> for a registry given as an Airflow connection"
+            conf = {"url": settings.url}
+            if settings.username is not None:
+                conf["basic.auth.user.info"] = (f"{settings.username.get_secret_value()}:"
+                                                f"{settings.password.get_secret_value()}")
+            self._registry = SchemaRegistryClient(conf)
+        return self._registry
+
+
+def protobuf_fields(message) -> dict:
+    """A Protobuf message as plain values: enums by name, Timestamps as datetimes, maps as dicts, an unset
+    message or `optional` field as None (a proto3 scalar without presence reads as its default)."""
+    out = {}
+    for f in message.DESCRIPTOR.fields:
+        value = getattr(message, f.name)
+        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+            value_field = f.message_type.fields_by_name["value"]
+            out[f.name] = {k: _protobuf_scalar(value_field, value[k]) for k in value}
+        elif f.is_repeated:
+            out[f.name] = [_protobuf_scalar(f, v) for v in value]
+        elif f.has_presence and not message.HasField(f.name):
+            out[f.name] = None
+        else:
+            out[f.name] = _protobuf_scalar(f, value)
+    return out
+
+
+def _protobuf_scalar(f, value):
+    if f.message_type is not None:
+        if f.message_type.full_name == "google.protobuf.Timestamp":
+            return value.ToDatetime(tzinfo=UTC)
+        return protobuf_fields(value)
+    if f.enum_type is not None:
+        return f.enum_type.values_by_number[value].name
+    return value
+
+
+def coerce(value, t: pa.DataType):
+    """A decoded value as a column of type `t` reads back (pyarrow's to_pylist): the JSON forms of
+    timestamps, dates and binary parsed, floats narrowed, structs filled with None, maps as pairs."""
+    if value is None:
+        return None
+    if pa.types.is_timestamp(t):
+        if isinstance(value, bool):
+            raise TypeError("a timestamp given as a boolean")
+        if isinstance(value, (int, float)):
+            return EPOCH + dt.timedelta(milliseconds=value)
+        parsed = dt.datetime.fromisoformat(value) if isinstance(value, str) else value
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    if pa.types.is_date(t):
+        return dt.date.fromisoformat(value) if isinstance(value, str) else value
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return base64.b64decode(value, validate=True) if isinstance(value, str) else bytes(value)
+    if pa.types.is_float32(t):
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    if pa.types.is_floating(t):
+        return float(value)
+    if pa.types.is_struct(t):
+        return {t.field(i).name: coerce(value.get(t.field(i).name), t.field(i).type) for i in range(t.num_fields)}
+    if pa.types.is_map(t):
+        pairs = value.items() if isinstance(value, dict) else value
+        return [(k, coerce(v, t.item_type)) for k, v in pairs]
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return [coerce(v, t.value_type) for v in value]
+    return value
+
+
+# -- the check -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Findings:
+    """What the oracle found wrong, by kind: each a list of (offset, message)."""
+    kinds: dict[str, list[tuple[Offset, str]]] = field(default_factory=lambda: collections.defaultdict(list))
+    kafka_records: int = 0
+    table_rows: int = 0
+    quarantined: int = 0
+    journaled: int = 0  # records the producers committed, checked against their record
+
+    def add(self, kind: str, where: Offset, message: str) -> None:
+        self.kinds[kind].append((where, message))
+
+    def count(self, *kinds: str) -> int:
+        return sum(len(self.kinds.get(k, [])) for k in kinds)
+
+    def examples(self, limit: int = 5) -> list[Offset]:
+        return sorted(w for found in self.kinds.values() for w, _ in found)[:limit]
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.kinds.values())
+
+    def report(self, per_kind: int = 3) -> str:
+        lines = []
+        for kind, found in sorted(self.kinds.items()):
+            if found:
+                lines.append(f"{len(found)} {kind}:")
+                lines += [f"  {_where(w)}: {m}" for w, m in sorted(found)[:per_kind]]
+        return "\n".join(lines)
+
+
+def _where(where: Offset) -> str:
+    return f"{where[0]}[{where[1]}]@{where[2]}"
+
+
+MISSING, DUPLICATED, UNEXPECTED = "records missing", "rows duplicated", "rows Kafka does not hold"
+WRONG_VALUE, BOTH = "rows whose values are not their record's", "records in the table and the quarantine"
+QUARANTINED_TWICE, QUARANTINE_UNEXPECTED = "records quarantined twice", "quarantine rows Kafka does not hold"
+QUARANTINE_WRONG, GOOD_QUARANTINED = "quarantine rows unlike their record", "good records quarantined"
+BAD_NOT_QUARANTINED = "bad records not quarantined"
+PRODUCER_LOST, PRODUCER_ABORTED = "records the producers committed that Kafka does not return", \
+    "records the producers aborted that Kafka returns"
+PRODUCER_DIFFERS = "records Kafka returns unlike what the producers sent"
+
+
+def ledger_offsets(cfg) -> dict:
+    tps = KafkaCluster(cfg.kafka).partitions(cfg.topics)
+    return read_ledger(open_table(cfg.table_path), cfg.name, tps).offsets
+
+
+def check(cfg, until: dict | None = None, *, quarantine_ahead: bool = False, journal: Journal = JOURNAL,
+          registry=None, protobuf: dict | None = None) -> Findings:
+    """Everything the oracle checks, below `until` ({(topic, partition): end}, default the ledger's).
+    `quarantine_ahead`: quarantine rows at or past `until` are left out (a job killed between its quarantine
+    commit and its table commit leaves them ahead of the ledger; the next batch skips them)."""
+    until = ledger_offsets(cfg) if until is None else until
+    findings = Findings()
+    kafka: dict[Offset, KafkaRecord] = {}
+    for topic in cfg.topics:
+        kafka.update(read_committed(cfg.kafka.bootstrap_servers, topic,
+                                    {p: o for (t, p), o in until.items() if t == topic}, cfg.kafka.client))
+    findings.kafka_records = len(kafka)
+    table = query(cfg.table_path, "SELECT * FROM t")
+    rows = _by_offset(table.to_pylist())
+    findings.table_rows = sum(len(v) for v in rows.values())
+    quarantine = _quarantine_rows(cfg)
+    if quarantine_ahead:
+        quarantine = {k: v for k, v in quarantine.items() if k[2] < until.get(k[:2], 0)}
+    findings.quarantined = sum(len(v) for v in quarantine.values())
+
+    _check_table(findings, rows, kafka, Decoder(cfg, registry, protobuf), table.schema)
+    _check_quarantine(findings, quarantine, rows, kafka, cfg)
+    for topic in cfg.topics:
+        _check_producers(findings, journal.of_topic(topic), kafka, rows, quarantine, until, cfg)
+    return findings
+
+
+def _by_offset(rows: list[dict]) -> dict[Offset, list[dict]]:
+    out = collections.defaultdict(list)
+    for row in rows:
+        out[(row["kafka_topic"], row["kafka_partition"], row["kafka_offset"])].append(row)
+    return out
+
+
+def _quarantine_rows(cfg) -> dict[Offset, list[dict]]:
+    if not (Path(cfg.quarantine_path) / "_delta_log").is_dir():
+        return {}
+    return _by_offset(query(cfg.quarantine_path, "SELECT * FROM t").to_pylist())
+
+
+def _check_table(findings: Findings, rows, kafka, decoder: Decoder, schema: pa.Schema) -> None:
+    for where, record in kafka.items():
+        if where not in rows:
+            continue
+        try:
+            expected = decoder.row(record, schema)
+        except Exception as err:  # noqa: BLE001 - a record the oracle cannot decode is a row that should not be
+            findings.add(WRONG_VALUE, where, f"the table holds a row for a record the oracle cannot decode: {err}")
+            continue
+        got = rows[where][0]
+        for column, want in expected.items():
+            have = got.get(column)
+            if column == UNKNOWN_FIELDS_COLUMN:
+                have = None if have is None else json.loads(have)
+            if have != want:
+                findings.add(WRONG_VALUE, where, f"column {column!r} is {have!r}, its record's is {want!r}")
+                break
+    for where, found in rows.items():
+        if len(found) > 1:
+            findings.add(DUPLICATED, where, f"{len(found)} rows")
+        if where not in kafka:
+            findings.add(UNEXPECTED, where, "a row for an offset Kafka does not return under read_committed "
+                                            "(aborted, or past the ledger's end)")
+
+
+def _check_quarantine(findings: Findings, quarantine, rows, kafka, cfg) -> None:
+    for where, record in kafka.items():
+        if where not in rows and where not in quarantine:
+            findings.add(MISSING, where, "in neither the table nor the quarantine")
+    for where, found in quarantine.items():
+        if len(found) > 1:
+            findings.add(QUARANTINED_TWICE, where, f"{len(found)} quarantine rows")
+        if where in rows:
+            findings.add(BOTH, where, "in the table and in the quarantine")
+        record = kafka.get(where)
+        if record is None:
+            findings.add(QUARANTINE_UNEXPECTED, where, "a quarantine row for an offset Kafka does not return "
+                                                      "under read_committed (aborted?)")
+            continue
+        row = found[0]
+        kept = (row["key"], row["value"], row["kafka_timestamp"])
+        if kept != (record.key, record.value, record.timestamp) or not row["error"]:
+            findings.add(QUARANTINE_WRONG, where, f"holds {kept!r} with reason {row['error']!r}, its record is "
+                                                  f"{(record.key, record.value, record.timestamp)!r}")
+
+
+def _check_producers(findings: Findings, journaled: dict[Offset, Sent], kafka, rows, quarantine, until, cfg) -> None:
+    registry_format = cfg.format.type not in ("json", "raw")
+    for where, sent in journaled.items():
+        if where[2] >= until.get(where[:2], 0) or sent.outcome == "in doubt":
+            continue
+        record = kafka.get(where)
+        if sent.outcome == "aborted":
+            if record is not None:
+                findings.add(PRODUCER_ABORTED, where, "its transaction was aborted")
+            continue
+        findings.journaled += 1
+        if record is None:
+            findings.add(PRODUCER_LOST, where, f"committed with value {_short(sent.value)!r}")
+            continue
+        if (sent.key, sent.value, sent.headers) != (record.key, record.value, list(record.headers)):
+            findings.add(PRODUCER_DIFFERS, where, f"sent {(sent.key, _short(sent.value), sent.headers)!r}, Kafka "
+                                                  f"returns {(record.key, _short(record.value), record.headers)!r}")
+        if sent.bad is None and where in quarantine:
+            findings.add(GOOD_QUARANTINED, where, f"quarantined as {quarantine[where][0]['error']!r}")
+        elif sent.bad is not None:
+            reason = UNFRAMED if registry_format and sent.value in BAD_VALUES else sent.bad
+            if where not in quarantine:
+                findings.add(BAD_NOT_QUARANTINED, where, f"made bad ({reason}) but not in the quarantine")
+            elif reason not in quarantine[where][0]["error"]:
+                findings.add(QUARANTINE_WRONG, where, f"quarantined as {quarantine[where][0]['error']!r}, "
+                                                      f"made bad as {reason!r}")
+
+
+def _short(value: bytes | None) -> bytes | None:
+    return None if value is None else value[:40]
+
+
+def assert_exactly_once(cfg, caught_up: bool = True, **options) -> int:
+    """The oracle's whole check, below the ledger's end (which, `caught_up`, must be Kafka's LSO): fails
+    naming the offsets of each kind of finding. Returns the table's row count."""
+    offsets = ledger_offsets(cfg)
+    if caught_up:
+        cluster = KafkaCluster(cfg.kafka)
+        lso = cluster.end_offsets(cluster.partitions(cfg.topics), "read_committed")
+        behind = {tp: (offsets.get(tp), end) for tp, end in lso.items() if offsets.get(tp, 0) != end}
+        assert not behind, f"ledger is not at the LSO: {behind}"
+    findings = check(cfg, offsets, **options)
+    assert findings.ok, f"the oracle found, in {cfg.table_path}:\n{findings.report()}"
+    return findings.table_rows
