@@ -9,7 +9,7 @@ export OFFSETLAKE_HOME := $(CURDIR)
 export SPARK_LOCAL_IP := 127.0.0.1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install test test-unit demo demo-cli down bench soak chaos clean prerequisites jvm-archive
+.PHONY: install test test-unit demo demo-cli down bench soak chaos clean prerequisites jvm-archive docs
 
 install: $(STAMP)
 
@@ -37,6 +37,12 @@ test: $(STAMP) jvm-archive
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
+
+# The docs site (MkDocs, Material theme) in site/: the reference pages are regenerated from the code first
+# (docs/generate.py). `make test` builds it with --strict and fails on a stale generated page.
+docs: $(STAMP)
+	$(BIN)/python docs/generate.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Broker, demo producer, Airflow (UI on 127.0.0.1:8080) with the demo DAGs unpaused and a first ingest run.
 demo: $(STAMP) jvm-archive

@@ -2,7 +2,7 @@
 # Debian packages the project needs beyond Python: installed when missing (as root, e.g. CI),
 # otherwise named so a developer can install them. Called by `make` before the venv is built.
 #   java        openjdk-17-jre-headless   Spark runs on the JVM
-#   initdb      postgresql                Airflow's metadata database in the cross-host test
+#   initdb      postgresql                Airflow's metadata database in the Airflow tests (one server per session) and the cross-host test
 #   ip          iproute2                  network namespaces: the cross-host test's separate hosts
 #   chromium    chromium                  the offsetlake view's browser test (Playwright drives it)
 set -euo pipefail

@@ -84,12 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = command("status", "ledger vs Kafka end offsets (lag) per partition")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = command("history", "the pipeline's committed batches")
-    p.add_argument("--limit", type=_positive_int)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--limit", type=_positive_int, help="the newest this many commits")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = command("show", "row count and a sample of the table")
-    p.add_argument("--limit", type=_positive_int, default=5)
+    p.add_argument("--limit", type=_positive_int, default=5, help="how many of the newest rows")
     p = command("ingest", "catch up to the current end offsets, in one or more batches")
     _add_run(p)
     p = command("stream", "ingest in a loop until SIGTERM")
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dry_run(p)
     p = command("audit", "compare the table with Kafka row by row and check the ledger")
     p.add_argument("--ranges", help="topic:partition:start-end[,...] (default: all still in Kafka)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = command("repair", "audit, then backfill every span with missing, duplicated or unexpected rows")
     _add_run(p)
     _add_dry_run(p)
@@ -116,10 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("reset", "move the ledger to given offsets, recorded as a reset commit")
     _add_run(p)
     p.add_argument("--offsets", required=True, help="topic:partition=offset[,...]")
-    p.add_argument("--reason", required=True)
+    p.add_argument("--reason", required=True, help="why, recorded in the reset commit")
     p = command("restore", "Delta RESTORE to a version, with the ledger as of that version, in one commit")
     _add_run(p)
-    p.add_argument("--version", required=True, type=int)
+    p.add_argument("--version", required=True, type=int, help="the table version to restore")
     p = command("optimize", "compact small data files (dataChange=false; the ledger is untouched)")
     _add_run(p)
     p.add_argument("--target-file-mb", type=_positive_int, help="default: the pipeline's maintenance.target_file_mb")
@@ -132,36 +132,42 @@ def build_parser() -> argparse.ArgumentParser:
     command("checkpoint", "write a Delta checkpoint and remove commit files past the log retention")
     p = command("maintain", "what the maintenance DAG runs: [optimize,] [vacuum,] [checkpoint], table and quarantine")
     _add_run(p)
-    p.add_argument("--optimize", nargs="?", const=True, default=False, type=_bool)
-    p.add_argument("--vacuum", nargs="?", const=True, default=False, type=_bool)
-    p.add_argument("--checkpoint", nargs="?", const=True, default=False, type=_bool)
-    p.add_argument("--retention-hours", type=_positive_int)
-    p.add_argument("--target-file-mb", type=_positive_int)
-    p.add_argument("--zorder-by")
+    p.add_argument("--optimize", nargs="?", const=True, default=False, type=_bool, help="compact (true/false)")
+    p.add_argument("--vacuum", nargs="?", const=True, default=False, type=_bool, help="vacuum (true/false)")
+    p.add_argument("--checkpoint", nargs="?", const=True, default=False, type=_bool,
+                   help="checkpoint and log clean-up (true/false)")
+    p.add_argument("--retention-hours", type=_positive_int, help="vacuum's, as for `vacuum`")
+    p.add_argument("--target-file-mb", type=_positive_int, help="compaction's, as for `optimize`")
+    p.add_argument("--zorder-by", help="compaction's, as for `optimize`")
     p = command("recover", "what the recovery DAG runs: [reset,] audit, [repair,] [cleanup]; fails if problems remain")
     _add_run(p)
     p.add_argument("--reset-offsets", default="", help="topic:partition=offset[,...]: reset first (needs --reason)")
-    p.add_argument("--reason", default="")
-    p.add_argument("--repair", nargs="?", const=True, default=False, type=_bool)
-    p.add_argument("--cleanup", nargs="?", const=True, default=False, type=_bool)
-    p.add_argument("--older-than", type=_positive_int, default=DEFAULT_CLEANUP_AGE_SECONDS)
+    p.add_argument("--reason", default="", help="why, recorded in the reset commit")
+    p.add_argument("--repair", nargs="?", const=True, default=False, type=_bool,
+                   help="backfill what the audit found damaged (true/false)")
+    p.add_argument("--cleanup", nargs="?", const=True, default=False, type=_bool,
+                   help="delete files no commit references (true/false)")
+    p.add_argument("--older-than", type=_positive_int, default=DEFAULT_CLEANUP_AGE_SECONDS,
+                   help="cleanup's safety window, seconds")
     p = command("produce", "write demo events (idempotent and transactional, some aborted)")
-    p.add_argument("--count", type=_positive_int, default=1000)
+    p.add_argument("--count", type=_positive_int, default=1000, help="committed records to write")
     p.add_argument("--topic", help="default: the pipeline's first topic")
     p.add_argument("--partitions", type=_positive_int, default=4, help="when the topic must be created")
-    p.add_argument("--transactional-share", type=_share, default=0.5)
-    p.add_argument("--abort-share", type=_share, default=0.2)
+    p.add_argument("--transactional-share", type=_share, default=0.5, help="share of records written in transactions")
+    p.add_argument("--abort-share", type=_share, default=0.2, help="share of transactions aborted")
     p.add_argument("--bad-share", type=_share, default=0.0, help="share of records the schema rejects")
     p.add_argument("--every", type=float, help="keep producing --count records every this many seconds until SIGTERM")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="the random seed: the same records again")
     p.add_argument("--schema-version", type=int, choices=[1, 2], default=1,
                    help="format avro: demo event schema 1, or 2 (adds a field 'country')")
 
+    sub.add_parser("schema", help="print the pipeline file's JSON Schema (for editors and validators)")
+
     b = sub.add_parser("broker", help="the embedded noida-db broker (demo and tests)")
-    b.add_argument("action", choices=["start", "stop"])
-    b.add_argument("--data-dir", default=".offsetlake/broker")
-    b.add_argument("--port", type=_positive_int, default=19092)
-    b.add_argument("--pid-file", default=".offsetlake/broker.pid")
+    b.add_argument("action", choices=["start", "stop"], help="start or stop it")
+    b.add_argument("--data-dir", default=".offsetlake/broker", help="where it keeps its log")
+    b.add_argument("--port", type=_positive_int, default=19092, help="its port on 127.0.0.1")
+    b.add_argument("--pid-file", default=".offsetlake/broker.pid", help="its PID, for stop")
     return parser
 
 
@@ -505,7 +511,31 @@ def cmd_broker(args) -> int:
     return 0
 
 
-COMMANDS = {"status": cmd_status, "history": cmd_history, "show": cmd_show, "backfill": cmd_backfill,
+def cmd_schema(args) -> int:
+    print(json.dumps(pipeline_json_schema(), indent=2))
+    return 0
+
+
+def pipeline_json_schema() -> dict:
+    """The pipeline file's JSON Schema, generated from the models that read it (config.py). An editor checks
+    the file before `${VAR}` references are substituted, so a string holding one passes any pattern."""
+    schema = PipelineConfig.model_json_schema(by_alias=True)
+    _allow_references(schema)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": "offsetlake pipeline"}
+
+
+def _allow_references(node) -> None:
+    if isinstance(node, dict):
+        if isinstance(node.get("pattern"), str):
+            node["pattern"] = f"(?:{node['pattern']})|\\$\\{{"
+        for value in node.values():
+            _allow_references(value)
+    elif isinstance(node, list):
+        for value in node:
+            _allow_references(value)
+
+
+COMMANDS = {"schema": cmd_schema, "status": cmd_status, "history": cmd_history, "show": cmd_show, "backfill": cmd_backfill,
             "audit": cmd_audit, "repair": cmd_repair, "cleanup": cmd_cleanup, "reset": cmd_reset,
             "restore": cmd_restore, "recover": cmd_recover, "optimize": cmd_optimize, "vacuum": cmd_vacuum,
             "checkpoint": cmd_checkpoint, "maintain": cmd_maintain, "ingest": cmd_ingest, "stream": cmd_stream,

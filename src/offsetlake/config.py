@@ -34,28 +34,38 @@ RAW_COLUMNS = ("key", "value")
 KEY_COLUMN = "kafka_key"  # format.key: the decoded Kafka key (formats other than raw)
 HEADERS_COLUMN = "kafka_headers"  # format.include_headers: map<string, binary>, every header in order
 # Formats in the Confluent wire format (magic byte 0, 4-byte schema id, payload): the table's payload
-# columns come from the registry and grow when a record arrives with a newer schema (README, Formats).
+# columns come from the registry and grow when a record arrives with a newer schema (docs/usage/registry-formats.md).
 REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
 UNKNOWN_FIELDS_COLUMN = "_unknown_fields"  # unknown_fields: keep -> JSON text of the undeclared fields
 DEFAULT_MAX_VALUE_BYTES = 1_048_576  # Kafka's own default message size limit
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A field's docstring is its description: in `offsetlake schema` and the generated pipeline reference.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class KafkaSettings(_Strict):
-    # Either here, or from the Airflow connection's extra (`connection`).
     bootstrap_servers: StrictStr | None = None
-    # An Airflow connection (the Apache Kafka provider's type, conn_type "kafka"): its extra holds librdkafka
-    # settings (bootstrap.servers, security.protocol, sasl.*, ssl.*). Resolved where the Airflow task runs
-    # (offsetlake.connections); `client` settings here win over the connection's. The CLI uses ${ENV} instead.
+    """The brokers, `host:port,...`. Required unless `kafka.connection`'s extra has `bootstrap.servers`."""
     connection: StrictStr | None = None
+    """An Airflow connection (the Apache Kafka provider's type, conn_type `kafka`) whose extra holds librdkafka
+    settings (`bootstrap.servers`, `security.protocol`, `sasl.*`, `ssl.*`). Read through Airflow's API where
+    the Airflow task runs, so secrets backends work; handed to the job in a private file, never on a command
+    line. Its extra's protocol keys (`group.id`...) are ignored; `kafka.client` wins over it. The CLI uses
+    `${ENV}` references instead."""
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    """`read_committed`: batches end at the last stable offset and aborted records never reach the table."""
     client: dict[StrictStr, StrictStr | StrictInt | StrictBool] = Field(default_factory=dict)
+    """Extra librdkafka settings for every client offsetlake creates (SASL/SSL...). Settings the batch
+    protocol owns (`group.id`, `isolation.level`, `auto.offset.reset`...) are refused."""
     timeout_seconds: StrictInt = Field(default=30, gt=0)
-    # How long a retriable error (broker restart, leader change...) is retried, with backoff; 0: never.
+    """Broker request timeout."""
     retry_seconds: StrictInt = Field(default=120, ge=0)
+    """How long a retriable Kafka error (a broker restarting, a leader or epoch change, a coordinator loading,
+    a timeout) is retried, waiting 0.5 s, 1 s, 2 s... up to 10 s between tries, each retry logged once; in
+    planning, in the readers inside Spark tasks and in the consumer-group mirror. Unknown topics,
+    authentication and authorization failures fail at once. `0`: never retry."""
 
     @model_validator(mode="after")
     def _no_reserved_keys(self):
@@ -76,26 +86,34 @@ class KafkaSettings(_Strict):
 
 
 class SchemaField(_Strict):
+    """One declared field of a `json` value or key."""
     name: StrictStr = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """The JSON field, and the column it becomes."""
     type: Literal[FIELD_TYPES]  # type: ignore[valid-type]
+    """`timestamp`: RFC 3339 text (naive means UTC) or epoch milliseconds; `date`: `YYYY-MM-DD`; `binary`:
+    base64 text. No silent conversion between strings and numbers."""
     required: StrictBool = False
+    """A record without it (or with null) is quarantined."""
 
 
 class RegistrySettings(_Strict):
     """A Confluent-compatible Schema Registry (Confluent, Karapace, Apicurio's ccompat API)."""
-    # Either here, or from the Airflow connection (`connection`).
     url: StrictStr | None = Field(default=None, pattern=r"^https?://")
-    # An Airflow HTTP connection: its host (and schema, port) give the URL when `url` is not set, its login and
-    # password the basic auth. Resolved where the Airflow task runs (offsetlake.connections).
+    """The registry's URL. Required unless `connection` gives it."""
     connection: StrictStr | None = None
-    # Basic auth: write them as ${ENV} references; they are never printed (SecretStr) nor logged.
+    """An Airflow HTTP connection: its host (a URL, or host with schema and port) gives the URL when `url` is
+    not set, its login and password the basic auth. Read where the Airflow task runs."""
     username: SecretStr | None = None
+    """Basic auth user, as a `${ENV}` reference; never printed nor logged."""
     password: SecretStr | None = None
-    # Which subject holds the schema the table is created from: topic -> "<topic>-value";
-    # record -> "<record_name>"; topic_record -> "<topic>-<record_name>" (Confluent's three strategies).
+    """Basic auth password, as a `${ENV}` reference; never printed nor logged."""
     subject_name_strategy: Literal["topic", "record", "topic_record"] = "topic"
-    record_name: StrictStr | None = None  # the fully qualified record name, for record and topic_record
+    """Which subject a new table takes its schema from: `topic` (`<topic>-value`), `record`
+    (`<record_name>`), `topic_record` (`<topic>-<record_name>`): Confluent's three strategies."""
+    record_name: StrictStr | None = None
+    """The fully qualified record name, for `record` and `topic_record`."""
     timeout_seconds: StrictInt = Field(default=10, gt=0)
+    """HTTP timeout of a registry request."""
 
     @model_validator(mode="after")
     def _record_name_when_needed(self):
@@ -123,7 +141,10 @@ class KeyFormat(_Strict):
     """How the Kafka key becomes the `kafka_key` column: raw bytes, UTF-8 text, a JSON object with a declared
     schema (a struct), or a registry format (its subject: "<topic>-key" under the topic strategy)."""
     type: Literal["raw", "string", "json", "avro", "protobuf", "json_schema"]
+    """`raw` (bytes), `string` (UTF-8), `json` (a struct of the declared fields), or a registry format (subject
+    `<topic>-key`). A null key stays null."""
     schema_: list[SchemaField] = Field(default_factory=list, alias="schema")
+    """The declared fields of a `json` key."""
 
     @model_validator(mode="after")
     def _schema_matches_type(self):
@@ -136,17 +157,24 @@ class KeyFormat(_Strict):
 
 class RecordFormat(_Strict):
     type: Literal["json", "raw", "avro", "protobuf", "json_schema"]
+    """`json` with a declared `schema`; `raw` (key and value kept as bytes); or `avro`, `protobuf`,
+    `json_schema` in the Confluent wire format through a Schema Registry (their columns come from it)."""
     schema_: list[SchemaField] = Field(default_factory=list, alias="schema")
-    # Schema drift: fields the schema does not declare are dropped, or kept as JSON text in
-    # UNKNOWN_FIELDS_COLUMN. A declared field whose type changes sends the record to quarantine.
+    """The declared fields of a `json` value (registry formats take none)."""
     unknown_fields: Literal["drop", "keep"] = "drop"
-    # Values above this many bytes go to quarantine instead of the table.
+    """Schema drift, `json` only: fields the schema does not declare are dropped, or kept as JSON text in a
+    `_unknown_fields` column. A declared field whose type changes sends the record to the quarantine."""
     max_value_bytes: StrictInt = Field(default=DEFAULT_MAX_VALUE_BYTES, gt=0)
+    """Values larger than this go to the quarantine whole."""
     registry: RegistrySettings | None = None
-    # avro without a registry: plain Avro binary values written with this schema (.avsc), no framing.
+    """The Schema Registry: for `avro` (unless `schema_file`), `protobuf`, `json_schema` and registry keys."""
     schema_file: StrictStr | None = None
+    """`avro` without a registry: plain Avro values (no framing) written with this `.avsc` (relative to the
+    project)."""
     key: KeyFormat | None = None
+    """Keep the Kafka key as column `kafka_key` (not with `raw`, whose `key` column has it). None: not kept."""
     include_headers: StrictBool = False
+    """Every header as `kafka_headers`, a map of string to binary, in order, repeated names kept."""
 
     @property
     def evolves(self) -> bool:
@@ -192,25 +220,36 @@ class RecordFormat(_Strict):
 
 class TableSettings(_Strict):
     path: StrictStr
+    """The Delta table's location; a relative path is relative to the project."""
     partition_by: list[StrictStr] = Field(default_factory=list)
+    """Partition columns (columns of the table)."""
 
 
 class BatchSettings(_Strict):
     max_records_per_batch: StrictInt = Field(default=1_000_000, gt=0)
+    """Offset span of one batch (one Delta commit)."""
     max_records_per_task: StrictInt = Field(default=250_000, gt=0)
+    """Offset span of one task (one partition slice; on a local master a Spark task per core runs several in
+    order, fetching the next while writing the last)."""
     read_timeout_seconds: StrictInt = Field(default=60, gt=0)
+    """A task that makes no progress this long fails."""
 
 
 class MaintenanceSettings(_Strict):
-    """How the table stays cheap to read and to commit to, however old it gets. See README, "Maintenance"."""
-    checkpoint_interval: StrictInt = Field(default=10, gt=0)  # commits between Delta checkpoints (as Delta Spark)
-    # Commit files older than this are removed; fractions allowed (0.25: six hours), at least an hour.
+    """How the table stays cheap to read and to commit to, however old it gets. See docs/operations/maintenance.md."""
+    checkpoint_interval: StrictInt = Field(default=10, gt=0)
+    """Commits between Delta checkpoints (as Delta Spark)."""
     log_retention_days: StrictFloat = Field(default=30, ge=1 / 24)
-    # Removed data files are kept this long (time travel, RESTORE); vacuum deletes them after.
+    """Commit files older than this are removed; fractions allowed (0.25: six hours), at least an hour. Size
+    it to a stream's rate (see Maintenance)."""
     deleted_file_retention_hours: StrictInt = Field(default=168, ge=1)
-    target_file_mb: StrictInt = Field(default=128, gt=0)  # optimize packs small files up to this size
-    zorder_by: list[StrictStr] = Field(default_factory=list)  # optimize sorts each new file by these columns
-    compact_every_batches: StrictInt = Field(default=50, ge=0)  # stream compacts what it wrote; 0: never
+    """Removed data files are kept this long (time travel, RESTORE); vacuum deletes them after."""
+    target_file_mb: StrictInt = Field(default=128, gt=0)
+    """Compaction packs small files up to this size."""
+    zorder_by: list[StrictStr] = Field(default_factory=list)
+    """Compaction sorts each new file by these columns (Z-order)."""
+    compact_every_batches: StrictInt = Field(default=50, ge=0)
+    """A stream compacts what it wrote every this many batches; 0: never."""
 
     def table_properties(self) -> dict[str, str]:
         """Delta table properties of the tables offsetlake creates."""
@@ -228,7 +267,7 @@ class MaintenanceSettings(_Strict):
         Every batch lists the commit files in `_delta_log` (on a local disk, each costs a few
         microseconds a batch) and every checkpoint carries the files removed within the deleted-file
         retention (its tombstones): the per-batch cost is bounded by these two windows, not by the
-        table's age, but the windows must fit the commit rate (`make soak`; README, Maintenance)."""
+        table's age, but the windows must fit the commit rate (`make soak`; docs/operations/maintenance.md)."""
         per_day = 86_400 / interval_seconds
         commits, removed = self.log_retention_days * per_day, self.deleted_file_retention_hours / 24 * per_day
         if max(commits, removed) <= STREAM_WINDOW_BUDGET:
@@ -236,14 +275,16 @@ class MaintenanceSettings(_Strict):
         return (f"a stream every {interval_seconds:g} s keeps ~{commits:,.0f} commits in its log "
                 f"(maintenance.log_retention_days {self.log_retention_days:g}) and ~{removed:,.0f} removed files "
                 f"in its checkpoints (maintenance.deleted_file_retention_hours {self.deleted_file_retention_hours}); "
-                f"each batch pays for both: keep them under {STREAM_WINDOW_BUDGET:,} (README, Maintenance)")
+                f"each batch pays for both: keep them under {STREAM_WINDOW_BUDGET:,} (docs/how-to/stream-retention.md)")
 
 
 class AirflowSettings(_Strict):
     """How Airflow retries the pipeline's ingest, stream and maintenance steps (backfill and recovery
-    are never retried: what fails them, a retry meets again). See README, "Riding out faults"."""
-    retries: StrictInt | None = Field(default=None, ge=0, le=100)  # None: the operator's (ingest 3, stream 5)
-    retry_delay_seconds: StrictInt = Field(default=30, gt=0)  # the first wait; it doubles, up to 10 minutes
+    are never retried: what fails them, a retry meets again). See docs/concepts/faults.md."""
+    retries: StrictInt | None = Field(default=None, ge=0, le=100)
+    """How often Airflow retries a failed step. None: the step's own (ingest 3, stream 5, maintenance 1)."""
+    retry_delay_seconds: StrictInt = Field(default=30, gt=0)
+    """The first wait before a retry; it doubles, up to 10 minutes."""
 
 
 # Commits in the log, or files removed within the retention, that a batch pays for cheaply: ~0.2 s a batch
@@ -253,22 +294,37 @@ STREAM_WINDOW_BUDGET = 20_000
 
 class PipelineConfig(_Strict):
     name: StrictStr = Field(pattern=NAME_RE)
+    """Must match the file name."""
     topics: list[StrictStr] = Field(min_length=1)
+    """One or more topics read into one table."""
     kafka: KafkaSettings
+    """The Kafka cluster, and how offsetlake's clients talk to it."""
     table: TableSettings
+    """The Delta table the records go to."""
     format: RecordFormat
+    """How a record becomes a row."""
     batch: BatchSettings = Field(default_factory=BatchSettings)
+    """How a backlog is cut into batches and tasks."""
     starting_offsets: Literal["earliest", "latest"] = "earliest"
+    """First batch only. Partitions added later always start at their earliest offset."""
     on_data_loss: Literal["fail", "skip"] = "fail"
-    # batch: the ingest DAG runs on `schedule`; stream: the stream DAG keeps one run going. The other
-    # DAG is not scheduled (it can still be triggered: the ledger serialises whatever runs).
+    """Offsets the ledger still needs were deleted from Kafka: `fail` (naming the range) or `skip` (recorded
+    in the commit)."""
     mode: Literal["batch", "stream"] = "batch"
+    """`batch`: the ingest DAG runs on `schedule`; `stream`: the stream DAG keeps one run going. The other DAG
+    only runs when triggered (safe beside it: the ledger serialises them)."""
     schedule: StrictStr | None = "@hourly"
+    """The ingest DAG's schedule in mode `batch`; null: triggered runs only. Refused in mode `stream`."""
     stream_interval_seconds: float = Field(default=5.0, gt=0)
+    """The pause between a stream's batches."""
     quarantine: TableSettings | None = None
+    """The Delta table for records that do not parse or fit. Default: `<table.path>_quarantine`."""
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    """Delta properties of the tables offsetlake creates, and compaction."""
     airflow: AirflowSettings = Field(default_factory=AirflowSettings)
+    """How Airflow retries the pipeline's steps."""
     description: StrictStr = ""
+    """Shown on the pipeline's DAGs."""
 
     @model_validator(mode="after")
     def _partition_columns_exist(self):

@@ -63,7 +63,7 @@ class OffsetRange:
 # trip. Measured on Apache Kafka 4.1 (1M records of ~110 B, 4 partitions, 2 cores): `read_range` of one 250k
 # range 119k rec/s with the default, 362k-469k rec/s with 50 MiB; `offsetlake ingest` (raw) 213k-224k ->
 # 866k-1,120k rec/s, JSON 210k -> 740k-774k rec/s. noida-db ignores both limits and answers with the
-# partition's whole tail, so nothing on the embedded broker shows the effect (README, Speed).
+# partition's whole tail, so nothing on the embedded broker shows the effect (docs/speed.md).
 FETCH_BYTES = 50 * 1024 * 1024  # one response: fetch.max.bytes = max.partition.fetch.bytes
 # librdkafka keeps fetching ahead while a partition's queue holds less than this (and fewer than
 # queued.min.messages); a fetch in flight may overshoot it by one response. So what one reader holds in

@@ -6,7 +6,7 @@ the message type. confluent-kafka's Schema Registry client does the HTTP (its
 cache holds each schema once per process, so once per Spark worker) and parses
 the framing (`SchemaId`); fastavro and protobuf decode the payloads.
 
-Each schema maps to one Arrow type (`SchemaDecoder.arrow_type`, README "Formats"
+Each schema maps to one Arrow type (`SchemaDecoder.arrow_type`, docs/usage/registry-formats.md
 lists the mapping) and decodes a payload into the Python value of that type, so
 a batch becomes Arrow in one `pa.array` call per schema type. Two kinds of failure,
 kept apart on purpose:
