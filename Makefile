@@ -9,7 +9,7 @@ export OFFSETLAKE_HOME := $(CURDIR)
 export SPARK_LOCAL_IP := 127.0.0.1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install test test-unit demo demo-cli down bench soak chaos clean prerequisites jvm-archive docs
+.PHONY: install test test-unit demo demo-cli down bench soak chaos clean prerequisites jvm-archive docs lint
 
 install: $(STAMP)
 
@@ -37,6 +37,12 @@ test: $(STAMP) jvm-archive
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
+
+# Fix what ruff can (lint and format); then what the checks in `make test` still find (ruff, mypy).
+lint: $(STAMP)
+	$(BIN)/ruff check --fix src tests docs dags plugins jobs
+	$(BIN)/ruff format src tests docs dags plugins jobs
+	$(BIN)/mypy
 
 # The docs site (MkDocs, Material theme) in site/: the reference pages are regenerated from the code first
 # (docs/generate.py). `make test` builds it with --strict and fails on a stale generated page.

@@ -5,6 +5,7 @@ Copy it for your own downstream work: schedule on `table_asset("<pipeline>")`, a
 from the triggering Asset events, whose `extra["payload"]` is {pipeline, table, kind, versions, ranges,
 rows, quarantined}.
 """
+
 import os
 from pathlib import Path
 
@@ -18,17 +19,27 @@ from offsetlake.config import list_pipelines  # noqa: E402
 for _name in [n.strip() for n in os.environ.get("OFFSETLAKE_EXAMPLE_CONSUMERS", "").split(",") if n.strip()]:
     if _name not in list_pipelines():
         continue
-    with DAG(dag_id=f"example__{_name}__on_change", schedule=[table_asset(_name)], start_date=START,
-             catchup=False, tags=["offsetlake", _name, "example"],
-             description=f"Runs on every change of {_name}'s table and reports what changed") as _dag:
+    with DAG(
+        dag_id=f"example__{_name}__on_change",
+        schedule=[table_asset(_name)],
+        start_date=START,
+        catchup=False,
+        tags=["offsetlake", _name, "example"],
+        description=f"Runs on every change of {_name}'s table and reports what changed",
+    ) as _dag:
 
         @task
         def report_changes(*, triggering_asset_events) -> list[dict]:
-            changes = [event.extra.get("payload", event.extra)
-                       for events in triggering_asset_events.values() for event in events]
+            changes = [
+                event.extra.get("payload", event.extra)
+                for events in triggering_asset_events.values()
+                for event in events
+            ]
             for change in changes:
-                print(f"{change.get('pipeline')}: {change.get('kind')} versions {change.get('versions')} "
-                      f"ranges {change.get('ranges')}")
+                print(
+                    f"{change.get('pipeline')}: {change.get('kind')} versions {change.get('versions')} "
+                    f"ranges {change.get('ranges')}"
+                )
             return changes
 
         report_changes()

@@ -2,6 +2,7 @@
 
 Thin on purpose: the DAG definitions live in src/offsetlake/airflow/dags.py.
 """
+
 import os
 from pathlib import Path
 

@@ -1,7 +1,8 @@
 """spark-submit entry point for `offsetlake backfill`: the same code as the command line, nothing else.
 
-    spark-submit jobs/backfill.py --pipeline NAME [--dag-id D --run-id R --try-number N] [options of offsetlake backfill]
+spark-submit jobs/backfill.py --pipeline NAME [--dag-id D --run-id R --try-number N] [options of offsetlake backfill]
 """
+
 import sys
 
 from offsetlake.cli import main

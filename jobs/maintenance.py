@@ -1,7 +1,8 @@
 """spark-submit entry point for `offsetlake maintain`: the same code as the command line, nothing else.
 
-    spark-submit jobs/maintenance.py --pipeline NAME [--dag-id D --run-id R --try-number N] [options of offsetlake maintain]
+spark-submit jobs/maintenance.py --pipeline NAME [--dag-id D --run-id R --try-number N] [options of offsetlake maintain]
 """
+
 import sys
 
 from offsetlake.cli import main

@@ -10,6 +10,7 @@ installed package) and this folder holds nothing but the AirflowPlugin:
   the navigation (every pipeline) and an "offsetlake" tab on each DAG (the
   DAG's pipeline).
 """
+
 from airflow.plugins_manager import AirflowPlugin
 
 from offsetlake.airflow.view import app
@@ -19,8 +20,17 @@ class OffsetlakePlugin(AirflowPlugin):
     name = "offsetlake"
     fastapi_apps = [{"app": app, "url_prefix": "/offsetlake", "name": "offsetlake"}]
     external_views = [
-        {"name": "offsetlake", "href": "/offsetlake/", "destination": "nav", "url_route": "offsetlake",
-         "category": "browse"},
-        {"name": "offsetlake", "href": "/offsetlake/?dag_id={DAG_ID}", "destination": "dag",
-         "url_route": "offsetlake-dag"},
+        {
+            "name": "offsetlake",
+            "href": "/offsetlake/",
+            "destination": "nav",
+            "url_route": "offsetlake",
+            "category": "browse",
+        },
+        {
+            "name": "offsetlake",
+            "href": "/offsetlake/?dag_id={DAG_ID}",
+            "destination": "dag",
+            "url_route": "offsetlake-dag",
+        },
     ]

@@ -1,4 +1,5 @@
 """Shared services, started once per test session and stopped by PID: a noida-db broker and Spark."""
+
 from __future__ import annotations
 
 import os
@@ -23,6 +24,7 @@ def broker(tmp_path_factory):
 def own_broker(tmp_path):
     """A broker for one test, which it may stop and start again (support.RestartableBroker)."""
     from support import RestartableBroker
+
     b = RestartableBroker(tmp_path / "broker")
     yield b
     embedded_broker.stop(b.current.pid)
@@ -32,6 +34,7 @@ def own_broker(tmp_path):
 def schema_registry(tmp_path_factory):
     """A Schema Registry (offsetlake.local.schema_registry) over real HTTP on 127.0.0.1, with basic auth."""
     from offsetlake.local import schema_registry as embedded_registry
+
     data = tmp_path_factory.mktemp("registry")
     r = embedded_registry.start(data, user="offsetlake", password="s3cret-registry-pw", pid_file=data / "registry.pid")
     r.user, r.password, r.answers = "offsetlake", "s3cret-registry-pw", "confluent"
@@ -44,9 +47,11 @@ def karapace_registry(tmp_path_factory):
     """The same registry answering as Karapace does: Protobuf as .proto source, Avro keys reordered, JSON
     Schema with escaped slashes (offsetlake.local.schema_registry, --answer-as karapace)."""
     from offsetlake.local import schema_registry as embedded_registry
+
     data = tmp_path_factory.mktemp("karapace")
-    r = embedded_registry.start(data, user="offsetlake", password="s3cret-registry-pw", pid_file=data / "registry.pid",
-                                answer_as="karapace")
+    r = embedded_registry.start(
+        data, user="offsetlake", password="s3cret-registry-pw", pid_file=data / "registry.pid", answer_as="karapace"
+    )
     r.user, r.password, r.answers = "offsetlake", "s3cret-registry-pw", "karapace"
     yield r
     embedded_registry.stop(r.pid)
@@ -60,6 +65,7 @@ def bootstrap(broker) -> str:
 @pytest.fixture(scope="session")
 def spark():
     from offsetlake.spark import build_session
+
     session = build_session("offsetlake-tests", "local[2]")
     yield session
     session.stop()
@@ -73,14 +79,17 @@ def pipeline(request, bootstrap, pipelines_dir, lake, monkeypatch):
     OFFSETLAKE_PIPELINES_DIR points at the test's pipelines, for jobs and DAG steps started from here.
     """
     from support import new_pipeline
+
     monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(pipelines_dir))
 
     def make(partitions: int = 2, records: int = 0, ingest: bool = False, **overrides):
         cfg, topic = new_pipeline(bootstrap, pipelines_dir, lake, partitions, records, **overrides)
         if ingest:
             from offsetlake.batch import ingest as run_ingest
+
             run_ingest(request.getfixturevalue("spark"), cfg)
         return cfg, topic
+
     return make
 
 

@@ -5,6 +5,7 @@ Everything is started by the test and stopped by PID. Servers bind 127.0.0.1 or 
 test host. When something needed is not on the machine, the test fails naming it (CI installs
 it: see .ci/run); it never skips.
 """
+
 from __future__ import annotations
 
 import glob
@@ -54,6 +55,7 @@ LOOPBACK = Host("", "127.0.0.1")  # this machine, for tests that need a cluster 
 @dataclass
 class PrivateNetwork:
     """A bridge in the root namespace (the test machine: .1) and one namespace per test host (.2, .3...)."""
+
     tag: str
     subnet: str  # "10.x.y": a /24 no route of this machine uses
     hosts: list[Host] = field(default_factory=list)
@@ -67,7 +69,7 @@ class PrivateNetwork:
         return f"{self.subnet}.1"
 
     @staticmethod
-    def create() -> "PrivateNetwork":
+    def create() -> PrivateNetwork:
         require(shutil.which("ip") is not None, "iproute2 (the ip command)", "apt-get install iproute2")
         require(os.geteuid() == 0, "root", "network namespaces need root (CI runs as root)")
         net = PrivateNetwork(tag=f"{os.getpid() % 100000}", subnet=_free_subnet())
@@ -130,6 +132,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 @dataclass
 class Postgres:
     """A PostgreSQL server from the machine's postgresql package, in a temporary directory, on 127.0.0.1."""
+
     pid: int
     port: int
     root: Path
@@ -141,7 +144,7 @@ class Postgres:
         return f"postgresql+psycopg2://{self.user}@127.0.0.1:{self.port}/{self.database}"
 
     @staticmethod
-    def start() -> "Postgres":
+    def start() -> Postgres:
         bin_dir = _postgres_bin()
         require(bin_dir is not None, "PostgreSQL (initdb, postgres)", "apt-get install postgresql")
         # The server refuses to run as root: it runs as the postgres (or nobody) user, in a directory it owns.
@@ -154,17 +157,36 @@ class Postgres:
             os.chown(root, account.pw_uid, account.pw_gid)
             os.chown(sockets, account.pw_uid, account.pw_gid)
         demote = _demote(account)
-        init = subprocess.run([str(bin_dir / "initdb"), "-D", str(data), "-U", "airflow", "--auth=trust",
-                               "--encoding=UTF8", "--no-sync"], capture_output=True, text=True, preexec_fn=demote)
+        init = subprocess.run(
+            [str(bin_dir / "initdb"), "-D", str(data), "-U", "airflow", "--auth=trust", "--encoding=UTF8", "--no-sync"],
+            capture_output=True,
+            text=True,
+            preexec_fn=demote,
+        )
         assert init.returncode == 0, init.stderr[-2000:]
         port = free_port()
         log = root / "postgres.log"
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(sockets),
-                 "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=demote,
-                start_new_session=True)
+                [
+                    str(bin_dir / "postgres"),
+                    "-D",
+                    str(data),
+                    "-p",
+                    str(port),
+                    "-k",
+                    str(sockets),
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    "fsync=off",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=demote,
+                start_new_session=True,
+            )
         server = Postgres(proc.pid, port, root)
         wait_for(server._accepts, "PostgreSQL accepting connections", 60, proc, log)
         server._create_database()
@@ -172,8 +194,8 @@ class Postgres:
 
     def connect(self, database: str):
         import psycopg2
-        return psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname=database,
-                                connect_timeout=3)
+
+        return psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname=database, connect_timeout=3)
 
     def _accepts(self) -> bool:
         try:
@@ -225,12 +247,14 @@ def _demote(account):
     def become():
         os.setgid(account.pw_gid)
         os.setuid(account.pw_uid)
+
     return become
 
 
 @dataclass
 class SparkStandalone:
     """A Spark standalone master and one worker (spark-class from the pyspark package) on one test host."""
+
     host: Host
     master_pid: int
     worker_pid: int
@@ -247,31 +271,75 @@ class SparkStandalone:
             return json.loads(resp.read())
 
     @staticmethod
-    def start(host: Host, root: Path, cores: int = 2, memory: str = "2g", port: int = 7077, ui_port: int = 18080,
-              worker_ui_port: int = 18081) -> "SparkStandalone":
+    def start(
+        host: Host,
+        root: Path,
+        cores: int = 2,
+        memory: str = "2g",
+        port: int = 7077,
+        ui_port: int = 18080,
+        worker_ui_port: int = 18081,
+    ) -> SparkStandalone:
         spark_class = Path(sys.executable).parent / "spark-class"
         require(spark_class.exists(), "spark-class", "pip install pyspark (requirements.txt)")
         work = root / "spark-work"
         work.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "SPARK_LOCAL_IP": host.address, "SPARK_LOG_DIR": str(root),
-               "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}
+        env = {
+            **os.environ,
+            "SPARK_LOCAL_IP": host.address,
+            "SPARK_LOG_DIR": str(root),
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARK_NO_DAEMONIZE": "1",
+        }
         master_log, worker_log = root / "spark-master.log", root / "spark-worker.log"
-        master = _popen(host.command(str(spark_class), "org.apache.spark.deploy.master.Master", "--host", host.address,
-                                     "--port", str(port), "--webui-port", str(ui_port)), env, master_log)
+        master = _popen(
+            host.command(
+                str(spark_class),
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                host.address,
+                "--port",
+                str(port),
+                "--webui-port",
+                str(ui_port),
+            ),
+            env,
+            master_log,
+        )
         cluster = SparkStandalone(host, master.pid, 0, work, port, ui_port)
         wait_for(lambda: _answers(cluster), "Spark master", 90, master, master_log)
-        worker = _popen(host.command(str(spark_class), "org.apache.spark.deploy.worker.Worker", cluster.master_url,
-                                     "--host", host.address, "--cores", str(cores), "--memory", memory,
-                                     "--webui-port", str(worker_ui_port), "--work-dir", str(work)), env, worker_log)
+        worker = _popen(
+            host.command(
+                str(spark_class),
+                "org.apache.spark.deploy.worker.Worker",
+                cluster.master_url,
+                "--host",
+                host.address,
+                "--cores",
+                str(cores),
+                "--memory",
+                memory,
+                "--webui-port",
+                str(worker_ui_port),
+                "--work-dir",
+                str(work),
+            ),
+            env,
+            worker_log,
+        )
         cluster.worker_pid = worker.pid
-        wait_for(lambda: any(w.get("state") == "ALIVE" for w in cluster.state().get("workers", [])),
-                 "a Spark worker registered with the master", 90, worker, worker_log)
+        wait_for(
+            lambda: any(w.get("state") == "ALIVE" for w in cluster.state().get("workers", [])),
+            "a Spark worker registered with the master",
+            90,
+            worker,
+            worker_log,
+        )
         return cluster
 
     def executor_pids(self) -> list[int]:
         """The executor JVMs the worker runs now (CoarseGrainedExecutorBackend, its descendants)."""
-        return [pid for pid in descendants(self.worker_pid)
-                if b"CoarseGrainedExecutorBackend" in _cmdline(pid)]
+        return [pid for pid in descendants(self.worker_pid) if b"CoarseGrainedExecutorBackend" in _cmdline(pid)]
 
     def executor_dirs(self) -> list[Path]:
         """One directory per executor the worker ever launched: <work>/<app id>/<executor id>."""
@@ -320,5 +388,6 @@ def _answers(cluster: SparkStandalone) -> bool:
 
 def _popen(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
     with open(log, "ab") as out:
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )

@@ -15,6 +15,7 @@ The decoding here shares no code with offsetlake's formats: `json.loads`, fastav
 the registry client fetches, confluent-kafka's ProtobufDeserializer, base64 and datetime from the standard
 library. A bug in offsetlake's decoding therefore shows as a difference instead of cancelling out.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,9 +27,10 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import fastavro
 import pyarrow as pa
@@ -41,7 +43,7 @@ from offsetlake.local.producer import BAD_VALUES
 from offsetlake.table import open_table, query
 
 Offset = tuple[str, int, int]  # (topic, partition, offset)
-UTC = dt.timezone.utc
+UTC = dt.UTC
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -56,8 +58,9 @@ class KafkaRecord:
     timestamp: dt.datetime
 
 
-def read_committed(bootstrap: str, topic: str, until: dict[int, int] | None = None,
-                   client: dict | None = None) -> dict[Offset, KafkaRecord]:
+def read_committed(
+    bootstrap: str, topic: str, until: dict[int, int] | None = None, client: dict | None = None
+) -> dict[Offset, KafkaRecord]:
     """Every record Kafka returns under read_committed, from each partition's log start up to `until[p]`
     (default: the LSO now), read by a plain consumer of its own (`client`: the cluster's security settings)."""
     client = client or {}
@@ -74,9 +77,16 @@ def read_committed(bootstrap: str, topic: str, until: dict[int, int] | None = No
 
 
 def _read_partition(settings: dict, topic: str, partition: int, start: int, end: int) -> dict[Offset, KafkaRecord]:
-    consumer = Consumer({**settings, "group.id": f"truth_{uuid.uuid4().hex[:8]}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "auto.offset.reset": "error"})
+    consumer = Consumer(
+        {
+            **settings,
+            "group.id": f"truth_{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error",
+        }
+    )
     consumer.assign([TopicPartition(topic, partition, start)])
     out, done, deadline = {}, False, time.monotonic() + 60
     try:
@@ -88,7 +98,8 @@ def _read_partition(settings: dict, topic: str, partition: int, start: int, end:
                 if msg.error():
                     continue
                 out[(topic, partition, msg.offset())] = KafkaRecord(
-                    msg.key(), msg.value(), msg.headers() or [], EPOCH + dt.timedelta(milliseconds=msg.timestamp()[1]))
+                    msg.key(), msg.value(), msg.headers() or [], EPOCH + dt.timedelta(milliseconds=msg.timestamp()[1])
+                )
             if not done and consumer.position([TopicPartition(topic, partition)])[0].offset >= end:
                 done = True
     finally:
@@ -134,6 +145,7 @@ class Journal:
                     sent.outcome = "committed"
                 else:
                     self._open[transaction].append(sent)
+
         return delivered
 
     def ended(self, transaction: str, committed: bool) -> None:
@@ -190,8 +202,9 @@ class Decoder:
             row.update(key=record.key, value=record.value)
         else:
             fields = self._value(record.value)
-            payload = [f for f in schema if f.name not in {*LINEAGE_COLUMNS, KEY_COLUMN, HEADERS_COLUMN,
-                                                            UNKNOWN_FIELDS_COLUMN}]
+            payload = [
+                f for f in schema if f.name not in {*LINEAGE_COLUMNS, KEY_COLUMN, HEADERS_COLUMN, UNKNOWN_FIELDS_COLUMN}
+            ]
             for f in payload:
                 row[f.name] = coerce(fields.get(f.name), f.type)
             if fmt.unknown_fields == "keep":
@@ -240,9 +253,11 @@ class Decoder:
     def _protobuf_message(self, data: bytes, part: str) -> dict:
         from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
         from confluent_kafka.serialization import MessageField, SerializationContext
+
         message_type = self._protobuf.get(part)
-        assert message_type is not None, (f"the oracle decodes Protobuf with the producer's message class: "
-                                          f"pass protobuf={{{part!r}: <class>}}")
+        assert message_type is not None, (
+            f"the oracle decodes Protobuf with the producer's message class: pass protobuf={{{part!r}: <class>}}"
+        )
         deserialize = ProtobufDeserializer(message_type, {"use.deprecated.format": False})
         field_kind = MessageField.VALUE if part == "value" else MessageField.KEY
         return protobuf_fields(deserialize(data, SerializationContext(self.cfg.topics[0], field_kind)))
@@ -250,12 +265,14 @@ class Decoder:
     def registry(self):
         if self._registry is None:
             from confluent_kafka.schema_registry import SchemaRegistryClient
+
             settings = self.fmt.registry
             assert settings.url, "the oracle needs registry=<client> for a registry given as an Airflow connection"
             conf = {"url": settings.url}
             if settings.username is not None:
-                conf["basic.auth.user.info"] = (f"{settings.username.get_secret_value()}:"
-                                                f"{settings.password.get_secret_value()}")
+                conf["basic.auth.user.info"] = (
+                    f"{settings.username.get_secret_value()}:{settings.password.get_secret_value()}"
+                )
             self._registry = SchemaRegistryClient(conf)
         return self._registry
 
@@ -324,6 +341,7 @@ def coerce(value, t: pa.DataType):
 @dataclass
 class Findings:
     """What the oracle found wrong, by kind: each a list of (offset, message)."""
+
     kinds: dict[str, list[tuple[Offset, str]]] = field(default_factory=lambda: collections.defaultdict(list))
     kafka_records: int = 0
     table_rows: int = 0
@@ -361,8 +379,10 @@ WRONG_VALUE, BOTH = "rows whose values are not their record's", "records in the 
 QUARANTINED_TWICE, QUARANTINE_UNEXPECTED = "records quarantined twice", "quarantine rows Kafka does not hold"
 QUARANTINE_WRONG, GOOD_QUARANTINED = "quarantine rows unlike their record", "good records quarantined"
 BAD_NOT_QUARANTINED = "bad records not quarantined"
-PRODUCER_LOST, PRODUCER_ABORTED = "records the producers committed that Kafka does not return", \
-    "records the producers aborted that Kafka returns"
+PRODUCER_LOST, PRODUCER_ABORTED = (
+    "records the producers committed that Kafka does not return",
+    "records the producers aborted that Kafka returns",
+)
 PRODUCER_DIFFERS = "records Kafka returns unlike what the producers sent"
 
 
@@ -371,8 +391,15 @@ def ledger_offsets(cfg) -> dict:
     return read_ledger(open_table(cfg.table_path), cfg.name, tps).offsets
 
 
-def check(cfg, until: dict | None = None, *, quarantine_ahead: bool = False, journal: Journal = JOURNAL,
-          registry=None, protobuf: dict | None = None) -> Findings:
+def check(
+    cfg,
+    until: dict | None = None,
+    *,
+    quarantine_ahead: bool = False,
+    journal: Journal = JOURNAL,
+    registry=None,
+    protobuf: dict | None = None,
+) -> Findings:
     """Everything the oracle checks, below `until` ({(topic, partition): end}, default the ledger's).
     `quarantine_ahead`: quarantine rows at or past `until` are left out (a job killed between its quarantine
     commit and its table commit leaves them ahead of the ledger; the next batch skips them)."""
@@ -380,8 +407,14 @@ def check(cfg, until: dict | None = None, *, quarantine_ahead: bool = False, jou
     findings = Findings()
     kafka: dict[Offset, KafkaRecord] = {}
     for topic in cfg.topics:
-        kafka.update(read_committed(cfg.kafka.bootstrap_servers, topic,
-                                    {p: o for (t, p), o in until.items() if t == topic}, cfg.kafka.client))
+        kafka.update(
+            read_committed(
+                cfg.kafka.bootstrap_servers,
+                topic,
+                {p: o for (t, p), o in until.items() if t == topic},
+                cfg.kafka.client,
+            )
+        )
     findings.kafka_records = len(kafka)
     table = query(cfg.table_path, "SELECT * FROM t")
     rows = _by_offset(table.to_pylist())
@@ -432,12 +465,15 @@ def _check_table(findings: Findings, rows, kafka, decoder: Decoder, schema: pa.S
         if len(found) > 1:
             findings.add(DUPLICATED, where, f"{len(found)} rows")
         if where not in kafka:
-            findings.add(UNEXPECTED, where, "a row for an offset Kafka does not return under read_committed "
-                                            "(aborted, or past the ledger's end)")
+            findings.add(
+                UNEXPECTED,
+                where,
+                "a row for an offset Kafka does not return under read_committed (aborted, or past the ledger's end)",
+            )
 
 
 def _check_quarantine(findings: Findings, quarantine, rows, kafka, cfg) -> None:
-    for where, record in kafka.items():
+    for where in kafka:
         if where not in rows and where not in quarantine:
             findings.add(MISSING, where, "in neither the table nor the quarantine")
     for where, found in quarantine.items():
@@ -447,14 +483,21 @@ def _check_quarantine(findings: Findings, quarantine, rows, kafka, cfg) -> None:
             findings.add(BOTH, where, "in the table and in the quarantine")
         record = kafka.get(where)
         if record is None:
-            findings.add(QUARANTINE_UNEXPECTED, where, "a quarantine row for an offset Kafka does not return "
-                                                      "under read_committed (aborted?)")
+            findings.add(
+                QUARANTINE_UNEXPECTED,
+                where,
+                "a quarantine row for an offset Kafka does not return under read_committed (aborted?)",
+            )
             continue
         row = found[0]
         kept = (row["key"], row["value"], row["kafka_timestamp"])
         if kept != (record.key, record.value, record.timestamp) or not row["error"]:
-            findings.add(QUARANTINE_WRONG, where, f"holds {kept!r} with reason {row['error']!r}, its record is "
-                                                  f"{(record.key, record.value, record.timestamp)!r}")
+            findings.add(
+                QUARANTINE_WRONG,
+                where,
+                f"holds {kept!r} with reason {row['error']!r}, its record is "
+                f"{(record.key, record.value, record.timestamp)!r}",
+            )
 
 
 def _check_producers(findings: Findings, journaled: dict[Offset, Sent], kafka, rows, quarantine, until, cfg) -> None:
@@ -472,8 +515,12 @@ def _check_producers(findings: Findings, journaled: dict[Offset, Sent], kafka, r
             findings.add(PRODUCER_LOST, where, f"committed with value {_short(sent.value)!r}")
             continue
         if (sent.key, sent.value, sent.headers) != (record.key, record.value, list(record.headers)):
-            findings.add(PRODUCER_DIFFERS, where, f"sent {(sent.key, _short(sent.value), sent.headers)!r}, Kafka "
-                                                  f"returns {(record.key, _short(record.value), record.headers)!r}")
+            findings.add(
+                PRODUCER_DIFFERS,
+                where,
+                f"sent {(sent.key, _short(sent.value), sent.headers)!r}, Kafka "
+                f"returns {(record.key, _short(record.value), record.headers)!r}",
+            )
         if sent.bad is None and where in quarantine:
             findings.add(GOOD_QUARANTINED, where, f"quarantined as {quarantine[where][0]['error']!r}")
         elif sent.bad is not None:
@@ -481,8 +528,9 @@ def _check_producers(findings: Findings, journaled: dict[Offset, Sent], kafka, r
             if where not in quarantine:
                 findings.add(BAD_NOT_QUARANTINED, where, f"made bad ({reason}) but not in the quarantine")
             elif reason not in quarantine[where][0]["error"]:
-                findings.add(QUARANTINE_WRONG, where, f"quarantined as {quarantine[where][0]['error']!r}, "
-                                                      f"made bad as {reason!r}")
+                findings.add(
+                    QUARANTINE_WRONG, where, f"quarantined as {quarantine[where][0]['error']!r}, made bad as {reason!r}"
+                )
 
 
 def _short(value: bytes | None) -> bytes | None:

@@ -1,4 +1,5 @@
 """Helpers shared by the integration tests: pipelines on a test broker, and the exactly-once check."""
+
 from __future__ import annotations
 
 import json
@@ -11,17 +12,17 @@ import uuid
 from pathlib import Path
 
 import yaml
-from deltalake import DeltaTable
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from deltalake import DeltaTable
 
+import oracle
 from offsetlake.config import load_pipeline
-from offsetlake.local import broker as embedded_broker
 from offsetlake.ledger import pipeline_history
+from offsetlake.local import broker as embedded_broker
+from offsetlake.local import producer as demo_producer
 from offsetlake.metadata import HistoryEntry
 from offsetlake.table import query
-from offsetlake.local import producer as demo_producer
-import oracle
 from oracle import JOURNAL, assert_exactly_once, ledger_offsets  # noqa: F401 - the tests' oracle, re-exported
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,8 +67,9 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
 
-def write_pipeline(directory: Path, bootstrap: str, topics: list[str], lake: Path, name: str | None = None,
-                   **overrides) -> str:
+def write_pipeline(
+    directory: Path, bootstrap: str, topics: list[str], lake: Path, name: str | None = None, **overrides
+) -> str:
     """Write a pipeline YAML into `directory` and return its name."""
     name = name or unique("p")
     doc = {
@@ -89,8 +91,7 @@ def write_pipeline(directory: Path, bootstrap: str, topics: list[str], lake: Pat
     return name
 
 
-def new_pipeline(bootstrap: str, pipelines_dir: Path, lake: Path, partitions: int = 3, records: int = 0,
-                 **overrides):
+def new_pipeline(bootstrap: str, pipelines_dir: Path, lake: Path, partitions: int = 3, records: int = 0, **overrides):
     """A new topic, a pipeline reading it, and `records` committed records among aborted transactions."""
     topic = unique("t")
     create_topic(bootstrap, topic, partitions)
@@ -113,8 +114,9 @@ class JournaledProducer:
     def __init__(self, bootstrap: str, **config):
         self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **config})
 
-    def produce(self, topic: str, value=None, key=None, headers=None, partition: int | None = None,
-                bad: str | None = None) -> None:
+    def produce(
+        self, topic: str, value=None, key=None, headers=None, partition: int | None = None, bad: str | None = None
+    ) -> None:
         record = {"key": key, "value": value, **({"headers": headers} if headers else {})}
         placed = {} if partition is None else {"partition": partition}
         self._producer.produce(topic, **record, **placed, on_delivery=JOURNAL.sent(topic, record, None, bad))
@@ -128,8 +130,9 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
 
 
-def kafka_committed_records(bootstrap: str, topic: str, until: dict[int, int] | None = None,
-                            whole: bool = False) -> dict:
+def kafka_committed_records(
+    bootstrap: str, topic: str, until: dict[int, int] | None = None, whole: bool = False
+) -> dict:
     """Every record Kafka returns under read_committed: {(topic, partition, offset): value}
     (`whole`: (key, value, headers)), from each partition's log start up to `until[p]` (default: the LSO)."""
     records = oracle.read_committed(bootstrap, topic, until)
@@ -140,6 +143,7 @@ def kafka_committed_records(bootstrap: str, topic: str, until: dict[int, int] | 
 
 def _settings(bootstrap: str):
     from offsetlake.config import KafkaSettings
+
     return KafkaSettings(bootstrap_servers=bootstrap, timeout_seconds=10)
 
 
@@ -168,8 +172,9 @@ def assert_rows_are_kafkas_except(cfg, topic: str, partition: int, skipped: rang
 
 def run_cli(*args, env: dict | None = None, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "offsetlake.cli", *args], env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "offsetlake.cli", *args], env=full_env, capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"offsetlake {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return proc
@@ -177,13 +182,32 @@ def run_cli(*args, env: dict | None = None, timeout: float = 300, check: bool = 
 
 def spark_submit(application: Path, *args, timeout: float = 300) -> subprocess.CompletedProcess:
     """`spark-submit` of this Python's pyspark on local[2], bound to loopback, as the operator runs jobs."""
-    env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1",
-           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        "OFFSETLAKE_HOME": str(REPO),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
     return subprocess.run(
-        [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
-         "--conf", "spark.driver.bindAddress=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
-         str(application), *args],
-        env=env, capture_output=True, text=True, timeout=timeout)
+        [
+            str(Path(sys.executable).parent / "spark-submit"),
+            "--master",
+            "local[2]",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.driver.bindAddress=127.0.0.1",
+            "--conf",
+            "spark.driver.host=127.0.0.1",
+            str(application),
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def files_containing(root: Path, needle: bytes) -> list[str]:
@@ -207,8 +231,20 @@ def assert_one_line_failure(proc, *fragments):
 def ingest_process(cfg, pipelines_dir: Path, env: dict | None = None) -> subprocess.Popen:
     full_env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})}
     return subprocess.Popen(
-        [sys.executable, "-m", "offsetlake.cli", "ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir)],
-        env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "offsetlake.cli",
+            "ingest",
+            "--pipeline",
+            cfg.name,
+            "--pipelines-dir",
+            str(pipelines_dir),
+        ],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -243,6 +279,7 @@ def assert_quarantine_accounts_for_the_rest(cfg) -> int:
 def task_result(api, dag_id: str, run_id: str, task_id: str):
     """What an Airflow task returned (its XCom), through the REST API."""
     import urllib.parse
+
     run = urllib.parse.quote(run_id, safe="")
     value = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run}/taskInstances/{task_id}/xcomEntries/return_value")["value"]
     return json.loads(value) if isinstance(value, str) else value

@@ -17,6 +17,7 @@ only when all of these hold:
 - timestamps are strict RFC 3339 text (read by Arrow's cast; year 0 excluded, which Python refuses),
   other timestamp, date and binary values go through the reference's own coercion, column by column.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,9 +29,15 @@ from offsetlake.config import SchemaField
 
 # What Arrow parses each declared type as; the text types are converted afterwards (`_finish`).
 _PARSED_AS = {
-    "string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64(),
+    "string": pa.string(),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "double": pa.float64(),
     "float": pa.float64(),  # then cast, as the reference does from a Python float (no double rounding)
-    "boolean": pa.bool_(), "timestamp": pa.string(), "date": pa.string(), "binary": pa.string(),
+    "boolean": pa.bool_(),
+    "timestamp": pa.string(),
+    "date": pa.string(),
+    "binary": pa.string(),
 }
 _YEAR = r"(?:[1-9]\d{3}|0[1-9]\d{2}|00[1-9]\d|000[1-9])"
 _CLOCK = _YEAR + r"-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?"
@@ -56,7 +63,8 @@ def read_columns(fields: list[SchemaField], values: pa.Array, schema: pa.Schema,
         table = pj.read_json(
             pa.BufferReader(document),
             read_options=pj.ReadOptions(use_threads=False, block_size=max(len(document), 1 << 16)),
-            parse_options=pj.ParseOptions(explicit_schema=parsed_as, unexpected_field_behavior="ignore"))
+            parse_options=pj.ParseOptions(explicit_schema=parsed_as, unexpected_field_behavior="ignore"),
+        )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
         return None
     if table.num_rows != len(values):
@@ -75,7 +83,7 @@ def _lines(values: pa.Array) -> pa.Buffer:
     joined = pc.binary_join_element_wise(values, pa.scalar(b"", pa.binary()), pa.scalar(b"\n", pa.binary()))
     _, offsets, data = joined.buffers()
     bounds = np.frombuffer(offsets, np.int32, count=len(joined) + 1, offset=4 * joined.offset)
-    return data[int(bounds[0]):int(bounds[-1])]
+    return data[int(bounds[0]) : int(bounds[-1])]
 
 
 def _finish(column: pa.Array, type_: str, target: pa.DataType, coerce) -> pa.Array | None:

@@ -5,6 +5,7 @@ the log start to the ledger's committed end), and every offset it returns must
 be in the table exactly once, or in the quarantine. Rows Kafka does not return
 (aborted records, offsets of another topic incarnation) are "unexpected".
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -78,14 +79,22 @@ class AuditReport:
         return out
 
     def format(self) -> str:
-        lines = [f"{'topic':<24} {'part':>4} {'range':>19} {'kafka':>8} {'rows':>8} {'quar.':>6} "
-                 f"{'missing':>8} {'dup':>6} {'unexp':>6}"]
+        lines = [
+            f"{'topic':<24} {'part':>4} {'range':>19} {'kafka':>8} {'rows':>8} {'quar.':>6} "
+            f"{'missing':>8} {'dup':>6} {'unexp':>6}"
+        ]
         for p in self.partitions:
-            lines.append(f"{p.topic:<24} {p.partition:>4} {f'[{p.start}, {p.end})':>19} {p.kafka_records:>8} "
-                         f"{p.table_rows:>8} {p.quarantined:>6} {len(p.missing):>8} {len(p.duplicated):>6} "
-                         f"{len(p.unexpected):>6}")
+            lines.append(
+                f"{p.topic:<24} {p.partition:>4} {f'[{p.start}, {p.end})':>19} {p.kafka_records:>8} "
+                f"{p.table_rows:>8} {p.quarantined:>6} {len(p.missing):>8} {len(p.duplicated):>6} "
+                f"{len(p.unexpected):>6}"
+            )
         lines += [f"ledger: {issue}" for issue in self.continuity + self.sanity]
-        lines.append("audit: OK, every record exactly once" if self.ok else "audit: PROBLEMS FOUND (offsetlake repair fixes rows)")
+        lines.append(
+            "audit: OK, every record exactly once"
+            if self.ok
+            else "audit: PROBLEMS FOUND (offsetlake repair fixes rows)"
+        )
         return "\n".join(lines)
 
 
@@ -96,8 +105,10 @@ def audit(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> Audit
     ledger = read_ledger(table, cfg.name, tps)
     if ranges is None:
         log_starts = cluster.start_offsets(tps)
-        ranges = [OffsetRange(t, p, log_starts[(t, p)], max(log_starts[(t, p)], ledger.offsets.get((t, p), 0)))
-                  for t, p in tps]
+        ranges = [
+            OffsetRange(t, p, log_starts[(t, p)], max(log_starts[(t, p)], ledger.offsets.get((t, p), 0)))
+            for t, p in tps
+        ]
     table_rows = _lineage_counts(cfg.table_path)
     quarantined = _lineage_counts(cfg.quarantine_path, missing_ok=True)
     history = pipeline_history(table, cfg.name)
@@ -144,8 +155,9 @@ def skipped_ranges(history: list[HistoryEntry]) -> dict[TP, list[tuple[int, int]
     return out
 
 
-def _audit_partition(cfg: PipelineConfig, rng: OffsetRange, table_rows: dict, quarantined: dict,
-                     skipped: dict) -> PartitionAudit:
+def _audit_partition(
+    cfg: PipelineConfig, rng: OffsetRange, table_rows: dict, quarantined: dict, skipped: dict
+) -> PartitionAudit:
     kafka = set(_kafka_offsets(cfg, rng))
     rows = {o: n for o, n in table_rows.get((rng.topic, rng.partition), Counter()).items() if rng.start <= o < rng.end}
     bad = {o: n for o, n in quarantined.get((rng.topic, rng.partition), Counter()).items() if rng.start <= o < rng.end}
@@ -154,9 +166,15 @@ def _audit_partition(cfg: PipelineConfig, rng: OffsetRange, table_rows: dict, qu
     absent = kafka - set(seen)
     excused = {o for o in absent if any(lo <= o < hi for lo, hi in spans)}
     return PartitionAudit(
-        rng.topic, rng.partition, rng.start, rng.end,
-        kafka_records=len(kafka), table_rows=sum(rows.values()), quarantined=sum(bad.values()),
-        missing=sorted(absent - excused), skipped=len(excused),
+        rng.topic,
+        rng.partition,
+        rng.start,
+        rng.end,
+        kafka_records=len(kafka),
+        table_rows=sum(rows.values()),
+        quarantined=sum(bad.values()),
+        missing=sorted(absent - excused),
+        skipped=len(excused),
         duplicated=sorted(o for o, n in seen.items() if n > 1 and o in kafka),
         unexpected=sorted(o for o in seen if o not in kafka),
     )
@@ -174,22 +192,28 @@ def continuity_issues(history: list[HistoryEntry]) -> list[str]:
             positions = meta.offsets or (meta.rewind.to if meta.rewind else {})
             expected = {(t, p): o for t, parts in positions.items() for p, o in parts.items()}
         for t, parts in meta.lost.items():
-            for p, (lo, hi) in parts.items():
+            for p, (_lo, hi) in parts.items():
                 expected[(t, p)] = hi
         for t, parts in meta.ranges.items():
             for p, (start, end) in parts.items():
                 want = expected.get((t, p))
                 if want is not None and start != want:
                     what = "gap" if start > want else "overlap"
-                    issues.append(f"batch {meta.batch} (version {h.version}): {t}[{p}] starts at {start} "
-                                  f"but the ledger stood at {want} ({what})")
+                    issues.append(
+                        f"batch {meta.batch} (version {h.version}): {t}[{p}] starts at {start} "
+                        f"but the ledger stood at {want} ({what})"
+                    )
                 expected[(t, p)] = end
     return issues
 
 
 def sanity_issues(committed: dict[TP, int], ends: dict[TP, int]) -> list[str]:
-    return [f"{t}[{p}]: ledger at {committed[(t, p)]} is past Kafka's end {ends[(t, p)]}: the topic was "
-            f"recreated or truncated" for (t, p) in sorted(committed) if (t, p) in ends and committed[(t, p)] > ends[(t, p)]]
+    return [
+        f"{t}[{p}]: ledger at {committed[(t, p)]} is past Kafka's end {ends[(t, p)]}: the topic was "
+        f"recreated or truncated"
+        for (t, p) in sorted(committed)
+        if (t, p) in ends and committed[(t, p)] > ends[(t, p)]
+    ]
 
 
 def repair(spark, cfg: PipelineConfig, run=None, dry_run: bool = False, report: AuditReport | None = None):
@@ -199,13 +223,14 @@ def repair(spark, cfg: PipelineConfig, run=None, dry_run: bool = False, report: 
 
     from offsetlake.backfill import backfill
     from offsetlake.metadata import Run
+
     report = report or audit(cfg)
     ranges = report.repair_ranges()
     if not ranges:
         return report, None
     try:
-        return report, backfill(spark, cfg, ranges, msgspec.structs.replace(run or Run.here(), via="repair"),
-                                dry_run=dry_run)
+        return report, backfill(
+            spark, cfg, ranges, msgspec.structs.replace(run or Run.here(), via="repair"), dry_run=dry_run
+        )
     except OffsetlakeError as err:
         raise OffsetlakeError(f"repair could not backfill what audit found: {err}") from None
-

@@ -8,6 +8,7 @@ ledger's committed end belong to ingest and are refused (checked again on every
 snapshot the commit is decided on: a restore or reset meanwhile may have moved
 the ledger back), and so are offsets Kafka no longer holds.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -22,7 +23,7 @@ from deltalake.transaction import RemoveAction
 
 from offsetlake import faults
 from offsetlake.batch import TaskFiles, evolved_schema, run_tasks, table_columns
-from offsetlake.commit import Change, add_actions, attempt_files, commit, new_attempt_id
+from offsetlake.commit import Change, Committed, add_actions, attempt_files, commit, new_attempt_id
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import ConfigError, DataLossError
 from offsetlake.files import from_delta_path, read_file, write_file
@@ -55,8 +56,10 @@ class BackfillResult:
         spans = ", ".join(str(r) for r in self.ranges)
         if self.status == "dry_run":
             return f"dry run: would re-read {spans}, replacing {self.rows_removed} rows now in the table"
-        return (f"backfill committed table version {self.version}: {spans}; {self.rows_removed} rows removed, "
-                f"{self.rows_added} added ({self.files_removed} files removed, {self.files_rewritten} rewritten)")
+        return (
+            f"backfill committed table version {self.version}: {spans}; {self.rows_removed} rows removed, "
+            f"{self.rows_added} added ({self.files_removed} files removed, {self.files_rewritten} rewritten)"
+        )
 
 
 def parse_ranges(text: str) -> list[OffsetRange]:
@@ -71,8 +74,9 @@ def parse_ranges(text: str) -> list[OffsetRange]:
     return ranges
 
 
-def ranges_for_time_window(cfg: PipelineConfig, cluster: KafkaCluster, start: dt.datetime,
-                           end: dt.datetime) -> list[OffsetRange]:
+def ranges_for_time_window(
+    cfg: PipelineConfig, cluster: KafkaCluster, start: dt.datetime, end: dt.datetime
+) -> list[OffsetRange]:
     """Offsets of records with timestamps in [start, end), per partition, via offsets_for_times."""
     if end <= start:
         raise ConfigError(f"time window end {end.isoformat()} is not after its start {start.isoformat()}")
@@ -89,8 +93,7 @@ def ranges_for_time_window(cfg: PipelineConfig, cluster: KafkaCluster, start: dt
     return ranges
 
 
-def validate(cfg: PipelineConfig, cluster: KafkaCluster, ranges: list[OffsetRange],
-             committed: dict[TP, int]) -> None:
+def validate(cfg: PipelineConfig, cluster: KafkaCluster, ranges: list[OffsetRange], committed: dict[TP, int]) -> None:
     """Every problem is refused before anything is read or written."""
     if not ranges:
         raise ConfigError("no offset ranges to backfill")
@@ -107,8 +110,10 @@ def validate(cfg: PipelineConfig, cluster: KafkaCluster, ranges: list[OffsetRang
             raise ConfigError(f"range {r}: end must be greater than start")
         check_within_ledger(r, committed)
         if r.start < log_starts[tp]:
-            raise DataLossError(f"range {r}: offsets [{r.start}, {log_starts[tp]}) are no longer in Kafka "
-                                f"(retention); they cannot be re-read")
+            raise DataLossError(
+                f"range {r}: offsets [{r.start}, {log_starts[tp]}) are no longer in Kafka "
+                f"(retention); they cannot be re-read"
+            )
         for other in seen.get(tp, []):
             if r.start < other.end and other.start < r.end:
                 raise ConfigError(f"ranges {other} and {r} overlap")
@@ -121,12 +126,15 @@ def check_within_ledger(r: OffsetRange, committed: dict[TP, int], moved: bool = 
     end = committed.get((r.topic, r.partition), 0)
     if r.end > end:
         why = " (the ledger moved back while the backfill ran: a restore or a reset)" if moved else ""
-        raise ConfigError(f"range {r} goes past the ledger's committed end {end} for {r.topic}[{r.partition}]"
-                          f"{why}: ingest owns those offsets")
+        raise ConfigError(
+            f"range {r} goes past the ledger's committed end {end} for {r.topic}[{r.partition}]"
+            f"{why}: ingest owns those offsets"
+        )
 
 
-def backfill(spark, cfg: PipelineConfig, ranges: list[OffsetRange], run: Run | None = None,
-             dry_run: bool = False) -> BackfillResult:
+def backfill(
+    spark, cfg: PipelineConfig, ranges: list[OffsetRange], run: Run | None = None, dry_run: bool = False
+) -> BackfillResult:
     cluster = KafkaCluster(cfg.kafka)
     schema = table_schema(cfg)
     table = open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name, create=False)
@@ -142,8 +150,9 @@ def backfill(spark, cfg: PipelineConfig, ranges: list[OffsetRange], run: Run | N
     tasks = split_ranges(ranges, cfg.batch.max_records_per_task)
     # Bad records of these offsets were quarantined at ingest: this attempt's quarantine files all go.
     with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as files:
-        out = run_tasks(spark, TaskContext(cfg, ledger.batch or 0, attempt, tuple(tasks), fault_settings,
-                                           table_columns(table)))
+        out = run_tasks(
+            spark, TaskContext(cfg, ledger.batch or 0, attempt, tuple(tasks), fault_settings, table_columns(table))
+        )
         new_files = [f for _, f in out.data]
         files.written[cfg.table_path] |= {f.path for f in new_files}
         files.written[cfg.quarantine_path] |= {f.path for _, f in out.quarantine}
@@ -161,17 +170,29 @@ def backfill(spark, cfg: PipelineConfig, ranges: list[OffsetRange], run: Run | N
             files.written[cfg.table_path] |= {f.path for f in rewritten}
             replaced.update(files=len(removes) - len(rewritten), rewritten=len(rewritten), rows=removed_rows)
             faults.hit("before_commit", fault_settings)
-            metadata = CommitMetadata(cfg.name, "backfill", attempt=attempt, ranges=ranges_json(ranges),
-                                      records=Records(records.read, records.rows, removed=removed_rows),
-                                      run=run or Run.here())
+            metadata = CommitMetadata(
+                cfg.name,
+                "backfill",
+                attempt=attempt,
+                ranges=ranges_json(ranges),
+                records=Records(records.read, records.rows, removed=removed_rows),
+                run=run or Run.here(),
+            )
             wider = evolved_schema(table, TaskFiles(records.read, [], [], out.schemas))
-            return Change(metadata, [*removes, *add_actions(new_files + rewritten)], schema=wider or schema,
-                          partition_by=cfg.table.partition_by, evolve=wider is not None)
+            return Change(
+                metadata,
+                [*removes, *add_actions(new_files + rewritten)],
+                schema=wider or schema,
+                partition_by=cfg.table.partition_by,
+                evolve=wider is not None,
+            )
 
         outcome = commit(cfg.table_path, decide, "backfill")
+        assert isinstance(outcome, Committed)  # decide() always writes, or raises
         files.kept[cfg.table_path] = outcome.added_paths()
-    return BackfillResult("committed", ranges, outcome.version, replaced["rows"], records.rows,
-                          replaced["files"], replaced["rewritten"])
+    return BackfillResult(
+        "committed", ranges, outcome.version, replaced["rows"], records.rows, replaced["files"], replaced["rewritten"]
+    )
 
 
 def _rows_in(uri: str, ranges: list[OffsetRange]) -> int:
@@ -182,10 +203,10 @@ def _rows_in(uri: str, ranges: list[OffsetRange]) -> int:
 def _in_ranges(lineage: pa.Table, ranges: list[OffsetRange]) -> pa.ChunkedArray:
     mask = pa.repeat(False, lineage.num_rows)
     for r in ranges:
-        hit = pc.and_(pc.and_(pc.equal(lineage["kafka_topic"], r.topic),
-                              pc.equal(lineage["kafka_partition"], r.partition)),
-                      pc.and_(pc.greater_equal(lineage["kafka_offset"], r.start),
-                              pc.less(lineage["kafka_offset"], r.end)))
+        hit = pc.and_(
+            pc.and_(pc.equal(lineage["kafka_topic"], r.topic), pc.equal(lineage["kafka_partition"], r.partition)),
+            pc.and_(pc.greater_equal(lineage["kafka_offset"], r.start), pc.less(lineage["kafka_offset"], r.end)),
+        )
         mask = pc.or_(mask, hit)
     return mask
 
@@ -220,7 +241,7 @@ def _may_overlap(action: dict, ranges: list[OffsetRange]) -> bool:
     """Data skipping on the file's statistics; files without them are read."""
     lo_off, hi_off = action.get("min.kafka_offset"), action.get("max.kafka_offset")
     lo_p, hi_p = action.get("min.kafka_partition"), action.get("max.kafka_partition")
-    if None in (lo_off, hi_off, lo_p, hi_p):
+    if lo_off is None or hi_off is None or lo_p is None or hi_p is None:
         return True
     return any(lo_p <= r.partition <= hi_p and lo_off < r.end and r.start <= hi_off for r in ranges)
 
@@ -232,4 +253,3 @@ def _with_partition_columns(rows: pa.Table, partition_values: dict) -> pa.Table:
             typ = pa.int32() if col == "kafka_partition" else pa.int64() if col == "kafka_offset" else pa.string()
             rows = rows.append_column(col, pa.array([value] * rows.num_rows).cast(typ))
     return rows
-

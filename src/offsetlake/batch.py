@@ -5,6 +5,7 @@ many batches as `max_records_per_batch` needs; `stream` repeats that in one
 Spark session until told to stop. Crash anywhere before the commit and nothing
 is visible; the re-run plans again from the same ledger.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,8 +18,17 @@ import msgspec
 import pyarrow as pa
 
 from offsetlake import faults
-from offsetlake.commit import (AttemptFiles, Change, Committed, Settled, add_actions, attempt_files, commit,
-                               new_attempt_id, verdict)
+from offsetlake.commit import (
+    AttemptFiles,
+    Change,
+    Committed,
+    Settled,
+    add_actions,
+    attempt_files,
+    commit,
+    new_attempt_id,
+    verdict,
+)
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, TableError, TableMissing
 from offsetlake.evolution import Incompatible, adds_columns, merge_schema, plain_schema
@@ -55,8 +65,10 @@ class BatchResult:
         if self.status != "committed":
             return f"batch {self.batch}: {self.status} ({self.message}); nothing written"
         span = sum(r.size for r in self.ranges)
-        return (f"batch {self.batch}: committed table version {self.version}: {self.records} rows, "
-                f"{self.quarantined} quarantined, {span} offsets in {len(self.ranges)} ranges")
+        return (
+            f"batch {self.batch}: committed table version {self.version}: {self.records} rows, "
+            f"{self.quarantined} quarantined, {span} offsets in {len(self.ranges)} ranges"
+        )
 
 
 def print_progress(result: BatchResult) -> None:
@@ -65,21 +77,30 @@ def print_progress(result: BatchResult) -> None:
         print(result.summary(), flush=True)
 
 
-def plan_batch(cfg: PipelineConfig, cluster: KafkaCluster, ledger: Ledger, tps: list[TP],
-               targets: dict[TP, int]) -> BatchPlan:
+def plan_batch(
+    cfg: PipelineConfig, cluster: KafkaCluster, ledger: Ledger, tps: list[TP], targets: dict[TP, int]
+) -> BatchPlan:
     log_starts = cluster.start_offsets(tps)
     first = ledger.batch is None
     starts = start_offsets(ledger.offsets, first, cfg.starting_offsets, log_starts, targets)
     starts, lost = apply_data_loss(starts, log_starts, cfg.on_data_loss)
     ends = cap_ends(starts, targets, cfg.batch.max_records_per_batch)
     initialises = first and cfg.starting_offsets == "latest"
-    return BatchPlan(cfg.name, ledger.next_batch(), starts, ends,
-                     ledger_offsets={tp: ledger.offsets.get(tp) for tp in tps},
-                     lost=lost, rewind=ledger.rewind, initialises=initialises)
+    return BatchPlan(
+        cfg.name,
+        ledger.next_batch(),
+        starts,
+        ends,
+        ledger_offsets={tp: ledger.offsets.get(tp) for tp in tps},
+        lost=lost,
+        rewind=ledger.rewind,
+        initialises=initialises,
+    )
 
 
-def run_batch(spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], targets: dict[TP, int],
-              run: Run) -> BatchResult:
+def run_batch(
+    spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], targets: dict[TP, int], run: Run
+) -> BatchResult:
     fault_settings = faults.settings_from_env()
     began = time.monotonic()
     table = open_pipeline_table(cfg)
@@ -94,10 +115,15 @@ def run_batch(spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], 
     with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as files:
         out = run_tasks(spark, TaskContext(cfg, plan.batch, attempt, tuple(tasks), fault_settings, columns))
         faults.hit("after_files_written", fault_settings)
-        written = TaskFiles(sum(out.read.values()), [WrittenFile(tasks[i], f) for i, f in out.data],
-                            [WrittenFile(tasks[i], f) for i, f in out.quarantine], out.schemas)
-        result = commit_batch(cfg, plan, attempt, written, run, files, fault_settings, snapshot=table,
-                              began=began, targets=targets)
+        written = TaskFiles(
+            sum(out.read.values()),
+            [WrittenFile(tasks[i], f) for i, f in out.data],
+            [WrittenFile(tasks[i], f) for i, f in out.quarantine],
+            out.schemas,
+        )
+        result = commit_batch(
+            cfg, plan, attempt, written, run, files, fault_settings, snapshot=table, began=began, targets=targets
+        )
     faults.hit("after_commit", fault_settings)
     result.spark_job = out.job
     if result.status == "committed":
@@ -118,10 +144,13 @@ def open_pipeline_table(cfg: PipelineConfig):
         raise TableError(f"cannot create the table of pipeline {cfg.name}: {err}") from None
     missing = sorted(set(cfg.table.partition_by) - set(schema.names))
     if missing:
-        raise TableError(f"table.partition_by column {missing[0]!r} is not a column of the table "
-                         f"(the registry's latest schema has no such field)")
-    return open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name,
-                      properties=cfg.maintenance.table_properties())
+        raise TableError(
+            f"table.partition_by column {missing[0]!r} is not a column of the table "
+            f"(the registry's latest schema has no such field)"
+        )
+    return open_table(
+        cfg.table_path, schema, cfg.table.partition_by, cfg.name, properties=cfg.maintenance.table_properties()
+    )
 
 
 def table_columns(table) -> pa.Schema:
@@ -132,6 +161,7 @@ def table_columns(table) -> pa.Schema:
 @dataclass(frozen=True)
 class TaskFiles:
     """What the Spark tasks of one attempt read and wrote."""
+
     read: int
     data: list[WrittenFile]
     quarantine: list[WrittenFile]
@@ -149,9 +179,18 @@ def evolved_schema(table, written: TaskFiles) -> pa.Schema | None:
     return merged if adds_columns(current, merged) else None
 
 
-def commit_batch(cfg: PipelineConfig, plan: BatchPlan, attempt: str, written: TaskFiles, run: Run,
-                 files: AttemptFiles, fault_settings: dict | None = None, snapshot=None,
-                 began: float | None = None, targets: dict[TP, int] | None = None) -> BatchResult:
+def commit_batch(
+    cfg: PipelineConfig,
+    plan: BatchPlan,
+    attempt: str,
+    written: TaskFiles,
+    run: Run,
+    files: AttemptFiles,
+    fault_settings: dict | None = None,
+    snapshot=None,
+    began: float | None = None,
+    targets: dict[TP, int] | None = None,
+) -> BatchResult:
     """Quarantine, then data and offsets, in one commit each, through the one commit path. The files
     written and those that landed are recorded in `files` (`attempt_files` removes the others).
     `snapshot`: the table as the plan read it, for the first decision; `began` (time.monotonic())
@@ -163,22 +202,31 @@ def commit_batch(cfg: PipelineConfig, plan: BatchPlan, attempt: str, written: Ta
     quarantined = sum(w.file.num_records for w in written.quarantine)
     metadata = batch_metadata(plan, attempt, Records(written.read, rows, quarantined), run)
     metadata = msgspec.structs.replace(
-        metadata, lag=None if targets is None else sum(max(0, targets[tp] - start) for tp, start in plan.starts.items()
-                                                      if tp in targets),
-        seconds=None if began is None else round(time.monotonic() - began, 3))
+        metadata,
+        lag=None
+        if targets is None
+        else sum(max(0, targets[tp] - start) for tp, start in plan.starts.items() if tp in targets),
+        seconds=None if began is None else round(time.monotonic() - began, 3),
+    )
     schema = table_schema(cfg)
 
     def decide(table) -> Change | Settled:
         refused = verdict(read_ledger(table, cfg.name, list(plan.starts)), plan)
         if refused is not None:
             return refused
-        commit_quarantine(plan, written.quarantine, cfg.quarantine_path, attempt, run, files,
-                          cfg.maintenance.table_properties())
+        commit_quarantine(
+            plan, written.quarantine, cfg.quarantine_path, attempt, run, files, cfg.maintenance.table_properties()
+        )
         faults.hit("before_commit", fault_settings)
         wider = evolved_schema(table, written)
-        return Change(metadata, add_actions([w.file for w in written.data]),
-                      txn_actions(cfg.name, plan.batch, plan.ends), wider or schema, cfg.table.partition_by,
-                      evolve=wider is not None)
+        return Change(
+            metadata,
+            add_actions([w.file for w in written.data]),
+            txn_actions(cfg.name, plan.batch, plan.ends),
+            wider or schema,
+            cfg.table.partition_by,
+            evolve=wider is not None,
+        )
 
     outcome = commit(cfg.table_path, decide, f"batch {plan.batch}", snapshot=snapshot)
     if not isinstance(outcome, Committed):
@@ -189,10 +237,17 @@ def commit_batch(cfg: PipelineConfig, plan: BatchPlan, attempt: str, written: Ta
 
 def batch_metadata(plan: BatchPlan, attempt: str, records: Records, run: Run) -> CommitMetadata:
     return CommitMetadata(
-        plan.pipeline, "ingest", batch=plan.batch, attempt=attempt, ranges=ranges_json(plan.ranges),
-        records=records, run=run,
+        plan.pipeline,
+        "ingest",
+        batch=plan.batch,
+        attempt=attempt,
+        ranges=ranges_json(plan.ranges),
+        records=records,
+        run=run,
         lost=ranges_json(OffsetRange(t, p, lo, hi) for (t, p), (lo, hi) in plan.lost.items()),
-        rewind=plan.rewind, initialised_at=flat_offsets(plan.ends) if plan.initialises else {})
+        rewind=plan.rewind,
+        initialised_at=flat_offsets(plan.ends) if plan.initialises else {},
+    )
 
 
 def run_tasks(spark, ctx: TaskContext) -> TaskResults:
@@ -260,8 +315,9 @@ def nothing_to_ingest(cfg: PipelineConfig) -> bool:
     return not plan_batch(cfg, cluster, read_ledger(table, cfg.name, tps), tps, targets).needs_commit
 
 
-def ingest(spark, cfg: PipelineConfig, run: Run | None = None,
-           stop: threading.Event | None = None) -> list[BatchResult]:
+def ingest(
+    spark, cfg: PipelineConfig, run: Run | None = None, stop: threading.Event | None = None
+) -> list[BatchResult]:
     """Catch up to the end offsets taken now. Returns the result of every batch attempted."""
     run = run or Run.here()
     cluster = KafkaCluster(cfg.kafka)
@@ -277,8 +333,15 @@ def ingest(spark, cfg: PipelineConfig, run: Run | None = None,
     return results
 
 
-def stream(spark, cfg: PipelineConfig, stop: threading.Event, interval: float | None = None,
-           run: Run | None = None, max_seconds: float | None = None, on_batch=None) -> int:
+def stream(
+    spark,
+    cfg: PipelineConfig,
+    stop: threading.Event,
+    interval: float | None = None,
+    run: Run | None = None,
+    max_seconds: float | None = None,
+    on_batch=None,
+) -> int:
     """Ingest in a loop in one Spark session until `stop` is set (SIGTERM) or max_seconds pass."""
     interval = cfg.stream_interval_seconds if interval is None else interval
     run = msgspec.structs.replace(run or Run.here(), via="stream")  # its commits say they are a stream's
@@ -324,11 +387,19 @@ class StreamCompaction:
         if self.batches < self.every:
             return
         from offsetlake.compaction import optimize
+
         cfg = self.cfg
         try:
-            outcome = optimize(cfg.table_path, cfg.name, table_schema(cfg), cfg.table.partition_by,
-                               cfg.maintenance.target_file_mb, cfg.maintenance.zorder_by, only=self.pending,
-                               run=self.run)
+            outcome = optimize(
+                cfg.table_path,
+                cfg.name,
+                table_schema(cfg),
+                cfg.table.partition_by,
+                cfg.maintenance.target_file_mb,
+                cfg.maintenance.zorder_by,
+                only=self.pending,
+                run=self.run,
+            )
         except OffsetlakeError as err:  # best effort: the batches are committed; try again after the next N
             log.warning("stream: compaction skipped: %s", err)
             self.batches = 0

@@ -7,6 +7,7 @@ and the offset ranges. Commits by other writers (a Spark job appending, a `RESTO
 change the table too: they are announced as kind `other` with their Delta operation (the table's
 creation, as kind `create`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,9 +55,13 @@ def commits_after(path: str, version: int) -> list[TableCommit]:
     if newest == version:
         return []
     entries = table.history(limit=newest - version)
-    commits = [TableCommit(e["version"], e.get("timestamp", 0), e.get("operation"),
-                           CommitMetadata.parse(e.get("userMetadata")))
-               for e in entries if e.get("version", -1) > version]
+    commits = [
+        TableCommit(
+            e["version"], e.get("timestamp", 0), e.get("operation"), CommitMetadata.parse(e.get("userMetadata"))
+        )
+        for e in entries
+        if e.get("version", -1) > version
+    ]
     return sorted(commits, key=lambda c: c.version)
 
 
@@ -66,8 +71,15 @@ def announcements(pipeline: str, table: str, commits: list[TableCommit]) -> list
     for commit in commits:
         last = events[-1] if events else None
         if last is None or last["kind"] != commit.kind or len(last["versions"]) >= MAX_VERSIONS_PER_EVENT:
-            last = {"pipeline": pipeline, "table": table, "kind": commit.kind, "versions": [], "ranges": {},
-                    "rows": 0, "quarantined": 0}
+            last = {
+                "pipeline": pipeline,
+                "table": table,
+                "kind": commit.kind,
+                "versions": [],
+                "ranges": {},
+                "rows": 0,
+                "quarantined": 0,
+            }
             events.append(last)
         last["versions"].append(commit.version)
         if commit.meta is None:

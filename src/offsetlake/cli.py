@@ -1,4 +1,5 @@
 """The `offsetlake` command. Exit 0 on success; on failure one line on stderr and a non-zero exit."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,6 +28,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _number(parse, low: float, high: float, what: str):
     """An argparse type: `parse` the text, then check low <= value <= high; one message names both."""
+
     def check(text: str):
         try:
             value = parse(text)
@@ -35,6 +37,7 @@ def _number(parse, low: float, high: float, what: str):
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
         return value
+
     return check
 
 
@@ -45,11 +48,12 @@ _share = _number(float, 0.0, 1.0, "a number between 0 and 1")
 
 def _timestamp(text: str):
     import datetime as dt
+
     try:
         value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an ISO 8601 time like 2026-11-22T10:00:00Z, got {text!r}") from None
-    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
 def _bool(text: str) -> bool:
@@ -60,8 +64,7 @@ def _bool(text: str) -> bool:
 
 def _add_dry_run(p: argparse.ArgumentParser) -> None:
     # `--dry-run` alone, or `--dry-run true|false` where a caller (an Airflow form) fills the value in.
-    p.add_argument("--dry-run", nargs="?", const=True, default=False, type=_bool,
-                   help="show the plan, change nothing")
+    p.add_argument("--dry-run", nargs="?", const=True, default=False, type=_bool, help="show the plan, change nothing")
 
 
 def _add_run(p: argparse.ArgumentParser) -> None:
@@ -110,8 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(p)
     _add_dry_run(p)
     p = command("cleanup", "delete files no commit references (killed attempts), older than a safety window")
-    p.add_argument("--older-than", type=_positive_int, default=DEFAULT_CLEANUP_AGE_SECONDS,
-                   help=f"seconds (default {DEFAULT_CLEANUP_AGE_SECONDS})")
+    p.add_argument(
+        "--older-than",
+        type=_positive_int,
+        default=DEFAULT_CLEANUP_AGE_SECONDS,
+        help=f"seconds (default {DEFAULT_CLEANUP_AGE_SECONDS})",
+    )
     _add_dry_run(p)
     p = command("reset", "move the ledger to given offsets, recorded as a reset commit")
     _add_run(p)
@@ -126,16 +133,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zorder-by", help="columns, comma-separated (default: maintenance.zorder_by)")
     p = command("vacuum", "delete data files removed from the table longer ago than the retention")
     _add_run(p)
-    p.add_argument("--retention-hours", type=_positive_int,
-                   help="default: the table's delta.deletedFileRetentionDuration; never below 1 hour")
+    p.add_argument(
+        "--retention-hours",
+        type=_positive_int,
+        help="default: the table's delta.deletedFileRetentionDuration; never below 1 hour",
+    )
     _add_dry_run(p)
     command("checkpoint", "write a Delta checkpoint and remove commit files past the log retention")
     p = command("maintain", "what the maintenance DAG runs: [optimize,] [vacuum,] [checkpoint], table and quarantine")
     _add_run(p)
     p.add_argument("--optimize", nargs="?", const=True, default=False, type=_bool, help="compact (true/false)")
     p.add_argument("--vacuum", nargs="?", const=True, default=False, type=_bool, help="vacuum (true/false)")
-    p.add_argument("--checkpoint", nargs="?", const=True, default=False, type=_bool,
-                   help="checkpoint and log clean-up (true/false)")
+    p.add_argument(
+        "--checkpoint",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_bool,
+        help="checkpoint and log clean-up (true/false)",
+    )
     p.add_argument("--retention-hours", type=_positive_int, help="vacuum's, as for `vacuum`")
     p.add_argument("--target-file-mb", type=_positive_int, help="compaction's, as for `optimize`")
     p.add_argument("--zorder-by", help="compaction's, as for `optimize`")
@@ -143,12 +159,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(p)
     p.add_argument("--reset-offsets", default="", help="topic:partition=offset[,...]: reset first (needs --reason)")
     p.add_argument("--reason", default="", help="why, recorded in the reset commit")
-    p.add_argument("--repair", nargs="?", const=True, default=False, type=_bool,
-                   help="backfill what the audit found damaged (true/false)")
-    p.add_argument("--cleanup", nargs="?", const=True, default=False, type=_bool,
-                   help="delete files no commit references (true/false)")
-    p.add_argument("--older-than", type=_positive_int, default=DEFAULT_CLEANUP_AGE_SECONDS,
-                   help="cleanup's safety window, seconds")
+    p.add_argument(
+        "--repair",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_bool,
+        help="backfill what the audit found damaged (true/false)",
+    )
+    p.add_argument(
+        "--cleanup",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_bool,
+        help="delete files no commit references (true/false)",
+    )
+    p.add_argument(
+        "--older-than", type=_positive_int, default=DEFAULT_CLEANUP_AGE_SECONDS, help="cleanup's safety window, seconds"
+    )
     p = command("produce", "write demo events (idempotent and transactional, some aborted)")
     p.add_argument("--count", type=_positive_int, default=1000, help="committed records to write")
     p.add_argument("--topic", help="default: the pipeline's first topic")
@@ -158,8 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bad-share", type=_share, default=0.0, help="share of records the schema rejects")
     p.add_argument("--every", type=float, help="keep producing --count records every this many seconds until SIGTERM")
     p.add_argument("--seed", type=int, help="the random seed: the same records again")
-    p.add_argument("--schema-version", type=int, choices=[1, 2], default=1,
-                   help="format avro: demo event schema 1, or 2 (adds a field 'country')")
+    p.add_argument(
+        "--schema-version",
+        type=int,
+        choices=[1, 2],
+        default=1,
+        help="format avro: demo event schema 1, or 2 (adds a field 'country')",
+    )
 
     sub.add_parser("schema", help="print the pipeline file's JSON Schema (for editors and validators)")
 
@@ -173,8 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
+    )
     logging.getLogger("offsetlake.librdkafka").setLevel(logging.CRITICAL)
     try:
         return COMMANDS[args.command](args) or 0
@@ -195,11 +230,13 @@ def _pipeline(args) -> PipelineConfig:
     """The pipeline, with its Airflow connections (kafka.connection, format.registry.connection) applied:
     handed over by the operator's task (offsetlake.connections), or read through Airflow where it runs."""
     from offsetlake.connections import resolve_connections
+
     return resolve_connections(load_pipeline(args.pipeline, args.pipelines_dir))
 
 
 def cmd_status(args) -> int:
     from offsetlake.status import format_status, status
+
     rows = status(_pipeline(args))
     print(json.dumps([r.as_dict() for r in rows]) if args.json else format_status(rows))
     return 0
@@ -207,6 +244,7 @@ def cmd_status(args) -> int:
 
 def cmd_history(args) -> int:
     from offsetlake.status import format_history, history
+
     rows = history(_pipeline(args), args.limit)
     print(json.dumps([r.as_dict() for r in rows]) if args.json else format_history(rows))
     return 0
@@ -214,6 +252,7 @@ def cmd_history(args) -> int:
 
 def cmd_show(args) -> int:
     from offsetlake.table import query
+
     cfg = _pipeline(args)
     total = query(cfg.table_path, "SELECT count(*) AS n FROM t").column(0)[0].as_py()
     print(f"{cfg.table_path}: {total} rows")
@@ -232,6 +271,7 @@ def _spark(args, cfg: PipelineConfig, job: str):
     """A Spark session started on first use (a run with nothing to do starts no JVM), always stopped.
     Under spark-submit, whose JVM runs already, it starts while the command plans (start_early)."""
     from offsetlake.spark import LazySession
+
     spark = LazySession(f"offsetlake-{job}-{cfg.name}", args.master)
     spark.start_early()
     try:
@@ -242,8 +282,10 @@ def _spark(args, cfg: PipelineConfig, job: str):
 
 def cmd_ingest(args) -> int:
     from offsetlake.batch import ingest
+
     cfg = _pipeline(args)
     from offsetlake.spark import startup_report
+
     first_job = None
     with _spark(args, cfg, "ingest") as spark:  # under spark-submit it starts while Kafka is checked
         _check_reachable(cfg)
@@ -258,6 +300,7 @@ def cmd_ingest(args) -> int:
 
 def cmd_stream(args) -> int:
     from offsetlake.batch import print_progress, stream
+
     cfg = _pipeline(args)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -272,6 +315,7 @@ def cmd_stream(args) -> int:
 def cmd_backfill(args) -> int:
     from offsetlake.backfill import backfill, parse_ranges, ranges_for_time_window
     from offsetlake.kafka import KafkaCluster
+
     cfg = _pipeline(args)
     _check_reachable(cfg)
     if args.ranges:
@@ -291,12 +335,15 @@ def cmd_backfill(args) -> int:
 def cmd_audit(args) -> int:
     from offsetlake.audit import audit
     from offsetlake.backfill import parse_ranges
+
     cfg = _pipeline(args)
     report = audit(cfg, parse_ranges(args.ranges) if args.ranges else None)
     print(json.dumps(report.as_dict()) if args.json else report.format())
     if not report.ok:
-        raise OffsetlakeError(f"audit found {report.problem_count()} bad offsets and "
-                              f"{len(report.continuity) + len(report.sanity)} ledger issues in {cfg.name}")
+        raise OffsetlakeError(
+            f"audit found {report.problem_count()} bad offsets and "
+            f"{len(report.continuity) + len(report.sanity)} ledger issues in {cfg.name}"
+        )
     return 0
 
 
@@ -310,6 +357,7 @@ def cmd_repair(args) -> int:
 def _repair(args, cfg: PipelineConfig, dry_run: bool, before=None):
     """Audit (unless given), backfill every damaged span, audit again. The audit after, or the one before."""
     from offsetlake.audit import audit, repair
+
     with _spark(args, cfg, "repair") as spark:
         before, result = repair(spark, cfg, _run(args), dry_run=dry_run, report=before)
     print(before.format(), flush=True)
@@ -334,6 +382,7 @@ def cmd_cleanup(args) -> int:
 def _cleanup(cfg: PipelineConfig, older_than: int, dry_run: bool) -> None:
     """Both tables; the quarantine table may not exist yet (no bad record so far)."""
     from offsetlake.maintenance import cleanup
+
     for uri in (cfg.table_path, cfg.quarantine_path):
         try:
             print(cleanup(uri, older_than, dry_run).summary(), flush=True)
@@ -350,12 +399,14 @@ def cmd_reset(args) -> int:
 
 def _reset(args, cfg: PipelineConfig, offsets: str) -> None:
     from offsetlake.maintenance import parse_offsets, reset
+
     version = reset(cfg, parse_offsets(offsets), args.reason, _run(args))
     print(f"ledger reset recorded in table version {version}", flush=True)
 
 
 def cmd_restore(args) -> int:
     from offsetlake.maintenance import restore
+
     cfg = _pipeline(args)
     version = restore(cfg, args.version, _run(args))
     print(f"table restored to version {args.version} with its ledger, as table version {version}")
@@ -371,12 +422,14 @@ def _optimize(args, cfg: PipelineConfig) -> None:
     """The table, then the quarantine table if there is one (no z-order there: it has other columns)."""
     from offsetlake.compaction import optimize
     from offsetlake.formats import QUARANTINE_SCHEMA, table_schema
+
     settings = cfg.maintenance
     target = args.target_file_mb or settings.target_file_mb
     zorder = [c.strip() for c in args.zorder_by.split(",") if c.strip()] if args.zorder_by else settings.zorder_by
     columns = cfg.data_columns()
     if cfg.format.evolves:  # the payload columns come from the registry: the table has them
         from offsetlake.table import open_table
+
         columns = [f.name for f in open_table(cfg.table_path).schema().fields if f.name not in cfg.table.partition_by]
     wrong = sorted(c for c in zorder if c not in columns)
     if wrong:
@@ -397,6 +450,7 @@ def cmd_vacuum(args) -> int:
 
 def _vacuum(args, cfg: PipelineConfig, dry_run: bool) -> None:
     from offsetlake.maintenance import vacuum
+
     for uri in _tables(cfg):
         print(vacuum(uri, cfg.name, args.retention_hours, dry_run, _run(args)).summary(), flush=True)
 
@@ -408,9 +462,11 @@ def cmd_checkpoint(args) -> int:
 
 def _checkpoint(cfg: PipelineConfig) -> None:
     from offsetlake.maintenance import checkpoint
+
     for uri in _tables(cfg):
-        print(f"{uri}: checkpoint at version {checkpoint(uri)}; commit files past the log retention removed",
-              flush=True)
+        print(
+            f"{uri}: checkpoint at version {checkpoint(uri)}; commit files past the log retention removed", flush=True
+        )
 
 
 def cmd_maintain(args) -> int:
@@ -429,11 +485,13 @@ def cmd_maintain(args) -> int:
 def _tables(cfg: PipelineConfig) -> list[str]:
     """What maintenance runs on: the table, and its quarantine table once one exists."""
     from deltalake import DeltaTable
+
     return [cfg.table_path] + ([cfg.quarantine_path] if DeltaTable.is_deltatable(cfg.quarantine_path) else [])
 
 
 def cmd_recover(args) -> int:
     from offsetlake.audit import audit
+
     cfg = _pipeline(args)
     if args.reset_offsets:
         _reset(args, cfg, args.reset_offsets)
@@ -445,8 +503,10 @@ def cmd_recover(args) -> int:
     if args.cleanup:
         _cleanup(cfg, args.older_than, dry_run=False)
     if not report.ok:
-        raise OffsetlakeError(f"audit found {report.problem_count()} bad offsets in {cfg.name}"
-                              + ("" if args.repair else "; run again with repair to fix them"))
+        raise OffsetlakeError(
+            f"audit found {report.problem_count()} bad offsets in {cfg.name}"
+            + ("" if args.repair else "; run again with repair to fix them")
+        )
     return 0
 
 
@@ -454,14 +514,17 @@ def _check_reachable(cfg: PipelineConfig) -> None:
     """Fail in a second if Kafka or the topics are not there: before a Spark session starts (from a
     terminal), or while one starts in the background (under spark-submit: LazySession.start_early)."""
     from offsetlake.kafka import KafkaCluster
+
     KafkaCluster(cfg.kafka).partitions(cfg.topics)
     if cfg.format.registry is not None:
         from offsetlake.registry import registry_for
+
         registry_for(cfg.format.registry).check()
 
 
 def cmd_produce(args) -> int:
     from offsetlake.local.producer import ensure_topic, produce
+
     cfg = _pipeline(args)
     topic = args.topic or cfg.topics[0]
     if topic not in cfg.topics:
@@ -472,9 +535,16 @@ def cmd_produce(args) -> int:
     if args.every:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while True:
-        report = produce(cfg.kafka, topic, args.count, transactional_share=args.transactional_share,
-                         abort_share=args.abort_share, seed=args.seed, bad_share=args.bad_share,
-                         **({"make_record": make_record} if make_record else {}))
+        report = produce(
+            cfg.kafka,
+            topic,
+            args.count,
+            transactional_share=args.transactional_share,
+            abort_share=args.abort_share,
+            seed=args.seed,
+            bad_share=args.bad_share,
+            **({"make_record": make_record} if make_record else {}),
+        )
         print(report, flush=True)
         if not args.every or stop.wait(args.every):
             return 0
@@ -488,14 +558,21 @@ def _demo_records(cfg: PipelineConfig, topic: str, schema_version: int):
     if fmt.type != "avro" or fmt.registry is None:
         raise ConfigError(f"produce writes demo events as json or as avro through a registry, not {fmt.type!r}")
     from offsetlake.local.producer import avro_event_maker, registry_client
+
     reg = fmt.registry
-    client = registry_client(reg.url, reg.username and reg.username.get_secret_value(),
-                             reg.password and reg.password.get_secret_value())
+    if reg is None or reg.url is None:
+        raise ConfigError(f"produce writes {fmt.type} through format.registry.url; pipeline {cfg.name!r} has none")
+    client = registry_client(
+        reg.url,
+        reg.username.get_secret_value() if reg.username else None,
+        reg.password.get_secret_value() if reg.password else None,
+    )
     return avro_event_maker(client, topic, schema_version, headers=fmt.include_headers)
 
 
 def cmd_broker(args) -> int:
     from offsetlake.local import broker
+
     if args.action == "stop":
         stopped = broker.stop_from_pid_file(args.pid_file)
         print("broker stopped" if stopped else "broker was not running")
@@ -535,11 +612,27 @@ def _allow_references(node) -> None:
             _allow_references(value)
 
 
-COMMANDS = {"schema": cmd_schema, "status": cmd_status, "history": cmd_history, "show": cmd_show, "backfill": cmd_backfill,
-            "audit": cmd_audit, "repair": cmd_repair, "cleanup": cmd_cleanup, "reset": cmd_reset,
-            "restore": cmd_restore, "recover": cmd_recover, "optimize": cmd_optimize, "vacuum": cmd_vacuum,
-            "checkpoint": cmd_checkpoint, "maintain": cmd_maintain, "ingest": cmd_ingest, "stream": cmd_stream,
-            "produce": cmd_produce, "broker": cmd_broker}
+COMMANDS = {
+    "schema": cmd_schema,
+    "status": cmd_status,
+    "history": cmd_history,
+    "show": cmd_show,
+    "backfill": cmd_backfill,
+    "audit": cmd_audit,
+    "repair": cmd_repair,
+    "cleanup": cmd_cleanup,
+    "reset": cmd_reset,
+    "restore": cmd_restore,
+    "recover": cmd_recover,
+    "optimize": cmd_optimize,
+    "vacuum": cmd_vacuum,
+    "checkpoint": cmd_checkpoint,
+    "maintain": cmd_maintain,
+    "ingest": cmd_ingest,
+    "stream": cmd_stream,
+    "produce": cmd_produce,
+    "broker": cmd_broker,
+}
 
 if __name__ == "__main__":
     sys.exit(main())

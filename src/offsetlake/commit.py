@@ -30,13 +30,14 @@ decided here, once:
 Files are written before the commit under names that carry the attempt id;
 `attempt_files` removes the ones no landed commit references.
 """
+
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator
 
 import msgspec
 import pyarrow as pa
@@ -58,8 +59,9 @@ MAX_ATTEMPTS = 50  # conflicts with unrelated commits (OPTIMIZE, another writer)
 @dataclass(frozen=True)
 class Change:
     """What one commit writes, decided against one snapshot."""
+
     metadata: CommitMetadata  # must carry the attempt id (see step 5 above)
-    actions: list[AddAction | RemoveAction] = field(default_factory=list)
+    actions: Sequence[AddAction | RemoveAction] = field(default_factory=list)
     txns: list[Transaction] = field(default_factory=list)  # the ledger: Delta `txn` actions
     schema: pa.Schema | None = None
     partition_by: list[str] = field(default_factory=list)
@@ -70,6 +72,7 @@ class Change:
 @dataclass(frozen=True)
 class Settled:
     """Nothing to write: why."""
+
     status: str  # already_committed | superseded | nothing_to_do
     reason: str = ""
 
@@ -91,8 +94,13 @@ class Committed:
 Decide = Callable[[DeltaTable], "Change | Settled"]
 
 
-def commit(uri: str, decide: Decide, what: str, open_: Callable[[str], DeltaTable] = open_table,
-           snapshot: DeltaTable | None = None) -> Committed | Settled:
+def commit(
+    uri: str,
+    decide: Decide,
+    what: str,
+    open_: Callable[[str], DeltaTable] = open_table,
+    snapshot: DeltaTable | None = None,
+) -> Committed | Settled:
     """Open -> decide -> commit without rebase; on a conflict, all again. See the module docstring.
 
     `snapshot`: a table object the caller has just loaded, used for the first decision instead of
@@ -120,8 +128,11 @@ def commit(uri: str, decide: Decide, what: str, open_: Callable[[str], DeltaTabl
 
 def _properties(change: Change) -> CommitProperties:
     """userMetadata, the ledger's txn actions, and no rebase: a commit lands on the snapshot decided on."""
-    return CommitProperties(custom_metadata={"userMetadata": change.metadata.to_json()},
-                            max_commit_retries=0, app_transactions=change.txns or None)
+    return CommitProperties(
+        custom_metadata={"userMetadata": change.metadata.to_json()},
+        max_commit_retries=0,
+        app_transactions=change.txns or None,
+    )
 
 
 def _apply(table: DeltaTable, change: Change) -> int:
@@ -129,8 +140,14 @@ def _apply(table: DeltaTable, change: Change) -> int:
     if change.restore_version is not None:
         table.restore(change.restore_version, commit_properties=properties)
         return table.version()  # restore, unlike a write transaction, moves the table object on
-    table.create_write_transaction(change.actions, mode="append", schema=change.schema,
-                                   partition_by=change.partition_by or None, commit_properties=properties)
+    assert change.schema is not None, "a write names the table's schema"  # every writer's Change does
+    table.create_write_transaction(
+        list(change.actions),
+        mode="append",
+        schema=change.schema,
+        partition_by=change.partition_by or None,
+        commit_properties=properties,
+    )
     # No rebase: a successful commit is exactly the version after the snapshot we decided on.
     return table.version() + 1
 
@@ -138,23 +155,31 @@ def _apply(table: DeltaTable, change: Change) -> int:
 def _apply_evolving(uri: str, table: DeltaTable, change: Change) -> Committed:
     """Step 6: the change's files written again through write_deltalake with the wider schema."""
     if any(not isinstance(a, AddAction) for a in change.actions):
-        raise OffsetlakeError(f"{change.metadata.kind} would add columns to the table while removing rows; "
-                              f"ingest the records that bring the columns first")
+        raise OffsetlakeError(
+            f"{change.metadata.kind} would add columns to the table while removing rows; "
+            f"ingest the records that bring the columns first"
+        )
     before = _file_paths(table)
     schema = change.schema
+    assert schema is not None, "an evolving write names its wider schema"
 
-    def batches():
+    def batches() -> Iterator[pa.RecordBatch]:
         for action in change.actions:
             rows = read_file(uri, action.path)
             for column in change.partition_by:
-                value = pa.array([action.partition_values.get(column)] * rows.num_rows, pa.string())
+                value = pa.array([(action.partition_values or {}).get(column)] * rows.num_rows, pa.string())
                 rows = rows.append_column(column, value.cast(schema.field(column).type))
             yield from _conform(rows, schema).to_batches()
 
     decided_on = table.version()
-    write_deltalake(table, pa.RecordBatchReader.from_batches(schema, batches()), mode="append",
-                    schema_mode="merge", partition_by=change.partition_by or None,
-                    commit_properties=_properties(change))
+    write_deltalake(
+        table,
+        pa.RecordBatchReader.from_batches(schema, batches()),
+        mode="append",
+        schema_mode="merge",
+        partition_by=change.partition_by or None,
+        commit_properties=_properties(change),
+    )
     version = decided_on + 1  # no rebase, as in _apply
     return Committed(version, change, rewritten=frozenset(_file_paths(DeltaTable(uri, version=version)) - before))
 
@@ -165,8 +190,10 @@ def _file_paths(table: DeltaTable) -> set[str]:
 
 def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     """`rows` with exactly `schema`'s columns, in its order: columns it lacks are null."""
-    columns = [rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
-               for f in schema]
+    columns = [
+        rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+        for f in schema
+    ]
     return pa.Table.from_arrays(columns, schema=schema)
 
 
@@ -177,7 +204,7 @@ def _landed_version(uri: str, attempt: str | None) -> int | None:
     for entry in DeltaTable(uri).history(limit=MAX_ATTEMPTS):
         meta = CommitMetadata.parse(entry.get("userMetadata"))
         if meta is not None and meta.attempt == attempt:
-            return entry["version"]
+            return int(entry["version"])
     return None
 
 
@@ -189,6 +216,7 @@ def new_attempt_id() -> str:
 @dataclass
 class AttemptFiles:
     """The files one attempt wrote (`written`) and those a landed commit references (`kept`), per table."""
+
     written: dict[str, set[str]]
     kept: dict[str, set[str]]
 

@@ -10,10 +10,13 @@ untouched). A batch, backfill or another optimize that commits first makes the
 commit fail and us decide again: files already compacted are reused when their
 sources are all still in the new snapshot, so a busy stream does not starve it.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -38,12 +41,22 @@ class OptimizeResult:
     def summary(self) -> str:
         if self.version is None:
             return f"{self.table}: nothing to compact"
-        return (f"{self.table}: compacted {self.files_removed} files into {self.files_added} "
-                f"({self.rows} rows) in table version {self.version}")
+        return (
+            f"{self.table}: compacted {self.files_removed} files into {self.files_added} "
+            f"({self.rows} rows) in table version {self.version}"
+        )
 
 
-def optimize(uri: str, pipeline: str, schema: pa.Schema, partition_by: list[str], target_file_mb: int,
-             zorder_by: list[str] = (), only: set[str] | None = None, run: Run | None = None) -> OptimizeResult:
+def optimize(
+    uri: str,
+    pipeline: str,
+    schema: pa.Schema,
+    partition_by: list[str],
+    target_file_mb: int,
+    zorder_by: Sequence[str] = (),
+    only: set[str] | None = None,
+    run: Run | None = None,
+) -> OptimizeResult:
     """Compact the files of `uri` smaller than the target (of those in `only`, when given)."""
     attempt, run = new_attempt_id(), run or Run.here()
     written: dict[frozenset[str], DataFile] = {}  # compacted files by their sources, reused across decisions
@@ -54,15 +67,17 @@ def optimize(uri: str, pipeline: str, schema: pa.Schema, partition_by: list[str]
             return Settled("nothing_to_do", "no partition has two files below the target size")
         removes, adds, rows = [], [], 0
         now = int(time.time() * 1000)
-        for i, files in enumerate(bins):
+        for _i, files in enumerate(bins):
             sources = frozenset(f["path"] for f in files)
             if sources not in written:
                 written[sources] = _compact(uri, files, partition_by, zorder_by, f"{attempt}-{len(written):05d}")
                 attempt_written.written[uri].add(written[sources].path)
             new = written[sources]
             adds.append(AddAction(new.path, new.size, new.partition_values, new.modification_time, False, new.stats))
-            removes += [RemoveAction(f["path"], False, now, f["size_bytes"], _partition_values(f, partition_by) or None)
-                        for f in files]
+            removes += [
+                RemoveAction(f["path"], False, now, f["size_bytes"], _partition_values(f, partition_by) or None)
+                for f in files
+            ]
             rows += new.num_records
         meta = CommitMetadata(pipeline, "optimize", attempt=attempt, records=Records(rows=rows), run=run)
         return Change(meta, [*removes, *adds], schema=schema, partition_by=partition_by)
@@ -74,7 +89,9 @@ def optimize(uri: str, pipeline: str, schema: pa.Schema, partition_by: list[str]
         attempt_written.kept[uri] = outcome.added_paths()
     actions = outcome.change.actions
     added = [a for a in actions if isinstance(a, AddAction)]
-    return OptimizeResult(uri, outcome.version, len(actions) - len(added), len(added), outcome.change.metadata.records.rows)
+    return OptimizeResult(
+        uri, outcome.version, len(actions) - len(added), len(added), outcome.change.metadata.records.rows
+    )
 
 
 def _bins(actions: pa.Table, partition_by: list[str], target: int, only: set[str] | None = None) -> list[list[dict]]:
@@ -86,7 +103,8 @@ def _bins(actions: pa.Table, partition_by: list[str], target: int, only: set[str
         by_partition.setdefault(tuple(f.get(f"partition.{c}") for c in partition_by), []).append(f)
     bins: list[list[dict]] = []
     for files in by_partition.values():
-        current, size = [], 0
+        current: list[dict[str, Any]] = []
+        size = 0
         for f in files:
             if current and size + f["size_bytes"] > target:
                 bins.append(current)
@@ -101,16 +119,18 @@ def _partition_values(action: dict, partition_by: list[str]) -> dict:
     return {c: action.get(f"partition.{c}") for c in partition_by}
 
 
-def _compact(uri: str, files: list[dict], partition_by: list[str], zorder_by: list[str], tag: str) -> DataFile:
+def _compact(uri: str, files: list[dict], partition_by: list[str], zorder_by: Sequence[str], tag: str) -> DataFile:
     rows = pa.concat_tables([read_file(uri, f["path"]) for f in files], promote_options="permissive")
     if zorder_by:
         rows = rows.take(zorder_indices(rows, zorder_by))
     directory = from_delta_path(files[0]["path"]).rpartition("/")[0]
     name = f"part-compact-{tag}.zstd.parquet"
-    return write_file(uri, f"{directory}/{name}" if directory else name, rows, _partition_values(files[0], partition_by))
+    return write_file(
+        uri, f"{directory}/{name}" if directory else name, rows, _partition_values(files[0], partition_by)
+    )
 
 
-def zorder_indices(rows: pa.Table, columns: list[str]) -> pa.Array:
+def zorder_indices(rows: pa.Table, columns: Sequence[str]) -> pa.Array:
     """Row order along a Z-order (Morton) curve over `columns`: each column's dense rank, scaled to the
     same number of bits, bits interleaved. Rows close in all the columns end up close in the file, so
     min/max statistics skip files for filters on any of them, not only the first."""

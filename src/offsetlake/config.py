@@ -5,6 +5,7 @@ names its key; errors are flattened to one line because they reach a terminal
 or an Airflow task log. `${VAR}` / `${VAR:-default}` references are resolved
 from the environment at load time so secrets never live in the file.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, SecretStr, StrictBool, StrictFloat, StrictInt, StrictStr,
-                      ValidationError, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
 
 from offsetlake.errors import ConfigError
 
@@ -24,8 +35,13 @@ NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
 SECRET_HINTS = ("password", "secret", "token", "sasl.oauthbearer.config", "ssl.key.pem", "credentials")
 # Settings offsetlake owns: a pipeline may not override them, because the batch protocol depends on them.
 RESERVED_CLIENT_KEYS = {
-    "bootstrap.servers", "group.id", "isolation.level", "enable.auto.commit",
-    "enable.auto.offset.store", "auto.offset.reset", "enable.partition.eof",
+    "bootstrap.servers",
+    "group.id",
+    "isolation.level",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.offset.reset",
+    "enable.partition.eof",
     "transactional.id",
 }
 FIELD_TYPES = ("string", "long", "int", "double", "float", "boolean", "timestamp", "date", "binary")
@@ -87,6 +103,7 @@ class KafkaSettings(_Strict):
 
 class SchemaField(_Strict):
     """One declared field of a `json` value or key."""
+
     name: StrictStr = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     """The JSON field, and the column it becomes."""
     type: Literal[FIELD_TYPES]  # type: ignore[valid-type]
@@ -98,6 +115,7 @@ class SchemaField(_Strict):
 
 class RegistrySettings(_Strict):
     """A Confluent-compatible Schema Registry (Confluent, Karapace, Apicurio's ccompat API)."""
+
     url: StrictStr | None = Field(default=None, pattern=r"^https?://")
     """The registry's URL. Required unless `connection` gives it."""
     connection: StrictStr | None = None
@@ -124,12 +142,14 @@ class RegistrySettings(_Strict):
         if self.url is None and self.connection is None:
             raise ValueError("give the registry's 'url', or an Airflow 'connection' whose host is the registry")
         if self.connection is not None and self.username is not None:
-            raise ValueError("basic auth comes from the 'connection' (its login and password): drop 'username' and "
-                             "'password'")
+            raise ValueError(
+                "basic auth comes from the 'connection' (its login and password): drop 'username' and 'password'"
+            )
         return self
 
     def subject(self, topic: str, key: bool = False) -> str:
         if self.subject_name_strategy == "record":
+            assert self.record_name is not None  # the validator asks for it with this strategy
             return self.record_name
         suffix = "key" if key else "value"
         if self.subject_name_strategy == "topic_record":
@@ -140,6 +160,7 @@ class RegistrySettings(_Strict):
 class KeyFormat(_Strict):
     """How the Kafka key becomes the `kafka_key` column: raw bytes, UTF-8 text, a JSON object with a declared
     schema (a struct), or a registry format (its subject: "<topic>-key" under the topic strategy)."""
+
     type: Literal["raw", "string", "json", "avro", "protobuf", "json_schema"]
     """`raw` (bytes), `string` (UTF-8), `json` (a struct of the declared fields), or a registry format (subject
     `<topic>-key`). A null key stays null."""
@@ -186,8 +207,10 @@ class RecordFormat(_Strict):
         if self.type == "json" and not self.schema_:
             raise ValueError("format 'json' needs a declared 'schema' (a list of fields)")
         if self.type in ("raw", *REGISTRY_FORMATS) and self.schema_:
-            raise ValueError(f"format {self.type!r} takes no 'schema' (raw keeps bytes; registry formats read "
-                             f"theirs from the registry or a schema_file)")
+            raise ValueError(
+                f"format {self.type!r} takes no 'schema' (raw keeps bytes; registry formats read "
+                f"theirs from the registry or a schema_file)"
+            )
         if self.schema_file is not None and self.type != "avro":
             raise ValueError("'schema_file' is for format 'avro' without a registry")
         if self.type == "avro" and (self.registry is None) == (self.schema_file is None):
@@ -209,8 +232,10 @@ class RecordFormat(_Strict):
         if clash:
             raise ValueError(f"schema field {clash[0]!r} clashes with a column offsetlake adds")
         if self.type != "json" and self.unknown_fields == "keep":
-            raise ValueError("'unknown_fields: keep' needs format 'json' (raw keeps the whole value; registry "
-                             "formats add a column for every field a newer schema adds)")
+            raise ValueError(
+                "'unknown_fields: keep' needs format 'json' (raw keeps the whole value; registry "
+                "formats add a column for every field a newer schema adds)"
+            )
         return self
 
     def extra_columns(self) -> list[str]:
@@ -237,6 +262,7 @@ class BatchSettings(_Strict):
 
 class MaintenanceSettings(_Strict):
     """How the table stays cheap to read and to commit to, however old it gets. See docs/operations/maintenance.md."""
+
     checkpoint_interval: StrictInt = Field(default=10, gt=0)
     """Commits between Delta checkpoints (as Delta Spark)."""
     log_retention_days: StrictFloat = Field(default=30, ge=1 / 24)
@@ -254,11 +280,15 @@ class MaintenanceSettings(_Strict):
     def table_properties(self) -> dict[str, str]:
         """Delta table properties of the tables offsetlake creates."""
         days = self.log_retention_days
-        log_retention = f"interval {int(days)} days" if days == int(days) else f"interval {round(days * 24 * 60)} minutes"
-        return {"delta.checkpointInterval": str(self.checkpoint_interval),
-                "delta.logRetentionDuration": log_retention,
-                "delta.enableExpiredLogCleanup": "true",
-                "delta.deletedFileRetentionDuration": f"interval {self.deleted_file_retention_hours} hours"}
+        log_retention = (
+            f"interval {int(days)} days" if days == int(days) else f"interval {round(days * 24 * 60)} minutes"
+        )
+        return {
+            "delta.checkpointInterval": str(self.checkpoint_interval),
+            "delta.logRetentionDuration": log_retention,
+            "delta.enableExpiredLogCleanup": "true",
+            "delta.deletedFileRetentionDuration": f"interval {self.deleted_file_retention_hours} hours",
+        }
 
     def stream_window_warning(self, interval_seconds: float) -> str | None:
         """One line when a stream committing every `interval_seconds` would keep more commits in its log, or
@@ -272,15 +302,18 @@ class MaintenanceSettings(_Strict):
         commits, removed = self.log_retention_days * per_day, self.deleted_file_retention_hours / 24 * per_day
         if max(commits, removed) <= STREAM_WINDOW_BUDGET:
             return None
-        return (f"a stream every {interval_seconds:g} s keeps ~{commits:,.0f} commits in its log "
-                f"(maintenance.log_retention_days {self.log_retention_days:g}) and ~{removed:,.0f} removed files "
-                f"in its checkpoints (maintenance.deleted_file_retention_hours {self.deleted_file_retention_hours}); "
-                f"each batch pays for both: keep them under {STREAM_WINDOW_BUDGET:,} (docs/how-to/stream-retention.md)")
+        return (
+            f"a stream every {interval_seconds:g} s keeps ~{commits:,.0f} commits in its log "
+            f"(maintenance.log_retention_days {self.log_retention_days:g}) and ~{removed:,.0f} removed files "
+            f"in its checkpoints (maintenance.deleted_file_retention_hours {self.deleted_file_retention_hours}); "
+            f"each batch pays for both: keep them under {STREAM_WINDOW_BUDGET:,} (docs/how-to/stream-retention.md)"
+        )
 
 
 class AirflowSettings(_Strict):
     """How Airflow retries the pipeline's ingest, stream and maintenance steps (backfill and recovery
     are never retried: what fails them, a retry meets again). See docs/concepts/faults.md."""
+
     retries: StrictInt | None = Field(default=None, ge=0, le=100)
     """How often Airflow retries a failed step. None: the step's own (ingest 3, stream 5, maintenance 1)."""
     retry_delay_seconds: StrictInt = Field(default=30, gt=0)
@@ -339,8 +372,10 @@ class PipelineConfig(_Strict):
         if len(set(self.topics)) != len(self.topics):
             raise ValueError("topics lists a topic twice")
         if self.mode == "stream" and "schedule" in self.model_fields_set and self.schedule is not None:
-            raise ValueError("schedule is the ingest DAG's, for mode 'batch'; in mode 'stream' the stream DAG "
-                             "runs all the time (leave schedule out)")
+            raise ValueError(
+                "schedule is the ingest DAG's, for mode 'batch'; in mode 'stream' the stream DAG "
+                "runs all the time (leave schedule out)"
+            )
         return self
 
     def column_names(self) -> list[str]:
@@ -425,7 +460,7 @@ def _absolute_paths(cfg: PipelineConfig, base_dir: Path) -> PipelineConfig:
             return t
         return t.model_copy(update={"path": str((base_dir / t.path).resolve())})
 
-    update = {"table": absolute(cfg.table), "quarantine": absolute(cfg.quarantine)}
+    update: dict[str, Any] = {"table": absolute(cfg.table), "quarantine": absolute(cfg.quarantine)}
     schema_file = cfg.format.schema_file
     if schema_file and not os.path.isabs(schema_file):
         update["format"] = cfg.format.model_copy(update={"schema_file": str((base_dir / schema_file).resolve())})

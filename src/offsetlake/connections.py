@@ -17,6 +17,7 @@ process that runs the Airflow task**, and reach the Spark job like this:
 Outside an Airflow task (the CLI, the DAG processor) nothing is resolved unless the file or Airflow is
 there: a pipeline with a connection then fails with one line naming it. The `${ENV}` way stays for the CLI.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,10 +49,18 @@ def fetch_from_airflow(conn_id: str) -> dict[str, Any]:
     try:
         conn = BaseHook.get_connection(conn_id)
     except Exception as err:  # noqa: BLE001 - Airflow raises its own types; one line for the user
-        raise ConfigError(f"Airflow connection {conn_id!r} cannot be read: {type(err).__name__}: "
-                          f"{' '.join(str(err).split())[:200]}") from None
-    return {"conn_type": conn.conn_type, "host": conn.host, "port": conn.port, "schema": conn.schema,
-            "login": conn.login, "password": conn.password, "extra": conn.extra_dejson}
+        raise ConfigError(
+            f"Airflow connection {conn_id!r} cannot be read: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        ) from None
+    return {
+        "conn_type": conn.conn_type,
+        "host": conn.host,
+        "port": conn.port,
+        "schema": conn.schema,
+        "login": conn.login,
+        "password": conn.password,
+        "extra": conn.extra_dejson,
+    }
 
 
 def write_connections_file(directory: Path, connections: dict[str, dict]) -> Path:
@@ -76,8 +85,10 @@ def _handed_over() -> dict[str, dict[str, Any]]:
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
-        raise ConfigError(f"{CONNECTIONS_FILE_ENV}={path}: cannot read the connections the Airflow task "
-                          f"resolved ({type(err).__name__})") from None
+        raise ConfigError(
+            f"{CONNECTIONS_FILE_ENV}={path}: cannot read the connections the Airflow task "
+            f"resolved ({type(err).__name__})"
+        ) from None
 
 
 def resolve_connections(cfg: PipelineConfig, given: dict[str, dict[str, Any]] | None = None) -> PipelineConfig:
@@ -103,11 +114,14 @@ def _kafka(cfg: PipelineConfig, conn: dict[str, Any]):
     extra = {str(k): v for k, v in (conn.get("extra") or {}).items()}
     bootstrap = cfg.kafka.bootstrap_servers or extra.get("bootstrap.servers")
     if not bootstrap:
-        raise ConfigError(f"pipeline {cfg.name}: Airflow connection {cfg.kafka.connection!r} has no "
-                          f"bootstrap.servers in its extra, and kafka.bootstrap_servers is not set")
+        raise ConfigError(
+            f"pipeline {cfg.name}: Airflow connection {cfg.kafka.connection!r} has no "
+            f"bootstrap.servers in its extra, and kafka.bootstrap_servers is not set"
+        )
     settings = {k: v for k, v in extra.items() if k not in RESERVED_CLIENT_KEYS}
-    return cfg.kafka.model_copy(update={"bootstrap_servers": str(bootstrap),
-                                        "client": {**settings, **cfg.kafka.client}})
+    return cfg.kafka.model_copy(
+        update={"bootstrap_servers": str(bootstrap), "client": {**settings, **cfg.kafka.client}}
+    )
 
 
 def _registry(registry, conn: dict[str, Any]):

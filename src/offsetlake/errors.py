@@ -43,5 +43,7 @@ class CommitConflictError(OffsetlakeError):
     """Other writers kept committing first: the change gave up after this many tries, nothing written."""
 
     def __init__(self, what: str, attempts: int):
-        super().__init__(f"{what}: gave up after {attempts} commit conflicts with concurrent writers; "
-                         f"nothing was written, run it again")
+        super().__init__(
+            f"{what}: gave up after {attempts} commit conflicts with concurrent writers; "
+            f"nothing was written, run it again"
+        )

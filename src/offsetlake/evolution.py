@@ -11,6 +11,7 @@ The merged schema is committed in the same Delta commit as the data and the
 offsets (`commit.py`), so no reader sees data without its column, or a column
 without the offsets of the records that brought it.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,10 +27,17 @@ def merge_type(table: pa.DataType, writer: pa.DataType, where: str) -> pa.DataTy
     """The type holding both: `table` itself, or it with fields the writer adds."""
     if pa.types.is_struct(table) and pa.types.is_struct(writer):
         fields = {table.field(i).name: table.field(i) for i in range(table.num_fields)}
-        merged = [f.with_type(merge_type(f.type, writer.field(f.name).type, _join(where, f.name)))
-                  if writer.get_field_index(f.name) >= 0 else f for f in fields.values()]
-        merged += [pa.field(writer.field(i).name, writer.field(i).type, nullable=True)
-                   for i in range(writer.num_fields) if writer.field(i).name not in fields]
+        merged = [
+            f.with_type(merge_type(f.type, writer.field(f.name).type, _join(where, f.name)))
+            if writer.get_field_index(f.name) >= 0
+            else f
+            for f in fields.values()
+        ]
+        merged += [
+            pa.field(writer.field(i).name, writer.field(i).type, nullable=True)
+            for i in range(writer.num_fields)
+            if writer.field(i).name not in fields
+        ]
         return pa.struct(merged)
     if pa.types.is_list(table) and pa.types.is_list(writer):
         return pa.list_(table.value_field.with_type(merge_type(table.value_type, writer.value_type, f"{where}[]")))
@@ -78,8 +86,12 @@ def _norm(t: pa.DataType):
     """What Delta can tell apart (it reads back strings as string_view, names list items 'element'...)."""
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return "string"
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t) \
-            or pa.types.is_fixed_size_binary(t):
+    if (
+        pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_binary_view(t)
+        or pa.types.is_fixed_size_binary(t)
+    ):
         return "binary"
     if pa.types.is_timestamp(t):
         return ("timestamp", t.tz is not None)
@@ -117,8 +129,10 @@ def _plain(t: pa.DataType) -> pa.DataType:
 
 
 def _incompatible(where: str, table: pa.DataType, writer: pa.DataType) -> Incompatible:
-    return Incompatible(f"field {where or 'value'!r} is {writer} in this schema but {table} in the table, "
-                        f"and Delta cannot change a column's type")
+    return Incompatible(
+        f"field {where or 'value'!r} is {writer} in this schema but {table} in the table, "
+        f"and Delta cannot change a column's type"
+    )
 
 
 def _join(where: str, name: str) -> str:

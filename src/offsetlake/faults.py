@@ -11,6 +11,7 @@ and check the table afterwards. With no OFFSETLAKE_FAULT set they do nothing.
               pause -> touch $OFFSETLAKE_FAULT_DIR/<point>.reached, then wait until
                        $OFFSETLAKE_FAULT_DIR/<point>.release exists (a zombie attempt)
 """
+
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ commits leaves orphans that `cleanup` and the attempt itself can find by name.
 Statistics (numRecords, min/max, nullCount) are computed from the Arrow data
 already in memory, so the driver never re-reads a file to commit it.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -38,7 +39,7 @@ class DataFile:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @staticmethod
-    def from_json(text: str) -> "DataFile":
+    def from_json(text: str) -> DataFile:
         return DataFile(**json.loads(text))
 
 
@@ -111,11 +112,14 @@ def _os_reason(err: OSError) -> str:
 
 def read_file(table_uri: str, delta_path: str, columns: list[str] | None = None) -> pa.Table:
     fs, root = open_filesystem(table_uri)
-    return plain_types(pq.read_table(f"{root.rstrip('/')}/{from_delta_path(delta_path)}", filesystem=fs, columns=columns))
+    return plain_types(
+        pq.read_table(f"{root.rstrip('/')}/{from_delta_path(delta_path)}", filesystem=fs, columns=columns)
+    )
 
 
 def plain_types(table: pa.Table) -> pa.Table:
     """Other writers (DataFusion, delta-rs) use string_view/large types; Arrow kernels here want plain ones."""
+
     def plain(field: pa.Field) -> pa.Field:
         t = field.type
         if pa.types.is_string_view(t) or pa.types.is_large_string(t):
@@ -123,6 +127,7 @@ def plain_types(table: pa.Table) -> pa.Table:
         if pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
             return field.with_type(pa.binary())
         return field
+
     return table.cast(pa.schema([plain(f) for f in table.schema]))
 
 
@@ -134,7 +139,11 @@ def _split_by_partition(table: pa.Table, partition_by: list[str]):
     for key in keys:
         mask = None
         for col, value in key.items():
-            cond = pc.is_null(table[col]) if value is None else pc.equal(table[col], pa.scalar(value, table.schema.field(col).type))
+            cond = (
+                pc.is_null(table[col])
+                if value is None
+                else pc.equal(table[col], pa.scalar(value, table.schema.field(col).type))
+            )
             mask = cond if mask is None else pc.and_(mask, cond)
         yield key, table.filter(mask)
 
@@ -143,7 +152,7 @@ def _partition_string(value) -> str | None:
     if value is None:
         return None
     if isinstance(value, dt.datetime):
-        return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
@@ -165,14 +174,20 @@ def delta_stats(table: pa.Table) -> str:
         bounds = _bounds(column)
         if bounds is not None:
             mins[name], maxs[name] = bounds
-    return json.dumps({"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs,
-                       "nullCount": nulls}, separators=(",", ":"))
+    return json.dumps(
+        {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}, separators=(",", ":")
+    )
 
 
 def _bounds(column: pa.ChunkedArray):
     t = column.type
-    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
-            or pa.types.is_timestamp(t) or pa.types.is_date(t)):
+    if not (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_string(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_date(t)
+    ):
         return None  # binary and booleans: nullCount only
     result = pc.min_max(column)
     low, high = result["min"].as_py(), result["max"].as_py()
@@ -194,4 +209,4 @@ def _bounds(column: pa.ChunkedArray):
 
 
 def _iso_ms(value: dt.datetime) -> str:
-    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"

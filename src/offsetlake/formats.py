@@ -9,6 +9,7 @@ that does not parse or does not fit becomes a quarantine row (raw bytes, offsets
 error) instead of stopping the batch.
 Runs in executors: no deltalake import here.
 """
+
 from __future__ import annotations
 
 import base64
@@ -18,7 +19,7 @@ import json
 import math
 import operator
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import msgspec
 import numpy as np
@@ -26,27 +27,45 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from offsetlake import arrow_json
-from offsetlake.config import (HEADERS_COLUMN, KEY_COLUMN, LINEAGE_COLUMNS, REGISTRY_FORMATS, UNKNOWN_FIELDS_COLUMN,
-                               KeyFormat, PipelineConfig, SchemaField)
+from offsetlake.config import (
+    HEADERS_COLUMN,
+    KEY_COLUMN,
+    LINEAGE_COLUMNS,
+    REGISTRY_FORMATS,
+    UNKNOWN_FIELDS_COLUMN,
+    KeyFormat,
+    PipelineConfig,
+    SchemaField,
+)
 from offsetlake.evolution import Incompatible, merge_type
 
 ARROW_TYPES = {
-    "string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64(),
-    "float": pa.float32(), "boolean": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"),
-    "date": pa.date32(), "binary": pa.binary(),
+    "string": pa.string(),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "double": pa.float64(),
+    "float": pa.float32(),
+    "boolean": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "date": pa.date32(),
+    "binary": pa.binary(),
 }
-LINEAGE_SCHEMA = pa.schema([
-    ("kafka_topic", pa.string()),
-    ("kafka_partition", pa.int32()),
-    ("kafka_offset", pa.int64()),
-    ("kafka_timestamp", pa.timestamp("us", tz="UTC")),
-])
-QUARANTINE_SCHEMA = pa.schema([
-    *LINEAGE_SCHEMA,
-    ("key", pa.binary()),
-    ("value", pa.binary()),
-    ("error", pa.string()),
-])
+LINEAGE_SCHEMA = pa.schema(
+    [
+        ("kafka_topic", pa.string()),
+        ("kafka_partition", pa.int32()),
+        ("kafka_offset", pa.int64()),
+        ("kafka_timestamp", pa.timestamp("us", tz="UTC")),
+    ]
+)
+QUARANTINE_SCHEMA = pa.schema(
+    [
+        *LINEAGE_SCHEMA,
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("error", pa.string()),
+    ]
+)
 HEADERS_TYPE = pa.map_(pa.string(), pa.binary())
 # A table schema whose payload columns come from the registry carries this in its metadata: the columns
 # a pipeline file names are checked, the payload may be any and grow (table.check_schema).
@@ -83,7 +102,9 @@ def initial_table_schema(cfg: PipelineConfig) -> pa.Schema:
     if not cfg.format.evolves:
         return fixed
     from offsetlake.registry import latest_arrow_type
+
     fmt, topic = cfg.format, cfg.topics[0]
+    assert fmt.registry is not None  # a format that evolves reads its schema from a registry
     payload = _struct_fields(latest_arrow_type(fmt.registry, fmt.type, topic))
     columns = [*payload, *fixed]
     if fmt.key is not None and fmt.key.type in REGISTRY_FORMATS:
@@ -160,7 +181,8 @@ def _quarantine_rows(bad: pa.Table, errors: list[str]) -> pa.Table:
     """Quarantine rows: the records' lineage, raw key and value bytes, and why."""
     return pa.Table.from_arrays(
         [*_lineage(bad), bad.column("key"), bad.column("value"), pa.array(errors, pa.string())],
-        schema=QUARANTINE_SCHEMA)
+        schema=QUARANTINE_SCHEMA,
+    )
 
 
 class BadRecord(ValueError):
@@ -194,8 +216,12 @@ def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa
         quarantines.append(bad)
     good_rows = None  # every record good, the usual case: no positions built
     if any(good is not None for _, _, good in kept):
-        good_rows = pa.concat_arrays([pa.array(np.arange(start, start + n), pa.int64()) if good is None
-                                      else pc.add(good, start) for start, n, good in kept])
+        good_rows = pa.concat_arrays(
+            [
+                pa.array(np.arange(start, start + n), pa.int64()) if good is None else pc.add(good, start)
+                for start, n, good in kept
+            ]
+        )
     return pa.concat_tables(payloads or [schema.empty_table()]), good_rows, pa.concat_tables(quarantines)
 
 
@@ -240,11 +266,14 @@ def _convert_json_records(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.T
 
 # ---- registry formats ---------------------------------------------------------------------------
 
+
 def registry_decoders(cfg: PipelineConfig, key: bool = False):
     """The value's (or the key's) decoders, one set per pipeline per process: schemas are fetched once."""
     from offsetlake.registry import Decoders
+
     fmt = cfg.format
-    kind = fmt.key.type if key else fmt.type
+    assert fmt.key is not None or not key, "a key section for the key's decoders"
+    kind = fmt.key.type if key and fmt.key is not None else fmt.type
     return Decoders.shared(kind, fmt.registry, None if key else fmt.schema_file, key)
 
 
@@ -254,6 +283,7 @@ def _decode_side(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None,
     schema the table cannot hold are errors, with the reason. Each schema's records are decoded together
     (`decode_many`, when the decoder has a vectorised path), then cast to the merged type."""
     from offsetlake.registry import UnusableSchema
+
     values = raw.combine_chunks()
     errors: dict[int, str] = {}
     groups: dict[int, tuple] = {}  # id(decoder) -> (decoder, positions, payloads)
@@ -338,10 +368,13 @@ def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schem
     decoders = registry_decoders(cfg)
     fixed = {KEY_COLUMN, HEADERS_COLUMN, *LINEAGE_COLUMNS}
     current = [f for f in (columns if columns is not None else table_schema(cfg)) if f.name not in fixed]
-    values, merged, errors = _decode_side(decoders, messages.column("value"), pa.struct(current), "value",
-                                          nulls_allowed=False)
+    values, merged, errors = _decode_side(
+        decoders, messages.column("value"), pa.struct(current), "value", nulls_allowed=False
+    )
     rows = pa.array([i for i in range(messages.num_rows) if i not in errors], pa.int64())
-    payload = pa.Table.from_struct_array(values.take(rows)) if len(rows) else pa.schema(_struct_fields(merged)).empty_table()
+    payload = (
+        pa.Table.from_struct_array(values.take(rows)) if len(rows) else pa.schema(_struct_fields(merged)).empty_table()
+    )
     payload = payload.cast(pa.schema(_struct_fields(merged)))
     bad = sorted(errors)
     quarantine = _quarantine_rows(messages.take(pa.array(bad, pa.int64())), [errors[i] for i in bad])
@@ -356,8 +389,9 @@ def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | 
     if key.type in REGISTRY_FORMATS:
         table_type = columns.field(KEY_COLUMN).type if columns is not None and KEY_COLUMN in columns.names else None
         # No table type and no key seen: a null column of binary, the most neutral type.
-        return _decode_side(registry_decoders(cfg, key=True), messages.column("key"), table_type, "key",
-                            nulls_allowed=True)
+        return _decode_side(
+            registry_decoders(cfg, key=True), messages.column("key"), table_type, "key", nulls_allowed=True
+        )
     if key.type == "raw":
         return messages.column("key").combine_chunks(), pa.binary(), {}
     raws = messages.column("key").to_pylist()
@@ -395,7 +429,7 @@ class FastDecoder:
 
     def __init__(self, schema: tuple[tuple[str, str, bool], ...]):
         self._names = {name: f"f{i}" for i, (name, _, _) in enumerate(schema)}  # any JSON key, even `class`
-        spec = []
+        spec: list[Any] = []  # msgspec.defstruct's (name, type[, default]) entries
         self._coerced = []  # (attribute, type, required) decoded as raw JSON, coerced afterwards
         for name, type_, required in schema:
             attr = self._names[name]
@@ -405,12 +439,12 @@ class FastDecoder:
             if required:
                 spec.append((attr, decoded))
             else:
-                spec.append((attr, decoded if decoded is Any else decoded | None, None))
+                spec.append((attr, decoded if decoded is Any else Optional[decoded], None))  # noqa: UP045 - a runtime type
         self._struct = msgspec.defstruct("Record", spec, kw_only=True, rename={a: n for n, a in self._names.items()})
         self._decode = msgspec.json.Decoder(self._struct).decode
 
     @staticmethod
-    def for_fields(fields: list[SchemaField]) -> "FastDecoder":
+    def for_fields(fields: list[SchemaField]) -> FastDecoder:
         """One decoder per schema, built once per worker process (a struct type and its decoder)."""
         return _decoder_for(tuple((f.name, f.type, f.required) for f in fields))
 
@@ -418,6 +452,7 @@ class FastDecoder:
         """One decoded record per value, None where the reference parser has to decide."""
         decode = self._decode
         raws = values.to_pylist()
+        out: list[Any]
         try:
             out = [decode(raw) for raw in raws]  # the usual case: every value decodes
         except (msgspec.DecodeError, TypeError):  # TypeError: a null value (tombstone)
@@ -457,8 +492,9 @@ def _coerce_attribute(records: list, attr: str, type_: str, required: bool) -> N
                 records[i] = None
             continue
         try:
-            setattr(record, attr, parse(value) if parse is not None and value.__class__ is str
-                    else _coerce(value, type_))
+            setattr(
+                record, attr, parse(value) if parse is not None and value.__class__ is str else _coerce(value, type_)
+            )
         except (TypeError, ValueError, OverflowError):
             records[i] = None
 
@@ -529,7 +565,7 @@ def _parse_record(raw: bytes | None, fields: list[SchemaField]) -> tuple[dict, d
         raise BadRecord(f"value is not JSON: {err}") from None
     if not isinstance(record, dict):
         raise BadRecord(f"value is a JSON {type(record).__name__}, expected an object")
-    out = {}
+    out: dict[str, Any] = {}
     for f in fields:
         value = record.get(f.name)
         if value is None:
@@ -586,8 +622,8 @@ def _timestamp(value) -> dt.datetime:
     if isinstance(value, bool):
         raise TypeError("expected a timestamp, got bool")
     if isinstance(value, (int, float)):
-        return dt.datetime.fromtimestamp(value / 1000.0, tz=dt.timezone.utc)
+        return dt.datetime.fromtimestamp(value / 1000.0, tz=dt.UTC)
     if not isinstance(value, str):
         raise TypeError(f"expected a timestamp, got {type(value).__name__}")
     parsed = dt.datetime.fromisoformat(value)
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)

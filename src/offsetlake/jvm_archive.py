@@ -18,6 +18,7 @@ Rules kept here, each because the JVM demands it:
 `python -m offsetlake.jvm_archive` builds it once per machine (about 20 s; `make` does it, the Dockerfile
 too); `spark_conf` adds it to a session's driver options whenever it exists.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -43,6 +44,7 @@ def spark_jars() -> Path | None:
     home = os.environ.get("SPARK_HOME")
     if not home:
         import importlib.util
+
         spec = importlib.util.find_spec("pyspark")
         if spec is None or not spec.submodule_search_locations:
             return None
@@ -66,8 +68,9 @@ def archive_path() -> Path | None:
         return None
     stat = java.stat()
     # The jar names carry Spark's version; the java binary's size and time change with every JDK update.
-    identity = "\n".join([str(java), str(stat.st_size), str(stat.st_mtime_ns), str(jars),
-                          *sorted(p.name for p in jars.glob("*.jar"))])
+    identity = "\n".join(
+        [str(java), str(stat.st_size), str(stat.st_mtime_ns), str(jars), *sorted(p.name for p in jars.glob("*.jar"))]
+    )
     return archive_dir() / f"spark-driver-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.jsa"
 
 
@@ -86,8 +89,12 @@ def build(force: bool = False) -> Path | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
-        done = subprocess.run([sys.executable, "-m", "offsetlake.jvm_archive", "--dump", str(partial)],
-                              capture_output=True, text=True, timeout=DUMP_TIMEOUT_SECONDS)
+        done = subprocess.run(
+            [sys.executable, "-m", "offsetlake.jvm_archive", "--dump", str(partial)],
+            capture_output=True,
+            text=True,
+            timeout=DUMP_TIMEOUT_SECONDS,
+        )
         if done.returncode != 0 or not partial.is_file() or partial.stat().st_size == 0:
             last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
             raise RuntimeError(f"could not dump the JVM class archive to {path}: {last}")
@@ -101,8 +108,12 @@ def dump(target: Path) -> int:
     """Start a local session whose JVM writes its classes to `target` when it exits, use it as a batch
     does (a JVM job, then Python tasks that return small results), then stop it and wait for that exit."""
     from offsetlake.spark import build_session
-    spark = build_session("offsetlake-jvm-archive", "local[*]", extra_conf={
-        "spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={target} {QUIET}"})
+
+    spark = build_session(
+        "offsetlake-jvm-archive",
+        "local[*]",
+        extra_conf={"spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={target} {QUIET}"},
+    )
     context = spark.sparkContext
     context.parallelize(range(2), 2).collect()
     for _ in range(2):

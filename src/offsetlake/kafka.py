@@ -4,6 +4,7 @@ Everything here speaks the Kafka protocol through confluent-kafka, so it works
 the same against noida-db and Apache Kafka. librdkafka's own log lines go to a
 Python logger instead of stderr: a down broker otherwise prints a line a second.
 """
+
 from __future__ import annotations
 
 import logging
@@ -11,7 +12,8 @@ import random
 import re
 import time
 from collections import deque
-from typing import Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka import KafkaError as _KErr
@@ -31,12 +33,26 @@ T = TypeVar("T")
 
 # Errors a broker restart, a leader election or a rolling upgrade cause, which the next try may not
 # meet. librdkafka marks some retriable itself; these it leaves unmarked in admin and group results.
-RETRIABLE = {_KErr._TRANSPORT, _KErr._ALL_BROKERS_DOWN, _KErr._TIMED_OUT, _KErr.REQUEST_TIMED_OUT,
-             _KErr._WAIT_COORD, _KErr.LEADER_NOT_AVAILABLE, _KErr.NOT_LEADER_FOR_PARTITION,
-             _KErr.FENCED_LEADER_EPOCH, _KErr.UNKNOWN_LEADER_EPOCH, _KErr.COORDINATOR_LOAD_IN_PROGRESS,
-             _KErr.COORDINATOR_NOT_AVAILABLE, _KErr.NOT_COORDINATOR, _KErr.NOT_ENOUGH_REPLICAS,
-             _KErr.BROKER_NOT_AVAILABLE, _KErr.REPLICA_NOT_AVAILABLE, _KErr.OFFSET_NOT_AVAILABLE,
-             _KErr.NETWORK_EXCEPTION, _KErr._TIMED_OUT_QUEUE}
+RETRIABLE = {
+    _KErr._TRANSPORT,
+    _KErr._ALL_BROKERS_DOWN,
+    _KErr._TIMED_OUT,
+    _KErr.REQUEST_TIMED_OUT,
+    _KErr._WAIT_COORD,
+    _KErr.LEADER_NOT_AVAILABLE,
+    _KErr.NOT_LEADER_FOR_PARTITION,
+    _KErr.FENCED_LEADER_EPOCH,
+    _KErr.UNKNOWN_LEADER_EPOCH,
+    _KErr.COORDINATOR_LOAD_IN_PROGRESS,
+    _KErr.COORDINATOR_NOT_AVAILABLE,
+    _KErr.NOT_COORDINATOR,
+    _KErr.NOT_ENOUGH_REPLICAS,
+    _KErr.BROKER_NOT_AVAILABLE,
+    _KErr.REPLICA_NOT_AVAILABLE,
+    _KErr.OFFSET_NOT_AVAILABLE,
+    _KErr.NETWORK_EXCEPTION,
+    _KErr._TIMED_OUT_QUEUE,
+}
 FIRST_WAIT, LONGEST_WAIT = 0.5, 10.0  # seconds between tries: doubling, with jitter
 
 
@@ -56,8 +72,7 @@ def _no_leader_yet(kerr: _KErr) -> bool:
     return kerr.code() == _KErr._NOENT and "leader" in (kerr.str() or "").lower()
 
 
-def retrying(what: str, call: Callable[[], T], retry_seconds: float,
-             hopeless: Callable[[], bool] = lambda: False) -> T:
+def retrying(what: str, call: Callable[[], T], retry_seconds: float, hopeless: Callable[[], bool] = lambda: False) -> T:
     """`call()`, tried again on retriable Kafka errors, waiting 0.5 s, 1 s, 2 s... (at most 10 s, with
     jitter) until `retry_seconds` have passed; then, at once for any other error, or when `hopeless()`
     says the cause will not go away (a refused login surfaces as a mere transport error), it raises.
@@ -132,8 +147,12 @@ class KafkaCluster:
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
         """`call()` with retries on retriable errors for `kafka.retry_seconds`; then a one-line KafkaError."""
         try:
-            return retrying(f"Kafka at {self.settings.bootstrap_servers}: {what}", call, self.settings.retry_seconds,
-                            hopeless=self._login_refused)
+            return retrying(
+                f"Kafka at {self.settings.bootstrap_servers}: {what}",
+                call,
+                self.settings.retry_seconds,
+                hopeless=self._login_refused,
+            )
         except KafkaException as err:
             raise self._fail(what, err) from None
 
@@ -154,9 +173,12 @@ class KafkaCluster:
                     raise KafkaError(f"topic {topic!r} is not readable: {meta.error.str()}")
                 result.extend((topic, p) for p in sorted(meta.partitions))
             return result
+
         return self._retrying("cannot read cluster metadata (is the broker reachable?)", read)
 
-    def _list_offsets(self, tps: list[TP], spec: OffsetSpec, isolation=IsolationLevel.READ_UNCOMMITTED) -> dict[TP, int]:
+    def _list_offsets(
+        self, tps: list[TP], spec: OffsetSpec, isolation=IsolationLevel.READ_UNCOMMITTED
+    ) -> dict[TP, int]:
         if not tps:
             return {}
         request = {TopicPartition(t, p): spec for t, p in tps}
@@ -164,11 +186,14 @@ class KafkaCluster:
         def list_offsets() -> dict[TP, int]:
             futures = self.admin.list_offsets(request, isolation_level=isolation, request_timeout=self.timeout)
             return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+
         return self._retrying("cannot list offsets", list_offsets)
 
     def end_offsets(self, tps: list[TP], isolation_level: str) -> dict[TP, int]:
         """LSO under read_committed (never past an open transaction), else the high watermark."""
-        level = IsolationLevel.READ_COMMITTED if isolation_level == "read_committed" else IsolationLevel.READ_UNCOMMITTED
+        level = (
+            IsolationLevel.READ_COMMITTED if isolation_level == "read_committed" else IsolationLevel.READ_UNCOMMITTED
+        )
         return self._list_offsets(tps, OffsetSpec.latest(), level)
 
     def start_offsets(self, tps: list[TP]) -> dict[TP, int]:
@@ -189,9 +214,13 @@ class KafkaCluster:
         consumer = None
         try:
             consumer = Consumer(client_settings(self.settings, **{"group.id": group, "enable.auto.commit": False}))
-            retrying(f"consumer group {group}: cannot mirror offsets", lambda: consumer.commit(
-                offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False),
-                self.settings.retry_seconds)
+            retrying(
+                f"consumer group {group}: cannot mirror offsets",
+                lambda: consumer.commit(
+                    offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
+                ),
+                self.settings.retry_seconds,
+            )
             return True
         except KafkaException as err:
             log.warning("could not mirror offsets to consumer group %s: %s", group, _describe(err))
@@ -203,8 +232,10 @@ class KafkaCluster:
     def group_offsets(self, group: str, tps: list[TP]) -> dict[TP, int | None]:
         consumer = Consumer(client_settings(self.settings, **{"group.id": group, "enable.auto.commit": False}))
         try:
-            committed = self._retrying(f"cannot read offsets of consumer group {group}", lambda: consumer.committed(
-                [TopicPartition(t, p) for t, p in tps], timeout=self.timeout))
+            committed = self._retrying(
+                f"cannot read offsets of consumer group {group}",
+                lambda: consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=self.timeout),
+            )
             return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
         finally:
             consumer.close()

@@ -14,24 +14,27 @@ snapshot (a checkpoint plus the commits after it), and history is read newest
 first in growing pages only until what is needed is found -- for RESTORE
 detection, the pipeline's last ledger commit, usually the newest commit.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow.fs as pafs
 from deltalake import DeltaTable, Transaction
 
 from offsetlake.files import open_filesystem
-
 from offsetlake.kafka import TP
 from offsetlake.metadata import CommitMetadata, HistoryEntry, Rewind, flat_offsets
 
 MAX_RESTORE_CHAIN = 20
 MAX_HISTORY_READS = 5  # re-read when a commit lands while we read the history
 FIRST_PAGE = 8  # commits read first; each further page reads 4x more
+Commit = dict[str, Any]  # one entry of delta-rs' history(): version, timestamp, operation, userMetadata...
 
 
 def pipeline_app_id(pipeline: str) -> str:
@@ -75,7 +78,7 @@ def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
 
 
 MAX_CACHED_LEDGERS = 64
-_LEDGERS: dict[tuple, Ledger] = {}
+_LEDGERS: dict[tuple[str, int, str, tuple[TP, ...]], Ledger] = {}
 _LEDGERS_LOCK = threading.Lock()
 
 
@@ -109,14 +112,15 @@ def ledger_at(uri: str, pipeline: str, tps: list[TP], version: int, depth: int =
     return ledger_at(uri, pipeline, tps, restore[0], depth + 1)
 
 
-def _ledger_commit_of(pipeline: str):
-    def found(entry: dict) -> bool:
+def _ledger_commit_of(pipeline: str) -> Callable[[Commit], bool]:
+    def found(entry: Commit) -> bool:
         meta = CommitMetadata.parse(entry.get("userMetadata"))
         return meta is not None and meta.pipeline == pipeline and meta.sets_ledger()
+
     return found
 
 
-def commit_history(table: DeltaTable, until=None) -> list[dict]:
+def commit_history(table: DeltaTable, until: Callable[[Commit], bool] | None = None) -> list[Commit]:
     """The table's commits up to the version `table` has loaded, newest first, truly numbered.
 
     Read in pages (8 commits, then 32, 128...) and only as far back as needed: up to and
@@ -132,26 +136,26 @@ def commit_history(table: DeltaTable, until=None) -> list[dict]:
     for entries, complete in _pages(table, whole=until is None):
         for i, entry in enumerate(entries):
             if until is not None and until(entry):
-                return entries[:i + 1]
+                return entries[: i + 1]
         if complete:
             return entries
     raise AssertionError("unreachable: the last page is complete")
 
 
-def _pages(table: DeltaTable, whole: bool = False):
+def _pages(table: DeltaTable, whole: bool = False) -> Iterator[tuple[list[Commit], bool]]:
     """(newest commits up to `table`'s version, whether that is all the log holds), in growing pages."""
     limit = None if whole else FIRST_PAGE
     while True:
         page, complete = _latest_history(table, limit)
         yield [e for e in page if e["version"] <= table.version()], complete
-        if complete:
+        if complete or limit is None:  # without a limit the first page is the whole log
             return
         limit *= 4
 
 
-def _latest_history(table: DeltaTable, limit: int | None) -> tuple[list[dict], bool]:
+def _latest_history(table: DeltaTable, limit: int | None) -> tuple[list[Commit], bool]:
     """(the newest `limit` commits, whether that is all the log holds), truly numbered."""
-    entries = table.history(limit)
+    entries: list[Commit] = table.history(limit)
     if not _commit_after(table):  # checked after the read: the read saw no commit past `table`'s version
         return entries, limit is None or len(entries) < limit
     uri = table.table_uri
@@ -169,11 +173,11 @@ def _commit_after(table: DeltaTable) -> bool:
     """Is there a commit file after `table`'s version? One metadata request, not a table load."""
     fs, root = open_filesystem(table.table_uri)
     info = fs.get_file_info(f"{root.rstrip('/')}/_delta_log/{table.version() + 1:020d}.json")
-    return info.type != pafs.FileType.NotFound
+    return bool(info.type != pafs.FileType.NotFound)
 
 
 def _txn_state(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
-    offsets = {}
+    offsets: dict[TP, int] = {}
     for topic, partition in tps:
         version = table.transaction_version(partition_app_id(pipeline, topic, partition))
         if version is not None:
@@ -181,8 +185,9 @@ def _txn_state(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     return Ledger(table.transaction_version(pipeline_app_id(pipeline)), offsets, table.version())
 
 
-def find_unrecorded_restore(history: list[dict], pipeline: str, version: int,
-                            uri: str | None = None) -> tuple[int, int] | None:
+def find_unrecorded_restore(
+    history: list[Commit], pipeline: str, version: int, uri: str | None = None
+) -> tuple[int, int] | None:
     """(restored version, RESTORE commit version) of a RESTORE at or before `version` that is newer
     than the pipeline's last ledger commit. `history`: newest first, back to that commit at least."""
     is_ledger_commit = _ledger_commit_of(pipeline)
@@ -196,7 +201,7 @@ def find_unrecorded_restore(history: list[dict], pipeline: str, version: int,
     return None
 
 
-def _restored_version(history: list[dict], entry: dict, uri: str | None = None) -> int:
+def _restored_version(history: list[Commit], entry: Commit, uri: str | None = None) -> int:
     """The version a RESTORE went back to: its parameter, or the newest commit at or before its timestamp
     (read further back in the log when `history` does not reach that far)."""
     params = entry.get("operationParameters") or {}
@@ -205,26 +210,28 @@ def _restored_version(history: list[dict], entry: dict, uri: str | None = None) 
         return int(version)
     target_ms = _to_epoch_ms(params.get("timestamp") or params.get("datetime"))
 
-    def before_target(h: dict) -> bool:
-        return h["version"] < entry["version"] and h["timestamp"] <= target_ms
+    def before_target(h: Commit) -> bool:
+        return bool(h["version"] < entry["version"] and h["timestamp"] <= target_ms)
+
     if uri is not None and not any(before_target(h) for h in history):
         history = commit_history(DeltaTable(uri), until=before_target)
     candidates = [h["version"] for h in history if before_target(h)]
-    return max(candidates) if candidates else 0
+    return int(max(candidates)) if candidates else 0
 
 
-def _to_epoch_ms(value) -> int:
+def _to_epoch_ms(value: Any) -> int:
     """delta-rs 1.6.6 records a timestamp RESTORE as epoch milliseconds in a string; others write ISO 8601."""
     if isinstance(value, (int, float)) or str(value).isdigit():
         return int(value)
     parsed = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.timezone.utc)
+        parsed = parsed.replace(tzinfo=dt.UTC)
     return int(parsed.timestamp() * 1000)
 
 
-def pipeline_history(table: DeltaTable, pipeline: str, limit: int | None = None,
-                     since_ms: int | None = None) -> list[HistoryEntry]:
+def pipeline_history(
+    table: DeltaTable, pipeline: str, limit: int | None = None, since_ms: int | None = None
+) -> list[HistoryEntry]:
     """The pipeline's commits, oldest first: all of them, the newest `limit`, or those made since
     `since_ms` (epoch ms), reading the log no further back than that."""
     bounded = bool(limit) or since_ms is not None
@@ -242,9 +249,14 @@ def pipeline_history(table: DeltaTable, pipeline: str, limit: int | None = None,
     raise AssertionError("unreachable: the last page is complete")
 
 
-def txn_actions(pipeline: str, batch: int | None, offsets: dict[TP, int], prefix=partition_app_id) -> list[Transaction]:
-    now = int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
-    actions = [Transaction(app_id=pipeline_app_id(pipeline), version=batch, last_updated=now)] if batch is not None else []
-    actions += [Transaction(app_id=prefix(pipeline, t, p), version=o, last_updated=now)
-                for (t, p), o in sorted(offsets.items())]
+def txn_actions(
+    pipeline: str, batch: int | None, offsets: dict[TP, int], prefix: Callable[[str, str, int], str] = partition_app_id
+) -> list[Transaction]:
+    now = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
+    actions = (
+        [Transaction(app_id=pipeline_app_id(pipeline), version=batch, last_updated=now)] if batch is not None else []
+    )
+    actions += [
+        Transaction(app_id=prefix(pipeline, t, p), version=o, last_updated=now) for (t, p), o in sorted(offsets.items())
+    ]
     return actions

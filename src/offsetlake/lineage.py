@@ -5,12 +5,18 @@ namespace `file` and the absolute path for a local table, else `{scheme}://{buck
 the path in it. The output carries the table version a run committed (the `version` facet) and
 the rows it added (`outputStatistics`), when it committed anything.
 """
+
 from __future__ import annotations
 
 import urllib.parse
 
 from openlineage.client.event_v2 import InputDataset, OutputDataset
-from openlineage.client.facet_v2 import dataset_version_dataset, output_statistics_output_dataset
+from openlineage.client.facet_v2 import (
+    DatasetFacet,
+    OutputDatasetFacet,
+    dataset_version_dataset,
+    output_statistics_output_dataset,
+)
 
 from offsetlake.config import PipelineConfig
 
@@ -33,8 +39,13 @@ def pipeline_datasets(cfg: PipelineConfig, committed: dict | None = None) -> tup
     """`committed`: what a task committed (`status.commits_of_task_try`): versions and rows."""
     inputs = [InputDataset(namespace=kafka_namespace(cfg), name=topic) for topic in cfg.topics]
     namespace, name = table_dataset_name(cfg.table_path)
-    facets, output_facets = {}, {}
+    facets: dict[str, DatasetFacet] = {}
+    output_facets: dict[str, OutputDatasetFacet] = {}
     if committed and committed.get("versions"):
-        facets["version"] = dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=str(max(committed["versions"])))
-        output_facets["outputStatistics"] = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(rowCount=committed.get("rows", 0))
+        facets["version"] = dataset_version_dataset.DatasetVersionDatasetFacet(
+            datasetVersion=str(max(committed["versions"]))
+        )
+        output_facets["outputStatistics"] = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
+            rowCount=committed.get("rows", 0)
+        )
     return inputs, OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=output_facets)

@@ -1,4 +1,6 @@
-"""Operator actions: clean up orphaned files, vacuum, checkpoint; reset the ledger, restore the table with its ledger."""
+"""Operator actions: clean up orphaned files, vacuum, checkpoint; reset the ledger, restore the table with its
+ledger."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +11,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties
 
-from offsetlake.commit import Change, commit, new_attempt_id
+from offsetlake.commit import Change, Committed, commit, new_attempt_id
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import ConfigError
 from offsetlake.files import from_delta_path, open_filesystem
@@ -31,8 +33,10 @@ class CleanupResult:
 
     def summary(self) -> str:
         verb = "would delete" if self.dry_run else "deleted"
-        return (f"{self.table}: {verb} {len(self.deleted)} orphaned files; kept {self.kept_recent} unreferenced "
-                f"files younger than the safety window (a batch may still be writing them)")
+        return (
+            f"{self.table}: {verb} {len(self.deleted)} orphaned files; kept {self.kept_recent} unreferenced "
+            f"files younger than the safety window (a batch may still be writing them)"
+        )
 
 
 def referenced_files(uri: str) -> set[str]:
@@ -57,7 +61,9 @@ def referenced_files(uri: str) -> set[str]:
 def cleanup(uri: str, older_than_seconds: int = DEFAULT_CLEANUP_AGE_SECONDS, dry_run: bool = False) -> CleanupResult:
     """Delete files under the table that no commit references and that are older than the window."""
     if older_than_seconds < 60:
-        raise ConfigError("cleanup safety window must be at least 60 seconds: younger files may belong to a batch in flight")
+        raise ConfigError(
+            "cleanup safety window must be at least 60 seconds: younger files may belong to a batch in flight"
+        )
     open_table(uri)  # fail clearly if there is no table here
     fs, root = open_filesystem(uri)
     prefix = root.rstrip("/") + "/"
@@ -91,12 +97,15 @@ class VacuumResult:
 
     def summary(self) -> str:
         verb = "would delete" if self.dry_run else "deleted"
-        return (f"{self.table}: {verb} {len(self.deleted)} data files that no version of the last "
-                f"{self.retention_hours} h needs")
+        return (
+            f"{self.table}: {verb} {len(self.deleted)} data files that no version of the last "
+            f"{self.retention_hours} h needs"
+        )
 
 
-def vacuum(uri: str, pipeline: str, retention_hours: int | None = None, dry_run: bool = False,
-           run: Run | None = None) -> VacuumResult:
+def vacuum(
+    uri: str, pipeline: str, retention_hours: int | None = None, dry_run: bool = False, run: Run | None = None
+) -> VacuumResult:
     """Delete data files that no version inside the retention needs.
 
     A file stays while the current version uses it, while its removal is younger than the
@@ -111,11 +120,18 @@ def vacuum(uri: str, pipeline: str, retention_hours: int | None = None, dry_run:
     table = open_table(uri)
     hours = retention_hours if retention_hours is not None else _deleted_file_retention_hours(table)
     if hours < MIN_VACUUM_RETENTION_HOURS:
-        raise ConfigError(f"vacuum retention {hours} h is below the clean-up safety window of "
-                          f"{MIN_VACUUM_RETENTION_HOURS} h: a batch in flight or a RESTORE could lose its files")
+        raise ConfigError(
+            f"vacuum retention {hours} h is below the clean-up safety window of "
+            f"{MIN_VACUUM_RETENTION_HOURS} h: a batch in flight or a RESTORE could lose its files"
+        )
     meta = CommitMetadata(pipeline, "vacuum", attempt=new_attempt_id(), run=run or Run.here())
-    deleted = table.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False, full=True,
-                           commit_properties=CommitProperties(custom_metadata={"userMetadata": meta.to_json()}))
+    deleted = table.vacuum(
+        retention_hours=hours,
+        dry_run=dry_run,
+        enforce_retention_duration=False,
+        full=True,
+        commit_properties=CommitProperties(custom_metadata={"userMetadata": meta.to_json()}),
+    )
     return VacuumResult(uri, sorted(deleted), hours, dry_run)
 
 
@@ -160,22 +176,39 @@ def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run: Run | N
         if tp not in starts:
             raise ConfigError(f"unknown partition {tp[0]}[{tp[1]}] for pipeline {cfg.name!r}")
         if not starts[tp] <= offset <= ends[tp]:
-            raise ConfigError(f"offset {offset} for {tp[0]}[{tp[1]}] is outside what Kafka holds "
-                              f"[{starts[tp]}, {ends[tp]}]")
+            raise ConfigError(
+                f"offset {offset} for {tp[0]}[{tp[1]}] is outside what Kafka holds [{starts[tp]}, {ends[tp]}]"
+            )
     schema = table_schema(cfg)
     attempt, run = new_attempt_id(), run or Run.here()
 
     def decide(table) -> Change:
         ledger = read_ledger(table, cfg.name, tps)
         new, batch = {**ledger.offsets, **offsets}, ledger.next_batch()
-        metadata = CommitMetadata(cfg.name, "reset", batch=batch, attempt=attempt, reason=reason[:500],
-                                  from_=flat_offsets(ledger.offsets), offsets=flat_offsets(new), run=run)
-        return Change(metadata, txns=txn_actions(cfg.name, batch, new), schema=schema,
-                      partition_by=cfg.table.partition_by)
+        metadata = CommitMetadata(
+            cfg.name,
+            "reset",
+            batch=batch,
+            attempt=attempt,
+            reason=reason[:500],
+            from_=flat_offsets(ledger.offsets),
+            offsets=flat_offsets(new),
+            run=run,
+        )
+        return Change(
+            metadata, txns=txn_actions(cfg.name, batch, new), schema=schema, partition_by=cfg.table.partition_by
+        )
 
-    return commit(cfg.table_path, decide, "reset",
-                  open_=lambda uri: open_table(uri, schema, cfg.table.partition_by, cfg.name,
-                                               properties=cfg.maintenance.table_properties())).version
+    outcome = commit(
+        cfg.table_path,
+        decide,
+        "reset",
+        open_=lambda uri: open_table(
+            uri, schema, cfg.table.partition_by, cfg.name, properties=cfg.maintenance.table_properties()
+        ),
+    )
+    assert isinstance(outcome, Committed)  # decide() always writes
+    return outcome.version
 
 
 def restore(cfg: PipelineConfig, version: int, run: Run | None = None) -> int:
@@ -191,14 +224,26 @@ def restore(cfg: PipelineConfig, version: int, run: Run | None = None) -> int:
 
     def decide(table) -> Change:
         if not 0 <= version < table.version():
-            raise ConfigError(f"version {version} is not an earlier version of {cfg.table_path} (now {table.version()})")
+            raise ConfigError(
+                f"version {version} is not an earlier version of {cfg.table_path} (now {table.version()})"
+            )
         current = read_ledger(table, cfg.name, tps)
         then = ledger_at(cfg.table_path, cfg.name, tps, version)
         # Partitions the ledger did not know at that version start again from their earliest offset.
         offsets = {**cluster.start_offsets(tps), **then.offsets}
         batch = current.next_batch()
-        metadata = CommitMetadata(cfg.name, "restore", batch=batch, attempt=attempt, restored_version=version,
-                                  from_=flat_offsets(current.offsets), offsets=flat_offsets(offsets), run=run)
+        metadata = CommitMetadata(
+            cfg.name,
+            "restore",
+            batch=batch,
+            attempt=attempt,
+            restored_version=version,
+            from_=flat_offsets(current.offsets),
+            offsets=flat_offsets(offsets),
+            run=run,
+        )
         return Change(metadata, txns=txn_actions(cfg.name, batch, offsets), restore_version=version)
 
-    return commit(cfg.table_path, decide, "restore").version
+    outcome = commit(cfg.table_path, decide, "restore")
+    assert isinstance(outcome, Committed)  # decide() always writes
+    return outcome.version

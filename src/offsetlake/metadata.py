@@ -10,17 +10,22 @@ and a commit whose metadata is not offsetlake's is simply not a pipeline commit.
 The `txn` actions are the ledger; this is its human-readable account, plus what
 only history can tell: who ran the commit, rewinds, recorded data loss.
 """
+
 from __future__ import annotations
 
 import getpass
 import os
 import socket
-from typing import Literal
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
 from offsetlake import __version__
 from offsetlake.kafka import TP
+
+if TYPE_CHECKING:  # the reader runs in executors and imports this module: a type only, no cycle at run time
+    from offsetlake.reader import OffsetRange
 
 Kind = Literal["ingest", "backfill", "reset", "restore", "quarantine", "optimize", "vacuum", "checkpoint"]
 # Commits that set the ledger (carry the pipeline's txn actions). Backfills rewrite rows but leave it alone.
@@ -32,6 +37,7 @@ Ranges = dict[str, dict[str, list[int]]]
 
 class Run(msgspec.Struct, omit_defaults=True, frozen=True):
     """Who made a commit: an Airflow task try, or someone at the command line."""
+
     by: str = ""  # "airflow" or "cli"; no default value, so that it is always written
     host: str | None = None
     user: str | None = None
@@ -41,7 +47,7 @@ class Run(msgspec.Struct, omit_defaults=True, frozen=True):
     via: str | None = None  # "stream": a batch of `offsetlake stream`; "repair": a backfill that repair made
 
     @staticmethod
-    def here(dag_id: str | None = None, run_id: str | None = None, try_number: int | None = None) -> "Run":
+    def here(dag_id: str | None = None, run_id: str | None = None, try_number: int | None = None) -> Run:
         """This process: an Airflow task when a dag id is given (or in the task's environment), else the CLI."""
         if dag_id is None and os.environ.get("AIRFLOW_CTX_DAG_ID"):
             dag_id, run_id = os.environ["AIRFLOW_CTX_DAG_ID"], os.environ.get("AIRFLOW_CTX_DAG_RUN_ID")
@@ -70,6 +76,7 @@ class Records(msgspec.Struct, omit_defaults=True, frozen=True):
 
 class Rewind(msgspec.Struct, frozen=True, rename={"from_": "from"}):
     """A RESTORE took the ledger back: the offsets as of the restored version, written by the next commit."""
+
     restore_commit: int
     restored_version: int
     from_: Offsets
@@ -101,7 +108,7 @@ class CommitMetadata(msgspec.Struct, omit_defaults=True, frozen=True, rename={"f
         return _ENCODER.encode(stamped).decode()
 
     @staticmethod
-    def parse(raw: str | None) -> "CommitMetadata | None":
+    def parse(raw: str | None) -> CommitMetadata | None:
         """The metadata of an offsetlake commit, or None for anything else (other writers, other tools)."""
         if not raw or '"pipeline"' not in raw:
             return None
@@ -125,15 +132,20 @@ _DECODER = msgspec.json.Decoder(CommitMetadata)
 
 class HistoryEntry(msgspec.Struct, frozen=True):
     """One pipeline commit as the table history shows it."""
+
     version: int
     timestamp: int  # epoch ms
     operation: str | None
     meta: CommitMetadata
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """JSON-ready, for `offsetlake history --json` and Airflow XCom."""
-        return {"version": self.version, "timestamp": self.timestamp, "operation": self.operation,
-                **msgspec.to_builtins(self.meta)}
+        return {
+            "version": self.version,
+            "timestamp": self.timestamp,
+            "operation": self.operation,
+            **msgspec.to_builtins(self.meta),
+        }
 
 
 def flat_offsets(offsets: dict[TP, int]) -> Offsets:
@@ -147,7 +159,7 @@ def unflat_offsets(offsets: Offsets) -> dict[TP, int]:
     return {(t, int(p)): o for t, parts in offsets.items() for p, o in parts.items()}
 
 
-def ranges_json(ranges) -> Ranges:
+def ranges_json(ranges: Iterable[OffsetRange]) -> Ranges:
     out: Ranges = {}
     for r in sorted(ranges, key=lambda r: (r.topic, r.partition)):
         out.setdefault(r.topic, {})[str(r.partition)] = [r.start, r.end]

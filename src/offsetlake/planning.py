@@ -6,6 +6,7 @@ plan time (LSO under read_committed), capped so the whole batch stays within
 `max_records_per_batch`. Offsets are counted as span (end - start), never as
 records: markers and aborted records take offsets too.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,8 +30,11 @@ class BatchPlan:
 
     @property
     def ranges(self) -> list[OffsetRange]:
-        return [OffsetRange(t, p, self.starts[(t, p)], self.ends[(t, p)])
-                for (t, p) in sorted(self.ends) if self.ends[(t, p)] > self.starts[(t, p)]]
+        return [
+            OffsetRange(t, p, self.starts[(t, p)], self.ends[(t, p)])
+            for (t, p) in sorted(self.ends)
+            if self.ends[(t, p)] > self.starts[(t, p)]
+        ]
 
     @property
     def span(self) -> int:
@@ -41,8 +45,9 @@ class BatchPlan:
         return bool(self.ranges or self.lost or self.rewind or self.initialises)
 
 
-def start_offsets(ledger_offsets: dict[TP, int], first_batch: bool, starting: str,
-                  log_starts: dict[TP, int], ends: dict[TP, int]) -> dict[TP, int]:
+def start_offsets(
+    ledger_offsets: dict[TP, int], first_batch: bool, starting: str, log_starts: dict[TP, int], ends: dict[TP, int]
+) -> dict[TP, int]:
     starts = {}
     for tp in ends:
         if tp in ledger_offsets:
@@ -54,14 +59,18 @@ def start_offsets(ledger_offsets: dict[TP, int], first_batch: bool, starting: st
     return starts
 
 
-def apply_data_loss(starts: dict[TP, int], log_starts: dict[TP, int], policy: str) -> tuple[dict[TP, int], dict]:
+def apply_data_loss(
+    starts: dict[TP, int], log_starts: dict[TP, int], policy: str
+) -> tuple[dict[TP, int], dict[TP, tuple[int, int]]]:
     """Offsets below the log start were deleted before being ingested: fail, or skip and record."""
     lost = {tp: (starts[tp], log_starts[tp]) for tp in starts if starts[tp] < log_starts[tp]}
     if lost and policy == "fail":
         (topic, partition), (lo, hi) = sorted(lost.items())[0]
         more = f" (and {len(lost) - 1} more partitions)" if len(lost) > 1 else ""
-        raise DataLossError(f"records lost: {topic}[{partition}] offsets [{lo}, {hi}) were deleted from Kafka "
-                            f"before being ingested{more}; set on_data_loss: skip to record the loss and go on")
+        raise DataLossError(
+            f"records lost: {topic}[{partition}] offsets [{lo}, {hi}) were deleted from Kafka "
+            f"before being ingested{more}; set on_data_loss: skip to record the loss and go on"
+        )
     return {tp: max(starts[tp], log_starts[tp]) for tp in starts}, lost
 
 
@@ -98,7 +107,8 @@ def assign_slots(sizes: list[int], slots: int | None) -> list[list[int]]:
     together. None (slots unknown) or at least one slot per task: one task each, as Spark would."""
     if slots is None or slots >= len(sizes):
         return [[i] for i in range(len(sizes))]
-    load, assigned = [0] * slots, [[] for _ in range(slots)]
+    load = [0] * slots
+    assigned: list[list[int]] = [[] for _ in range(slots)]
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         slot = min(range(slots), key=lambda s: (load[s], s))
         load[slot] += sizes[i]

@@ -5,6 +5,7 @@ The quarantine commit carries its own per-partition `txn` offsets
 a retry after a crash between the quarantine commit and the batch commit adds
 only what is not quarantined yet, and no record is ever quarantined twice.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,8 +28,15 @@ class WrittenFile:
     file: DataFile
 
 
-def commit_quarantine(plan: BatchPlan, bad: list[WrittenFile], uri: str, attempt: str, run: Run,
-                      files: AttemptFiles, properties: dict[str, str] | None = None) -> None:
+def commit_quarantine(
+    plan: BatchPlan,
+    bad: list[WrittenFile],
+    uri: str,
+    attempt: str,
+    run: Run,
+    files: AttemptFiles,
+    properties: dict[str, str] | None = None,
+) -> None:
     """Commit the bad records of `plan` not quarantined yet; what it writes and commits goes into `files`.
 
     An attempt with no bad records commits nothing here: reading the same offsets again gives
@@ -37,19 +45,32 @@ def commit_quarantine(plan: BatchPlan, bad: list[WrittenFile], uri: str, attempt
         return
 
     def decide(table) -> Change | Settled:
-        covered = {(r.topic, r.partition): table.transaction_version(quarantine_app_id(plan.pipeline, r.topic, r.partition))
-                   for r in plan.ranges}
+        covered = {
+            (r.topic, r.partition): table.transaction_version(quarantine_app_id(plan.pipeline, r.topic, r.partition))
+            for r in plan.ranges
+        }
         if all(covered[tp] is not None and covered[tp] >= plan.ends[tp] for tp in covered):
             return Settled("already_committed", f"batch {plan.batch}: its bad records are quarantined already")
         adds = [f for w in bad if (f := _uncovered_part(uri, w, covered[(w.range.topic, w.range.partition)], attempt))]
         files.written[uri] |= {f.path for f in adds}
         return Change(
             CommitMetadata(plan.pipeline, "quarantine", batch=plan.batch, attempt=attempt, run=run),
-            actions=add_actions(adds), schema=QUARANTINE_SCHEMA,
-            txns=txn_actions(plan.pipeline, None, {tp: max(plan.ends[tp], covered[tp] or 0) for tp in covered},
-                             prefix=quarantine_app_id))
+            actions=add_actions(adds),
+            schema=QUARANTINE_SCHEMA,
+            txns=txn_actions(
+                plan.pipeline,
+                None,
+                {tp: max(plan.ends[tp], covered[tp] or 0) for tp in covered},
+                prefix=quarantine_app_id,
+            ),
+        )
 
-    outcome = commit(uri, decide, f"batch {plan.batch} quarantine", open_=lambda u: open_table(u, QUARANTINE_SCHEMA, properties=properties))
+    outcome = commit(
+        uri,
+        decide,
+        f"batch {plan.batch} quarantine",
+        open_=lambda u: open_table(u, QUARANTINE_SCHEMA, properties=properties),
+    )
     if isinstance(outcome, Committed):
         files.kept[uri] |= outcome.added_paths()
 

@@ -6,16 +6,18 @@ complete when the consumer's *position* reaches `end`, never when some number
 of records has arrived; anything at or past `end` belongs to the next batch.
 No group subscription and no commits: the Delta table is the only ledger.
 """
+
 from __future__ import annotations
 
 import bisect
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError as _KErr, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaError as _KErr
 
 from offsetlake.config import KafkaSettings
 from offsetlake.errors import DataLossError, KafkaError
@@ -23,23 +25,33 @@ from offsetlake.kafka import client_settings, librdkafka_log
 
 log = logging.getLogger("offsetlake.reader")
 
-MESSAGE_SCHEMA = pa.schema([
-    ("key", pa.binary()),
-    ("value", pa.binary()),
-    ("kafka_topic", pa.string()),
-    ("kafka_partition", pa.int32()),
-    ("kafka_offset", pa.int64()),
-    ("kafka_timestamp", pa.timestamp("ms", tz="UTC")),
-])
+MESSAGE_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("kafka_topic", pa.string()),
+        ("kafka_partition", pa.int32()),
+        ("kafka_offset", pa.int64()),
+        ("kafka_timestamp", pa.timestamp("ms", tz="UTC")),
+    ]
+)
 # With format.include_headers: every header, in order, duplicates kept (Kafka allows them).
 HEADERS_FIELD = pa.field("headers", pa.map_(pa.string(), pa.binary()))
 
 
 def message_schema(headers: bool) -> pa.Schema:
     return MESSAGE_SCHEMA.append(HEADERS_FIELD) if headers else MESSAGE_SCHEMA
+
+
 _LOST = {_KErr._AUTO_OFFSET_RESET, _KErr.OFFSET_OUT_OF_RANGE}
-_FATAL = {_KErr.UNKNOWN_TOPIC_OR_PART, _KErr._UNKNOWN_TOPIC, _KErr._UNKNOWN_PARTITION,
-          _KErr.TOPIC_AUTHORIZATION_FAILED, _KErr._AUTHENTICATION, _KErr.SASL_AUTHENTICATION_FAILED}
+_FATAL = {
+    _KErr.UNKNOWN_TOPIC_OR_PART,
+    _KErr._UNKNOWN_TOPIC,
+    _KErr._UNKNOWN_PARTITION,
+    _KErr.TOPIC_AUTHORIZATION_FAILED,
+    _KErr._AUTHENTICATION,
+    _KErr.SASL_AUTHENTICATION_FAILED,
+}
 
 
 @dataclass(frozen=True)
@@ -102,8 +114,14 @@ def reader_settings(settings: KafkaSettings, group: str) -> dict:
     )
 
 
-def read_range(settings: KafkaSettings, group: str, rng: OffsetRange, stall_seconds: float,
-               chunk: int = 20_000, headers: bool = False) -> Iterator[pa.RecordBatch]:
+def read_range(
+    settings: KafkaSettings,
+    group: str,
+    rng: OffsetRange,
+    stall_seconds: float,
+    chunk: int = 20_000,
+    headers: bool = False,
+) -> Iterator[pa.RecordBatch]:
     """Yield the records of `rng` as Arrow batches (`message_schema(headers)`), in offset order."""
     with RangeReader(settings, group, rng, stall_seconds, chunk, headers) as reader:
         yield from reader
@@ -114,10 +132,22 @@ class RangeReader:
     while the caller does other work (a task converts and writes one range while the next is fetched).
     Iterate it once for the batches; close it (or use it as a context manager) in any case."""
 
-    def __init__(self, settings: KafkaSettings, group: str, rng: OffsetRange, stall_seconds: float,
-                 chunk: int = 20_000, headers: bool = False):
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        group: str,
+        rng: OffsetRange,
+        stall_seconds: float,
+        chunk: int = 20_000,
+        headers: bool = False,
+    ):
         self.settings, self.rng, self.stall_seconds, self.chunk, self.headers = (
-            settings, rng, stall_seconds, chunk, headers)
+            settings,
+            rng,
+            stall_seconds,
+            chunk,
+            headers,
+        )
         self._consumer = None
         if rng.size <= 0:
             return
@@ -131,7 +161,7 @@ class RangeReader:
             self.close()
             raise _read_failed(rng, err) from None
 
-    def __enter__(self) -> "RangeReader":
+    def __enter__(self) -> RangeReader:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -170,8 +200,12 @@ class RangeReader:
                     position = max(position, _handle_error(err, msg, rng, position))
                     if err.code() != _KErr._PARTITION_EOF and err.str() not in transient:
                         transient.add(err.str())
-                        log.warning("read of %s: %s; waiting for the broker (up to %s s)", rng, err.str(),
-                                    max(stall_seconds, settings.retry_seconds))
+                        log.warning(
+                            "read of %s: %s; waiting for the broker (up to %s s)",
+                            rng,
+                            err.str(),
+                            max(stall_seconds, settings.retry_seconds),
+                        )
                 messages = [m for m in messages if m.error() is None]
             if messages:
                 # One column at a time, not one record at a time: the per-record Python work is what
@@ -193,8 +227,10 @@ class RangeReader:
                     position, last_progress = fetched, time.monotonic()
             limit = max(stall_seconds, settings.retry_seconds) if transient else stall_seconds
             if position < rng.end and time.monotonic() - last_progress > limit:
-                raise KafkaError(f"read of {rng} stalled at offset {position} for {limit:.0f}s "
-                                 f"(broker at {settings.bootstrap_servers} unreachable or topic truncated)")
+                raise KafkaError(
+                    f"read of {rng} stalled at offset {position} for {limit:.0f}s "
+                    f"(broker at {settings.bootstrap_servers} unreachable or topic truncated)"
+                )
 
 
 def _read_failed(rng: OffsetRange, err: KafkaException) -> KafkaError:
@@ -206,8 +242,10 @@ def _handle_error(err, msg, rng: OffsetRange, position: int) -> int:
     if code == _KErr._PARTITION_EOF:
         return msg.offset()  # the end of what is readable now (LSO or high watermark)
     if code in _LOST:
-        raise DataLossError(f"records lost: {rng.topic}[{rng.partition}] offsets from {position} are no "
-                            f"longer in Kafka (retention or truncation) while reading {rng}")
+        raise DataLossError(
+            f"records lost: {rng.topic}[{rng.partition}] offsets from {position} are no "
+            f"longer in Kafka (retention or truncation) while reading {rng}"
+        )
     if code in _FATAL or err.fatal():
         raise KafkaError(f"read of {rng} failed: {err.str()}")
     return position  # transient (broker restart, leader change): librdkafka retries

@@ -17,6 +17,7 @@ kept apart on purpose:
   quarantined with this reason; the batch goes on.
 Runs in executors and on the driver: no deltalake import here.
 """
+
 from __future__ import annotations
 
 import base64
@@ -24,7 +25,8 @@ import datetime as dt
 import functools
 import io
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -53,11 +55,20 @@ class Registry:
 
     def __init__(self, settings: RegistrySettings):
         from confluent_kafka.schema_registry import SchemaRegistryClient
-        conf: dict[str, Any] = {"url": settings.url, "timeout": settings.timeout_seconds, "max.retries": 2,
-                                "retries.wait.ms": 200, "retries.max.wait.ms": 1000}
-        if settings.username is not None:
-            conf["basic.auth.user.info"] = (f"{settings.username.get_secret_value()}:"
-                                            f"{settings.password.get_secret_value()}")
+
+        conf: dict[str, Any] = {
+            "url": settings.url,
+            "timeout": settings.timeout_seconds,
+            "max.retries": 2,
+            "retries.wait.ms": 200,
+            "retries.max.wait.ms": 1000,
+        }
+        # The config's validators (and connections.py, for a connection) give both or neither, and a URL.
+        assert settings.url is not None
+        if settings.username is not None and settings.password is not None:
+            conf["basic.auth.user.info"] = (
+                f"{settings.username.get_secret_value()}:{settings.password.get_secret_value()}"
+            )
         self.url = redacted_url(settings.url)
         self._client = SchemaRegistryClient(conf)
 
@@ -66,6 +77,7 @@ class Registry:
         what = f"schema id {schema_id}" if guid is None else f"schema GUID {guid}"
         if guid is not None:
             return self._call(lambda: self._client.get_schema_by_guid(str(guid), fmt=fmt), what, unknown=True)
+        assert schema_id is not None, "a schema id or a GUID"
         return self._call(lambda: self._client.get_schema(schema_id, fmt=fmt), what, unknown=True)
 
     def latest(self, subject: str, fmt: str | None = None):
@@ -77,11 +89,13 @@ class Registry:
         self._call(self._client.get_subjects, "its subjects")
 
     def version(self, subject: str, version: int, fmt: str | None = None):
-        return self._call(lambda: self._client.get_version(subject, version, fmt=fmt),
-                          f"subject {subject!r} version {version}")
+        return self._call(
+            lambda: self._client.get_version(subject, version, fmt=fmt), f"subject {subject!r} version {version}"
+        )
 
     def _call(self, request: Callable, what: str, unknown: bool = False):
         from confluent_kafka.schema_registry.error import SchemaRegistryError
+
         try:
             return request()
         except SchemaRegistryError as err:
@@ -89,11 +103,14 @@ class Registry:
                 if unknown:  # the caller names the schema
                     raise UnusableSchema(f"unknown to the Schema Registry at {self.url}") from None
                 raise RegistryError(f"Schema Registry at {self.url}: {what} not found") from None
-            raise RegistryError(f"Schema Registry at {self.url} refused {what}: HTTP {err.http_status_code} "
-                                f"{_short(err.error_message)}") from None
+            raise RegistryError(
+                f"Schema Registry at {self.url} refused {what}: HTTP {err.http_status_code} {_short(err.error_message)}"
+            ) from None
         except Exception as err:  # httpx transport errors, timeouts: the registry is away
-            raise RegistryError(f"Schema Registry at {self.url} is unreachable ({type(err).__name__}: "
-                                f"{_short(str(err))}) while fetching {what}; nothing was committed") from None
+            raise RegistryError(
+                f"Schema Registry at {self.url} is unreachable ({type(err).__name__}: "
+                f"{_short(str(err))}) while fetching {what}; nothing was committed"
+            ) from None
 
 
 def _short(text: str) -> str:
@@ -107,9 +124,11 @@ def registry_for(settings: RegistrySettings) -> Registry:
 
 # ---- the wire format ----------------------------------------------------------------------------
 
+
 def split_frame(data: bytes | None, schema_type: str):
     """(schema id, GUID, message indexes, payload) of a wire-format value; ValueError when it is not one."""
     from confluent_kafka.schema_registry.serde import SchemaId
+
     if data is None:
         raise ValueError("value is null (tombstone)")
     if len(data) < 5 or data[0] not in (0, 1):
@@ -124,8 +143,10 @@ def split_frame(data: bytes | None, schema_type: str):
 
 # ---- decoders: one per schema (and Protobuf message type) ---------------------------------------
 
+
 class SchemaDecoder:
     """Decodes one schema's payloads into Python values of `arrow_type`."""
+
     arrow_type: pa.DataType
     kind_name = "record"  # in error messages: "not a valid Avro record"
     label = "schema"  # which schema, in quarantine reasons (set by Decoders)
@@ -142,6 +163,7 @@ class AvroDecoder(SchemaDecoder):
 
     def __init__(self, schema: dict | list | str, named: dict | None = None):
         import fastavro
+
         self._parsed = fastavro.parse_schema(_plain_logical_types(schema), named_schemas=named)
         self.arrow_type = avro_to_arrow(self._parsed, set())
         self._read = fastavro.schemaless_reader
@@ -168,28 +190,37 @@ class FlatAvro:
     Flat: fields of primitive types, enums, `["null", T]` unions of those, date and timestamp logical
     types. Other schemas always take the per-record path.
     """
+
     MIN_RECORDS = 64  # below this the per-record path is as fast
     _PRIMITIVE = {"boolean", "int", "long", "float", "double", "string", "bytes"}
 
     def __init__(self, fields: list[tuple[str, Any, str | bool, str | None]], arrow_type: pa.DataType):
         import fastavro
+
         # (name, plain avro type, False or where the union puts null, logical type)
         self._fields, self.arrow_type = fields, arrow_type
         # A union keeps the writer's branch order: the index in the data is a position in it.
-        plain = {"type": "record", "name": "Flat", "fields": [
-            {"name": name, "type": _union(kind, nullable) if nullable else kind} for name, kind, nullable, _ in fields]}
+        plain = {
+            "type": "record",
+            "name": "Flat",
+            "fields": [
+                {"name": name, "type": _union(kind, str(nullable)) if nullable else kind}  # "null first"/"last"
+                for name, kind, nullable, _ in fields
+            ],
+        }
         header = io.BytesIO()
         self._sync = b"offsetlake-flat!"  # 16 bytes, any value: the block ends with it
         fastavro.write.Writer(header, fastavro.parse_schema(plain), codec="null", sync_marker=self._sync).flush()
         self._header = header.getvalue()
 
     @staticmethod
-    def of(parsed, arrow_type: pa.DataType) -> "FlatAvro | None":
+    def of(parsed, arrow_type: pa.DataType) -> FlatAvro | None:
         if not isinstance(parsed, dict) or parsed.get("type") != "record":
             return None
-        fields = []
+        fields: list[tuple[str, Any, str | bool, str | None]] = []
         for f in parsed["fields"]:
-            kind, nullable, logical = f["type"], False, None
+            kind, logical = f["type"], None
+            nullable: str | bool = False
             if isinstance(kind, list):
                 branches = [b for b in kind if b != "null"]
                 if len(kind) != 2 or len(branches) != 1:
@@ -209,6 +240,7 @@ class FlatAvro:
 
     def decode(self, payloads: list[bytes] | pa.BinaryArray) -> pa.Array | None:
         import polars
+
         body, lengths = _concatenated(payloads)
         container = self._header + _zigzag_varint(len(lengths)) + _zigzag_varint(len(body)) + body + self._sync
         try:
@@ -219,7 +251,7 @@ class FlatAvro:
             return None
         sizes = np.zeros(len(lengths), dtype=np.int64)
         columns = []
-        for (name, kind, nullable, logical), column, target in zip(self._fields, table.columns, self.arrow_type):
+        for (_name, kind, nullable, logical), column, target in zip(self._fields, table.columns, self.arrow_type):
             column = column.combine_chunks()
             if isinstance(kind, dict):  # enum: polars gives a dictionary column
                 column = column.cast(pa.string())
@@ -235,9 +267,11 @@ def _concatenated(payloads: list[bytes] | pa.BinaryArray) -> tuple[bytes, np.nda
     Python object per payload."""
     if not isinstance(payloads, pa.Array):
         return b"".join(payloads), np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
-    offsets = np.frombuffer(payloads.buffers()[1], dtype=np.int32)[payloads.offset:payloads.offset + len(payloads) + 1]
+    offsets = np.frombuffer(payloads.buffers()[1], dtype=np.int32)[
+        payloads.offset : payloads.offset + len(payloads) + 1
+    ]
     data = payloads.buffers()[2]
-    body = data[int(offsets[0]):int(offsets[-1])].to_pybytes() if data is not None else b""
+    body = data[int(offsets[0]) : int(offsets[-1])].to_pybytes() if data is not None else b""
     return body, np.diff(offsets).astype(np.int64)
 
 
@@ -268,6 +302,7 @@ def _varint_sizes(values) -> np.ndarray:
 def _avro_sizes(column: pa.Array, kind, nullable: str | bool) -> np.ndarray:
     """Each value's Avro binary encoding length."""
     import pyarrow.compute as pc
+
     if isinstance(kind, dict):
         index = pc.index_in(column, value_set=pa.array(kind["symbols"])).fill_null(0)
         sizes = _varint_sizes(index.to_numpy(zero_copy_only=False))
@@ -309,8 +344,15 @@ def _plain_logical_types(schema):
     return schema
 
 
-_AVRO_PRIMITIVES = {"boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(),
-                    "double": pa.float64(), "bytes": pa.binary(), "string": pa.string()}
+_AVRO_PRIMITIVES = {
+    "boolean": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "bytes": pa.binary(),
+    "string": pa.string(),
+}
 
 
 def avro_to_arrow(schema, seen: set[str]) -> pa.DataType:
@@ -322,8 +364,10 @@ def avro_to_arrow(schema, seen: set[str]) -> pa.DataType:
     if isinstance(schema, list):
         branches = [s for s in schema if s != "null"]
         if len(branches) != 1:
-            raise UnusableSchema(f"Avro union {_avro_name(schema)} has several non-null branches, which a Delta "
-                                 f"column cannot hold (only [\"null\", T] unions are supported)")
+            raise UnusableSchema(
+                f"Avro union {_avro_name(schema)} has several non-null branches, which a Delta "
+                f'column cannot hold (only ["null", T] unions are supported)'
+            )
         return avro_to_arrow(branches[0], seen)
     kind, logical = schema["type"], schema.get("logicalType")
     if logical == "date":
@@ -386,13 +430,17 @@ def json_schema_to_arrow(node: dict, root: dict, refs: set[str]) -> pa.DataType:
         if combinator in node:
             branches = [b for b in node[combinator] if b.get("type") != "null"]
             if len(branches) != 1:
-                raise UnusableSchema(f"JSON Schema {combinator} with several non-null branches cannot be one Delta column")
+                raise UnusableSchema(
+                    f"JSON Schema {combinator} with several non-null branches cannot be one Delta column"
+                )
             return json_schema_to_arrow(branches[0], root, refs)
     kind = node.get("type")
     if isinstance(kind, list):
         kinds = [k for k in kind if k != "null"]
         if len(kinds) != 1:
-            raise UnusableSchema(f"JSON Schema type {kind} has several non-null types, which a Delta column cannot hold")
+            raise UnusableSchema(
+                f"JSON Schema type {kind} has several non-null types, which a Delta column cannot hold"
+            )
         kind = kinds[0]
     if kind == "object":
         props = node.get("properties")
@@ -402,7 +450,9 @@ def json_schema_to_arrow(node: dict, root: dict, refs: set[str]) -> pa.DataType:
     if kind == "array":
         return pa.list_(json_schema_to_arrow(node.get("items", {"type": "string"}), root, refs))
     if kind == "string":
-        return {"date-time": TIMESTAMP, "date": pa.date32(), "byte": pa.binary()}.get(node.get("format"), pa.string())
+        return {"date-time": TIMESTAMP, "date": pa.date32(), "byte": pa.binary()}.get(
+            node.get("format", ""), pa.string()
+        )
     if kind == "integer":
         return pa.int64()
     if kind == "number":
@@ -415,6 +465,7 @@ def json_schema_to_arrow(node: dict, root: dict, refs: set[str]) -> pa.DataType:
 def _json_converter(t: pa.DataType) -> Callable[[Any, str], Any]:
     """A function checking (and converting, for dates and times) a decoded JSON value against `t`."""
     from offsetlake.formats import _coerce  # the json format's strict coercions, one definition
+
     if pa.types.is_struct(t):
         fields = [(t.field(i).name, _json_converter(t.field(i).type)) for i in range(t.num_fields)]
 
@@ -424,6 +475,7 @@ def _json_converter(t: pa.DataType) -> Callable[[Any, str], Any]:
             if not isinstance(value, dict):
                 raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
             return {name: convert(value.get(name), f"{where}.{name}") for name, convert in fields}
+
         return struct
     if pa.types.is_list(t):
         item = _json_converter(t.value_type)
@@ -434,6 +486,7 @@ def _json_converter(t: pa.DataType) -> Callable[[Any, str], Any]:
             if not isinstance(value, list):
                 raise ValueError(f"{where}: expected an array, got {type(value).__name__}")
             return [item(v, f"{where}[{i}]") for i, v in enumerate(value)]
+
         return array
     if pa.types.is_map(t):
         item = _json_converter(t.item_type)
@@ -444,9 +497,17 @@ def _json_converter(t: pa.DataType) -> Callable[[Any, str], Any]:
             if not isinstance(value, dict):
                 raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
             return [(k, item(v, f"{where}.{k}")) for k, v in value.items()]
+
         return mapping
-    name = {pa.string(): "string", pa.int64(): "long", pa.float64(): "double", pa.bool_(): "boolean",
-            TIMESTAMP: "timestamp", pa.date32(): "date", pa.binary(): "binary"}[t]
+    name = {
+        pa.string(): "string",
+        pa.int64(): "long",
+        pa.float64(): "double",
+        pa.bool_(): "boolean",
+        TIMESTAMP: "timestamp",
+        pa.date32(): "date",
+        pa.binary(): "binary",
+    }[t]
 
     def scalar(value, where):
         if value is None:
@@ -455,6 +516,7 @@ def _json_converter(t: pa.DataType) -> Callable[[Any, str], Any]:
             return _coerce(value, name)
         except (TypeError, ValueError, OverflowError) as err:
             raise ValueError(f"{where}: {err}") from None
+
     return scalar
 
 
@@ -468,12 +530,14 @@ class ProtobufDecoder(SchemaDecoder):
 
     def __init__(self, descriptor):
         from google.protobuf.message_factory import GetMessageClass
+
         self._cls = GetMessageClass(descriptor)
         self.arrow_type = proto_to_arrow(descriptor, set())
         self._convert = _proto_converter(descriptor)
 
     def decode(self, payload: bytes) -> Any:
         from google.protobuf.message import DecodeError
+
         try:
             message = self._cls.FromString(payload)
         except DecodeError as err:
@@ -481,21 +545,40 @@ class ProtobufDecoder(SchemaDecoder):
         return self._convert(message)
 
 
-_WRAPPERS = {"google.protobuf.DoubleValue": pa.float64(), "google.protobuf.FloatValue": pa.float32(),
-             "google.protobuf.Int64Value": pa.int64(), "google.protobuf.UInt64Value": pa.decimal128(20, 0),
-             "google.protobuf.Int32Value": pa.int32(), "google.protobuf.UInt32Value": pa.int64(),
-             "google.protobuf.BoolValue": pa.bool_(), "google.protobuf.StringValue": pa.string(),
-             "google.protobuf.BytesValue": pa.binary()}
+_WRAPPERS = {
+    "google.protobuf.DoubleValue": pa.float64(),
+    "google.protobuf.FloatValue": pa.float32(),
+    "google.protobuf.Int64Value": pa.int64(),
+    "google.protobuf.UInt64Value": pa.decimal128(20, 0),
+    "google.protobuf.Int32Value": pa.int32(),
+    "google.protobuf.UInt32Value": pa.int64(),
+    "google.protobuf.BoolValue": pa.bool_(),
+    "google.protobuf.StringValue": pa.string(),
+    "google.protobuf.BytesValue": pa.binary(),
+}
 
 
 def _proto_scalar(field) -> pa.DataType:
     from google.protobuf.descriptor import FieldDescriptor as F
-    return {F.TYPE_DOUBLE: pa.float64(), F.TYPE_FLOAT: pa.float32(), F.TYPE_INT64: pa.int64(),
-            F.TYPE_SINT64: pa.int64(), F.TYPE_SFIXED64: pa.int64(), F.TYPE_UINT64: pa.decimal128(20, 0),
-            F.TYPE_FIXED64: pa.decimal128(20, 0), F.TYPE_INT32: pa.int32(), F.TYPE_SINT32: pa.int32(),
-            F.TYPE_SFIXED32: pa.int32(), F.TYPE_UINT32: pa.int64(), F.TYPE_FIXED32: pa.int64(),
-            F.TYPE_BOOL: pa.bool_(), F.TYPE_STRING: pa.string(), F.TYPE_BYTES: pa.binary(),
-            F.TYPE_ENUM: pa.string()}[field.type]
+
+    return {
+        F.TYPE_DOUBLE: pa.float64(),
+        F.TYPE_FLOAT: pa.float32(),
+        F.TYPE_INT64: pa.int64(),
+        F.TYPE_SINT64: pa.int64(),
+        F.TYPE_SFIXED64: pa.int64(),
+        F.TYPE_UINT64: pa.decimal128(20, 0),
+        F.TYPE_FIXED64: pa.decimal128(20, 0),
+        F.TYPE_INT32: pa.int32(),
+        F.TYPE_SINT32: pa.int32(),
+        F.TYPE_SFIXED32: pa.int32(),
+        F.TYPE_UINT32: pa.int64(),
+        F.TYPE_FIXED32: pa.int64(),
+        F.TYPE_BOOL: pa.bool_(),
+        F.TYPE_STRING: pa.string(),
+        F.TYPE_BYTES: pa.binary(),
+        F.TYPE_ENUM: pa.string(),
+    }[field.type]
 
 
 def _is_repeated(field) -> bool:
@@ -533,22 +616,30 @@ def _proto_value_type(field, seen: set[str]) -> pa.DataType:
 def _proto_converter(descriptor) -> Callable[[Any], Any]:
     name = descriptor.full_name
     if name == "google.protobuf.Timestamp":
-        return lambda m: dt.datetime.fromtimestamp(m.seconds, dt.timezone.utc) + dt.timedelta(microseconds=m.nanos // 1000)
+        return lambda m: dt.datetime.fromtimestamp(m.seconds, dt.UTC) + dt.timedelta(microseconds=m.nanos // 1000)
     if name == "google.type.Date":
         return lambda m: dt.date(m.year, m.month, m.day) if m.year else None
     if name in _WRAPPERS:
         return lambda m: m.value
-    fields = [(f.name, _proto_field_converter(f), f.message_type is not None and not _is_repeated(f),
-               f.has_presence and not _is_repeated(f)) for f in descriptor.fields]
+    fields = [
+        (
+            f.name,
+            _proto_field_converter(f),
+            f.message_type is not None and not _is_repeated(f),
+            f.has_presence and not _is_repeated(f),
+        )
+        for f in descriptor.fields
+    ]
 
     def message(m):
         out = {}
-        for fname, convert, is_message, has_presence in fields:
+        for fname, convert, _is_message, has_presence in fields:
             if has_presence and not m.HasField(fname):
                 out[fname] = None
             else:
                 out[fname] = convert(getattr(m, fname))
         return out
+
     return message
 
 
@@ -572,34 +663,40 @@ def _proto_value_converter(field) -> Callable[[Any], Any]:
         def enum_name(number):
             found = enum.values_by_number.get(number)
             return found.name if found is not None else str(number)  # an enum value newer than the schema
+
         return enum_name
     return lambda v: v
 
 
 # ---- building decoders from the registry, cached per process ------------------------------------
 
+
 class Decoders:
     """The decoders one pipeline side (value or key) needs, built once per schema id in this process."""
 
-    def __init__(self, kind: str, settings: RegistrySettings | None, schema_file: str | None = None,
-                 key: bool = False):
+    def __init__(self, kind: str, settings: RegistrySettings | None, schema_file: str | None = None, key: bool = False):
         self.kind = kind  # avro | protobuf | json_schema
         self.key = key
         self.settings = settings
         self._schema_type = {"avro": "AVRO", "protobuf": "PROTOBUF", "json_schema": "JSON"}[kind]
-        self._file = _labelled(_record(AvroDecoder(_schema_file(schema_file))), f"schema file {schema_file}") \
-            if schema_file else None
+        self._file = (
+            _labelled(_record(AvroDecoder(_schema_file(schema_file))), f"schema file {schema_file}")
+            if schema_file
+            else None
+        )
         self._cache: dict[tuple, SchemaDecoder | UnusableSchema] = {}
 
     @staticmethod
     @functools.lru_cache(maxsize=16)
-    def shared(kind: str, settings: RegistrySettings | None, schema_file: str | None = None,
-               key: bool = False) -> "Decoders":
+    def shared(
+        kind: str, settings: RegistrySettings | None, schema_file: str | None = None, key: bool = False
+    ) -> Decoders:
         """One per pipeline side per process (a Spark worker keeps its schemas from task to task)."""
         return Decoders(kind, settings, schema_file, key)
 
     def file_type(self) -> pa.DataType:
         """The record type of the schema file (format avro without a registry)."""
+        assert self._file is not None, "a pipeline with a schema_file"
         return self._file.arrow_type
 
     def decoder(self, schema_id, guid, indexes: tuple) -> SchemaDecoder:
@@ -630,14 +727,17 @@ class Decoders:
         """The usual frame read for all values at once: ({schema id: positions}, positions of the others,
         which `split` reads one by one). Protobuf (message indexes follow the id) always goes one by one."""
         import pyarrow.compute as pc
+
         if self._file is not None or self.kind == "protobuf" or len(values) == 0:
             return {}, np.arange(len(values))
-        usual = pc.and_(pc.greater_equal(pc.binary_length(values), 5),
-                        pc.equal(pc.binary_slice(values, 0, 1), pa.scalar(b"\x00", pa.binary())))
+        usual = pc.and_(
+            pc.greater_equal(pc.binary_length(values), 5),
+            pc.equal(pc.binary_slice(values, 0, 1), pa.scalar(b"\x00", pa.binary())),
+        )
         usual = usual.fill_null(False).to_numpy(zero_copy_only=False)
         framed = np.nonzero(usual)[0]
         ids_bytes = pc.binary_slice(values.take(pa.array(framed)), 1, 5).cast(pa.binary(4))
-        ids = np.frombuffer(ids_bytes.buffers()[1], dtype=">u4")[ids_bytes.offset:ids_bytes.offset + len(framed)]
+        ids = np.frombuffer(ids_bytes.buffers()[1], dtype=">u4")[ids_bytes.offset : ids_bytes.offset + len(framed)]
         groups = {int(i): framed[ids == i] for i in np.unique(ids)}
         return groups, np.nonzero(~usual)[0]
 
@@ -650,6 +750,7 @@ class Decoders:
 
 def _schema_file(path: str):
     from offsetlake.errors import ConfigError
+
     try:
         with open(path) as f:
             return json.load(f)
@@ -698,6 +799,7 @@ def _decoder_for(registry: Registry, kind: str, schema, indexes: tuple) -> Schem
 
 def _avro_references(registry: Registry, schema, named: dict) -> None:
     import fastavro
+
     for ref in schema.references or []:
         referenced = registry.version(ref.subject, ref.version)
         _avro_references(registry, referenced.schema, named)
@@ -706,6 +808,7 @@ def _avro_references(registry: Registry, schema, named: dict) -> None:
 
 def _proto_message(registry: Registry, schema, indexes: tuple):
     from google.protobuf.descriptor_pool import DescriptorPool
+
     pool = DescriptorPool()
     _proto_well_known(pool)
     files = _proto_files(registry, schema)
@@ -761,6 +864,7 @@ def _proto_sources(registry: Registry, schema, name: str, sources: dict, compile
 def _file_proto(schema_str: str):
     """The FileDescriptorProto a base64 schema holds; None for anything else (`.proto` source)."""
     from google.protobuf import descriptor_pb2
+
     proto = descriptor_pb2.FileDescriptorProto()
     try:
         proto.ParseFromString(base64.b64decode(schema_str, validate=True))
@@ -779,6 +883,7 @@ def _compile_proto(sources: dict[str, str], compiled: dict) -> list:
     from importlib import resources
 
     from google.protobuf import descriptor_pb2
+
     with tempfile.TemporaryDirectory(prefix="offsetlake-proto-") as work:
         for name, text in sources.items():
             path = os.path.join(work, "src", name)
@@ -786,30 +891,39 @@ def _compile_proto(sources: dict[str, str], compiled: dict) -> list:
             with open(path, "w") as f:
                 f.write(text)
         out = os.path.join(work, "schema.pb")
-        args = [sys.executable, "-m", "grpc_tools.protoc", f"-I{os.path.join(work, 'src')}",
-                f"-I{resources.files('grpc_tools') / '_proto'}", "--include_imports", f"--descriptor_set_out={out}"]
+        args = [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{os.path.join(work, 'src')}",
+            f"-I{resources.files('grpc_tools') / '_proto'}",
+            "--include_imports",
+            f"--descriptor_set_out={out}",
+        ]
         if compiled:
             given = os.path.join(work, "given.pb")
-            with open(given, "wb") as f:
-                f.write(descriptor_pb2.FileDescriptorSet(file=list(compiled.values())).SerializeToString())
+            with open(given, "wb") as given_file:
+                given_file.write(descriptor_pb2.FileDescriptorSet(file=list(compiled.values())).SerializeToString())
             args.append(f"--descriptor_set_in={given}")
         done = subprocess.run([*args, *sources], capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
             first = next((line for line in done.stderr.splitlines() if line.strip()), f"exit {done.returncode}")
             raise UnusableSchema(f"the registry's Protobuf schema does not compile: {_short(first)}")
-        with open(out, "rb") as f:
-            files = list(descriptor_pb2.FileDescriptorSet.FromString(f.read()).file)
+        with open(out, "rb") as out_file:
+            files = list(descriptor_pb2.FileDescriptorSet.FromString(out_file.read()).file)
     # protoc writes dependencies first; the schema itself goes last, whichever form it came in.
     main = compiled.get(MAIN_PROTO) or next(f for f in files if f.name == MAIN_PROTO)
     return [*(f for f in files if f.name != MAIN_PROTO), main]
 
 
 def _proto_well_known(pool) -> None:
-    from google.protobuf import (any_pb2, duration_pb2, empty_pb2, struct_pb2, timestamp_pb2, wrappers_pb2)
+    from google.protobuf import any_pb2, duration_pb2, empty_pb2, struct_pb2, timestamp_pb2, wrappers_pb2
+
     for module in (any_pb2, duration_pb2, empty_pb2, struct_pb2, timestamp_pb2, wrappers_pb2):
         pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
     try:
         from google.type import date_pb2
+
         pool.AddSerializedFile(date_pb2.DESCRIPTOR.serialized_pb)
     except ImportError:
         pass
@@ -821,4 +935,3 @@ def latest_arrow_type(settings: RegistrySettings, kind: str, topic: str, key: bo
     fmt = "serialized" if kind == "protobuf" else None
     registered = registry.latest(settings.subject(topic, key), fmt=fmt)
     return decoder_for(registry, kind, registered.schema, record=not key).arrow_type
-

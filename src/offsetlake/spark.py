@@ -7,6 +7,7 @@ only when the master is local: on a cluster executors must reach the driver, so
 its address is Spark's own choice (SPARK_LOCAL_IP, else the host name's address).
 The UI is off unless asked for.
 """
+
 from __future__ import annotations
 
 import os

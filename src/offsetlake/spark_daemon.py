@@ -8,6 +8,7 @@ Where pyspark is installed in this Python (pip, as offsetlake requires), the arc
 code, so the daemon and the workers it forks import pyspark from the installation and no zip importer
 is left to re-read. Where it is not, nothing changes.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -41,16 +42,19 @@ def quiet_on_closed_socket(worker):
     of raising when its JVM has closed the socket: a stopping session closes its idle workers' sockets,
     and over a Unix socket (spark.py) a worker that still had bytes to flush then printed a BrokenPipe
     traceback, in about one session stop of eight. Nobody is left to read what it had to say."""
+
     def run(sock, authenticated):
         try:
             return worker(sock, authenticated)
         except BrokenPipeError:
             return 1
+
     return run
 
 
 if __name__ == "__main__":
     drop_spark_archives()
     from pyspark import daemon
+
     daemon.worker = quiet_on_closed_socket(daemon.worker)
     daemon.manager()

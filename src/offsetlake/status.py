@@ -1,4 +1,5 @@
 """Read-only views of a pipeline: lag per partition (ledger vs Kafka) and committed history."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -70,8 +71,10 @@ def format_history(rows: list[HistoryEntry]) -> str:
         meta = h.meta
         ranges = ranges_text(meta.ranges)
         batch = "-" if meta.batch is None else meta.batch
-        lines.append(f"{h.version:>7}  {batch!s:>5}  {meta.change:<8} {meta.records.rows:>8} "
-                     f"{meta.records.quarantined:>6}  {ranges or '(no new offsets)'}")
+        lines.append(
+            f"{h.version:>7}  {batch!s:>5}  {meta.change:<8} {meta.records.rows:>8} "
+            f"{meta.records.quarantined:>6}  {ranges or '(no new offsets)'}"
+        )
         if meta.rewind:
             lines.append(f"{'':>7}  rewound after RESTORE of version {meta.rewind.restored_version}")
         if meta.lost:
@@ -84,8 +87,9 @@ def ranges_text(ranges: dict) -> str:
     return "; ".join(f"{t}[{p}] {r[0]}-{r[1]}" for t, parts in ranges.items() for p, r in parts.items())
 
 
-def commits_of_task_try(pipeline: str, dag_id: str, run_id: str, try_number: int | None,
-                        started_ms: int | None = None) -> dict:
+def commits_of_task_try(
+    pipeline: str, dag_id: str, run_id: str, try_number: int | None, started_ms: int | None = None
+) -> dict:
     """What one Airflow task try committed to the pipeline's table, read back from the table history
     (newest first, no further back than `started_ms`, when the try started).
 
@@ -93,6 +97,7 @@ def commits_of_task_try(pipeline: str, dag_id: str, run_id: str, try_number: int
     partition from the lowest start to the highest end (consecutive ingest batches tile them).
     """
     from offsetlake.config import load_pipeline
+
     cfg = load_pipeline(pipeline)
     try:
         entries = pipeline_history(open_table(cfg.table_path), pipeline, since_ms=started_ms)
@@ -104,6 +109,11 @@ def commits_of_task_try(pipeline: str, dag_id: str, run_id: str, try_number: int
     ranges: dict[str, dict[str, list[int]]] = {}
     for h in mine:
         merge_ranges(ranges, h.meta.ranges)
-    return {"pipeline": pipeline, "table": cfg.table_path, "versions": [h.version for h in mine],
-            "kinds": sorted({h.meta.kind for h in mine}), "rows": sum(h.meta.records.rows for h in mine),
-            "ranges": ranges}
+    return {
+        "pipeline": pipeline,
+        "table": cfg.table_path,
+        "versions": [h.version for h in mine],
+        "kinds": sorted({h.meta.kind for h in mine}),
+        "rows": sum(h.meta.records.rows for h in mine),
+        "ranges": ranges,
+    }

@@ -3,6 +3,7 @@
 Tasks run in Spark's Python workers (forked), so nothing here touches delta-rs.
 Each returns a small description of what it wrote; the driver commits those.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,9 +17,9 @@ import pyarrow as pa
 
 from offsetlake import faults
 from offsetlake.config import PipelineConfig
+from offsetlake.evolution import schema_from_text, schema_to_text
 from offsetlake.files import DataFile, attempt_file_name, write_files
 from offsetlake.formats import convert
-from offsetlake.evolution import schema_from_text, schema_to_text
 from offsetlake.reader import OffsetRange, RangeReader, message_schema
 
 
@@ -106,8 +107,7 @@ class _NotLoaded(importlib.abc.Loader):
         return None
 
     def exec_module(self, module):
-        raise ImportError(f"{module.__name__} is left out while an offsetlake task runs",
-                          name=module.__name__)
+        raise ImportError(f"{module.__name__} is left out while an offsetlake task runs", name=module.__name__)
 
 
 _NO_PANDAS = _PandasNotFound()
@@ -116,6 +116,7 @@ _NO_PANDAS = _PandasNotFound()
 def spark_task_context():
     """The running Spark task's context; None outside a Spark task (a driver, a test)."""
     from pyspark import TaskContext as SparkTaskContext
+
     return SparkTaskContext.get()
 
 
@@ -131,9 +132,10 @@ def run_tasks_in_order(ctx: TaskContext, indexes: list[int]) -> list[dict]:
     and the next in librdkafka's queue."""
     out: list[dict] = []
     with collector_paused(), pandas_left_out():
-        reader = open_range(ctx, indexes[0])
+        reader: RangeReader | None = open_range(ctx, indexes[0])
         try:
             for position, index in enumerate(indexes):
+                assert reader is not None  # opened for this index by the iteration before
                 messages = read_all(ctx, reader)
                 reader = open_range(ctx, indexes[position + 1]) if position + 1 < len(indexes) else None
                 out += convert_and_write(ctx, index, messages)
@@ -146,8 +148,13 @@ def run_tasks_in_order(ctx: TaskContext, indexes: list[int]) -> list[dict]:
 
 def open_range(ctx: TaskContext, index: int) -> RangeReader:
     cfg = ctx.cfg
-    return RangeReader(cfg.kafka, f"{cfg.consumer_group}.reader", ctx.tasks[index],
-                       cfg.batch.read_timeout_seconds, headers=cfg.format.include_headers)
+    return RangeReader(
+        cfg.kafka,
+        f"{cfg.consumer_group}.reader",
+        ctx.tasks[index],
+        cfg.batch.read_timeout_seconds,
+        headers=cfg.format.include_headers,
+    )
 
 
 def read_all(ctx: TaskContext, reader: RangeReader) -> pa.Table:
@@ -166,10 +173,14 @@ def convert_and_write(ctx: TaskContext, index: int, messages: pa.Table) -> list[
 
     # What the task read and wrote, one dict each; kind: read (record count) | schema (of the rows) |
     # data and quarantine (a DataFile as JSON, its row count).
-    out = [{"task": index, "kind": "read", "file": None, "records": messages.num_rows},
-           {"task": index, "kind": "schema", "file": schema_to_text(rows.schema), "records": 0}]
-    for kind, uri, table, partition_by in (("data", cfg.table_path, rows, cfg.table.partition_by),
-                                           ("quarantine", cfg.quarantine_path, bad, [])):
+    out = [
+        {"task": index, "kind": "read", "file": None, "records": messages.num_rows},
+        {"task": index, "kind": "schema", "file": schema_to_text(rows.schema), "records": 0},
+    ]
+    for kind, uri, table, partition_by in (
+        ("data", cfg.table_path, rows, cfg.table.partition_by),
+        ("quarantine", cfg.quarantine_path, bad, []),
+    ):
         for f in write_files(uri, table, partition_by, name):
             out.append({"task": index, "kind": kind, "file": f.to_json(), "records": f.num_records})
     faults.hit("after_task_write", ctx.fault_settings)  # its files are on disk, not yet reported
@@ -187,8 +198,10 @@ def task_function(ctx: TaskContext, slots: list[list[int]]):
     is the slot's, and the slot lists the tasks it runs in order (planning.assign_slots). A plain RDD
     job, not a DataFrame one: the first job of a session then skips Spark SQL's code generation and
     Arrow's JVM side, about 2 s of every spark-submit's first batch."""
+
     def run(slot: int, _rows) -> list[dict]:
         return run_tasks_in_order(ctx, slots[slot])
+
     return run
 
 

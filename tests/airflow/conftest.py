@@ -4,6 +4,7 @@ per session, migrated once, stopped by its PID when the session ends.
 Airflow reads its configuration when first imported, so the server starts and the environment is set
 here, at collection, before any test module imports airflow.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,13 @@ os.environ.update(AIRFLOW_ENV)
 
 @pytest.fixture(scope="session")
 def airflow_db():
-    proc = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True, text=True,
-                          timeout=900, env={**os.environ})
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return AIRFLOW_HOME
 

@@ -10,6 +10,7 @@ reach the job's Kafka clients. While the runs go on, every process's command lin
 on this machine is sampled; afterwards every Airflow log, the metadata database, Spark's event log, the
 XCom, the tables and the pipeline files are read for both secrets.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,18 @@ from offsetlake.local import schema_registry as embedded_registry
 from offsetlake.local import stack
 from offsetlake.local.broker import free_port
 from offsetlake.local.producer import avro_event_maker, registry_client
-from support import (produce, REPO, BackgroundSampler, assert_exactly_once, create_topic, files_containing, load, task_result,
-                     unique, write_pipeline)
+from support import (
+    REPO,
+    BackgroundSampler,
+    assert_exactly_once,
+    create_topic,
+    files_containing,
+    load,
+    produce,
+    task_result,
+    unique,
+    write_pipeline,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -60,19 +71,52 @@ def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(boo
     try:
         topic = unique("t")
         create_topic(bootstrap, topic, 2)
-        sasl = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "offsetlake",
-                "sasl.password": kafka_secret}
+        sasl = {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "offsetlake",
+            "sasl.password": kafka_secret,
+        }
         client = registry_client(registry.url, "offsetlake", registry_secret)
-        produce(KafkaSettings(bootstrap_servers=bootstrap, client=sasl), topic, 400, seed=3, abort_share=0.25,
-                make_record=avro_event_maker(client, topic, 1))
+        produce(
+            KafkaSettings(bootstrap_servers=bootstrap, client=sasl),
+            topic,
+            400,
+            seed=3,
+            abort_share=0.25,
+            make_record=avro_event_maker(client, topic, 1),
+        )
         pipelines, lake = tmp_path / "pipelines", tmp_path / "lake"
-        avro = {"type": "avro", "schema": [], "registry": {"connection": "offsetlake_registry"}, "key": {"type": "string"}}
-        name = write_pipeline(pipelines, bootstrap, [topic], lake, schedule=None, format=avro,
-                              kafka={"bootstrap_servers": None, "connection": "offsetlake_kafka"})
-        refused = write_pipeline(pipelines, bootstrap, [topic], lake, schedule=None, format=avro,
-                                 kafka={"bootstrap_servers": None, "connection": "offsetlake_kafka_scram",
-                                        "timeout_seconds": 5, "retry_seconds": 0},
-                                 airflow={"retries": 0})
+        avro = {
+            "type": "avro",
+            "schema": [],
+            "registry": {"connection": "offsetlake_registry"},
+            "key": {"type": "string"},
+        }
+        name = write_pipeline(
+            pipelines,
+            bootstrap,
+            [topic],
+            lake,
+            schedule=None,
+            format=avro,
+            kafka={"bootstrap_servers": None, "connection": "offsetlake_kafka"},
+        )
+        refused = write_pipeline(
+            pipelines,
+            bootstrap,
+            [topic],
+            lake,
+            schedule=None,
+            format=avro,
+            kafka={
+                "bootstrap_servers": None,
+                "connection": "offsetlake_kafka_scram",
+                "timeout_seconds": 5,
+                "retry_seconds": 0,
+            },
+            airflow={"retries": 0},
+        )
         cfg = load(pipelines, name)
         assert cfg.kafka.bootstrap_servers is None and kafka_secret not in (pipelines / f"{name}.yaml").read_text()
 
@@ -82,25 +126,47 @@ def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(boo
         conf_dir = tmp_path / "spark-conf"
         conf_dir.mkdir()
         # Uncompressed (Spark 4 compresses event logs by default): the grep below must see the text.
-        (conf_dir / "spark-defaults.conf").write_text(f"spark.eventLog.enabled true\nspark.eventLog.compress false\n"
-                                                       f"spark.eventLog.dir file://{event_logs}\n")
+        (conf_dir / "spark-defaults.conf").write_text(
+            f"spark.eventLog.enabled true\nspark.eventLog.compress false\nspark.eventLog.dir file://{event_logs}\n"
+        )
         from cryptography.fernet import Fernet
-        env = stack.environment(home, free_port(), REPO, pipelines, spark_master="local[2]",
-                                extra={"AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
-                                       "SPARK_CONF_DIR": str(conf_dir)})
+
+        env = stack.environment(
+            home,
+            free_port(),
+            REPO,
+            pipelines,
+            spark_master="local[2]",
+            extra={"AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(), "SPARK_CONF_DIR": str(conf_dir)},
+        )
         with ProcessWatch(kafka_secret, registry_secret, owners={registry.pid}) as watch:
             try:
                 stack.start(env)
                 api = stack.Api(env["AIRFLOW__API__BASE_URL"], stack.USER, stack.password(home))
                 for conn_id, conn_type, fields in (
-                        ("offsetlake_kafka", "kafka", {"extra": json.dumps({"bootstrap.servers": bootstrap, **sasl,
-                                                                            "group.id": "provider-example"})}),
-                        ("offsetlake_kafka_scram", "kafka", {"extra": json.dumps({
-                            "bootstrap.servers": bootstrap, **sasl, "sasl.mechanism": "SCRAM-SHA-256"})}),
-                        ("offsetlake_registry", "http", {"host": registry.url, "login": "offsetlake",
-                                                         "password": registry_secret})):
-                    api._call("POST", "/api/v2/connections", {"connection_id": conn_id, "conn_type": conn_type,
-                                                              **fields})
+                    (
+                        "offsetlake_kafka",
+                        "kafka",
+                        {"extra": json.dumps({"bootstrap.servers": bootstrap, **sasl, "group.id": "provider-example"})},
+                    ),
+                    (
+                        "offsetlake_kafka_scram",
+                        "kafka",
+                        {
+                            "extra": json.dumps(
+                                {"bootstrap.servers": bootstrap, **sasl, "sasl.mechanism": "SCRAM-SHA-256"}
+                            )
+                        },
+                    ),
+                    (
+                        "offsetlake_registry",
+                        "http",
+                        {"host": registry.url, "login": "offsetlake", "password": registry_secret},
+                    ),
+                ):
+                    api._call(
+                        "POST", "/api/v2/connections", {"connection_id": conn_id, "conn_type": conn_type, **fields}
+                    )
                 runs = {}
                 for pipeline in (name, refused):
                     dag_id = f"offsetlake__{pipeline}__ingest"
@@ -112,8 +178,10 @@ def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(boo
             finally:
                 stack.stop(home)
         if states.get(name) == "success":  # checked while the registry is up: the oracle decodes through it
-            assert_exactly_once(cfg.model_copy(update={"kafka": KafkaSettings(bootstrap_servers=bootstrap, client=sasl)}),
-                                registry=client)
+            assert_exactly_once(
+                cfg.model_copy(update={"kafka": KafkaSettings(bootstrap_servers=bootstrap, client=sasl)}),
+                registry=client,
+            )
     finally:
         embedded_registry.stop(registry.pid)
 
@@ -123,8 +191,11 @@ def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(boo
     assert "authentication failed" in logs  # the SCRAM connection's settings reached the job's clients
     assert "handed to the job in a private file" in logs
     # the ingest said where its start-up went (make bench reads this line from the task log)
-    assert re.search(r"start-up, seconds after spark-submit's JVM started: Python driver [0-9.]+, Spark session "
-                     r"ready [0-9.]+, first Spark job [0-9.]+ to [0-9.]+", logs), logs[-3000:]
+    assert re.search(
+        r"start-up, seconds after spark-submit's JVM started: Python driver [0-9.]+, Spark session "
+        r"ready [0-9.]+, first Spark job [0-9.]+ to [0-9.]+",
+        logs,
+    ), logs[-3000:]
 
     assert watch.samples > 50 and watch.found == []  # no command line or environment ever held a secret
     events = [p for p in event_logs.rglob("*") if p.is_file()]

@@ -8,6 +8,7 @@ One Airflow for the module, two pipelines:
 - `stream_cfg` (mode stream): its stream DAG keeps a run going, and the example consumer DAG,
   scheduled on the table's Asset, must start within 5 minutes of a stream commit.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,7 +28,7 @@ from hosts import descendants
 from offsetlake.batch import ingest
 from offsetlake.local import stack
 from offsetlake.local.broker import free_port
-from support import produce, REPO, assert_exactly_once, new_pipeline, pipeline_commits
+from support import REPO, assert_exactly_once, new_pipeline, pipeline_commits, produce
 
 pytestmark = pytest.mark.slow
 CHROMIUM = "/usr/bin/chromium"
@@ -38,10 +39,12 @@ WITHIN = 300  # seconds from a commit to the downstream DAG's start
 def ui(spark, bootstrap, tmp_path_factory):
     root = tmp_path_factory.mktemp("ui")
     pipelines = root / "pipelines"
-    batch_cfg, batch_topic = new_pipeline(bootstrap, pipelines, root / "lake", partitions=2, records=600,
-                                          schedule=None, mode="batch")
-    stream_cfg, stream_topic = new_pipeline(bootstrap, pipelines, root / "lake", partitions=2, records=300,
-                                            mode="stream", stream_interval_seconds=2)
+    batch_cfg, batch_topic = new_pipeline(
+        bootstrap, pipelines, root / "lake", partitions=2, records=600, schedule=None, mode="batch"
+    )
+    stream_cfg, stream_topic = new_pipeline(
+        bootstrap, pipelines, root / "lake", partitions=2, records=300, mode="stream", stream_interval_seconds=2
+    )
     ingest(spark, batch_cfg)
     produce(batch_cfg.kafka, batch_topic, 400, transactional_share=0.5, abort_share=0.2, seed=2)
     ingest(spark, batch_cfg)
@@ -49,24 +52,46 @@ def ui(spark, bootstrap, tmp_path_factory):
 
     home = root / "airflow"
     lineage = root / "openlineage.jsonl"
-    env = stack.environment(home, free_port(), REPO, pipelines, spark_master="local[1]", extra={
-        "OFFSETLAKE_EXAMPLE_CONSUMERS": stream_cfg.name,
-        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(lineage),
-                                                       "append": True}),
-        "AIRFLOW__OPENLINEAGE__NAMESPACE": "offsetlake-test",
-    })
+    env = stack.environment(
+        home,
+        free_port(),
+        REPO,
+        pipelines,
+        spark_master="local[1]",
+        extra={
+            "OFFSETLAKE_EXAMPLE_CONSUMERS": stream_cfg.name,
+            "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+                {"type": "file", "log_file_path": str(lineage), "append": True}
+            ),
+            "AIRFLOW__OPENLINEAGE__NAMESPACE": "offsetlake-test",
+        },
+    )
     pids = stack.start(env)
     api = stack.Api(env["AIRFLOW__API__BASE_URL"], stack.USER, stack.password(home))
     try:
         consumer = f"example__{stream_cfg.name}__on_change"
-        for dag_id in (consumer, f"offsetlake__{stream_cfg.name}__stream", f"offsetlake__{batch_cfg.name}__ingest",
-                       f"offsetlake__{batch_cfg.name}__recovery"):
+        for dag_id in (
+            consumer,
+            f"offsetlake__{stream_cfg.name}__stream",
+            f"offsetlake__{batch_cfg.name}__ingest",
+            f"offsetlake__{batch_cfg.name}__recovery",
+        ):
             api.wait_for_dag(dag_id)
             api.unpause(dag_id)
         ingest_run = api.trigger(f"offsetlake__{batch_cfg.name}__ingest")
-        yield {"api": api, "env": env, "home": home, "lineage": lineage, "batch": batch_cfg,
-               "batch_topic": batch_topic, "stream": stream_cfg, "stream_topic": stream_topic,
-               "consumer": consumer, "ingest_run": ingest_run, "root": root}
+        yield {
+            "api": api,
+            "env": env,
+            "home": home,
+            "lineage": lineage,
+            "batch": batch_cfg,
+            "batch_topic": batch_topic,
+            "stream": stream_cfg,
+            "stream_topic": stream_topic,
+            "consumer": consumer,
+            "ingest_run": ingest_run,
+            "root": root,
+        }
     finally:
         # The stream's run would go on for an hour, its task in a session of its own: what the scheduler
         # started goes first (a killed stream commits nothing it had not committed), then Airflow.
@@ -86,7 +111,8 @@ def test_the_ingest_task_reports_openlineage_inputs_and_outputs(ui):
     events = _wait_for_lineage(ui["lineage"], f"{dag_id}.ingest")
     complete = events[-1]
     assert {(d["namespace"], d["name"]) for d in complete["inputs"]} == {
-        (f"kafka://{cfg.kafka.bootstrap_servers}", ui["batch_topic"])}
+        (f"kafka://{cfg.kafka.bootstrap_servers}", ui["batch_topic"])
+    }
     [out] = complete["outputs"]
     assert (out["namespace"], out["name"]) == ("file", cfg.table_path)
     assert out["facets"]["version"]["datasetVersion"] == str(committed[-1].version)
@@ -121,8 +147,7 @@ def test_a_downstream_dag_starts_within_minutes_of_a_stream_commit(ui):
     assert 0 <= started - first_commit < WITHIN, (run["start_date"], versions)
     for p in payloads:  # each event says exactly which batches: their rows and offset ranges
         named = [commits[v] for v in p["versions"]]
-        assert all(h.meta.run.via == "stream" and h.meta.run.dag_id == f"offsetlake__{cfg.name}__stream"
-                   for h in named)
+        assert all(h.meta.run.via == "stream" and h.meta.run.dag_id == f"offsetlake__{cfg.name}__stream" for h in named)
         assert p["rows"] == sum(h.meta.records.rows for h in named)
         for topic, parts in p["ranges"].items():
             for partition, (start, end) in parts.items():
@@ -130,15 +155,19 @@ def test_a_downstream_dag_starts_within_minutes_of_a_stream_commit(ui):
                 assert [start, end] == [min(s for s, _ in spans), max(e for _, e in spans)]
 
     # Every commit from the first one announced on is announced, once.
-    announced = sorted(v for e in api.get("/api/v2/assets/events?limit=100")["asset_events"]
-                       if e["extra"].get("payload", {}).get("pipeline") == cfg.name
-                       for v in e["extra"]["payload"]["versions"])
+    announced = sorted(
+        v
+        for e in api.get("/api/v2/assets/events?limit=100")["asset_events"]
+        if e["extra"].get("payload", {}).get("pipeline") == cfg.name
+        for v in e["extra"]["payload"]["versions"]
+    )
     assert announced == list(range(announced[0], announced[-1] + 1)), announced
     assert_exactly_once(cfg)
 
 
 def test_the_offsetlake_view_in_a_real_browser_shows_what_status_says(ui, tmp_path):
     from playwright.sync_api import sync_playwright
+
     api, cfg, env = ui["api"], ui["batch"], ui["env"]
     recovery = f"offsetlake__{cfg.name}__recovery"
     assert api.wait_for_run(recovery, api.trigger(recovery), timeout=600) == "success", _logs(ui["home"])
@@ -161,21 +190,33 @@ def test_the_offsetlake_view_in_a_real_browser_shows_what_status_says(ui, tmp_pa
             _log_in(page, stack.USER, stack.password(ui["home"]))  # sent to Airflow's login, then back
             page.wait_for_url("**/offsetlake/**", timeout=60_000)
             view = page.locator(f"section[data-pipeline='{cfg.name}']")
-            shown = {(row.get_attribute("data-topic"), int(row.get_attribute("data-partition"))):
-                     tuple(int(row.get_by_test_id(k).inner_text()) for k in ("committed", "end", "lag"))
-                     for row in view.locator("tr[data-testid=partition]").all()}
+            shown = {
+                (row.get_attribute("data-topic"), int(row.get_attribute("data-partition"))): tuple(
+                    int(row.get_by_test_id(k).inner_text()) for k in ("committed", "end", "lag")
+                )
+                for row in view.locator("tr[data-testid=partition]").all()
+            }
             assert shown == {(p["topic"], p["partition"]): (p["committed"], p["end"], p["lag"]) for p in status}
             assert int(view.get_by_test_id("total-lag").inner_text()) == sum(p["lag"] for p in status)
             assert view.get_by_test_id("audit").inner_text().startswith("ok")
             commits = view.locator("tr[data-testid=commit]").all()
-            assert [(int(r.get_attribute("data-version")), r.get_by_test_id("kind").inner_text(),
-                     int(r.get_by_test_id("rows").inner_text()), int(r.get_by_test_id("quarantined").inner_text()))
-                    for r in commits] == [(h["version"], h["kind"], h["records"].get("rows", 0),
-                                           h["records"].get("quarantined", 0)) for h in history[:len(commits)]]
+            assert [
+                (
+                    int(r.get_attribute("data-version")),
+                    r.get_by_test_id("kind").inner_text(),
+                    int(r.get_by_test_id("rows").inner_text()),
+                    int(r.get_by_test_id("quarantined").inner_text()),
+                )
+                for r in commits
+            ] == [
+                (h["version"], h["kind"], h["records"].get("rows", 0), h["records"].get("quarantined", 0))
+                for h in history[: len(commits)]
+            ]
             assert len(commits) == len(history) < 30  # all of them: 2 from here, 1 from Airflow
             for row, h in zip(commits, history):
                 assert row.get_by_test_id("ranges").inner_text() == "; ".join(
-                    f"{t}[{p}] {r[0]}-{r[1]}" for t, parts in h["ranges"].items() for p, r in parts.items())
+                    f"{t}[{p}] {r[0]}-{r[1]}" for t, parts in h["ranges"].items() for p, r in parts.items()
+                )
             assert view.locator("svg[data-testid=chart] polyline").count() == 2  # lag and rows: 3 ingest commits
             page.screenshot(path=str(tmp_path / "offsetlake-view.png"), full_page=True)
 
@@ -195,9 +236,13 @@ def test_the_offsetlake_view_in_a_real_browser_shows_what_status_says(ui, tmp_pa
     assert (tmp_path / "offsetlake-view.png").stat().st_size > 10_000
 
     from prometheus_client.parser import text_string_to_metric_families
+
     text = urllib.request.urlopen(f"{base}/offsetlake/metrics", timeout=60).read().decode()  # no login: scrapers
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
     status = _cli(env, "status", cfg.name)
     for p in status:
         labels = tuple(sorted({"pipeline": cfg.name, "topic": p["topic"], "partition": str(p["partition"])}.items()))
@@ -215,8 +260,13 @@ def _log_in(page, user: str, password: str) -> None:
 
 
 def _cli(env: dict, command: str, pipeline: str) -> list[dict]:
-    proc = subprocess.run([sys.executable, "-m", "offsetlake.cli", command, "--pipeline", pipeline, "--json"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "offsetlake.cli", command, "--pipeline", pipeline, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

@@ -10,6 +10,7 @@ the driver runs here (it advertises this machine's address on the network, from 
 the executors on the Spark host, reading Kafka on the broker host. Then the table is checked row
 by row against what Kafka holds under read_committed.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,17 @@ from hosts import Postgres, PrivateNetwork, SparkStandalone, free_port
 from offsetlake.local import broker as embedded_broker
 from offsetlake.local import stack
 from offsetlake.table import query
-from support import (produce, REPO, assert_exactly_once, create_topic, load, pipeline_commits, task_result, unique,
-                     write_pipeline)
+from support import (
+    REPO,
+    assert_exactly_once,
+    create_topic,
+    load,
+    pipeline_commits,
+    produce,
+    task_result,
+    unique,
+    write_pipeline,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -50,18 +60,37 @@ def test_ingest_and_backfill_dags_run_on_a_spark_cluster_across_hosts(network, p
         topic = unique("t")
         create_topic(kafka.bootstrap_servers, topic, 3)
         pipelines = tmp_path / "pipelines"
-        name = write_pipeline(pipelines, kafka.bootstrap_servers, [topic], tmp_path / "lake", schedule=None,
-                              batch={"max_records_per_batch": 100_000, "max_records_per_task": 400})
+        name = write_pipeline(
+            pipelines,
+            kafka.bootstrap_servers,
+            [topic],
+            tmp_path / "lake",
+            schedule=None,
+            batch={"max_records_per_batch": 100_000, "max_records_per_task": 400},
+        )
         cfg = load(pipelines, name)
         produce(cfg.kafka, topic, 2000, transactional_share=0.6, abort_share=0.25, seed=7)
 
-        env = stack.environment(home, free_port(), REPO, pipelines, extra={
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.url,
-            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": f"spark://{spark_host.address}",
-                                                      "port": 7077, "extra": {"deploy-mode": "client"}}),
-            # Where the driver (spark-submit, here) binds and what it tells executors to call back.
-            "SPARK_LOCAL_IP": network.root_address, "SPARK_LOCAL_HOSTNAME": network.root_address,
-        })
+        env = stack.environment(
+            home,
+            free_port(),
+            REPO,
+            pipelines,
+            extra={
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.url,
+                "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(
+                    {
+                        "conn_type": "spark",
+                        "host": f"spark://{spark_host.address}",
+                        "port": 7077,
+                        "extra": {"deploy-mode": "client"},
+                    }
+                ),
+                # Where the driver (spark-submit, here) binds and what it tells executors to call back.
+                "SPARK_LOCAL_IP": network.root_address,
+                "SPARK_LOCAL_HOSTNAME": network.root_address,
+            },
+        )
         stack.start(env)
         api = stack.Api(env["AIRFLOW__API__BASE_URL"], stack.USER, stack.password(home))
 

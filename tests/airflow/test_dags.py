@@ -1,4 +1,5 @@
 """The DAGs, run for real with dag.test(): real broker, spark-submit, Delta tables on disk."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,15 @@ from deltalake import DeltaTable, write_deltalake
 
 from offsetlake.batch import ingest
 from offsetlake.table import query
-from support import produce, REPO, assert_exactly_once, assert_rows_are_kafkas_except, ledger_offsets, pipeline_commits, table_lineage
+from support import (
+    REPO,
+    assert_exactly_once,
+    assert_rows_are_kafkas_except,
+    ledger_offsets,
+    pipeline_commits,
+    produce,
+    table_lineage,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -31,10 +40,14 @@ def step_result(dag, task_id: str):
     """The XCom a step of the DAG's latest run returned."""
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
+
     with create_session() as session:
-        row = (session.query(XComModel).filter(XComModel.dag_id == dag.dag_id, XComModel.task_id == task_id,
-                                               XComModel.key == "return_value")
-               .order_by(XComModel.timestamp.desc()).first())
+        row = (
+            session.query(XComModel)
+            .filter(XComModel.dag_id == dag.dag_id, XComModel.task_id == task_id, XComModel.key == "return_value")
+            .order_by(XComModel.timestamp.desc())
+            .first()
+        )
         return XComModel.deserialize_value(row)
 
 
@@ -44,6 +57,7 @@ def full_rows(cfg) -> list[dict]:
 
 def test_the_dag_file_parses_into_five_dags_per_pipeline(monkeypatch, airflow_db):
     from airflow.dag_processing.dagbag import DagBag
+
     monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(REPO / "include" / "pipelines"))
     monkeypatch.delenv("OFFSETLAKE_EXAMPLE_CONSUMERS", raising=False)  # no example consumer unless named
     bag = DagBag(dag_folder=str(REPO / "dags"))
@@ -54,7 +68,9 @@ def test_the_dag_file_parses_into_five_dags_per_pipeline(monkeypatch, airflow_db
     assert ingest_dag.max_active_runs == 1 and not ingest_dag.catchup
     assert type(bag.dags["offsetlake__demo_events__backfill"].timetable).__name__ == "NullTimetable"  # manual only
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
     from offsetlake.airflow.operator import OffsetlakeOperator
+
     steps = [t for t in ingest_dag.tasks if isinstance(t, SparkSubmitOperator)]
     assert [type(t) for t in steps] == [OffsetlakeOperator]
     assert steps[0]._conn_id == "spark_default" and (steps[0].pipeline, steps[0].command) == ("demo_events", "ingest")
@@ -64,11 +80,14 @@ def test_nothing_machine_specific_is_baked_into_a_dag(monkeypatch, airflow_db):
     """The DAG is parsed on one machine and run on others: job path, interpreter, driver address
     and pipeline folder are resolved by the worker that runs the task."""
     import sys
+
     from airflow.dag_processing.dagbag import DagBag
+
     monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(REPO / "include" / "pipelines"))
     bag = DagBag(dag_folder=str(REPO / "dags"))
     steps = [(dag_id, t) for dag_id, dag in bag.dags.items() for t in dag.tasks if t.task_type == "OffsetlakeOperator"]
     from offsetlake.config import list_pipelines
+
     # Each demo pipeline's ingest, stream, backfill, recovery and maintenance steps.
     assert len(steps) == 5 * len(list_pipelines(REPO / "include" / "pipelines")) == 10, steps
     for dag_id, t in steps:
@@ -79,6 +98,7 @@ def test_nothing_machine_specific_is_baked_into_a_dag(monkeypatch, airflow_db):
 
 def test_ingest_dag_commits_with_airflow_coordinates_and_reports_what_it_committed(pipeline):
     from offsetlake.airflow.dags import ingest_dag
+
     cfg, topic = pipeline(records=600)
 
     state, tasks = run(ingest_dag(cfg))
@@ -96,17 +116,29 @@ def test_ingest_dag_commits_with_airflow_coordinates_and_reports_what_it_committ
     state, tasks = run(ingest_dag(cfg))
     assert (state, tasks) == ("success", {"ingest": "success"}), tasks
     assert step_result(ingest_dag(cfg), "ingest") | {"table": None} == {
-        "pipeline": cfg.name, "table": None, "versions": [], "kinds": [], "rows": 0, "ranges": {}, "submitted": False}
+        "pipeline": cfg.name,
+        "table": None,
+        "versions": [],
+        "kinds": [],
+        "rows": 0,
+        "ranges": {},
+        "submitted": False,
+    }
     assert pipeline_commits(cfg)[-1].version == last.version
 
 
 def test_backfill_dag_twice_gives_the_same_table_and_reports_its_ranges(spark, pipeline):
     from offsetlake.airflow.dags import backfill_dag
+
     cfg, topic = pipeline(records=600)
     ingest(spark, cfg)
     before = full_rows(cfg)
-    conf = {"ranges": [{"topic": topic, "partition": 0, "start": 5, "end": 120},
-                       {"topic": topic, "partition": 1, "start": 0, "end": 60}]}
+    conf = {
+        "ranges": [
+            {"topic": topic, "partition": 0, "start": 5, "end": 120},
+            {"topic": topic, "partition": 1, "start": 0, "end": 60},
+        ]
+    }
 
     for _ in range(2):
         state, tasks = run(backfill_dag(cfg), conf)
@@ -121,6 +153,7 @@ def test_backfill_dag_twice_gives_the_same_table_and_reports_its_ranges(spark, p
 
 def test_backfill_past_the_ledger_is_refused(spark, pipeline):
     from offsetlake.airflow.dags import backfill_dag
+
     cfg, topic = pipeline(records=600)
     ingest(spark, cfg)
     end = ledger_offsets(cfg)[(topic, 0)]
@@ -132,15 +165,25 @@ def test_backfill_past_the_ledger_is_refused(spark, pipeline):
     assert DeltaTable(cfg.table_path).version() == version
 
 
-@pytest.mark.parametrize("conf, why", [
-    ({"ranges": [{"topic": "TOPIC", "partition": 0, "start": 50, "end": 10}]}, "end < start"),
-    ({"ranges": [{"topic": "TOPIC", "partition": 7, "start": 0, "end": 10}]}, "unknown partition"),
-    ({"ranges": [{"topic": "TOPIC", "partition": 0, "start": 0, "end": 10}],
-      "time_from": "2026-01-01T00:00:00Z", "time_to": "2026-01-02T00:00:00Z"}, "ranges and window"),
-    ({}, "nothing asked"),
-])
+@pytest.mark.parametrize(
+    "conf, why",
+    [
+        ({"ranges": [{"topic": "TOPIC", "partition": 0, "start": 50, "end": 10}]}, "end < start"),
+        ({"ranges": [{"topic": "TOPIC", "partition": 7, "start": 0, "end": 10}]}, "unknown partition"),
+        (
+            {
+                "ranges": [{"topic": "TOPIC", "partition": 0, "start": 0, "end": 10}],
+                "time_from": "2026-01-01T00:00:00Z",
+                "time_to": "2026-01-02T00:00:00Z",
+            },
+            "ranges and window",
+        ),
+        ({}, "nothing asked"),
+    ],
+)
 def test_backfill_form_errors_stop_before_spark(pipeline, conf, why):
     from offsetlake.airflow.dags import backfill_dag
+
     cfg, topic = pipeline(records=50)
     conf = json.loads(json.dumps(conf).replace("TOPIC", topic))
 
@@ -152,15 +195,20 @@ def test_backfill_form_errors_stop_before_spark(pipeline, conf, why):
     assert not DeltaTable.is_deltatable(cfg.table_path)
 
 
-@pytest.mark.parametrize("conf", [
-    {"pipeline": "someone_else"},  # unknown pipeline
-    {"ranges": [{"topic": "TOPIC", "partition": 0, "start": "0; rm -rf /", "end": 10}]},  # non-integer offset
-    {"ranges": [{"topic": "../../etc", "partition": 0, "start": 0, "end": 10}]},  # path as a topic
-    {"dry_run": "yes"},
-])
+@pytest.mark.parametrize(
+    "conf",
+    [
+        {"pipeline": "someone_else"},  # unknown pipeline
+        {"ranges": [{"topic": "TOPIC", "partition": 0, "start": "0; rm -rf /", "end": 10}]},  # non-integer offset
+        {"ranges": [{"topic": "../../etc", "partition": 0, "start": 0, "end": 10}]},  # path as a topic
+        {"dry_run": "yes"},
+    ],
+)
 def test_backfill_form_type_errors_are_rejected_at_trigger(pipeline, conf):
     from airflow.sdk.definitions.param import ParamValidationError
+
     from offsetlake.airflow.dags import backfill_dag
+
     cfg, topic = pipeline(records=10)
     conf = json.loads(json.dumps(conf).replace("TOPIC", topic))
     with pytest.raises(ParamValidationError):
@@ -171,6 +219,7 @@ def test_backfill_form_type_errors_are_rejected_at_trigger(pipeline, conf):
 @pytest.mark.parametrize("reason", ["x; rm -rf /", "../../etc/passwd", "$(whoami)", "a\nb"])
 def test_recovery_reason_with_shell_or_path_is_rejected(pipeline, reason):
     from offsetlake.airflow.dags import recovery_dag
+
     cfg, topic = pipeline(records=10)
     conf = {"reset": True, "reset_offsets": [{"topic": topic, "partition": 0, "offset": 0}], "reset_reason": reason}
 
@@ -182,11 +231,15 @@ def test_recovery_reason_with_shell_or_path_is_rejected(pipeline, reason):
 
 def test_recovery_dag_audits_and_repairs_injected_damage(spark, pipeline):
     from offsetlake.airflow.dags import recovery_dag
+
     cfg, topic = pipeline(records=800)
     ingest(spark, cfg)
     DeltaTable(cfg.table_path).delete("kafka_partition = 0 AND kafka_offset < 40")
-    write_deltalake(cfg.table_path, query(cfg.table_path, "SELECT * FROM t WHERE kafka_partition = 1 AND kafka_offset < 10"),
-                    mode="append")
+    write_deltalake(
+        cfg.table_path,
+        query(cfg.table_path, "SELECT * FROM t WHERE kafka_partition = 1 AND kafka_offset < 10"),
+        mode="append",
+    )
 
     state, tasks = run(recovery_dag(cfg))  # audit only: finds the damage and fails loudly
     assert state == "failed" and tasks["recovery"] == "failed"
@@ -198,13 +251,20 @@ def test_recovery_dag_audits_and_repairs_injected_damage(spark, pipeline):
 
 def test_recovery_dag_reset_moves_the_ledger(spark, pipeline):
     from offsetlake.airflow.dags import recovery_dag
+
     cfg, topic = pipeline(partitions=1, records=200)
     ingest(spark, cfg)
     end = ledger_offsets(cfg)[(topic, 0)]
     produce(cfg.kafka, topic, 100, transactional_share=0.0, seed=4)
 
-    state, tasks = run(recovery_dag(cfg), {"reset": True, "reset_reason": "skip a bad deploy (INC-42)",
-                                           "reset_offsets": [{"topic": topic, "partition": 0, "offset": end + 30}]})
+    state, tasks = run(
+        recovery_dag(cfg),
+        {
+            "reset": True,
+            "reset_reason": "skip a bad deploy (INC-42)",
+            "reset_offsets": [{"topic": topic, "partition": 0, "offset": end + 30}],
+        },
+    )
 
     assert state == "success", tasks
     last = pipeline_commits(cfg)[-1]
@@ -216,6 +276,7 @@ def test_recovery_dag_reset_moves_the_ledger(spark, pipeline):
 
 def test_stream_dag_runs_for_a_bounded_time(pipeline):
     from offsetlake.airflow.dags import stream_dag
+
     cfg, topic = pipeline(records=300)
     bound = 12
 
@@ -232,13 +293,16 @@ def test_stream_dag_runs_for_a_bounded_time(pipeline):
     assert_exactly_once(cfg)
 
 
-
-@pytest.mark.parametrize("mode, ingest_timetable, stream_timetable", [
-    ("batch", "CronTriggerTimetable", "NullTimetable"),
-    ("stream", "NullTimetable", "ContinuousTimetable"),
-])
+@pytest.mark.parametrize(
+    "mode, ingest_timetable, stream_timetable",
+    [
+        ("batch", "CronTriggerTimetable", "NullTimetable"),
+        ("stream", "NullTimetable", "ContinuousTimetable"),
+    ],
+)
 def test_the_mode_decides_which_dag_is_scheduled(pipeline, mode, ingest_timetable, stream_timetable):
     from offsetlake.airflow.dags import ingest_dag, stream_dag
+
     cfg, _ = pipeline(mode=mode)
     ingest, stream = ingest_dag(cfg), stream_dag(cfg)
     assert (type(ingest.timetable).__name__, type(stream.timetable).__name__) == (ingest_timetable, stream_timetable)
@@ -247,26 +311,42 @@ def test_the_mode_decides_which_dag_is_scheduled(pipeline, mode, ingest_timetabl
 
 def test_steps_that_a_schedule_relies_on_are_retried_and_refusals_are_not(pipeline):
     from offsetlake.airflow.dags import pipeline_dags
+
     cfg, _ = pipeline(airflow={"retries": 7, "retry_delay_seconds": 5})
     steps = {t.task_id: t for dag in pipeline_dags(cfg) for t in dag.tasks if t.task_type == "OffsetlakeOperator"}
-    assert {k: t.retries for k, t in steps.items()} == {"ingest": 7, "stream": 7, "maintenance": 7,
-                                                        "backfill": 0, "recovery": 0}
+    assert {k: t.retries for k, t in steps.items()} == {
+        "ingest": 7,
+        "stream": 7,
+        "maintenance": 7,
+        "backfill": 0,
+        "recovery": 0,
+    }
     assert steps["stream"].retry_exponential_backoff and steps["stream"].retry_delay.total_seconds() == 5
     default, _ = pipeline()
-    assert {t.task_id: t.retries for dag in pipeline_dags(default) for t in dag.tasks
-            if t.task_id in ("ingest", "stream")} == {"ingest": 3, "stream": 5}
+    assert {
+        t.task_id: t.retries for dag in pipeline_dags(default) for t in dag.tasks if t.task_id in ("ingest", "stream")
+    } == {"ingest": 3, "stream": 5}
 
 
 def test_a_broker_outage_longer_than_retry_seconds_is_carried_by_the_stream_dags_retries(
-        own_broker, pipelines_dir, lake, monkeypatch):
+    own_broker, pipelines_dir, lake, monkeypatch
+):
     """The stream outlives a restart shorter than kafka.retry_seconds (tests/integration/test_broker_restart.py);
     past it the stream exits with one line, and Airflow's retries take over until the broker is back."""
     from offsetlake.airflow.dags import stream_dag
     from support import new_pipeline, produce
+
     monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(pipelines_dir))
-    cfg, topic = new_pipeline(own_broker.bootstrap_servers, pipelines_dir, lake, partitions=2, records=300,
-                              kafka={"retry_seconds": 2, "timeout_seconds": 2}, stream_interval_seconds=0.5,
-                              airflow={"retries": 6, "retry_delay_seconds": 1})
+    cfg, topic = new_pipeline(
+        own_broker.bootstrap_servers,
+        pipelines_dir,
+        lake,
+        partitions=2,
+        records=300,
+        kafka={"retry_seconds": 2, "timeout_seconds": 2},
+        stream_interval_seconds=0.5,
+        airflow={"retries": 6, "retry_delay_seconds": 1},
+    )
     outage = {}
 
     def break_the_broker():
@@ -301,6 +381,7 @@ def _committed(cfg) -> bool:
 def test_maintenance_dag_compacts_vacuums_and_checkpoints_without_touching_a_row(spark, pipeline):
     from offsetlake.airflow.dags import maintenance_dag
     from offsetlake.table import committed_files
+
     cfg, topic = pipeline(records=1200, batch={"max_records_per_batch": 300, "max_records_per_task": 100})
     ingest(spark, cfg)
     before, ledger, files = full_rows(cfg), ledger_offsets(cfg), len(committed_files(cfg.table_path))
@@ -316,10 +397,17 @@ def test_maintenance_dag_compacts_vacuums_and_checkpoints_without_touching_a_row
     assert_exactly_once(cfg)
 
 
-@pytest.mark.parametrize("conf", [{"vacuum_retention_hours": 0}, {"zorder_by": ["no_such_column"]},
-                                  {"optimize": False, "vacuum": False, "checkpoint": False}])
+@pytest.mark.parametrize(
+    "conf",
+    [
+        {"vacuum_retention_hours": 0},
+        {"zorder_by": ["no_such_column"]},
+        {"optimize": False, "vacuum": False, "checkpoint": False},
+    ],
+)
 def test_maintenance_form_errors_stop_before_spark(pipeline, conf):
     from offsetlake.airflow.dags import maintenance_dag
+
     cfg, topic = pipeline(records=10)
     dag = maintenance_dag(cfg)
     try:

@@ -6,6 +6,7 @@ result the run reported (XCom). The pipeline authenticates to Kafka (SASL/PLAIN)
 with a password from the environment: afterwards no task log, component log,
 the Airflow database or any table file may contain it.
 """
+
 from __future__ import annotations
 
 import urllib.error
@@ -14,13 +15,23 @@ import uuid
 
 import pytest
 
-from offsetlake.local import stack
 from offsetlake.batch import ingest
-from offsetlake.local.broker import free_port
 from offsetlake.errors import OffsetlakeError
+from offsetlake.local import stack
+from offsetlake.local.broker import free_port
 from offsetlake.table import query
-from support import (produce, REPO, assert_exactly_once, create_topic, files_containing, load, pipeline_commits, task_result,
-                    unique, write_pipeline)
+from support import (
+    REPO,
+    assert_exactly_once,
+    create_topic,
+    files_containing,
+    load,
+    pipeline_commits,
+    produce,
+    task_result,
+    unique,
+    write_pipeline,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +45,20 @@ def test_backfill_triggered_over_rest_runs_on_real_airflow(spark, bootstrap, tmp
     topic = unique("t")
     create_topic(bootstrap, topic, 2)
     pipelines = tmp_path / "pipelines"
-    name = write_pipeline(pipelines, bootstrap, [topic], tmp_path / "lake", kafka={"client": {
-        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "offsetlake",
-        "sasl.password": "${" + SECRET_VAR + "}"}})
+    name = write_pipeline(
+        pipelines,
+        bootstrap,
+        [topic],
+        tmp_path / "lake",
+        kafka={
+            "client": {
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "PLAIN",
+                "sasl.username": "offsetlake",
+                "sasl.password": "${" + SECRET_VAR + "}",
+            }
+        },
+    )
     cfg = load(pipelines, name)
     produce(cfg.kafka, topic, 800, transactional_share=0.6, abort_share=0.25, seed=5)
     ingest(spark, cfg)
@@ -75,8 +97,10 @@ def test_backfill_triggered_over_rest_runs_on_real_airflow(spark, bootstrap, tmp
     assert result["ranges"] == {topic: {"0": [10, 200]}} and result["versions"] == [last.version]
 
     task_logs = [p for p in (home / "logs").rglob("*") if p.is_file()]
-    assert any("backfill" in p.read_text(errors="replace") and "spark-submit" in p.read_text(errors="replace")
-               for p in task_logs), "no task log of the Spark step to check"
+    assert any(
+        "backfill" in p.read_text(errors="replace") and "spark-submit" in p.read_text(errors="replace")
+        for p in task_logs
+    ), "no task log of the Spark step to check"
     for root in (home, tmp_path / "lake", pipelines):
         assert files_containing(root, secret.encode()) == []
 

@@ -4,6 +4,7 @@ Airflow's plugin manager imports every .py file under the plugins folder as a to
 every Airflow process. When the library lived there, `kafka`, `config`, `dags`... appeared in
 sys.modules beside the real `offsetlake` package, shadowing real packages of those names.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,9 @@ print(json.dumps({"plugins": [p.name for p in plugins], "errors": errors, "new_t
 def test_loading_airflow_plugins_adds_only_the_offsetlake_plugin_module(airflow_db):
     plugins_dir = str(REPO / "plugins")
     env = {**os.environ, "AIRFLOW__CORE__PLUGINS_FOLDER": plugins_dir, "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False"}
-    proc = subprocess.run([sys.executable, "-c", LOAD_PLUGINS, plugins_dir], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOAD_PLUGINS, plugins_dir], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -8,6 +8,7 @@ scheduler finds the task without a heartbeat, fails that try and retries it; the
 batch. The run succeeds, the table is exact row by row, each batch is committed once, and none of
 the killed try's files is referenced.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,18 +28,33 @@ pytestmark = pytest.mark.slow
 
 def test_scheduler_killed_mid_run_then_restarted_retries_the_ingest_exactly_once(bootstrap, tmp_path):
     pipelines = tmp_path / "pipelines"
-    cfg, _ = new_pipeline(bootstrap, pipelines, tmp_path / "lake", partitions=2, records=2000, schedule=None,
-                          airflow={"retries": 3, "retry_delay_seconds": 1})
+    cfg, _ = new_pipeline(
+        bootstrap,
+        pipelines,
+        tmp_path / "lake",
+        partitions=2,
+        records=2000,
+        schedule=None,
+        airflow={"retries": 3, "retry_delay_seconds": 1},
+    )
     faults = tmp_path / "faults"
     home = tmp_path / "airflow"
-    env = stack.environment(home, free_port(), REPO, pipelines, spark_master="local[2]", extra={
-        "OFFSETLAKE_FAULT": "after_files_written:pause", "OFFSETLAKE_FAULT_DIR": str(faults),
-        # A task without a heartbeat this long is failed (and retried); the default is 5 minutes.
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
-        "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "10",
-        "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "10",
-    })
+    env = stack.environment(
+        home,
+        free_port(),
+        REPO,
+        pipelines,
+        spark_master="local[2]",
+        extra={
+            "OFFSETLAKE_FAULT": "after_files_written:pause",
+            "OFFSETLAKE_FAULT_DIR": str(faults),
+            # A task without a heartbeat this long is failed (and retried); the default is 5 minutes.
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "10",
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "10",
+        },
+    )
     dag_id = f"offsetlake__{cfg.name}__ingest"
     try:
         pids = stack.start(env)

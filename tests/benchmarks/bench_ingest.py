@@ -51,6 +51,7 @@ embedded one, on this machine). There the raw read reads all partitions with one
 reader's fetch sizes (on noida-db it reads them one after another: four whole tails in one response pass
 librdkafka's 1 GB ceiling).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,7 +73,6 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from offsetlake.local import broker
 from offsetlake import batch as batch_module
 from offsetlake import reader as reader_module
 from offsetlake.batch import ingest, run_tasks, stream
@@ -80,6 +80,7 @@ from offsetlake.commit import add_actions
 from offsetlake.config import RESERVED_CLIENT_KEYS, parse_pipeline
 from offsetlake.formats import table_schema
 from offsetlake.kafka import KafkaCluster
+from offsetlake.local import broker
 from offsetlake.metadata import HistoryEntry
 from offsetlake.planning import split_ranges
 from offsetlake.reader import OffsetRange
@@ -90,6 +91,7 @@ from offsetlake.tasks import TaskContext
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 from support import BackgroundSampler  # noqa: E402 - tests/ is not a package
+
 # Shares of the same run's raw read before the speed work (issue 15), `make bench` at 0b95b7c on the
 # 2-core machine the targets were set on: the targets are twice these.
 BEFORE = {"raw": 0.391, "json": 0.253}
@@ -180,6 +182,7 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 4) -> None:
     """A topic of this run. On a cluster of yours: the broker's default replication factor (-1), and the
     topic is deleted at the end (`drop_created`)."""
     from confluent_kafka.admin import AdminClient, NewTopic
+
     admin = AdminClient(kafka_conf(bootstrap))
     replication = -1 if EXTERNAL else 1
     admin.create_topics([NewTopic(topic, partitions, replication)])[topic].result()
@@ -190,19 +193,21 @@ def drop_created(bootstrap: str, subjects: bool) -> None:
     """Delete the topics and consumer groups this run created (and its registry subjects, with
     `subjects`: the registry is yours), and nothing else."""
     from confluent_kafka.admin import AdminClient
+
     admin = AdminClient(kafka_conf(bootstrap))
-    for topic, future in (admin.delete_topics(CREATED_TOPICS, operation_timeout=30).items() if CREATED_TOPICS else []):
+    for topic, future in admin.delete_topics(CREATED_TOPICS, operation_timeout=30).items() if CREATED_TOPICS else []:
         try:
             future.result()
         except Exception as err:  # noqa: BLE001 - report and go on: the rest still gets deleted
             print(f"bench: could not delete topic {topic}: {err}")
     groups = [f"offsetlake.{name}" for name in sorted(PIPELINES)] + ["bench-raw", "bench-probe"]
-    for group, future in admin.delete_consumer_groups(groups, request_timeout=30).items():
+    for _group, future in admin.delete_consumer_groups(groups, request_timeout=30).items():
         try:
             future.result()
         except Exception:  # noqa: BLE001 - a group that was never created: nothing to delete
             pass
     from confluent_kafka.schema_registry import SchemaRegistryClient
+
     for url, subject in REGISTERED if subjects else []:
         try:
             client = SchemaRegistryClient({"url": url})
@@ -210,8 +215,10 @@ def drop_created(bootstrap: str, subjects: bool) -> None:
             client.delete_subject(subject, permanent=True)
         except Exception as err:  # noqa: BLE001 - report and go on
             print(f"bench: could not delete subject {subject}: {err}")
-    print(f"bench: deleted {len(CREATED_TOPICS)} topics ({PREFIX}*), {len(REGISTERED) if subjects else 0} registry subjects and "
-          f"this run's consumer groups")
+    print(
+        f"bench: deleted {len(CREATED_TOPICS)} topics ({PREFIX}*), "
+        f"{len(REGISTERED) if subjects else 0} registry subjects and this run's consumer groups"
+    )
 
 
 def describe_broker(bootstrap: str) -> str:
@@ -219,6 +226,7 @@ def describe_broker(bootstrap: str) -> str:
     reports one (Apache Kafka before 4.0), and its highest API versions (Fetch's rises with each release:
     noida-db 0.2.3 answers up to v13)."""
     from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
     lines: list[str] = []
 
     class Lines(logging.Handler):
@@ -242,24 +250,37 @@ def describe_broker(bootstrap: str) -> str:
     admin.poll(0.5)
     apis = dict(re.findall(r"ApiKey (\w+) \(\d+\) Versions \d+\.\.(\d+)", "\n".join(lines)))
     wanted = ", ".join(f"{k} v{apis[k]}" for k in ("Fetch", "Produce", "ListOffsets") if k in apis)
-    return (f"{bootstrap}: {len(metadata.brokers)} broker(s), cluster id {metadata.cluster_id}; "
-            f"inter.broker.protocol.version {protocol or 'not reported'}; highest API versions {wanted or 'unknown'} "
-            f"({len(apis)} APIs)")
+    return (
+        f"{bootstrap}: {len(metadata.brokers)} broker(s), cluster id {metadata.cluster_id}; "
+        f"inter.broker.protocol.version {protocol or 'not reported'}; highest API versions {wanted or 'unknown'} "
+        f"({len(apis)} APIs)"
+    )
 
 
 def produce(bootstrap: str, topic: str, count: int, start: int = 0) -> float:
     """~110-byte JSON events through an idempotent producer. Returns seconds."""
     rng = random.Random(1 + start)
-    values = (f'{{"event_id":"e{i:012d}","user_id":{rng.randrange(5000)},"action":"{rng.choice(ACTIONS)}",'
-              f'"amount":{rng.uniform(0, 500):.2f},"event_time":"2026-11-22T10:00:00.000Z","seq":{i}}}'.encode()
-              for i in range(start, start + count))
+    values = (
+        f'{{"event_id":"e{i:012d}","user_id":{rng.randrange(5000)},"action":"{rng.choice(ACTIONS)}",'
+        f'"amount":{rng.uniform(0, 500):.2f},"event_time":"2026-11-22T10:00:00.000Z","seq":{i}}}'.encode()
+        for i in range(start, start + count)
+    )
     return send_all(bootstrap, topic, values, start)
 
 
 def send_all(bootstrap: str, topic: str, values, start: int = 0) -> float:
     """Write `values` round-robin over 4 partitions through an idempotent producer. Returns seconds."""
-    producer = Producer(kafka_conf(bootstrap, **{"enable.idempotence": True, "linger.ms": 20,
-                                                 "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000}))
+    producer = Producer(
+        kafka_conf(
+            bootstrap,
+            **{
+                "enable.idempotence": True,
+                "linger.ms": 20,
+                "batch.num.messages": 10000,
+                "queue.buffering.max.messages": 1_000_000,
+            },
+        )
+    )
     started = time.perf_counter()
     for i, value in enumerate(values, start):
         while True:
@@ -272,21 +293,31 @@ def send_all(bootstrap: str, topic: str, values, start: int = 0) -> float:
     return time.perf_counter() - started
 
 
-BENCH_AVRO = {"type": "record", "name": "BenchEvent", "fields": [
-    {"name": "event_id", "type": "string"}, {"name": "user_id", "type": "long"},
-    {"name": "action", "type": "string"}, {"name": "amount", "type": ["null", "double"]},
-    {"name": "event_time", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-    {"name": "seq", "type": "long"}]}
+BENCH_AVRO = {
+    "type": "record",
+    "name": "BenchEvent",
+    "fields": [
+        {"name": "event_id", "type": "string"},
+        {"name": "user_id", "type": "long"},
+        {"name": "action", "type": "string"},
+        {"name": "amount", "type": ["null", "double"]},
+        {"name": "event_time", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "seq", "type": "long"},
+    ],
+}
 
 
 def produce_avro(bootstrap: str, topic: str, count: int, registry_url: str) -> float:
     """The same events as `produce`, in Avro with the Confluent framing (schema registered once)."""
     import io
     import struct
+
     import fastavro
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
     schema_id = SchemaRegistryClient({"url": registry_url}).register_schema(
-        f"{topic}-value", Schema(json.dumps(BENCH_AVRO), "AVRO"))
+        f"{topic}-value", Schema(json.dumps(BENCH_AVRO), "AVRO")
+    )
     REGISTERED.append((registry_url, f"{topic}-value"))
     parsed, frame = fastavro.parse_schema(BENCH_AVRO), b"\x00" + struct.pack(">I", schema_id)
     rng = random.Random(1)
@@ -294,10 +325,20 @@ def produce_avro(bootstrap: str, topic: str, count: int, registry_url: str) -> f
     def value(i: int) -> bytes:
         body = io.BytesIO()
         body.write(frame)
-        fastavro.schemaless_writer(body, parsed, {
-            "event_id": f"e{i:012d}", "user_id": rng.randrange(5000), "action": rng.choice(ACTIONS),
-            "amount": round(rng.uniform(0, 500), 2), "event_time": 1_795_000_000_000, "seq": i})
+        fastavro.schemaless_writer(
+            body,
+            parsed,
+            {
+                "event_id": f"e{i:012d}",
+                "user_id": rng.randrange(5000),
+                "action": rng.choice(ACTIONS),
+                "amount": round(rng.uniform(0, 500), 2),
+                "event_time": 1_795_000_000_000,
+                "seq": i,
+            },
+        )
         return body.getvalue()
+
     return send_all(bootstrap, topic, (value(i) for i in range(count)))
 
 
@@ -314,6 +355,7 @@ def broker_under_test(args, work: Path):
     """(bootstrap, registry URL, what the broker says of itself): the embedded noida-db, or the cluster
     --bootstrap names; --registry or the embedded registry. On your cluster, deletes what the run made."""
     from offsetlake.local import schema_registry
+
     use_broker(args.client_config, external=bool(args.bootstrap))
     registry = None if args.registry else schema_registry.start(work / "registry")
     embedded = None if args.bootstrap else broker.start(work / "broker")
@@ -348,8 +390,15 @@ def formats_only(args, work: Path) -> None:
         spark = build_session("offsetlake-bench")
         timed_ingest(spark, pipeline("bench_warm", bootstrap, events, lake, {"type": "raw"}))
         n_json, json_s, _ = median_ingest(spark, bootstrap, events, lake, "bench_json", JSON_FORMAT, paired_with=ends)
-        n_avro, avro_s, _ = median_ingest(spark, bootstrap, topic_name("avro"), lake, "bench_avro", avro_format,
-                                          paired_with=committed_ends(cluster, topic_name("avro")))
+        n_avro, avro_s, _ = median_ingest(
+            spark,
+            bootstrap,
+            topic_name("avro"),
+            lake,
+            "bench_avro",
+            avro_format,
+            paired_with=committed_ends(cluster, topic_name("avro")),
+        )
         spark.stop()
     print_formats(n_raw / raw_s, n_json, json_s, n_avro, avro_s)
 
@@ -375,15 +424,30 @@ EXTERNAL_TARGETS = {"raw": 0.80, "json": 0.60}
 
 def share_targets(raw_share: float, json_share: float) -> list[tuple[str, str, bool]]:
     if EXTERNAL:
-        return [(f"{kind} format {share:.1%} of the raw read", f">= {EXTERNAL_TARGETS[kind]:.0%} (on your cluster)",
-                 share >= EXTERNAL_TARGETS[kind]) for kind, share in (("raw", raw_share), ("json", json_share))]
-    return [(f"{kind} format {share:.1%} of the raw read", f">= {2 * BEFORE[kind]:.1%} (2x {BEFORE[kind]:.1%} before)",
-             share >= 2 * BEFORE[kind]) for kind, share in (("raw", raw_share), ("json", json_share))]
+        return [
+            (
+                f"{kind} format {share:.1%} of the raw read",
+                f">= {EXTERNAL_TARGETS[kind]:.0%} (on your cluster)",
+                share >= EXTERNAL_TARGETS[kind],
+            )
+            for kind, share in (("raw", raw_share), ("json", json_share))
+        ]
+    return [
+        (
+            f"{kind} format {share:.1%} of the raw read",
+            f">= {2 * BEFORE[kind]:.1%} (2x {BEFORE[kind]:.1%} before)",
+            share >= 2 * BEFORE[kind],
+        )
+        for kind, share in (("raw", raw_share), ("json", json_share))
+    ]
 
 
 def avro_target(json_rate: float, avro_rate: float) -> tuple[str, str, bool]:
-    return (f"avro ingest {avro_rate / json_rate:.2f}x the json ingest of the same events", ">= 1.00x",
-            avro_rate >= json_rate)
+    return (
+        f"avro ingest {avro_rate / json_rate:.2f}x the json ingest of the same events",
+        ">= 1.00x",
+        avro_rate >= json_rate,
+    )
 
 
 def print_targets(targets: list[tuple[str, str, bool]]) -> None:
@@ -402,11 +466,21 @@ def raw_read(bootstrap: str, topic: str, ends: dict) -> tuple[int, float]:
     that honours fetch limits (--bootstrap) it reads all partitions at once, with the reader's fetch
     sizes: the fastest one consumer reads there, so the shares are not flattered.
     """
-    consumer = Consumer(kafka_conf(bootstrap, **{
-        "group.id": "bench-raw", "enable.auto.commit": False, "isolation.level": "read_committed",
-        "enable.partition.eof": True, "receive.message.max.bytes": reader_module.RECEIVE_BYTES,
-        "fetch.max.bytes": reader_module.FETCH_BYTES, "max.partition.fetch.bytes": reader_module.FETCH_BYTES,
-        "queued.max.messages.kbytes": reader_module.QUEUE_BYTES // 1024}))
+    consumer = Consumer(
+        kafka_conf(
+            bootstrap,
+            **{
+                "group.id": "bench-raw",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "receive.message.max.bytes": reader_module.RECEIVE_BYTES,
+                "fetch.max.bytes": reader_module.FETCH_BYTES,
+                "max.partition.fetch.bytes": reader_module.FETCH_BYTES,
+                "queued.max.messages.kbytes": reader_module.QUEUE_BYTES // 1024,
+            },
+        )
+    )
     todo = {tp: end for tp, end in sorted(ends.items()) if end > 0}
     rounds = [todo] if EXTERNAL else [{tp: end} for tp, end in todo.items()]
     n = 0
@@ -436,19 +510,32 @@ def raw_read(bootstrap: str, topic: str, ends: dict) -> tuple[int, float]:
     return n, elapsed
 
 
-JSON_FORMAT = {"type": "json", "schema": [
-    {"name": "event_id", "type": "string", "required": True}, {"name": "user_id", "type": "long"},
-    {"name": "action", "type": "string"}, {"name": "amount", "type": "double"},
-    {"name": "event_time", "type": "timestamp"}, {"name": "seq", "type": "long"}]}
+JSON_FORMAT = {
+    "type": "json",
+    "schema": [
+        {"name": "event_id", "type": "string", "required": True},
+        {"name": "user_id", "type": "long"},
+        {"name": "action", "type": "string"},
+        {"name": "amount", "type": "double"},
+        {"name": "event_time", "type": "timestamp"},
+        {"name": "seq", "type": "long"},
+    ],
+}
 
 
 def pipeline(name: str, bootstrap: str, topic: str, lake: Path, fmt: dict):
     PIPELINES.add(name)
-    return parse_pipeline({
-        "name": name, "topics": [topic], "kafka": {"bootstrap_servers": bootstrap, "client": dict(CLIENT)},
-        "table": {"path": str(lake / name)}, "format": fmt,
-        "batch": {"max_records_per_batch": 1_000_000, "max_records_per_task": 250_000},
-    }, f"{name}.yaml")
+    return parse_pipeline(
+        {
+            "name": name,
+            "topics": [topic],
+            "kafka": {"bootstrap_servers": bootstrap, "client": dict(CLIENT)},
+            "table": {"path": str(lake / name)},
+            "format": fmt,
+            "batch": {"max_records_per_batch": 1_000_000, "max_records_per_task": 250_000},
+        },
+        f"{name}.yaml",
+    )
 
 
 def largest_fetch_response(bootstrap: str, topic: str, partition: int, offset: int) -> int:
@@ -466,10 +553,21 @@ def largest_fetch_response(bootstrap: str, topic: str, partition: int, offset: i
     logger.addHandler(Sizes())
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
-    consumer = Consumer(kafka_conf(bootstrap, **{
-        "group.id": "bench-probe", "enable.auto.commit": False, "isolation.level": "read_committed",
-        "fetch.max.bytes": 1 << 20, "max.partition.fetch.bytes": 1 << 16, "receive.message.max.bytes": 1_000_000_000,
-        "debug": "protocol"}), logger=logger)
+    consumer = Consumer(
+        kafka_conf(
+            bootstrap,
+            **{
+                "group.id": "bench-probe",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "fetch.max.bytes": 1 << 20,
+                "max.partition.fetch.bytes": 1 << 16,
+                "receive.message.max.bytes": 1_000_000_000,
+                "debug": "protocol",
+            },
+        ),
+        logger=logger,
+    )
     consumer.assign([TopicPartition(topic, partition, offset)])
     deadline = time.monotonic() + 60
     while not sizes and time.monotonic() < deadline:
@@ -490,8 +588,9 @@ def committed_ends(cluster: KafkaCluster, topic: str) -> dict:
     return cluster.end_offsets(cluster.partitions([topic]), "read_committed")
 
 
-def median_ingest(spark, bootstrap: str, topic: str, lake: Path, name: str, fmt: dict,
-                  paired_with: dict | None = None) -> tuple[int, float, float | None]:
+def median_ingest(
+    spark, bootstrap: str, topic: str, lake: Path, name: str, fmt: dict, paired_with: dict | None = None
+) -> tuple[int, float, float | None]:
     """The median of RUNS ingests of the same records, each into a table of its own (the first is
     `name`): one ingest's time here depends mostly on how busy the broker happens to be. Returns the
     median records and seconds, and with `paired_with` (the topic's end offsets) the median share:
@@ -506,15 +605,19 @@ def median_ingest(spark, bootstrap: str, topic: str, lake: Path, name: str, fmt:
         seconds.append(sec)
         if paired_with:
             shares.append((n / sec) / (n_read / read_s))
-    return (statistics.median(records), statistics.median(seconds),
-            statistics.median(shares) if shares else None)
+    return (statistics.median(records), statistics.median(seconds), statistics.median(shares) if shares else None)
 
 
 def first_ingest(bootstrap: str, topic: str, lake: Path, name: str) -> dict:
     """A new process (its own JVM) starts a session, ingests the topic into a new table `name`, then again
     (warm) into `name`_warm."""
-    out = subprocess.run([sys.executable, __file__, "--first-ingest", bootstrap, topic, str(lake), name],
-                         check=True, capture_output=True, text=True, timeout=600).stdout
+    out = subprocess.run(
+        [sys.executable, __file__, "--first-ingest", bootstrap, topic, str(lake), name],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -526,19 +629,24 @@ def first_ingest_here(bootstrap: str, topic: str, lake: Path, name: str) -> None
     records, seconds = timed_ingest(spark, pipeline(name, bootstrap, topic, lake, {"type": "raw"}))
     _, warm_seconds = timed_ingest(spark, pipeline(f"{name}_warm", bootstrap, topic, lake, {"type": "raw"}))
     spark.stop()
-    print(json.dumps({"records": records, "session_seconds": session_seconds, "seconds": seconds,
-                      "warm_seconds": warm_seconds}))
+    print(
+        json.dumps(
+            {"records": records, "session_seconds": session_seconds, "seconds": seconds, "warm_seconds": warm_seconds}
+        )
+    )
 
 
 def median_first_ingest(bootstrap: str, topic: str, lake: Path) -> dict:
     """Medians over FIRST_RUNS processes of: records, seconds of the first ingest, session start seconds, and
     first/warm (each process's first ingest over its own warm one)."""
     runs = [first_ingest(bootstrap, topic, lake, f"bench_cold_{i}") for i in range(FIRST_RUNS)]
-    return {"records": statistics.median(r["records"] for r in runs),
-            "seconds": statistics.median(r["seconds"] for r in runs),
-            "session_seconds": statistics.median(r["session_seconds"] for r in runs),
-            "over_warm": statistics.median(r["seconds"] / r["warm_seconds"] for r in runs),
-            "runs": runs}
+    return {
+        "records": statistics.median(r["records"] for r in runs),
+        "seconds": statistics.median(r["seconds"] for r in runs),
+        "session_seconds": statistics.median(r["session_seconds"] for r in runs),
+        "over_warm": statistics.median(r["seconds"] / r["warm_seconds"] for r in runs),
+        "runs": runs,
+    }
 
 
 def median_raw_read(bootstrap: str, topic: str, ends: dict) -> tuple[int, float]:
@@ -587,6 +695,7 @@ def time_spent(owner, *names: str):
                 depth[0] -= 1
                 if depth[0] == 0:
                     spent[name] += time.perf_counter() - started
+
         return call
 
     for name in names:
@@ -606,16 +715,23 @@ def exactly_once_overhead(spark, make_cfg, rounds: int = 5) -> dict:
     against the plain commit alone."""
     protocol, plain, bookkeeping, plain_commit, n = [], [], [], [], 0
     for i in range(rounds):
-        with time_spent(batch_module, "read_ledger", "plan_batch", "commit") as spent, \
-                time_spent(KafkaCluster, "commit_group_offsets") as group:
+        with (
+            time_spent(batch_module, "read_ledger", "plan_batch", "commit") as spent,
+            time_spent(KafkaCluster, "commit_group_offsets") as group,
+        ):
             n, seconds = timed_ingest(spark, make_cfg(f"bench_eo_{i}"))
         protocol.append(seconds)
         bookkeeping.append(sum(spent.values()) + sum(group.values()))
         _, seconds, commit_seconds = plain_append(spark, make_cfg(f"bench_plain_{i}"))
         plain.append(seconds)
         plain_commit.append(commit_seconds)
-    return {"records": n, "protocol": statistics.median(protocol), "plain": statistics.median(plain),
-            "bookkeeping": statistics.median(bookkeeping), "plain_commit": statistics.median(plain_commit)}
+    return {
+        "records": n,
+        "protocol": statistics.median(protocol),
+        "plain": statistics.median(plain),
+        "bookkeeping": statistics.median(bookkeeping),
+        "plain_commit": statistics.median(plain_commit),
+    }
 
 
 def stream_latency(spark, cfg, bootstrap: str, topic: str, samples: int = 12) -> tuple[list[float], list[float]]:
@@ -632,14 +748,19 @@ def stream_latency(spark, cfg, bootstrap: str, topic: str, samples: int = 12) ->
     producer = Producer(kafka_conf(bootstrap, **{"transactional.id": f"bench-{uuid.uuid4().hex[:6]}"}))
     producer.init_transactions(10)
     sent: list[tuple[float, dict]] = []
-    for i in range(samples):
+    for _i in range(samples):
         time.sleep(1.0)
         offsets = {}
         producer.begin_transaction()
         for j in range(10):
-            producer.produce(topic, value=b'{"event_id":"s","user_id":1}', partition=j % 4,
-                             on_delivery=lambda err, msg: offsets.__setitem__((msg.topic(), msg.partition()),
-                                                                              max(offsets.get((msg.topic(), msg.partition()), -1), msg.offset())))
+            producer.produce(
+                topic,
+                value=b'{"event_id":"s","user_id":1}',
+                partition=j % 4,
+                on_delivery=lambda err, msg, offsets=offsets: offsets.__setitem__(
+                    (msg.topic(), msg.partition()), max(offsets.get((msg.topic(), msg.partition()), -1), msg.offset())
+                ),
+            )
         producer.commit_transaction(10)
         sent.append((time.perf_counter(), dict(offsets)))
     deadline = time.perf_counter() + 30
@@ -722,9 +843,10 @@ def airflow_runs(bootstrap: str, work: Path, small: int = 1000, large: int = 1_0
     """Seconds through real Airflow processes: trigger -> end of an ingest run that finds nothing to do
     (median of 3), trigger -> Delta commit of a triggered small batch (median of 3), and of one batch
     of `large` records (0: none), with where that run's time went (`spark_submit_timeline`)."""
-    from offsetlake.local import stack
     from offsetlake.ledger import pipeline_history
+    from offsetlake.local import stack
     from support import load, write_pipeline
+
     topic = topic_name("airflow")
     create_topic(bootstrap, topic)
     pipelines = work / "pipelines"
@@ -733,9 +855,16 @@ def airflow_runs(bootstrap: str, work: Path, small: int = 1000, large: int = 1_0
     for i, (key, value) in enumerate(sorted(CLIENT.items())):
         os.environ[f"OFFSETLAKE_BENCH_CLIENT_{i}"] = value
         client[key] = "${" + f"OFFSETLAKE_BENCH_CLIENT_{i}" + "}"
-    name = write_pipeline(pipelines, bootstrap, [topic], work / "lake", schedule=None, kafka={"client": client},
-                          format={"type": "raw", "schema": []},
-                          batch={"max_records_per_batch": max(large, small), "max_records_per_task": 250_000})
+    name = write_pipeline(
+        pipelines,
+        bootstrap,
+        [topic],
+        work / "lake",
+        schedule=None,
+        kafka={"client": client},
+        format={"type": "raw", "schema": []},
+        batch={"max_records_per_batch": max(large, small), "max_records_per_task": 250_000},
+    )
     PIPELINES.add(name)
     cfg = load(pipelines, name)
     home = work / "airflow"
@@ -744,8 +873,10 @@ def airflow_runs(bootstrap: str, work: Path, small: int = 1000, large: int = 1_0
 
     def committed(run_id: str, started: float) -> HistoryEntry:
         while True:
-            entry = next((h for h in pipeline_history(open_table(cfg.table_path), name, limit=3)
-                          if h.meta.run.run_id == run_id), None)
+            entry = next(
+                (h for h in pipeline_history(open_table(cfg.table_path), name, limit=3) if h.meta.run.run_id == run_id),
+                None,
+            )
             if entry:
                 return entry
             assert time.perf_counter() - started < 300, "no commit within 300 s"
@@ -783,8 +914,9 @@ def airflow_runs(bootstrap: str, work: Path, small: int = 1000, large: int = 1_0
                 api.wait_for_run(dag_id, run_id, timeout=300)
             assert entry.meta.records.read == large, f"the run read {entry.meta.records.read}, not {large}"
             task, report = task_of(api, dag_id, run_id)
-            out["large_batch"] = spark_submit_timeline(large, triggered, task, starts.started, report,
-                                                       entry.timestamp / 1000)
+            out["large_batch"] = spark_submit_timeline(
+                large, triggered, task, starts.started, report, entry.timestamp / 1000
+            )
     finally:
         stack.stop(home)
     return out
@@ -799,8 +931,9 @@ class ProcessStarts(BackgroundSampler):
     ROLES = {
         # bin/spark-submit runs Spark's launcher (a JVM) to build the command, then execs SparkSubmit's JVM
         # in its own process: this is that process, and the start the driver's start-up line counts from
-        "spark-submit": lambda argv: "org.apache.spark.deploy.SparkSubmit" in argv
-        and "org.apache.spark.launcher.Main" not in argv,
+        "spark-submit": lambda argv: (
+            "org.apache.spark.deploy.SparkSubmit" in argv and "org.apache.spark.launcher.Main" not in argv
+        ),
         "daemon": lambda argv: "offsetlake.spark_daemon" in argv or "pyspark.daemon" in argv,
     }
 
@@ -812,6 +945,7 @@ class ProcessStarts(BackgroundSampler):
 
     def sample(self) -> None:
         from offsetlake.spark import process_started
+
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit() or entry.name in self._known:
                 continue
@@ -826,14 +960,17 @@ class ProcessStarts(BackgroundSampler):
                     self.started[role] = min(started, self.started.get(role, started))
 
 
-STARTUP = re.compile(r"start-up, seconds after spark-submit's JVM started: Python driver ([0-9.]+), Spark session "
-                     r"ready ([0-9.]+), first Spark job ([0-9.]+) to ([0-9.]+)")
+STARTUP = re.compile(
+    r"start-up, seconds after spark-submit's JVM started: Python driver ([0-9.]+), Spark session "
+    r"ready ([0-9.]+), first Spark job ([0-9.]+) to ([0-9.]+)"
+)
 
 
 def task_of(api, dag_id: str, run_id: str) -> tuple[float, dict[str, float]]:
     """When the run's task started (epoch seconds, as Airflow recorded it), and the start-up line
     `offsetlake ingest` printed to its log (spark.startup_report), in seconds after spark-submit's JVM."""
     import datetime as dt
+
     run = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
     tis = [ti for ti in api.get(f"{run}/taskInstances")["task_instances"] if ti.get("start_date")]
     for ti in tis:
@@ -841,25 +978,32 @@ def task_of(api, dag_id: str, run_id: str) -> tuple[float, dict[str, float]]:
         found = STARTUP.search(log)
         if found:
             driver, session, job, job_end = map(float, found.groups())
-            return (dt.datetime.fromisoformat(ti["start_date"]).timestamp(),
-                    {"driver": driver, "session": session, "job": job, "job_end": job_end})
+            return (
+                dt.datetime.fromisoformat(ti["start_date"]).timestamp(),
+                {"driver": driver, "session": session, "job": job, "job_end": job_end},
+            )
     print(f"bench: no start-up line in the task logs of {run_id} (an offsetlake that does not print one?)")
     return min(dt.datetime.fromisoformat(ti["start_date"]).timestamp() for ti in tis), {}
 
 
-def spark_submit_timeline(records: int, triggered: float, task: float, starts: dict[str, float],
-                          report: dict[str, float], commit: float) -> dict:
+def spark_submit_timeline(
+    records: int, triggered: float, task: float, starts: dict[str, float], report: dict[str, float], commit: float
+) -> dict:
     """Where a triggered run's time went, trigger -> Delta commit, as (step, seconds) in order."""
     jvm = starts.get("spark-submit")
-    after_jvm = (lambda key: None if jvm is None or key not in report else jvm + report[key])
-    marks = [("trigger -> the Airflow task starts (scheduler, executor)", task),
-             ("-> spark-submit starts (task runner; operator: pipeline, connections, anything to do?)", jvm),
-             ("-> the Python driver starts (Spark's launcher, SparkSubmit's JVM)", after_jvm("driver")),
-             ("-> the Spark session is ready (SparkContext)",
-              after_jvm("session")),
-             ("-> the batch's Spark job is submitted (the plan was made meanwhile)", after_jvm("job")),
-             ("-> the job ends (Spark's Python daemon and workers start in it)", after_jvm("job_end")),
-             ("-> the Delta commit", commit)]
+
+    def after_jvm(key: str) -> float | None:
+        return None if jvm is None or key not in report else jvm + report[key]
+
+    marks = [
+        ("trigger -> the Airflow task starts (scheduler, executor)", task),
+        ("-> spark-submit starts (task runner; operator: pipeline, connections, anything to do?)", jvm),
+        ("-> the Python driver starts (Spark's launcher, SparkSubmit's JVM)", after_jvm("driver")),
+        ("-> the Spark session is ready (SparkContext)", after_jvm("session")),
+        ("-> the batch's Spark job is submitted (the plan was made meanwhile)", after_jvm("job")),
+        ("-> the job ends (Spark's Python daemon and workers start in it)", after_jvm("job_end")),
+        ("-> the Delta commit", commit),
+    ]
     steps, last = [], triggered
     for label, at in marks:
         if at is None:
@@ -868,18 +1012,31 @@ def spark_submit_timeline(records: int, triggered: float, task: float, starts: d
         steps.append((label, at - last))
         last = at
     daemon = starts.get("daemon")
-    return {"records": records, "trigger_to_commit_seconds": commit - triggered, "steps": steps,
-            "daemon_after_job_submitted_seconds": None if daemon is None or after_jvm("job") is None
-            else daemon - after_jvm("job")}
+    return {
+        "records": records,
+        "trigger_to_commit_seconds": commit - triggered,
+        "steps": steps,
+        "daemon_after_job_submitted_seconds": None
+        if daemon is None or after_jvm("job") is None
+        else daemon - after_jvm("job"),
+    }
 
 
 def airflow_targets(result: dict) -> list[tuple[str, str, bool]]:
     idle, commit = (statistics.median(result[k]) for k in ("idle_run_seconds", "small_batch_commit_seconds"))
     return [
-        (f"airflow: ingest run with nothing to do, trigger -> run end, median {idle:.1f}s of "
-         f"{[round(x, 1) for x in result['idle_run_seconds']]}", "< 10s", idle < 10),
-        (f"airflow: triggered 1,000-record batch, trigger -> Delta commit, median {commit:.1f}s of "
-         f"{[round(x, 1) for x in result['small_batch_commit_seconds']]}", "< 30s", commit < 30),
+        (
+            f"airflow: ingest run with nothing to do, trigger -> run end, median {idle:.1f}s of "
+            f"{[round(x, 1) for x in result['idle_run_seconds']]}",
+            "< 10s",
+            idle < 10,
+        ),
+        (
+            f"airflow: triggered 1,000-record batch, trigger -> Delta commit, median {commit:.1f}s of "
+            f"{[round(x, 1) for x in result['small_batch_commit_seconds']]}",
+            "< 30s",
+            commit < 30,
+        ),
     ]
 
 
@@ -888,13 +1045,17 @@ def print_timeline(result: dict) -> None:
     large = result.get("large_batch")
     if not large:
         return
-    print(f"\nairflow: a triggered {large['records']:,}-record batch, trigger -> Delta commit "
-          f"{large['trigger_to_commit_seconds']:.2f}s (one run, spark-submit on local[2]):")
+    print(
+        f"\nairflow: a triggered {large['records']:,}-record batch, trigger -> Delta commit "
+        f"{large['trigger_to_commit_seconds']:.2f}s (one run, spark-submit on local[2]):"
+    )
     for label, seconds in large["steps"]:
         print(f"  {label:<96} {'(not seen)' if seconds is None else f'{seconds:6.2f}s'}")
     if large["daemon_after_job_submitted_seconds"] is not None:
-        print(f"  (Spark's Python daemon started {large['daemon_after_job_submitted_seconds']:.2f}s after the job "
-              f"was submitted)")
+        print(
+            f"  (Spark's Python daemon started {large['daemon_after_job_submitted_seconds']:.2f}s after the job "
+            f"was submitted)"
+        )
 
 
 def main() -> None:
@@ -903,13 +1064,22 @@ def main() -> None:
     parser.add_argument("--scale-records", type=int, default=10_000_000, help="0 skips the scale run")
     parser.add_argument("--airflow-only", action="store_true", help="only the runs through real Airflow processes")
     parser.add_argument("--formats-only", action="store_true", help="only raw read, json and avro ingest")
-    parser.add_argument("--bootstrap", metavar="HOST:PORT",
-                        help="run against this Kafka cluster instead of the embedded noida-db (own topics, deleted after)")
-    parser.add_argument("--registry", metavar="URL", help="a Schema Registry for the Avro line (default: the embedded one)")
-    parser.add_argument("--client-config", metavar="FILE",
-                        help="librdkafka settings (key=value lines: security.protocol, sasl.*, ssl.*) for every client")
-    parser.add_argument("--first-ingest", nargs=4, metavar=("BOOTSTRAP", "TOPIC", "LAKE", "NAME"),
-                        help=argparse.SUPPRESS)  # the child process of median_first_ingest
+    parser.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        help="run against this Kafka cluster instead of the embedded noida-db (own topics, deleted after)",
+    )
+    parser.add_argument(
+        "--registry", metavar="URL", help="a Schema Registry for the Avro line (default: the embedded one)"
+    )
+    parser.add_argument(
+        "--client-config",
+        metavar="FILE",
+        help="librdkafka settings (key=value lines: security.protocol, sasl.*, ssl.*) for every client",
+    )
+    parser.add_argument(
+        "--first-ingest", nargs=4, metavar=("BOOTSTRAP", "TOPIC", "LAKE", "NAME"), help=argparse.SUPPRESS
+    )  # the child process of median_first_ingest
     args = parser.parse_args()
     if args.client_config and not Path(args.client_config).is_file():
         parser.error(f"--client-config {args.client_config}: no such file")
@@ -947,15 +1117,23 @@ def main() -> None:
         spark = build_session("offsetlake-bench")
 
         with PeakMemory() as mem_1m:
-            n_rawfmt, rawfmt_s, raw_share = median_ingest(spark, bootstrap, topic, lake, "bench_raw",
-                                                          {"type": "raw"}, paired_with=ends)
-        n_json, json_s, json_share = median_ingest(spark, bootstrap, topic, lake, "bench_json",
-                                                   JSON_FORMAT, paired_with=ends)
+            n_rawfmt, rawfmt_s, raw_share = median_ingest(
+                spark, bootstrap, topic, lake, "bench_raw", {"type": "raw"}, paired_with=ends
+            )
+        n_json, json_s, json_share = median_ingest(
+            spark, bootstrap, topic, lake, "bench_json", JSON_FORMAT, paired_with=ends
+        )
         avro_format = avro_events(bootstrap, registry_url, lake, args.records)
-        n_avro, avro_s, _ = median_ingest(spark, bootstrap, topic_name("avro"), lake, "bench_avro", avro_format,
-                                          paired_with=committed_ends(cluster, topic_name("avro")))
-        eo = exactly_once_overhead(
-            spark, lambda name: pipeline(name, bootstrap, topic, lake, {"type": "raw"}))
+        n_avro, avro_s, _ = median_ingest(
+            spark,
+            bootstrap,
+            topic_name("avro"),
+            lake,
+            "bench_avro",
+            avro_format,
+            paired_with=committed_ends(cluster, topic_name("avro")),
+        )
+        eo = exactly_once_overhead(spark, lambda name: pipeline(name, bootstrap, topic, lake, {"type": "raw"}))
 
         produce(bootstrap, topic, 1000, start=args.records)
         n_small, small_s = timed_ingest(spark, cfg_raw)
@@ -984,10 +1162,20 @@ def main() -> None:
     n_eo, eo_s, plain_s = eo["records"], eo["protocol"], eo["plain"]
     rows = [
         (f"raw read (1 consumer, median of {RUNS})", n_raw, raw_s, raw_rate, 1.0),
-        (f"first ingest of a session, raw (median of {FIRST_RUNS})", n_cold, cold_s, n_cold / cold_s,
-         n_cold / cold_s / raw_rate),
-        (f"offsetlake ingest, raw format (median of {RUNS}, paired)", n_rawfmt, rawfmt_s, n_rawfmt / rawfmt_s,
-         raw_share),
+        (
+            f"first ingest of a session, raw (median of {FIRST_RUNS})",
+            n_cold,
+            cold_s,
+            n_cold / cold_s,
+            n_cold / cold_s / raw_rate,
+        ),
+        (
+            f"offsetlake ingest, raw format (median of {RUNS}, paired)",
+            n_rawfmt,
+            rawfmt_s,
+            n_rawfmt / rawfmt_s,
+            raw_share,
+        ),
         (JSON_ROW, n_json, json_s, n_json / json_s, json_share),
         (AVRO_ROW, n_avro, avro_s, n_avro / avro_s, n_avro / avro_s / raw_rate),
         ("raw format, exactly-once protocol (median of 5)", n_eo, eo_s, n_eo / eo_s, n_eo / eo_s / raw_rate),
@@ -997,61 +1185,100 @@ def main() -> None:
     if scale:
         n_scale_raw, scale_raw_s, n_scale, scale_s, _ = scale
         scale_raw_rate = n_scale_raw / scale_raw_s
-        rows += [("scale: raw read", n_scale_raw, scale_raw_s, scale_raw_rate, 1.0),
-                 ("scale: offsetlake ingest, raw format", n_scale, scale_s, n_scale / scale_s,
-                  n_scale / scale_s / scale_raw_rate)]
+        rows += [
+            ("scale: raw read", n_scale_raw, scale_raw_s, scale_raw_rate, 1.0),
+            (
+                "scale: offsetlake ingest, raw format",
+                n_scale,
+                scale_s,
+                n_scale / scale_s,
+                n_scale / scale_s / scale_raw_rate,
+            ),
+        ]
     print(f"\nbroker: {out['broker']}")
-    print(f"produced {args.records} records in {out['produce_seconds']:.1f}s; "
-          f"Spark session start {out['spark_session_seconds']:.1f}s (median of {FIRST_RUNS} new processes, reported apart)")
+    print(
+        f"produced {args.records} records in {out['produce_seconds']:.1f}s; "
+        f"Spark session start {out['spark_session_seconds']:.1f}s "
+        f"(median of {FIRST_RUNS} new processes, reported apart)"
+    )
     print(f"{'measure':<{LABEL_WIDTH}} {'records':>9} {'seconds':>8} {'rec/s':>10} {'of raw read':>12}")
     for row in rows:
         print_row(*row)
 
     overhead = eo_s / plain_s - 1
     direct = (eo["bookkeeping"] - eo["plain_commit"]) / plain_s
-    print(f"\nexactly-once bookkeeping, per {n_eo:,}-record batch: {eo['bookkeeping']:.3f}s of ledger, verdict, txn "
-          f"commit and clean-up against {eo['plain_commit']:.3f}s for the plain commit; end to end {overhead:+.1%} "
-          f"(medians of 5; one run to the next varies by 10-20% here)")
+    print(
+        f"\nexactly-once bookkeeping, per {n_eo:,}-record batch: {eo['bookkeeping']:.3f}s of ledger, verdict, txn "
+        f"commit and clean-up against {eo['plain_commit']:.3f}s for the plain commit; end to end {overhead:+.1%} "
+        f"(medians of 5; one run to the next varies by 10-20% here)"
+    )
     if latencies:
-        print(f"stream: median time between committed batches "
-              f"{statistics.median(batch_seconds) if batch_seconds else 0:.2f}s")
+        print(
+            f"stream: median time between committed batches "
+            f"{statistics.median(batch_seconds) if batch_seconds else 0:.2f}s"
+        )
     print(f"peak memory during the {args.records:,} ingest (MB): {mem_1m.by_role()}")
     if scale:
         print(f"scale: {args.scale_records:,} records, peak memory (MB): {scale[4]}")
-    print("largest fetch response for a read from offset 0 asking for at most 1 MiB (fetch.max.bytes): "
-          + ", ".join(f"{n:,}-record topic {size / 2**20:.0f} MiB" for n, size in fetch_bytes.items())
-          + " (a broker that honours fetch.max.bytes answers with at most 1 MiB; noida-db sends the partition's tail)")
+    print(
+        "largest fetch response for a read from offset 0 asking for at most 1 MiB (fetch.max.bytes): "
+        + ", ".join(f"{n:,}-record topic {size / 2**20:.0f} MiB" for n, size in fetch_bytes.items())
+        + " (a broker that honours fetch.max.bytes answers with at most 1 MiB; noida-db sends the partition's tail)"
+    )
 
-    targets = [*share_targets(raw_share, json_share),
+    targets = [
+        *share_targets(raw_share, json_share),
         avro_target(n_json / json_s, n_avro / avro_s),
-        (f"first ingest of a session over a warm one in the same process, median of {FIRST_RUNS} processes: "
-         f"{first['over_warm'] - 1:+.0%} (first {cold_s:.2f}s)", "within +20%", first["over_warm"] <= 1.2),
+        (
+            f"first ingest of a session over a warm one in the same process, median of {FIRST_RUNS} processes: "
+            f"{first['over_warm'] - 1:+.0%} (first {cold_s:.2f}s)",
+            "within +20%",
+            first["over_warm"] <= 1.2,
+        ),
         (f"exactly-once bookkeeping {direct:+.1%} of a plain append's batch, timed directly", "<= 3%", direct <= 0.03),
-        (f"stream latency, Kafka commit -> Delta commit: median {statistics.median(latencies):.2f}s, max "
-         f"{max(latencies):.2f}s over {len(latencies)}" if latencies else "stream latency: no sample", "median < 2s",
-         bool(latencies) and statistics.median(latencies) < 2),
+        (
+            f"stream latency, Kafka commit -> Delta commit: median {statistics.median(latencies):.2f}s, max "
+            f"{max(latencies):.2f}s over {len(latencies)}"
+            if latencies
+            else "stream latency: no sample",
+            "median < 2s",
+            bool(latencies) and statistics.median(latencies) < 2,
+        ),
         *airflow_targets(out["airflow"]),
     ]
     if scale:
         rate_1m, rate_scale = rows[2][3], rows[-1][3]
         worker_1m, worker_scale = (m["python worker (largest)"] for m in (mem_1m.by_role(), scale[4]))
         targets += [
-            (f"scale: {args.scale_records:,} records at {rate_scale / rate_1m:.0%} of the {args.records:,} run's rate",
-             ">= 85%", rate_scale >= 0.85 * rate_1m),
-            (f"scale: largest Python worker {worker_scale:.0f} MB at {args.scale_records:,} records, "
-             f"{worker_1m:.0f} MB at {args.records:,} (same max_records_per_task)", "<= 1.5x (bounded by the task)",
-             worker_scale <= 1.5 * worker_1m),
+            (
+                f"scale: {args.scale_records:,} records at {rate_scale / rate_1m:.0%} "
+                f"of the {args.records:,} run's rate",
+                ">= 85%",
+                rate_scale >= 0.85 * rate_1m,
+            ),
+            (
+                f"scale: largest Python worker {worker_scale:.0f} MB at {args.scale_records:,} records, "
+                f"{worker_1m:.0f} MB at {args.records:,} (same max_records_per_task)",
+                "<= 1.5x (bounded by the task)",
+                worker_scale <= 1.5 * worker_1m,
+            ),
         ]
     print_timeline(out["airflow"])
     print_targets(targets)
-    out.update({
-        "rows": [dict(zip(("measure", "records", "seconds", "rate", "ratio"), r)) for r in rows],
-        "exactly_once_overhead": overhead, "exactly_once_overhead_direct": direct, "exactly_once_seconds": eo,
-        "targets": [{"measured": m, "target": t, "met": bool(ok)} for m, t, ok in targets],
-        "stream_latency_seconds": latencies,
-        "stream_batch_interval_seconds": batch_seconds, "peak_memory_mb": mem_1m.by_role(),
-        "scale_peak_memory_mb": scale[4] if scale else None, "largest_fetch_response_bytes": fetch_bytes,
-    })
+    out.update(
+        {
+            "rows": [dict(zip(("measure", "records", "seconds", "rate", "ratio"), r)) for r in rows],
+            "exactly_once_overhead": overhead,
+            "exactly_once_overhead_direct": direct,
+            "exactly_once_seconds": eo,
+            "targets": [{"measured": m, "target": t, "met": bool(ok)} for m, t, ok in targets],
+            "stream_latency_seconds": latencies,
+            "stream_batch_interval_seconds": batch_seconds,
+            "peak_memory_mb": mem_1m.by_role(),
+            "scale_peak_memory_mb": scale[4] if scale else None,
+            "largest_fetch_response_bytes": fetch_bytes,
+        }
+    )
     RESULTS.write_text(json.dumps(out, indent=2))
     print(f"written to {RESULTS}")
 

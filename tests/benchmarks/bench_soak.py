@@ -30,6 +30,7 @@ without maintenance, and the peak memory of this process.
     python tests/benchmarks/bench_soak.py [--commits 20000] [--window-seconds 5] [--optimize-every 1000]
                                           [--plain-commits 5000] [--workdir DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,14 +70,21 @@ WINDOW = 50
 def pipeline(workdir: Path, name: str, compact_every: int, window_seconds: float | None):
     """The pipeline, its table created with its maintenance properties (and windows compressed to
     `window_seconds` when given)."""
-    doc = {"name": name, "topics": [TOPIC], "kafka": {"bootstrap_servers": "127.0.0.1:9"},
-           "table": {"path": str(workdir / name)}, "format": {"type": "raw"},
-           "maintenance": {"compact_every_batches": compact_every}}
+    doc = {
+        "name": name,
+        "topics": [TOPIC],
+        "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+        "table": {"path": str(workdir / name)},
+        "format": {"type": "raw"},
+        "maintenance": {"compact_every_batches": compact_every},
+    }
     cfg = parse_pipeline(doc, name)
     properties = cfg.maintenance.table_properties()
     if window_seconds is not None:
-        properties |= {"delta.logRetentionDuration": f"interval {window_seconds:g} seconds",
-                       "delta.deletedFileRetentionDuration": f"interval {window_seconds:g} seconds"}
+        properties |= {
+            "delta.logRetentionDuration": f"interval {window_seconds:g} seconds",
+            "delta.deletedFileRetentionDuration": f"interval {window_seconds:g} seconds",
+        }
     open_table(cfg.table_path, table_schema(cfg), [], cfg.name, properties=properties)
     return cfg
 
@@ -89,21 +97,37 @@ def one_batch(cfg, run: Run, number: int) -> tuple[float, set[str]]:
     ledger = read_ledger(table, cfg.name, tps)
     p = number % PARTITIONS
     start = ledger.offsets.get((TOPIC, p), 0)
-    plan = BatchPlan(cfg.name, ledger.next_batch(), {tp: ledger.offsets.get(tp, 0) for tp in tps},
-                     {tp: ledger.offsets.get(tp, 0) + (RECORDS_PER_BATCH if tp == (TOPIC, p) else 0) for tp in tps},
-                     ledger_offsets={tp: ledger.offsets.get(tp) for tp in tps})
+    plan = BatchPlan(
+        cfg.name,
+        ledger.next_batch(),
+        {tp: ledger.offsets.get(tp, 0) for tp in tps},
+        {tp: ledger.offsets.get(tp, 0) + (RECORDS_PER_BATCH if tp == (TOPIC, p) else 0) for tp in tps},
+        ledger_offsets={tp: ledger.offsets.get(tp) for tp in tps},
+    )
     rng = OffsetRange(TOPIC, p, start, start + RECORDS_PER_BATCH)
-    rows = pa.table({"key": [b"k"] * RECORDS_PER_BATCH, "value": [b"soak value"] * RECORDS_PER_BATCH,
-                     "kafka_topic": [TOPIC] * RECORDS_PER_BATCH,
-                     "kafka_partition": pa.array([p] * RECORDS_PER_BATCH, pa.int32()),
-                     "kafka_offset": pa.array(range(start, start + RECORDS_PER_BATCH), pa.int64()),
-                     "kafka_timestamp": pa.array([1_700_000_000_000] * RECORDS_PER_BATCH, pa.timestamp("ms", tz="UTC"))},
-                    schema=table_schema(cfg))
+    rows = pa.table(
+        {
+            "key": [b"k"] * RECORDS_PER_BATCH,
+            "value": [b"soak value"] * RECORDS_PER_BATCH,
+            "kafka_topic": [TOPIC] * RECORDS_PER_BATCH,
+            "kafka_partition": pa.array([p] * RECORDS_PER_BATCH, pa.int32()),
+            "kafka_offset": pa.array(range(start, start + RECORDS_PER_BATCH), pa.int64()),
+            "kafka_timestamp": pa.array([1_700_000_000_000] * RECORDS_PER_BATCH, pa.timestamp("ms", tz="UTC")),
+        },
+        schema=table_schema(cfg),
+    )
     attempt = new_attempt_id()
     with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as files_of_attempt:
         files = write_files(cfg.table_path, rows, [], lambda part: attempt_file_name(plan.batch, attempt, 0, 0, part))
-        result = commit_batch(cfg, plan, attempt, TaskFiles(RECORDS_PER_BATCH, [WrittenFile(rng, f) for f in files], []),
-                              run, files_of_attempt, snapshot=table)
+        result = commit_batch(
+            cfg,
+            plan,
+            attempt,
+            TaskFiles(RECORDS_PER_BATCH, [WrittenFile(rng, f) for f in files], []),
+            run,
+            files_of_attempt,
+            snapshot=table,
+        )
     assert result.status == "committed", result.message
     return time.perf_counter() - started, result.files
 
@@ -122,8 +146,10 @@ def soak(cfg, commits: int, maintained: bool, log, optimize_every: int = 0) -> d
             optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb, run=run)
         if n in MARKS or n == commits or n % 5_000 == 0:
             marks[n] = statistics.median(latencies[-WINDOW:])
-            log(f"  {'maintained' if maintained else 'no maintenance':<15} commit {n:>6}: "
-                f"{marks[n] * 1000:7.1f} ms (median of the last {min(WINDOW, n)})")
+            log(
+                f"  {'maintained' if maintained else 'no maintenance':<15} commit {n:>6}: "
+                f"{marks[n] * 1000:7.1f} ms (median of the last {min(WINDOW, n)})"
+            )
     if maintained:
         checkpoint(cfg.table_path)
     return {"marks": marks, "commits": commits, **table_shape(cfg)}
@@ -134,9 +160,13 @@ def table_shape(cfg) -> dict:
     table = open_table(cfg.table_path)
     files = len(table.file_uris())
     rows = query(cfg.table_path, "SELECT count(*) AS n FROM t").column(0)[0].as_py()
-    return {"files": files, "rows": rows, "read_seconds": time.perf_counter() - started,
-            "log_files": len(list(Path(cfg.table_path, "_delta_log").iterdir())),
-            "tombstones": _tombstones_in_last_checkpoint(cfg.table_path)}
+    return {
+        "files": files,
+        "rows": rows,
+        "read_seconds": time.perf_counter() - started,
+        "log_files": len(list(Path(cfg.table_path, "_delta_log").iterdir())),
+        "tombstones": _tombstones_in_last_checkpoint(cfg.table_path),
+    }
 
 
 def _tombstones_in_last_checkpoint(uri: str) -> int:
@@ -150,10 +180,18 @@ def _tombstones_in_last_checkpoint(uri: str) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commits", type=int, default=20_000)
-    parser.add_argument("--window-seconds", type=float, default=5.0,
-                        help="the maintained table's log and deleted-file retention (compressed time)")
-    parser.add_argument("--optimize-every", type=int, default=1_000,
-                        help="commits between the maintenance DAG's optimize runs on the maintained table")
+    parser.add_argument(
+        "--window-seconds",
+        type=float,
+        default=5.0,
+        help="the maintained table's log and deleted-file retention (compressed time)",
+    )
+    parser.add_argument(
+        "--optimize-every",
+        type=int,
+        default=1_000,
+        help="commits between the maintenance DAG's optimize runs on the maintained table",
+    )
     parser.add_argument("--plain-commits", type=int, default=5_000)
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
@@ -162,23 +200,36 @@ def main(argv=None) -> int:
     log(f"soak: {args.commits} commits of {RECORDS_PER_BATCH} records per table, in {workdir}")
     results = {}
     for maintained in (True, False):
-        cfg = pipeline(workdir, "soak_maintained" if maintained else "soak_plain",
-                       compact_every=50 if maintained else 0, window_seconds=args.window_seconds if maintained else None)
-        results[maintained] = soak(cfg, args.commits if maintained else min(args.commits, args.plain_commits),
-                                   maintained, log, args.optimize_every)
+        cfg = pipeline(
+            workdir,
+            "soak_maintained" if maintained else "soak_plain",
+            compact_every=50 if maintained else 0,
+            window_seconds=args.window_seconds if maintained else None,
+        )
+        results[maintained] = soak(
+            cfg,
+            args.commits if maintained else min(args.commits, args.plain_commits),
+            maintained,
+            log,
+            args.optimize_every,
+        )
     first, last = min(results[True]["marks"]), max(results[True]["marks"])
     growth = results[True]["marks"][last] / results[True]["marks"][first] - 1
     log("\nsmall-batch latency (median of 50 commits), maintained table:")
     for n, seconds in results[True]["marks"].items():
         log(f"  commit {n:>6}: {seconds * 1000:7.1f} ms")
-    log(f"commit {last} vs commit {first}: {growth:+.1%} (target: within +10%) -> "
-        f"{'met' if growth <= 0.10 else 'NOT met'}")
+    log(
+        f"commit {last} vs commit {first}: {growth:+.1%} (target: within +10%) -> "
+        f"{'met' if growth <= 0.10 else 'NOT met'}"
+    )
     plain = results[False]["marks"]
     log(f"without maintenance: commit {max(plain)} vs {min(plain)}: {plain[max(plain)] / plain[min(plain)] - 1:+.1%}")
     for label, key in (("maintained", True), ("no maintenance", False)):
         r = results[key]
-        log(f"{label:<15} after {r['commits']:>6} commits: data files {r['files']:>6}, log files {r['log_files']:>6}, "
-            f"tombstones {r['tombstones']:>6}, rows {r['rows']:>7}, full read {r['read_seconds'] * 1000:8.1f} ms")
+        log(
+            f"{label:<15} after {r['commits']:>6} commits: data files {r['files']:>6}, log files {r['log_files']:>6}, "
+            f"tombstones {r['tombstones']:>6}, rows {r['rows']:>7}, full read {r['read_seconds'] * 1000:8.1f} ms"
+        )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     log(f"peak memory of this process: {peak:.0f} MB")
     if not args.workdir:

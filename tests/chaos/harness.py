@@ -29,6 +29,7 @@ schedule; thread and process timing still vary from run to run.
 
     python tests/chaos/harness.py --faults 200 [--seed N] [--workdir DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,20 +55,20 @@ for path in (REPO / "tests", REPO / "tests" / "chaos"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import logging  # noqa: E402
+
 from deltalake import DeltaTable  # noqa: E402
 from deltalake.exceptions import CommitFailedError, DeltaError  # noqa: E402
 
-import logging  # noqa: E402
-
-from offsetlake.local import broker as embedded_broker  # noqa: E402
-from offsetlake.local import schema_registry as embedded_registry  # noqa: E402
+import oracle  # noqa: E402
 from offsetlake.audit import audit  # noqa: E402
-from offsetlake.kafka import KafkaCluster  # noqa: E402
 from offsetlake.compaction import optimize  # noqa: E402
 from offsetlake.errors import TableError  # noqa: E402
 from offsetlake.formats import table_schema  # noqa: E402
+from offsetlake.kafka import KafkaCluster  # noqa: E402
+from offsetlake.local import broker as embedded_broker  # noqa: E402
+from offsetlake.local import schema_registry as embedded_registry  # noqa: E402
 from offsetlake.maintenance import checkpoint, cleanup, restore, vacuum  # noqa: E402
-import oracle  # noqa: E402
 from support import create_topic, ledger_offsets, load, quarantine_lineage, table_lineage, write_pipeline  # noqa: E402
 from workload import Workload  # noqa: E402
 
@@ -76,11 +77,22 @@ PARTITIONS = 4
 # Every kind once (in a seeded order) before the rest are drawn by weight: a short run still covers them all.
 KINDS = {
     **{f"kill@{p}": 3 for p in POINTS},
-    "kill@random ingest": 3, "kill@random stream": 2, "kill@random backfill": 2,
-    "duplicate runs": 2, "zombie@after_files_written": 1, "zombie@before_commit": 1,
-    "broker restart": 2, "broker restart during stream": 2, "restore (delta-rs)": 1, "restore (offsetlake)": 1, "cleanup during ingest": 2,
-    "optimize during ingest": 2, "optimize during stream": 1, "optimize during backfill": 1,
-    "vacuum during ingest": 1, "checkpoint during ingest": 1,
+    "kill@random ingest": 3,
+    "kill@random stream": 2,
+    "kill@random backfill": 2,
+    "duplicate runs": 2,
+    "zombie@after_files_written": 1,
+    "zombie@before_commit": 1,
+    "broker restart": 2,
+    "broker restart during stream": 2,
+    "restore (delta-rs)": 1,
+    "restore (offsetlake)": 1,
+    "cleanup during ingest": 2,
+    "optimize during ingest": 2,
+    "optimize during stream": 1,
+    "optimize during backfill": 1,
+    "vacuum during ingest": 1,
+    "checkpoint during ingest": 1,
 }
 LOG_RETENTION = "interval 1 minutes"  # so that checkpoints really remove commit files during the run
 JOB_TIMEOUT = 300
@@ -132,6 +144,7 @@ class Stillness:
 @dataclass
 class Job:
     """A real offsetlake process in its own process group (driver, JVM and Python workers)."""
+
     name: str
     proc: subprocess.Popen
     log: Path
@@ -177,7 +190,7 @@ class Summary:
     produced: dict = field(default_factory=dict)
     examples: list = field(default_factory=list)
     excused: int = 0  # jobs other than streams that failed while a broker restart was under way
-    streams: list["StreamWatch"] = field(default_factory=list)  # streams that met a broker restart
+    streams: list[StreamWatch] = field(default_factory=list)  # streams that met a broker restart
     columns: list[str] = field(default_factory=list)  # the table's, at the end (avro: schema 2's field)
 
     @property
@@ -201,45 +214,74 @@ class Summary:
 
     def table(self) -> str:
         width = max(len(k) for k in [*self.faults, "duplicated (offsets twice)"]) + 2
-        lines = [f"chaos run, seed {self.seed}: {self.injected} faults injected in {self.seconds:.0f} s",
-                 "-" * (width + 10)]
+        lines = [
+            f"chaos run, seed {self.seed}: {self.injected} faults injected in {self.seconds:.0f} s",
+            "-" * (width + 10),
+        ]
         lines += [f"{kind:<{width}}{n:>8}" for kind, n in sorted(self.faults.items())]
         lines += ["-" * (width + 10)]
-        rows = [("batches committed (job logs)", self.batches), ("kafka records (read_committed)", self.kafka_records),
-                ("table rows", self.table_rows), ("quarantined", self.quarantined),
-                ("checked against the producers' record", self.journaled),
-                ("missing", self.missing), ("duplicated (offsets twice)", self.duplicated),
-                ("unexpected (not in Kafka)", self.unexpected), ("values or reasons wrong", self.wrong)]
+        rows = [
+            ("batches committed (job logs)", self.batches),
+            ("kafka records (read_committed)", self.kafka_records),
+            ("table rows", self.table_rows),
+            ("quarantined", self.quarantined),
+            ("checked against the producers' record", self.journaled),
+            ("missing", self.missing),
+            ("duplicated (offsets twice)", self.duplicated),
+            ("unexpected (not in Kafka)", self.unexpected),
+            ("values or reasons wrong", self.wrong),
+        ]
         width = max(width, *(len(k) + 2 for k, _ in rows))
         lines += [f"{k:<{width}}{v:>8}" for k, v in rows]
-        lines += [f"{'offsetlake audit':<{width}}{'ok' if self.audit_ok else 'FAILED':>8}",
-                  f"{'job failures (not injected)':<{width}}{len(self.job_failures):>8}",
-                  f"{'ingest/backfill failures excused by a broker restart':<{width}}{self.excused:>8}"]
+        lines += [
+            f"{'offsetlake audit':<{width}}{'ok' if self.audit_ok else 'FAILED':>8}",
+            f"{'job failures (not injected)':<{width}}{len(self.job_failures):>8}",
+            f"{'ingest/backfill failures excused by a broker restart':<{width}}{self.excused:>8}",
+        ]
         if self.streams:
             gap, down = self.longest_gap
             up = sum(w.up_seconds for w in self.streams)
-            lines += [f"stream uptime across {len(self.streams)} broker restarts: {100 * self.stream_uptime:.1f}% "
-                      f"({up:.0f} s up of {sum(w.wanted_seconds for w in self.streams):.0f} s)",
-                      f"longest gap between a stream's commits across a restart: {gap:.1f} s "
-                      f"(broker down {down:.1f} s); median "
-                      f"{statistics.median(w.gap for w in self.streams):.1f} s"]
+            lines += [
+                f"stream uptime across {len(self.streams)} broker restarts: {100 * self.stream_uptime:.1f}% "
+                f"({up:.0f} s up of {sum(w.wanted_seconds for w in self.streams):.0f} s)",
+                f"longest gap between a stream's commits across a restart: {gap:.1f} s "
+                f"(broker down {down:.1f} s); median "
+                f"{statistics.median(w.gap for w in self.streams):.1f} s",
+            ]
         lines += [f"producers: {dict(self.produced)}"]
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
-        return {"seed": self.seed, "faults": dict(self.faults), "injected": self.injected, "batches": self.batches,
-                "kafka_records": self.kafka_records, "table_rows": self.table_rows, "quarantined": self.quarantined,
-                "missing": self.missing, "duplicated": self.duplicated, "unexpected": self.unexpected,
-                "wrong": self.wrong, "journaled": self.journaled, "findings": self.findings,
-                "audit_ok": self.audit_ok, "job_failures": self.job_failures, "seconds": round(self.seconds, 1),
-                "produced": self.produced, "examples": self.examples, "excused": self.excused,
-                "stream_uptime": round(self.stream_uptime, 4), "streams": [w.as_dict() for w in self.streams]}
+        return {
+            "seed": self.seed,
+            "faults": dict(self.faults),
+            "injected": self.injected,
+            "batches": self.batches,
+            "kafka_records": self.kafka_records,
+            "table_rows": self.table_rows,
+            "quarantined": self.quarantined,
+            "missing": self.missing,
+            "duplicated": self.duplicated,
+            "unexpected": self.unexpected,
+            "wrong": self.wrong,
+            "journaled": self.journaled,
+            "findings": self.findings,
+            "audit_ok": self.audit_ok,
+            "job_failures": self.job_failures,
+            "seconds": round(self.seconds, 1),
+            "produced": self.produced,
+            "examples": self.examples,
+            "excused": self.excused,
+            "stream_uptime": round(self.stream_uptime, 4),
+            "streams": [w.as_dict() for w in self.streams],
+        }
 
 
 @dataclass
 class StreamWatch:
     """One stream across one broker restart, seen from outside: when it printed each committed batch
     (its log, polled), whether it stayed up, and its longest stretch without a commit."""
+
     job: Job
     started: float = field(default_factory=time.monotonic)
     commits: list[float] = field(default_factory=list)  # monotonic times its commit lines were seen
@@ -273,8 +315,14 @@ class StreamWatch:
         return (self.died_at or self.wanted_until) - self.started
 
     def as_dict(self) -> dict:
-        return {"job": self.job.name, "commits": len(self.commits), "wanted": round(self.wanted_seconds, 1),
-                "up": round(self.up_seconds, 1), "gap": round(self.gap, 1), "broker_down": round(self.broker_down, 1)}
+        return {
+            "job": self.job.name,
+            "commits": len(self.commits),
+            "wanted": round(self.wanted_seconds, 1),
+            "up": round(self.up_seconds, 1),
+            "gap": round(self.gap, 1),
+            "broker_down": round(self.broker_down, 1),
+        }
 
 
 class Schedule:
@@ -317,16 +365,33 @@ class Chaos:
         # Avro mode: the demo events in Avro through a Schema Registry, key and headers kept, schema 2
         # arriving mid-run (a column added in the commit of its first record).
         self.registry = embedded_registry.start(workdir / "registry") if record_format == "avro" else None
-        avro = {"format": {"type": "avro", "schema": [], "registry": {"url": self.registry.url},
-                           "key": {"type": "string"}, "include_headers": True}} if self.registry else {}
-        name = write_pipeline(self.pipelines, self.broker.bootstrap_servers, [self.topic], workdir / "lake",
-                              name=f"chaos_{seed}", batch={"max_records_per_batch": 4000,
-                                                           "max_records_per_task": 1500,
-                                                           "read_timeout_seconds": 30}, **avro)
+        avro = (
+            {
+                "format": {
+                    "type": "avro",
+                    "schema": [],
+                    "registry": {"url": self.registry.url},
+                    "key": {"type": "string"},
+                    "include_headers": True,
+                }
+            }
+            if self.registry
+            else {}
+        )
+        name = write_pipeline(
+            self.pipelines,
+            self.broker.bootstrap_servers,
+            [self.topic],
+            workdir / "lake",
+            name=f"chaos_{seed}",
+            batch={"max_records_per_batch": 4000, "max_records_per_task": 1500, "read_timeout_seconds": 30},
+            **avro,
+        )
         self.cfg = load(self.pipelines, name)
         self.journal = oracle.Journal()  # what the workload's producers committed and aborted
-        self.workload = Workload(self.cfg.kafka, self.topic, seed, self.journal,
-                                 registry_url=self.registry.url if self.registry else None)
+        self.workload = Workload(
+            self.cfg.kafka, self.topic, seed, self.journal, registry_url=self.registry.url if self.registry else None
+        )
         self.jobs = 0
         self.tries = 0  # faults drawn, injected or not
 
@@ -340,18 +405,36 @@ class Chaos:
         log.parent.mkdir(parents=True, exist_ok=True)
         # One Spark core and a JVM tuned to start fast: many short jobs share two cores here,
         # and neither changes the code paths the faults hit.
-        env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1",
-               "OFFSETLAKE_SPARK_MASTER": "local[1]",
-               "JDK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+        env = {
+            **os.environ,
+            "OFFSETLAKE_HOME": str(REPO),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "OFFSETLAKE_SPARK_MASTER": "local[1]",
+            "JDK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        }
         env.pop("OFFSETLAKE_FAULT", None)
         if fault:
             env["OFFSETLAKE_FAULT"] = fault
             env["OFFSETLAKE_FAULT_DIR"] = str(fault_dir or self.workdir)
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "offsetlake.cli", command, "--pipeline", self.cfg.name,
-                 "--pipelines-dir", str(self.pipelines), *args],
-                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "offsetlake.cli",
+                    command,
+                    "--pipeline",
+                    self.cfg.name,
+                    "--pipelines-dir",
+                    str(self.pipelines),
+                    *args,
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         job = Job(f"{command}#{number}", proc, log, self.broker_restarts, self.ledger_moves)
         with self.lock:
             self.live = [j for j in self.live if j.proc.poll() is None] + [job]
@@ -510,9 +593,15 @@ class Chaos:
         job.proc.send_signal(signal.SIGTERM)  # a stream stops between batches, with exit 0
         rc = job.wait()
         job.kill()
-        failure = (f"died across a broker restart (exit {rc})" if watch.died_at is not None else
-                   f"no commit within {RECOVERY_LIMIT} s of the broker's return" if not recovered else
-                   f"exit {rc} after SIGTERM" if rc != 0 else None)
+        failure = (
+            f"died across a broker restart (exit {rc})"
+            if watch.died_at is not None
+            else f"no commit within {RECOVERY_LIMIT} s of the broker's return"
+            if not recovered
+            else f"exit {rc} after SIGTERM"
+            if rc != 0
+            else None
+        )
         with self.lock:
             self.summary.streams.append(watch)
             if failure:
@@ -554,6 +643,7 @@ class Chaos:
                 # version is gone). Any other error, or this one with the target still in the log, fails.
                 if target >= self.last_checkpoint():
                     raise
+
         with self.checkpoints:  # the other lane's checkpoint fault waits: the target stays in the log
             self.alongside_a_job(rng, restore_now)
         return bool(reached)
@@ -563,6 +653,7 @@ class Chaos:
             cleanup(self.cfg.table_path, 60)
             if Path(self.cfg.quarantine_path, "_delta_log").is_dir():
                 cleanup(self.cfg.quarantine_path, 60)
+
         self.alongside_a_job(rng, clean)
         return True
 
@@ -601,11 +692,13 @@ class Chaos:
             for _ in range(10):  # the property change is a commit: it can lose a race with a batch
                 try:
                     DeltaTable(self.cfg.table_path).alter.set_table_properties(
-                        {"delta.logRetentionDuration": LOG_RETENTION})
+                        {"delta.logRetentionDuration": LOG_RETENTION}
+                    )
                     break
                 except CommitFailedError:
                     time.sleep(0.2)
             checkpoint(self.cfg.table_path)
+
         with self.checkpoints:
             self.alongside_a_job(rng, checkpoint_now)
         return True
@@ -621,10 +714,14 @@ class Chaos:
             return self.restore(rng, "delta-rs" if "delta-rs" in kind else "offsetlake")
         if kind.startswith("optimize during "):
             return self.optimize_during(rng, kind.split()[-1])
-        return {"duplicate runs": self.duplicate_runs, "broker restart": self.broker_restart,
-                "broker restart during stream": self.broker_restart_during_stream,
-                "cleanup during ingest": self.cleanup_during_ingest, "vacuum during ingest": self.vacuum_during_ingest,
-                "checkpoint during ingest": self.checkpoint_during_ingest}[kind](rng)
+        return {
+            "duplicate runs": self.duplicate_runs,
+            "broker restart": self.broker_restart,
+            "broker restart during stream": self.broker_restart_during_stream,
+            "cleanup during ingest": self.cleanup_during_ingest,
+            "vacuum during ingest": self.vacuum_during_ingest,
+            "checkpoint during ingest": self.checkpoint_during_ingest,
+        }[kind](rng)
 
     # -- checks --------------------------------------------------------------------------------------
 
@@ -637,8 +734,10 @@ class Chaos:
         if twice or both:
             self.summary.duplicated = len(twice) + len(both)
             self.summary.examples = sorted(twice or both)[:5]
-            raise ChaosFailure(f"{when}: {len(twice)} offsets twice in the table, {len(both)} in table and "
-                               f"quarantine, e.g. {self.summary.examples}")
+            raise ChaosFailure(
+                f"{when}: {len(twice)} offsets twice in the table, {len(both)} in table and "
+                f"quarantine, e.g. {self.summary.examples}"
+            )
 
     def verify(self, when: str) -> None:
         """Row by row against Kafka read_committed, below the ledger's end (it need not be caught up)."""
@@ -647,8 +746,10 @@ class Chaos:
         self.tally(ledger_offsets(self.cfg))
         s = self.summary
         if s.findings:
-            raise ChaosFailure(f"{when}: {s.missing} missing, {s.duplicated} duplicated, {s.unexpected} unexpected, "
-                               f"{s.wrong} wrong:\n{s.findings}")
+            raise ChaosFailure(
+                f"{when}: {s.missing} missing, {s.duplicated} duplicated, {s.unexpected} unexpected, "
+                f"{s.wrong} wrong:\n{s.findings}"
+            )
 
     def tally(self, until: dict) -> None:
         """The oracle, values and producer-side truth included. The quarantine commit comes first, so a job
@@ -661,8 +762,13 @@ class Chaos:
         s.missing = found.count(oracle.MISSING, oracle.PRODUCER_LOST)
         s.duplicated = found.count(oracle.DUPLICATED, oracle.QUARANTINED_TWICE, oracle.BOTH)
         s.unexpected = found.count(oracle.UNEXPECTED, oracle.QUARANTINE_UNEXPECTED, oracle.PRODUCER_ABORTED)
-        s.wrong = found.count(oracle.WRONG_VALUE, oracle.QUARANTINE_WRONG, oracle.GOOD_QUARANTINED,
-                              oracle.BAD_NOT_QUARANTINED, oracle.PRODUCER_DIFFERS)
+        s.wrong = found.count(
+            oracle.WRONG_VALUE,
+            oracle.QUARANTINE_WRONG,
+            oracle.GOOD_QUARANTINED,
+            oracle.BAD_NOT_QUARANTINED,
+            oracle.PRODUCER_DIFFERS,
+        )
         s.examples, s.findings = found.examples(), found.report()
 
     def final_verdict(self) -> None:
@@ -681,8 +787,9 @@ class Chaos:
         self.summary.columns = [f.name for f in DeltaTable(self.cfg.table_path).schema().fields]
         # Counted from what the jobs printed: the table's history is cut short by the log clean-up the
         # checkpoint fault runs (one minute of log), and restores rewind batch numbers.
-        self.summary.batches = sum(log.read_text(errors="replace").count(COMMITTED)
-                                   for log in (self.workdir / "logs").glob("*.log"))
+        self.summary.batches = sum(
+            log.read_text(errors="replace").count(COMMITTED) for log in (self.workdir / "logs").glob("*.log")
+        )
         self.summary.audit_ok = audit(self.cfg).ok
 
     # -- the run ---------------------------------------------------------------------------------------
@@ -692,7 +799,9 @@ class Chaos:
         try:
             while not errors:
                 with self.lock:
-                    if self.summary.injected >= faults and (not schedule.uncovered or self.summary.injected >= 2 * faults):
+                    if self.summary.injected >= faults and (
+                        not schedule.uncovered or self.summary.injected >= 2 * faults
+                    ):
                         return
                     if self.tries >= MAX_TRIES_PER_FAULT * faults:  # the test then names the kinds never injected
                         return
@@ -710,8 +819,10 @@ class Chaos:
                     else:
                         schedule.not_reached(kind, covered=self.summary.faults[kind] > 0)
                     done, again = self.summary.injected, not injected and self.summary.faults[kind] == 0
-                self.log(f"[{done:>4}/{faults}] lane {number} {kind:<28} "
-                         f"{'injected' if injected else 'not reached'} ({time.monotonic() - t0:.1f} s)")
+                self.log(
+                    f"[{done:>4}/{faults}] lane {number} {kind:<28} "
+                    f"{'injected' if injected else 'not reached'} ({time.monotonic() - t0:.1f} s)"
+                )
                 if again:
                     # It could not happen yet (no table, no committed span, nothing to restore to above the
                     # last checkpoint): an ingest moves the table on before the kind comes back. Without
@@ -729,8 +840,10 @@ class Chaos:
         errors: list[BaseException] = []
         schedule = Schedule(self.rng)
         try:
-            lanes = [threading.Thread(target=self.lane, args=(n, schedule, faults, errors), name=f"lane-{n}")
-                     for n in range(1, self.lanes + 1)]
+            lanes = [
+                threading.Thread(target=self.lane, args=(n, schedule, faults, errors), name=f"lane-{n}")
+                for n in range(1, self.lanes + 1)
+            ]
             for t in lanes:
                 t.start()
             for t in lanes:
@@ -753,8 +866,14 @@ def _print(*args) -> None:
     print(*args, flush=True)
 
 
-def run(faults: int, seed: int | None = None, workdir: Path | None = None, log=_print, lanes: int = 2,
-        record_format: str = "json") -> Summary:
+def run(
+    faults: int,
+    seed: int | None = None,
+    workdir: Path | None = None,
+    log=_print,
+    lanes: int = 2,
+    record_format: str = "json",
+) -> Summary:
     seed = random.randrange(1_000_000) if seed is None else seed
     workdir = Path(workdir or tempfile.mkdtemp(prefix="offsetlake-chaos-"))
     log(f"chaos: seed {seed}, {faults} faults, {record_format} records, work in {workdir}")
@@ -764,8 +883,9 @@ def run(faults: int, seed: int | None = None, workdir: Path | None = None, log=_
         summary = chaos.run(faults)
     except ChaosFailure as err:
         log(chaos.summary.table())
-        raise ChaosFailure(f"{err} -- replay: make chaos CHAOS_ARGS='--seed {seed} --faults {faults} "
-                           f"--format {record_format}'") from None
+        raise ChaosFailure(
+            f"{err} -- replay: make chaos CHAOS_ARGS='--seed {seed} --faults {faults} --format {record_format}'"
+        ) from None
     finally:
         chaos.close()
     (workdir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
@@ -780,8 +900,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--lanes", type=int, default=2, help="faults injected side by side (default 2)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, table, broker data)")
-    parser.add_argument("--format", choices=["json", "avro"], default="json",
-                        help="the records: JSON, or Avro through a Schema Registry with a schema change mid-run")
+    parser.add_argument(
+        "--format",
+        choices=["json", "avro"],
+        default="json",
+        help="the records: JSON, or Avro through a Schema Registry with a schema change mid-run",
+    )
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="offsetlake-chaos-"))
     try:
@@ -791,8 +915,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"logs kept in {workdir}", file=sys.stderr)
         return 1
     if not summary.ok:
-        print(f"CHAOS FAILED: seed {summary.seed}: audit failed -- replay: make chaos "
-              f"CHAOS_ARGS='--seed {summary.seed} --faults {args.faults}'", file=sys.stderr)
+        print(
+            f"CHAOS FAILED: seed {summary.seed}: audit failed -- replay: make chaos "
+            f"CHAOS_ARGS='--seed {summary.seed} --faults {args.faults}'",
+            file=sys.stderr,
+        )
         return 1
     if not args.keep and not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)

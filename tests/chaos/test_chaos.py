@@ -3,6 +3,7 @@
 `make chaos` runs the same harness with 200. A failure names the seed; replay
 it with OFFSETLAKE_CHAOS_SEED=<seed> make test, or make chaos CHAOS_ARGS="--seed <seed>".
 """
+
 from __future__ import annotations
 
 import os

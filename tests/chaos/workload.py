@@ -17,6 +17,7 @@ transaction of a partition in each fetch, so a standard client reading from
 mid-log would drop later records of an aborting producer id. Apache Kafka
 does not; without this the harness would report the broker's losses as ours.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -44,8 +45,15 @@ PRODUCER_ERRORS = (KafkaException, SystemError)
 
 
 class Workload:
-    def __init__(self, settings: KafkaSettings, topic: str, seed: int, journal: Journal, pause_seconds: float = 0.1,
-                 registry_url: str | None = None):
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topic: str,
+        seed: int,
+        journal: Journal,
+        pause_seconds: float = 0.1,
+        registry_url: str | None = None,
+    ):
         self.settings, self.topic, self.pause, self.journal = settings, topic, pause_seconds, journal
         self.registry_url = registry_url  # avro mode: demo events in Avro through this registry
         self.stop_event = threading.Event()
@@ -87,6 +95,7 @@ class Workload:
         if self.registry_url is None:
             return demo_event
         from offsetlake.local.producer import avro_event_maker, registry_client
+
         client = registry_client(self.registry_url)
         v1, v2 = avro_event_maker(client, self.topic, 1), avro_event_maker(client, self.topic, 2)
         return lambda rng, seq: (v2 if seq >= EVOLVE_AT_SEQ and rng.random() < 0.5 else v1)(rng, seq)
@@ -94,9 +103,16 @@ class Workload:
     def _transactional(self) -> tuple[Producer, int]:
         with self._lock:
             epoch = self._epoch
-        producer = Producer(client_settings(self.settings, **{
-            "transactional.id": f"chaos-{uuid.uuid4().hex[:8]}-{next(self._generation)}",
-            "transaction.timeout.ms": 60_000, "linger.ms": 5}))
+        producer = Producer(
+            client_settings(
+                self.settings,
+                **{
+                    "transactional.id": f"chaos-{uuid.uuid4().hex[:8]}-{next(self._generation)}",
+                    "transaction.timeout.ms": 60_000,
+                    "linger.ms": 5,
+                },
+            )
+        )
         producer.init_transactions(TIMEOUT)
         return producer, epoch
 

@@ -1,6 +1,7 @@
 """A broker restart is waited out, not failed on: Kafka calls retry retriable errors with backoff for
 `kafka.retry_seconds`, and a stream stays up across the restart. Each test has a broker of its own
 (the session's is shared), stopped and started again on the same port and data by its PID."""
+
 from __future__ import annotations
 
 import logging
@@ -16,13 +17,27 @@ from offsetlake.config import KafkaSettings
 from offsetlake.errors import KafkaError, TableError
 from offsetlake.kafka import KafkaCluster
 from offsetlake.local import broker as embedded_broker
-from support import produce, REPO, assert_exactly_once, new_pipeline, pipeline_commits, table_lineage, wait_while_running
+from support import (
+    REPO,
+    assert_exactly_once,
+    new_pipeline,
+    pipeline_commits,
+    produce,
+    table_lineage,
+    wait_while_running,
+)
 
 
 def test_planning_waits_out_a_broker_restart(own_broker, tmp_path, caplog):
     # Each request gives up after 2 s (librdkafka waits that long on its own), the broker is away for 6.
-    cfg, _ = new_pipeline(own_broker.bootstrap_servers, tmp_path / "pipelines", tmp_path / "lake", partitions=2,
-                          records=200, kafka={"retry_seconds": 120, "timeout_seconds": 2})
+    cfg, _ = new_pipeline(
+        own_broker.bootstrap_servers,
+        tmp_path / "pipelines",
+        tmp_path / "lake",
+        partitions=2,
+        records=200,
+        kafka={"retry_seconds": 120, "timeout_seconds": 2},
+    )
     cluster = KafkaCluster(cfg.kafka)
     tps = cluster.partitions(cfg.topics)
     before = cluster.end_offsets(tps, "read_committed")
@@ -53,8 +68,9 @@ def test_what_cannot_get_better_fails_at_once(bootstrap, caplog):
     with pytest.raises(KafkaError, match="unknown topic 'no-such-topic'"):
         patient.partitions(["no-such-topic"])
 
-    nobody = KafkaCluster(KafkaSettings(bootstrap_servers=f"127.0.0.1:{embedded_broker.free_port()}",
-                                        timeout_seconds=2, retry_seconds=0))
+    nobody = KafkaCluster(
+        KafkaSettings(bootstrap_servers=f"127.0.0.1:{embedded_broker.free_port()}", timeout_seconds=2, retry_seconds=0)
+    )
     with pytest.raises(KafkaError) as err:
         nobody.partitions(["t"])
     assert "cannot read cluster metadata" in str(err.value) and "\n" not in str(err.value)
@@ -63,12 +79,33 @@ def test_what_cannot_get_better_fails_at_once(bootstrap, caplog):
 
 def test_a_stream_stays_up_across_a_broker_restart(own_broker, tmp_path):
     pipelines = tmp_path / "pipelines"
-    cfg, topic = new_pipeline(own_broker.bootstrap_servers, pipelines, tmp_path / "lake", partitions=2,
-                              records=300, kafka={"retry_seconds": 120, "timeout_seconds": 2})
+    cfg, topic = new_pipeline(
+        own_broker.bootstrap_servers,
+        pipelines,
+        tmp_path / "lake",
+        partitions=2,
+        records=300,
+        kafka={"retry_seconds": 120, "timeout_seconds": 2},
+    )
     env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1"}
-    job = subprocess.Popen([sys.executable, "-m", "offsetlake.cli", "stream", "--pipeline", cfg.name,
-                            "--pipelines-dir", str(pipelines), "--interval", "0.5"],
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "offsetlake.cli",
+            "stream",
+            "--pipeline",
+            cfg.name,
+            "--pipelines-dir",
+            str(pipelines),
+            "--interval",
+            "0.5",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_while_running(lambda: _rows(cfg) == 300, job)
         restart = own_broker.restart_in_background(down_seconds=6)

@@ -1,6 +1,7 @@
 """Every change of a pipeline's table becomes an Asset event payload (`offsetlake.changes`), and the
 Asset watcher (`TableChangeTrigger`, run here as the triggerer runs it) yields them as they land.
 Real broker, real Spark, real Delta tables on disk."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,13 +13,13 @@ from deltalake import DeltaTable
 from offsetlake.airflow.triggers import TableChangeTrigger
 from offsetlake.audit import repair
 from offsetlake.backfill import backfill
-from offsetlake.batch import ingest, stream
+from offsetlake.batch import stream
 from offsetlake.changes import announcements, commits_after
 from offsetlake.compaction import optimize
 from offsetlake.formats import table_schema
 from offsetlake.maintenance import reset, restore
 from offsetlake.reader import OffsetRange
-from support import produce, ledger_offsets, pipeline_commits
+from support import ledger_offsets, pipeline_commits, produce
 
 
 def test_every_kind_of_change_is_announced_with_its_versions_and_ranges(spark, pipeline):
@@ -38,8 +39,17 @@ def test_every_kind_of_change_is_announced_with_its_versions_and_ranges(spark, p
     events = announcements(cfg.name, cfg.table_path, commits)
 
     assert [c.version for c in commits] == list(range(DeltaTable(cfg.table_path).version() + 1))
-    assert [e["kind"] for e in events] == ["create", "ingest", "stream", "backfill", "other", "repair",
-                                           "optimize", "reset", "restore"]
+    assert [e["kind"] for e in events] == [
+        "create",
+        "ingest",
+        "stream",
+        "backfill",
+        "other",
+        "repair",
+        "optimize",
+        "reset",
+        "restore",
+    ]
     repaired = next(h for h in pipeline_commits(cfg) if h.version == events[5]["versions"][0])
     assert repaired.meta.kind == "backfill" and repaired.meta.run.via == "repair"
     assert events[4]["operation"] == "DELETE"
@@ -81,8 +91,16 @@ def test_the_watcher_yields_an_event_for_commits_made_after_it_started(spark, pi
 
     event, serialized = asyncio.run(first_event())
 
-    assert event.payload == {"pipeline": cfg.name, "table": cfg.table_path, "kind": "backfill",
-                             "versions": [before + 1], "ranges": {topic: {"1": [0, 30]}},
-                             "rows": pipeline_commits(cfg)[-1].meta.records.rows, "quarantined": 0}
-    assert serialized == ("offsetlake.airflow.triggers.TableChangeTrigger",
-                          {"pipeline": cfg.name, "table": cfg.table_path, "poll_seconds": 0.2})
+    assert event.payload == {
+        "pipeline": cfg.name,
+        "table": cfg.table_path,
+        "kind": "backfill",
+        "versions": [before + 1],
+        "ranges": {topic: {"1": [0, 30]}},
+        "rows": pipeline_commits(cfg)[-1].meta.records.rows,
+        "quarantined": 0,
+    }
+    assert serialized == (
+        "offsetlake.airflow.triggers.TableChangeTrigger",
+        {"pipeline": cfg.name, "table": cfg.table_path, "poll_seconds": 0.2},
+    )

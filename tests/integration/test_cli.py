@@ -1,11 +1,12 @@
 """The `offsetlake` command: one-line errors with a non-zero exit and no commit; status and history."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from support import produce, assert_one_line_failure, create_topic, load, run_cli, unique, write_pipeline
+from support import assert_one_line_failure, create_topic, load, produce, run_cli, unique, write_pipeline
 
 
 def test_bad_config_names_the_key_and_writes_nothing(pipelines_dir, lake, bootstrap):
@@ -28,6 +29,7 @@ def test_unknown_topic_is_never_auto_created(pipelines_dir, lake, bootstrap):
     assert_one_line_failure(proc, f"unknown topic '{topic}'")
     assert not (lake / name).exists()
     from confluent_kafka.admin import AdminClient
+
     assert topic not in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=5).topics
 
 
@@ -38,7 +40,9 @@ def test_unreachable_broker(pipelines_dir, lake):
     assert not (lake / name).exists()
 
     # Told to wait, it retries (one warning line each), then fails with the same one-line error.
-    patient = write_pipeline(pipelines_dir, "127.0.0.1:1", ["t"], lake, kafka={"timeout_seconds": 1, "retry_seconds": 3})
+    patient = write_pipeline(
+        pipelines_dir, "127.0.0.1:1", ["t"], lake, kafka={"timeout_seconds": 1, "retry_seconds": 3}
+    )
     proc = run_cli("ingest", "--pipeline", patient, "--pipelines-dir", str(pipelines_dir), timeout=60)
     *retries, last = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and last.startswith("offsetlake: error: ") and "reachable" in last

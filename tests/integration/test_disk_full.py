@@ -4,6 +4,7 @@ nothing is committed, the attempt's files are removed, and once space is freed t
 The lake lives on a small tmpfs the test mounts (root, as CI runs) and unmounts; a filler file
 takes the space a batch needs.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ from deltalake import DeltaTable
 
 from hosts import require
 from offsetlake.table import committed_files
-from support import produce, assert_exactly_once, data_files_on_disk, ingest_process, new_pipeline
+from support import assert_exactly_once, data_files_on_disk, ingest_process, new_pipeline, produce
 
 pytestmark = pytest.mark.slow
 SIZE_MB = 16
@@ -38,13 +39,13 @@ def fill(disk, leave_bytes: int):
     chunk = b"\0" * (1 << 20)
     with open(filler, "wb") as out:  # written, not truncated: tmpfs counts only the pages written
         while left > 0:
-            left -= out.write(chunk[:min(len(chunk), left)])
+            left -= out.write(chunk[: min(len(chunk), left)])
     return filler
 
 
-def test_a_full_disk_fails_the_batch_in_one_line_and_the_next_run_is_exact(spark, bootstrap, pipelines_dir,
-                                                                           small_disk):
+def test_a_full_disk_fails_the_batch_in_one_line_and_the_next_run_is_exact(spark, bootstrap, pipelines_dir, small_disk):
     from offsetlake.batch import ingest
+
     cfg, topic = new_pipeline(bootstrap, pipelines_dir, small_disk, partitions=2, records=300)
     ingest(spark, cfg)
     version = DeltaTable(cfg.table_path).version()

@@ -7,6 +7,7 @@ after Spark's task attempt, so the re-run writes beside the lost attempt's files
 the driver commits only what the accepted attempts reported. One commit, the table exact row by row,
 and none of the lost attempt's files referenced.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,22 +27,51 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def cluster(tmp_path):
-    spark = SparkStandalone.start(LOOPBACK, tmp_path / "spark", cores=2, memory="2g", port=free_port(),
-                                  ui_port=free_port(), worker_ui_port=free_port())
+    spark = SparkStandalone.start(
+        LOOPBACK,
+        tmp_path / "spark",
+        cores=2,
+        memory="2g",
+        port=free_port(),
+        ui_port=free_port(),
+        worker_ui_port=free_port(),
+    )
     yield spark
     spark.stop()
 
 
-def test_an_executor_killed_mid_task_is_replaced_and_the_batch_commits_once(cluster, bootstrap, pipelines_dir,
-                                                                           lake, tmp_path):
-    cfg, _ = new_pipeline(bootstrap, pipelines_dir, lake, partitions=2, records=3000,
-                          batch={"max_records_per_task": 800})
+def test_an_executor_killed_mid_task_is_replaced_and_the_batch_commits_once(
+    cluster, bootstrap, pipelines_dir, lake, tmp_path
+):
+    cfg, _ = new_pipeline(
+        bootstrap, pipelines_dir, lake, partitions=2, records=3000, batch={"max_records_per_task": 800}
+    )
     faults = tmp_path / "faults"
-    env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1",
-           "OFFSETLAKE_FAULT": "after_task_write:pause", "OFFSETLAKE_FAULT_DIR": str(faults)}
-    job = subprocess.Popen([sys.executable, "-m", "offsetlake.cli", "ingest", "--pipeline", cfg.name,
-                            "--pipelines-dir", str(pipelines_dir), "--master", cluster.master_url],
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "OFFSETLAKE_HOME": str(REPO),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "OFFSETLAKE_FAULT": "after_task_write:pause",
+        "OFFSETLAKE_FAULT_DIR": str(faults),
+    }
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "offsetlake.cli",
+            "ingest",
+            "--pipeline",
+            cfg.name,
+            "--pipelines-dir",
+            str(pipelines_dir),
+            "--master",
+            cluster.master_url,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_until(lambda: (faults / "after_task_write.reached").exists(), job)
         lost_attempts_files = data_files_on_disk(cfg.table_path)

@@ -4,6 +4,7 @@ Each job here is a real `offsetlake ingest` process (driver, JVM, Python
 workers); the re-run happens in this test process. Every check is row by row
 against what Kafka holds under read_committed.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,18 @@ from deltalake import DeltaTable
 
 from offsetlake.batch import ingest
 from offsetlake.table import committed_files
-from support import (produce, REPO, assert_exactly_once, assert_quarantine_accounts_for_the_rest, data_files_on_disk,
-                    ingest_process, pipeline_commits, spark_submit, table_lineage, wait_while_running)
+from support import (
+    REPO,
+    assert_exactly_once,
+    assert_quarantine_accounts_for_the_rest,
+    data_files_on_disk,
+    ingest_process,
+    pipeline_commits,
+    produce,
+    spark_submit,
+    table_lineage,
+    wait_while_running,
+)
 
 pytestmark = pytest.mark.slow
 FAULT_POINTS = ["after_plan", "after_read", "after_task_write", "after_files_written", "before_commit", "after_commit"]
@@ -64,11 +75,14 @@ def test_two_ingests_started_together_are_exact(pipeline, pipelines_dir):
 
 
 @pytest.mark.parametrize("pause_at", ["after_files_written", "before_commit"])
-def test_zombie_attempt_finds_its_batch_committed_and_writes_nothing(spark, pipeline, pipelines_dir, tmp_path, pause_at):
+def test_zombie_attempt_finds_its_batch_committed_and_writes_nothing(
+    spark, pipeline, pipelines_dir, tmp_path, pause_at
+):
     cfg, _ = pipeline(partitions=3, records=1200)
     fault_dir = tmp_path / "faults"
-    zombie = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": f"{pause_at}:pause",
-                                                 "OFFSETLAKE_FAULT_DIR": str(fault_dir)})
+    zombie = ingest_process(
+        cfg, pipelines_dir, {"OFFSETLAKE_FAULT": f"{pause_at}:pause", "OFFSETLAKE_FAULT_DIR": str(fault_dir)}
+    )
     _wait_for(fault_dir / f"{pause_at}.reached", zombie)
     zombie_files = data_files_on_disk(cfg.table_path)
     assert zombie_files, "the zombie should have written its files before pausing"
@@ -90,7 +104,9 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if proc.poll() is not None:
-            raise AssertionError(f"job exited ({proc.returncode}) before reaching {path.name}: {proc.stderr.read()[-2000:]}")
+            raise AssertionError(
+                f"job exited ({proc.returncode}) before reaching {path.name}: {proc.stderr.read()[-2000:]}"
+            )
         assert time.monotonic() < deadline, f"job never reached {path.name}"
         time.sleep(0.2)
 
@@ -98,9 +114,24 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
 def test_stream_ingests_as_records_arrive_and_stops_on_sigterm(pipeline, pipelines_dir, bootstrap):
     cfg, _ = pipeline(partitions=3, records=300)
     full_env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1"}
-    job = subprocess.Popen([sys.executable, "-m", "offsetlake.cli", "stream", "--pipeline", cfg.name,
-                            "--pipelines-dir", str(pipelines_dir), "--interval", "0.5"],
-                           env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "offsetlake.cli",
+            "stream",
+            "--pipeline",
+            cfg.name,
+            "--pipelines-dir",
+            str(pipelines_dir),
+            "--interval",
+            "0.5",
+        ],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_while_running(lambda: len(pipeline_commits(cfg)) >= 1, job)
         produce(cfg.kafka, cfg.topics[0], 200, seed=99)
@@ -114,11 +145,21 @@ def test_stream_ingests_as_records_arrive_and_stops_on_sigterm(pipeline, pipelin
     assert_exactly_once(cfg)
 
 
-
 def test_spark_submit_runs_the_ingest_job(pipeline, pipelines_dir):
     cfg, _ = pipeline(partitions=3, records=500)
-    proc = spark_submit(REPO / "jobs" / "ingest.py", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir),
-                        "--dag-id", "demo_dag", "--run-id", "manual__1", "--try-number", "2")
+    proc = spark_submit(
+        REPO / "jobs" / "ingest.py",
+        "--pipeline",
+        cfg.name,
+        "--pipelines-dir",
+        str(pipelines_dir),
+        "--dag-id",
+        "demo_dag",
+        "--run-id",
+        "manual__1",
+        "--try-number",
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = pipeline_commits(cfg)[-1].meta.run
     assert (run.by, run.dag_id, run.run_id, run.try_number) == ("airflow", "demo_dag", "manual__1", 2)

@@ -1,4 +1,5 @@
 """Ingest on a real broker, real Spark and real Delta tables, checked row by row against Kafka."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,16 @@ from deltalake import DeltaTable
 from offsetlake.batch import ingest
 from offsetlake.errors import DataLossError
 from offsetlake.ledger import partition_app_id, pipeline_app_id, pipeline_history
-from support import (JournaledProducer, produce, assert_exactly_once, assert_quarantine_accounts_for_the_rest, ledger_offsets, pipeline_commits, table_lineage, unique)
+from support import (
+    JournaledProducer,
+    assert_exactly_once,
+    assert_quarantine_accounts_for_the_rest,
+    ledger_offsets,
+    pipeline_commits,
+    produce,
+    table_lineage,
+    unique,
+)
 
 
 def committed(results):
@@ -111,6 +121,7 @@ def test_open_transaction_holds_the_batch_at_the_lso(spark, pipeline, bootstrap)
 @pytest.mark.parametrize("policy", ["fail", "skip"])
 def test_records_deleted_below_the_ledger(spark, pipeline, bootstrap, policy):
     from confluent_kafka import TopicPartition
+
     cfg, topic = pipeline(partitions=1, on_data_loss=policy)
     produce(cfg.kafka, topic, 100, transactional_share=0.0, seed=7)
     ingest(spark, cfg)
@@ -168,10 +179,12 @@ def test_commit_holds_ranges_offsets_and_statistics(spark, pipeline):
     assert meta.ranges == {topic: {str(p): [0, o] for (_, p), o in sorted(offsets.items())}}
     assert meta.run.by == "cli"
     from offsetlake.kafka import KafkaCluster
+
     mirrored = KafkaCluster(cfg.kafka).group_offsets(cfg.consumer_group, sorted(offsets))
     assert mirrored == offsets  # lag tools see the ledger through the consumer group
     adds = table.get_add_actions(flatten=True)
     import pyarrow as pa
+
     adds = pa.table(adds)
     assert sum(adds.column("num_records").to_pylist()) == 900
     assert all(v is not None for v in adds.column("min.kafka_offset").to_pylist())

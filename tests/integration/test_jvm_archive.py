@@ -4,6 +4,7 @@ from it, and a failed build leaves nothing a JVM could map (a truncated archive 
 Each session runs in a child Python: driver JVM options count only when PySpark first launches a JVM,
 and this test process may have one already.
 """
+
 from __future__ import annotations
 
 import stat

@@ -1,5 +1,6 @@
 """Living with a table for a year: optimize, vacuum, checkpoints and log clean-up, on a real broker,
 Spark and Delta tables. Every check of the data is row by row against Kafka."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,15 @@ from offsetlake.ledger import read_ledger
 from offsetlake.maintenance import checkpoint, restore, vacuum
 from offsetlake.reader import OffsetRange
 from offsetlake.table import committed_files, query
-from support import (produce, assert_exactly_once, data_files_on_disk, ingest_process, ledger_offsets, pipeline_commits,
-                     run_cli)
+from support import (
+    assert_exactly_once,
+    data_files_on_disk,
+    ingest_process,
+    ledger_offsets,
+    pipeline_commits,
+    produce,
+    run_cli,
+)
 
 SMALL_BATCHES = {"max_records_per_batch": 300, "max_records_per_task": 100}
 
@@ -35,8 +43,9 @@ def full_rows(cfg) -> list[dict]:
 
 
 def compact(cfg, **kwargs):
-    return optimize(cfg.table_path, cfg.name, table_schema(cfg), cfg.table.partition_by,
-                    cfg.maintenance.target_file_mb, **kwargs)
+    return optimize(
+        cfg.table_path, cfg.name, table_schema(cfg), cfg.table.partition_by, cfg.maintenance.target_file_mb, **kwargs
+    )
 
 
 def log_actions(cfg, version: int) -> list[dict]:
@@ -79,8 +88,9 @@ def test_backfill_audit_and_repair_work_on_compacted_files(spark, pipeline):
 
 
 def test_optimize_running_beside_an_ingest_loses_and_duplicates_nothing(pipeline, pipelines_dir):
-    cfg, topic = pipeline(partitions=3, records=200, ingest=True, batch={"max_records_per_batch": 150,
-                                                                           "max_records_per_task": 50})
+    cfg, topic = pipeline(
+        partitions=3, records=200, ingest=True, batch={"max_records_per_batch": 150, "max_records_per_task": 50}
+    )
     produce(cfg.kafka, topic, 3000, transactional_share=0.5, abort_share=0.2, seed=11)
     job = ingest_process(cfg, pipelines_dir)
     optimized = 0
@@ -100,8 +110,12 @@ def test_optimize_running_beside_an_ingest_loses_and_duplicates_nothing(pipeline
 
 
 def test_stream_compacts_what_it_wrote(spark, pipeline):
-    cfg, topic = pipeline(partitions=2, records=100, batch={"max_records_per_batch": 50, "max_records_per_task": 25},
-                          maintenance={"compact_every_batches": 3})
+    cfg, topic = pipeline(
+        partitions=2,
+        records=100,
+        batch={"max_records_per_batch": 50, "max_records_per_task": 25},
+        maintenance={"compact_every_batches": 3},
+    )
     stop, failures = threading.Event(), []
 
     def run_stream():
@@ -141,13 +155,15 @@ def _caught_up(cfg, worker: threading.Thread, failures: list, timeout: float = 1
 
 def _lso(cfg) -> dict:
     from offsetlake.kafka import KafkaCluster
+
     cluster = KafkaCluster(cfg.kafka)
     return cluster.end_offsets(cluster.partitions(cfg.topics), "read_committed")
 
 
 def test_vacuum_keeps_what_an_attempt_in_flight_or_a_restore_needs(spark, pipeline, pipelines_dir, tmp_path):
-    cfg, topic = pipeline(partitions=2, records=1200, ingest=True, batch=SMALL_BATCHES,
-                          maintenance={"deleted_file_retention_hours": 1})
+    cfg, topic = pipeline(
+        partitions=2, records=1200, ingest=True, batch=SMALL_BATCHES, maintenance={"deleted_file_retention_hours": 1}
+    )
     before_optimize = DeltaTable(cfg.table_path).version()
     rows_then = full_rows(cfg)
     compact(cfg)  # removes the small files: now tombstones, younger than any retention
@@ -157,8 +173,9 @@ def test_vacuum_keeps_what_an_attempt_in_flight_or_a_restore_needs(spark, pipeli
     checkpoint(cfg.table_path)
     produce(cfg.kafka, topic, 300, seed=12)
     faults = tmp_path / "faults"
-    zombie = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": "after_files_written:pause",
-                                                 "OFFSETLAKE_FAULT_DIR": str(faults)})
+    zombie = ingest_process(
+        cfg, pipelines_dir, {"OFFSETLAKE_FAULT": "after_files_written:pause", "OFFSETLAKE_FAULT_DIR": str(faults)}
+    )
     try:
         _wait_for(faults / "after_files_written.reached", zombie)
         in_flight = data_files_on_disk(cfg.table_path) - committed_files(cfg.table_path) - _tombstoned(cfg)
@@ -187,11 +204,13 @@ def _tombstone_from_two_hours_ago(cfg) -> str:
     empty = pa.Table.from_pylist([], schema=table_schema(cfg))
     f = write_file(cfg.table_path, "stale-empty-file.parquet", empty, {})
     table = DeltaTable(cfg.table_path)
-    table.create_write_transaction([AddAction(f.path, f.size, {}, f.modification_time, False, f.stats)],
-                                   mode="append", schema=table_schema(cfg))
+    table.create_write_transaction(
+        [AddAction(f.path, f.size, {}, f.modification_time, False, f.stats)], mode="append", schema=table_schema(cfg)
+    )
     removed_at = int((time.time() - 2 * 3600) * 1000)
-    DeltaTable(cfg.table_path).create_write_transaction([RemoveAction(f.path, False, removed_at, f.size, None)],
-                                                        mode="append", schema=table_schema(cfg))
+    DeltaTable(cfg.table_path).create_write_transaction(
+        [RemoveAction(f.path, False, removed_at, f.size, None)], mode="append", schema=table_schema(cfg)
+    )
     os.utime(Path(cfg.table_path) / f.path, (removed_at / 1000, removed_at / 1000))
     return f.path
 
@@ -242,13 +261,15 @@ def test_the_ledger_survives_checkpoints_and_log_clean_up(spark, pipeline):
 
 def _tps(cfg) -> list:
     from offsetlake.kafka import KafkaCluster
+
     return KafkaCluster(cfg.kafka).partitions(cfg.topics)
 
 
 def test_a_table_that_would_expire_the_ledger_is_refused_untouched(spark, pipeline, pipelines_dir):
     cfg, topic = pipeline(partitions=1, records=50)
-    DeltaTable.create(cfg.table_path, table_schema(cfg),
-                      configuration={"delta.setTransactionRetentionDuration": "interval 7 days"})
+    DeltaTable.create(
+        cfg.table_path, table_schema(cfg), configuration={"delta.setTransactionRetentionDuration": "interval 7 days"}
+    )
 
     with pytest.raises(TableError, match="sets delta.setTransactionRetentionDuration"):
         ingest(spark, cfg)
@@ -258,8 +279,9 @@ def test_a_table_that_would_expire_the_ledger_is_refused_untouched(spark, pipeli
 
 
 def test_tables_offsetlake_creates_set_checkpoints_and_log_retention(pipeline):
-    cfg, topic = pipeline(partitions=1, records=20, ingest=True, maintenance={"checkpoint_interval": 7,
-                                                                             "log_retention_days": 9})
+    cfg, topic = pipeline(
+        partitions=1, records=20, ingest=True, maintenance={"checkpoint_interval": 7, "log_retention_days": 9}
+    )
     conf = DeltaTable(cfg.table_path).metadata().configuration
     assert conf["delta.checkpointInterval"] == "7"
     assert conf["delta.logRetentionDuration"] == "interval 9 days"

@@ -1,4 +1,5 @@
 """Backfill, audit, repair, cleanup, reset and restore on a real broker, Spark and Delta tables."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,16 @@ from offsetlake.errors import ConfigError, DataLossError
 from offsetlake.maintenance import cleanup, reset, restore
 from offsetlake.reader import OffsetRange
 from offsetlake.table import committed_files, query
-from support import (produce, assert_exactly_once, assert_rows_are_kafkas_except, data_files_on_disk, ingest_process,
-                     ledger_offsets, pipeline_commits, wait_while_running)
+from support import (
+    assert_exactly_once,
+    assert_rows_are_kafkas_except,
+    data_files_on_disk,
+    ingest_process,
+    ledger_offsets,
+    pipeline_commits,
+    produce,
+    wait_while_running,
+)
 
 
 def full_rows(cfg) -> list[dict]:
@@ -69,6 +78,7 @@ def test_backfill_refuses_bad_ranges_before_reading(pipeline, bootstrap):
             backfill(None, cfg, ranges)
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
+
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.delete_records([TopicPartition(topic, 0, 20)]).values():
         future.result()
@@ -97,8 +107,9 @@ def test_backfill_while_ingest_runs_is_exact(spark, pipeline, pipelines_dir):
     assert_exactly_once(cfg)
 
 
-def test_a_backfill_whose_range_a_restore_hands_back_to_ingest_meanwhile_is_refused(spark, pipeline, pipelines_dir,
-                                                                                    tmp_path):
+def test_a_backfill_whose_range_a_restore_hands_back_to_ingest_meanwhile_is_refused(
+    spark, pipeline, pipelines_dir, tmp_path
+):
     """Found by chaos (seed 31337): the backfill checked its ranges against the ledger when it planned,
     a restore then moved the ledger back below them, and the backfill added rows the next ingest read
     again. Now every snapshot the commit is decided on is checked."""
@@ -110,10 +121,23 @@ def test_a_backfill_whose_range_a_restore_hands_back_to_ingest_meanwhile_is_refu
     assert after_first < end
     faults = tmp_path / "faults"
     job = subprocess.Popen(
-        [sys.executable, "-m", "offsetlake.cli", "backfill", "--pipeline", cfg.name, "--pipelines-dir",
-         str(pipelines_dir), "--ranges", f"{topic}:0:{after_first - 50}-{end}"],
+        [
+            sys.executable,
+            "-m",
+            "offsetlake.cli",
+            "backfill",
+            "--pipeline",
+            cfg.name,
+            "--pipelines-dir",
+            str(pipelines_dir),
+            "--ranges",
+            f"{topic}:0:{after_first - 50}-{end}",
+        ],
         env={**os.environ, "OFFSETLAKE_FAULT": "before_commit:pause", "OFFSETLAKE_FAULT_DIR": str(faults)},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 240
     while not (faults / "before_commit.reached").exists():
         assert job.poll() is None and time.monotonic() < deadline, job.stderr.read() if job.poll() is not None else ""

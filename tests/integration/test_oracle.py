@@ -1,5 +1,6 @@
 """The oracle proved: a real table, ingested from a real broker, corrupted in each way the oracle must
 catch; each corruption must fail the check with a finding of its kind that names the offset."""
+
 from __future__ import annotations
 
 import random
@@ -30,8 +31,12 @@ def copy_of(cfg, tmp_path, name: str):
     table, quarantine = tmp_path / name / "table", tmp_path / name / "quarantine"
     shutil.copytree(cfg.table_path, table)
     shutil.copytree(cfg.quarantine_path, quarantine)
-    return cfg.model_copy(update={"table": cfg.table.model_copy(update={"path": str(table)}),
-                                  "quarantine": cfg.quarantine.model_copy(update={"path": str(quarantine)})})
+    return cfg.model_copy(
+        update={
+            "table": cfg.table.model_copy(update={"path": str(table)}),
+            "quarantine": cfg.quarantine.model_copy(update={"path": str(quarantine)}),
+        }
+    )
 
 
 def at(where: tuple) -> str:
@@ -41,8 +46,9 @@ def at(where: tuple) -> str:
 def rows_at(path: str, where: tuple) -> pa.Table:
     """The Delta table's own rows at an offset, in its own schema (for appending them again)."""
     table = DeltaTable(path).to_pyarrow_table()
-    mask = pa.compute.and_(pa.compute.equal(table["kafka_partition"], where[1]),
-                           pa.compute.equal(table["kafka_offset"], where[2]))
+    mask = pa.compute.and_(
+        pa.compute.equal(table["kafka_partition"], where[1]), pa.compute.equal(table["kafka_offset"], where[2])
+    )
     return table.filter(mask)
 
 
@@ -61,8 +67,9 @@ def change_a_field(cfg, good: list, **_) -> list:
 
 
 def shift_a_timestamp(cfg, good: list, **_) -> list:
-    DeltaTable(cfg.table_path).update(predicate=at(good[3]),
-                                      updates={"kafka_timestamp": "kafka_timestamp + INTERVAL '1 millisecond'"})
+    DeltaTable(cfg.table_path).update(
+        predicate=at(good[3]), updates={"kafka_timestamp": "kafka_timestamp + INTERVAL '1 millisecond'"}
+    )
     return [(oracle.WRONG_VALUE, good[3])]
 
 
@@ -98,13 +105,28 @@ def quarantine_twice(cfg, bad: list, **_) -> list:
 
 def quarantine_row(cfg, where: tuple, record) -> pa.Table:
     schema = DeltaTable(cfg.quarantine_path).to_pyarrow_table().schema
-    row = {"kafka_topic": where[0], "kafka_partition": where[1], "kafka_offset": where[2],
-           "kafka_timestamp": record.timestamp, "key": record.key, "value": record.value, "error": "made up"}
+    row = {
+        "kafka_topic": where[0],
+        "kafka_partition": where[1],
+        "kafka_offset": where[2],
+        "kafka_timestamp": record.timestamp,
+        "key": record.key,
+        "value": record.value,
+        "error": "made up",
+    }
     return pa.Table.from_pylist([row], schema=schema)
 
 
-CORRUPTIONS = [swap_event_ids, change_a_field, shift_a_timestamp, duplicate_a_row, remove_a_row,
-               quarantine_a_good_record, quarantine_an_aborted_record, quarantine_twice]
+CORRUPTIONS = [
+    swap_event_ids,
+    change_a_field,
+    shift_a_timestamp,
+    duplicate_a_row,
+    remove_a_row,
+    quarantine_a_good_record,
+    quarantine_an_aborted_record,
+    quarantine_twice,
+]
 
 
 def test_the_oracle_fails_each_corruption_naming_its_offset(ingested, tmp_path):

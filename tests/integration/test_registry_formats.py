@@ -1,5 +1,6 @@
 """Avro, Protobuf and JSON Schema through a Schema Registry (real HTTP), keys and headers, schema evolution
 in the same commit as the offsets: real broker, real Spark, real Delta tables, checked row by row."""
+
 from __future__ import annotations
 
 import io
@@ -18,8 +19,15 @@ from offsetlake.local import schema_registry as embedded_registry
 from offsetlake.local.producer import DEMO_AVRO_V1, DEMO_AVRO_V2, avro_event_maker, registry_client
 from offsetlake.metadata import CommitMetadata
 from offsetlake.table import query
-from support import (JournaledProducer, produce, assert_exactly_once, assert_one_line_failure, kafka_committed_records, quarantine_lineage,
-                     run_cli)
+from support import (
+    JournaledProducer,
+    assert_exactly_once,
+    assert_one_line_failure,
+    kafka_committed_records,
+    produce,
+    quarantine_lineage,
+    run_cli,
+)
 
 
 @pytest.fixture(params=["confluent", "karapace"])
@@ -46,8 +54,17 @@ def client(schema_registry):
 
 
 def avro_pipeline(pipeline, registry, **format_extra):
-    return pipeline(partitions=3, format={"type": "avro", "schema": [], "registry": registry_section(registry),
-                                          "key": {"type": "string"}, "include_headers": True, **format_extra})
+    return pipeline(
+        partitions=3,
+        format={
+            "type": "avro",
+            "schema": [],
+            "registry": registry_section(registry),
+            "key": {"type": "string"},
+            "include_headers": True,
+            **format_extra,
+        },
+    )
 
 
 def rows_by_offset(cfg, columns: str) -> dict:
@@ -58,8 +75,9 @@ def rows_by_offset(cfg, columns: str) -> dict:
     return out
 
 
-def test_avro_versions_mixed_in_one_batch_and_a_new_field_arrives_with_its_offsets(spark, pipeline, schema_registry,
-                                                                                 registry_env, client):
+def test_avro_versions_mixed_in_one_batch_and_a_new_field_arrives_with_its_offsets(
+    spark, pipeline, schema_registry, registry_env, client
+):
     cfg, topic = avro_pipeline(pipeline, schema_registry)
     produce(cfg.kafka, topic, 400, abort_share=0.25, seed=5, make_record=avro_event_maker(client, topic, 1))
     ingest(spark, cfg)
@@ -89,7 +107,7 @@ def test_avro_versions_mixed_in_one_batch_and_a_new_field_arrives_with_its_offse
     rows = rows_by_offset(cfg, "event_id, user_id, action, amount, event_time, seq, country, kafka_key, kafka_headers")
     assert len(rows) == len(truth)
     versions = set()
-    for (t, p, o), (key, value, headers) in truth.items():
+    for (_t, p, o), (key, value, headers) in truth.items():
         schema_id = struct.unpack(">I", value[1:5])[0]
         writer = fastavro.parse_schema(json.loads(client.get_schema(schema_id).schema_str))
         record = fastavro.schemaless_reader(io.BytesIO(value[5:]), writer, None)
@@ -104,20 +122,27 @@ def test_avro_versions_mixed_in_one_batch_and_a_new_field_arrives_with_its_offse
     assert versions == {True, False}
 
 
-def test_records_a_table_cannot_hold_are_quarantined_per_offset_with_the_reason(spark, pipeline, schema_registry,
-                                                                             registry_env, client):
+def test_records_a_table_cannot_hold_are_quarantined_per_offset_with_the_reason(
+    spark, pipeline, schema_registry, registry_env, client
+):
     cfg, topic = avro_pipeline(pipeline, schema_registry)
     produce(cfg.kafka, topic, 100, transactional_share=0, seed=1, make_record=avro_event_maker(client, topic, 1))
     ingest(spark, cfg)
 
     # user_id as a string: a type Delta cannot change the long column to.
-    narrowed = {**DEMO_AVRO_V1, "fields": [f if f["name"] != "user_id" else {"name": "user_id", "type": "string"}
-                                           for f in DEMO_AVRO_V1["fields"]]}
+    narrowed = {
+        **DEMO_AVRO_V1,
+        "fields": [
+            f if f["name"] != "user_id" else {"name": "user_id", "type": "string"} for f in DEMO_AVRO_V1["fields"]
+        ],
+    }
     narrowed_id = client.register_schema(f"{topic}-value", Schema(json.dumps(narrowed), "AVRO"))
     body = io.BytesIO()
-    fastavro.schemaless_writer(body, fastavro.parse_schema(narrowed),
-                               {"event_id": "x", "user_id": "u-1", "action": "VIEW", "amount": None,
-                                "event_time": 0, "seq": 1})
+    fastavro.schemaless_writer(
+        body,
+        fastavro.parse_schema(narrowed),
+        {"event_id": "x", "user_id": "u-1", "action": "VIEW", "amount": None, "event_time": 0, "seq": 1},
+    )
     producer = JournaledProducer(cfg.kafka.bootstrap_servers)
     bad = {
         b"\x00" + struct.pack(">I", narrowed_id) + body.getvalue(): "cannot change a column's type",
@@ -140,8 +165,9 @@ def test_records_a_table_cannot_hold_are_quarantined_per_offset_with_the_reason(
     assert_exactly_once(cfg)
 
 
-def test_an_unreachable_registry_fails_the_batch_in_one_line_and_commits_nothing(tmp_path, spark, pipeline,
-                                                                                pipelines_dir, monkeypatch):
+def test_an_unreachable_registry_fails_the_batch_in_one_line_and_commits_nothing(
+    tmp_path, spark, pipeline, pipelines_dir, monkeypatch
+):
     password = "pw-that-must-not-print"
     own = embedded_registry.start(tmp_path / "own-registry", user="u", password=password)
     env = {"REGISTRY_USER": "u", "REGISTRY_PASSWORD": password}
@@ -179,15 +205,20 @@ def order_message_type():
     Timestamp, an `optional` field, and a message imported from another file (a schema reference)."""
     from google.protobuf import descriptor_pb2, descriptor_pool, timestamp_pb2
     from google.protobuf.message_factory import GetMessageClass
+
     F = descriptor_pb2.FieldDescriptorProto
-    money = descriptor_pb2.FileDescriptorProto(name="offsetlake_test/money.proto", package="offsetlake.common",
-                                               syntax="proto3")
+    money = descriptor_pb2.FileDescriptorProto(
+        name="offsetlake_test/money.proto", package="offsetlake.common", syntax="proto3"
+    )
     amount = money.message_type.add(name="Money")
     amount.field.add(name="currency", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
     amount.field.add(name="cents", number=2, type=F.TYPE_SINT64, label=F.LABEL_OPTIONAL)
-    file = descriptor_pb2.FileDescriptorProto(name="offsetlake_test_order.proto", package="offsetlake.test",
-                                              syntax="proto3", dependency=["google/protobuf/timestamp.proto",
-                                                                           "offsetlake_test/money.proto"])
+    file = descriptor_pb2.FileDescriptorProto(
+        name="offsetlake_test_order.proto",
+        package="offsetlake.test",
+        syntax="proto3",
+        dependency=["google/protobuf/timestamp.proto", "offsetlake_test/money.proto"],
+    )
     order = file.message_type.add(name="Order")
     address = order.nested_type.add(name="Address")
     address.field.add(name="city", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
@@ -201,20 +232,34 @@ def order_message_type():
     status.value.add(name="PAID", number=1)
     order.field.add(name="id", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
     order.field.add(name="amount_cents", number=2, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
-    order.field.add(name="created", number=3, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
-                    type_name=".google.protobuf.Timestamp")
+    order.field.add(
+        name="created", number=3, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=".google.protobuf.Timestamp"
+    )
     order.field.add(name="tags", number=4, type=F.TYPE_STRING, label=F.LABEL_REPEATED)
-    order.field.add(name="counts", number=5, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
-                    type_name=".offsetlake.test.Order.CountsEntry")
-    order.field.add(name="status", number=6, type=F.TYPE_ENUM, label=F.LABEL_OPTIONAL,
-                    type_name=".offsetlake.test.Order.Status")
-    order.field.add(name="address", number=7, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
-                    type_name=".offsetlake.test.Order.Address")
+    order.field.add(
+        name="counts",
+        number=5,
+        type=F.TYPE_MESSAGE,
+        label=F.LABEL_REPEATED,
+        type_name=".offsetlake.test.Order.CountsEntry",
+    )
+    order.field.add(
+        name="status", number=6, type=F.TYPE_ENUM, label=F.LABEL_OPTIONAL, type_name=".offsetlake.test.Order.Status"
+    )
+    order.field.add(
+        name="address",
+        number=7,
+        type=F.TYPE_MESSAGE,
+        label=F.LABEL_OPTIONAL,
+        type_name=".offsetlake.test.Order.Address",
+    )
     order.oneof_decl.add(name="_note")
-    order.field.add(name="note", number=8, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, oneof_index=0,
-                    proto3_optional=True)
-    order.field.add(name="price", number=9, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
-                    type_name=".offsetlake.common.Money")
+    order.field.add(
+        name="note", number=8, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, oneof_index=0, proto3_optional=True
+    )
+    order.field.add(
+        name="price", number=9, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=".offsetlake.common.Money"
+    )
     pool = descriptor_pool.DescriptorPool()
     pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
     pool.Add(money)
@@ -224,26 +269,43 @@ def order_message_type():
 
 def test_protobuf_and_json_schema_records_land_field_by_field(spark, pipeline, schema_registry, registry_env, client):
     import datetime as dt
+
     from confluent_kafka.schema_registry.json_schema import JSONSerializer
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
     Order = order_message_type()
-    cfg, topic = pipeline(partitions=2, format={"type": "protobuf", "schema": [], "include_headers": True,
-                                                "registry": registry_section(schema_registry),
-                                                "key": {"type": "json", "schema": [{"name": "id", "type": "long"}]}})
+    cfg, topic = pipeline(
+        partitions=2,
+        format={
+            "type": "protobuf",
+            "schema": [],
+            "include_headers": True,
+            "registry": registry_section(schema_registry),
+            "key": {"type": "json", "schema": [{"name": "id", "type": "long"}]},
+        },
+    )
     serialize = ProtobufSerializer(Order, client, {"use.deprecated.format": False})
     producer = Producer({"bootstrap.servers": cfg.kafka.bootstrap_servers})
-    created = dt.datetime(2026, 11, 23, 12, 0, 0, 123456, tzinfo=dt.timezone.utc)
+    created = dt.datetime(2026, 11, 23, 12, 0, 0, 123456, tzinfo=dt.UTC)
     for i in range(60):
-        order = Order(id=f"o{i}", amount_cents=i * 100, tags=[f"t{i}", "x"], status=i % 2,
-                      address={"city": "Pune", "zip": 411000 + i} if i % 3 else None)
+        order = Order(
+            id=f"o{i}",
+            amount_cents=i * 100,
+            tags=[f"t{i}", "x"],
+            status=i % 2,
+            address={"city": "Pune", "zip": 411000 + i} if i % 3 else None,
+        )
         order.counts["a"] = i
         order.price.currency, order.price.cents = "EUR", -i
         order.created.FromDatetime(created + dt.timedelta(seconds=i))
         if i % 4 == 0:
             order.note = "" if i % 8 == 0 else f"n{i}"
-        producer.produce(topic, key=json.dumps({"id": i}).encode(),
-                         value=serialize(order, SerializationContext(topic, MessageField.VALUE)),
-                         headers=[("h", bytes([i])), ("h", None)])
+        producer.produce(
+            topic,
+            key=json.dumps({"id": i}).encode(),
+            value=serialize(order, SerializationContext(topic, MessageField.VALUE)),
+            headers=[("h", bytes([i])), ("h", None)],
+        )
     producer.flush(10)
 
     # The registry answers with what a Karapace registry would: the .proto source, for the schema and its import.
@@ -254,11 +316,12 @@ def test_protobuf_and_json_schema_records_land_field_by_field(spark, pipeline, s
     ingest(spark, cfg)
 
     assert_exactly_once(cfg, protobuf={"value": Order})
-    rows = rows_by_offset(cfg, "id, amount_cents, created, tags, counts, status, address, note, price, kafka_key, "
-                               "kafka_headers")
+    rows = rows_by_offset(
+        cfg, "id, amount_cents, created, tags, counts, status, address, note, price, kafka_key, kafka_headers"
+    )
     truth = kafka_committed_records(cfg.kafka.bootstrap_servers, topic, whole=True)
     assert len(rows) == len(truth) == 60
-    for (t, p, o), (key, value, headers) in truth.items():
+    for (_t, p, o), (key, _value, headers) in truth.items():
         row = rows[(p, o)]
         i = json.loads(key)["id"]
         assert row["kafka_key"] == {"id": i} and row["kafka_headers"] == headers
@@ -270,19 +333,39 @@ def test_protobuf_and_json_schema_records_land_field_by_field(spark, pipeline, s
         assert row["price"] == {"currency": "EUR", "cents": -i}  # a message from an imported file (a reference)
 
     # JSON Schema: nested object, array, date-time and date formats; a record breaking the schema quarantined.
-    schema = {"type": "object", "title": "Reading", "properties": {
-        "sensor": {"type": "string"}, "value": {"type": "number"}, "at": {"type": "string", "format": "date-time"},
-        "day": {"type": "string", "format": "date"}, "tags": {"type": "array", "items": {"type": "string"}},
-        "place": {"type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}}}},
-        "required": ["sensor", "value"]}
-    cfg2, topic2 = pipeline(partitions=1, format={"type": "json_schema", "schema": [],
-                                                  "registry": registry_section(schema_registry)})
+    schema = {
+        "type": "object",
+        "title": "Reading",
+        "properties": {
+            "sensor": {"type": "string"},
+            "value": {"type": "number"},
+            "at": {"type": "string", "format": "date-time"},
+            "day": {"type": "string", "format": "date"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "place": {"type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}}},
+        },
+        "required": ["sensor", "value"],
+    }
+    cfg2, topic2 = pipeline(
+        partitions=1, format={"type": "json_schema", "schema": [], "registry": registry_section(schema_registry)}
+    )
     serialize_json = JSONSerializer(json.dumps(schema), client)
     context = SerializationContext(topic2, MessageField.VALUE)
     for i in range(30):
-        producer.produce(topic2, value=serialize_json(
-            {"sensor": f"s{i}", "value": i / 4, "at": f"2026-11-23T10:00:{i:02d}Z", "day": "2026-11-23",
-             "tags": ["a"] * (i % 3), "place": {"lat": 18.5, "lon": 73.8}}, context))
+        producer.produce(
+            topic2,
+            value=serialize_json(
+                {
+                    "sensor": f"s{i}",
+                    "value": i / 4,
+                    "at": f"2026-11-23T10:00:{i:02d}Z",
+                    "day": "2026-11-23",
+                    "tags": ["a"] * (i % 3),
+                    "place": {"lat": 18.5, "lon": 73.8},
+                },
+                context,
+            ),
+        )
     framing = serialize_json({"sensor": "ok", "value": 1}, context)[:5]
     producer.produce(topic2, value=framing + b'{"sensor": "bad", "value": "not a number"}')
     producer.flush(10)
@@ -292,19 +375,32 @@ def test_protobuf_and_json_schema_records_land_field_by_field(spark, pipeline, s
     assert_exactly_once(cfg2)
     got = query(cfg2.table_path, "SELECT sensor, value, at, day, tags, place FROM t ORDER BY kafka_offset").to_pylist()
     assert len(got) == 30
-    assert got[7] == {"sensor": "s7", "value": 7 / 4, "at": dt.datetime(2026, 11, 23, 10, 0, 7, tzinfo=dt.timezone.utc),
-                      "day": dt.date(2026, 11, 23), "tags": ["a"], "place": {"lat": 18.5, "lon": 73.8}}
+    assert got[7] == {
+        "sensor": "s7",
+        "value": 7 / 4,
+        "at": dt.datetime(2026, 11, 23, 10, 0, 7, tzinfo=dt.UTC),
+        "day": dt.date(2026, 11, 23),
+        "tags": ["a"],
+        "place": {"lat": 18.5, "lon": 73.8},
+    }
     errors = query(cfg2.quarantine_path, "SELECT error FROM t").column(0).to_pylist()
     assert len(errors) == 1 and "value.value: expected a number" in errors[0]
 
 
-def test_a_registry_key_and_an_avro_schema_file_without_a_registry(spark, pipeline, schema_registry, registry_env,
-                                                                  client, tmp_path):
+def test_a_registry_key_and_an_avro_schema_file_without_a_registry(
+    spark, pipeline, schema_registry, registry_env, client, tmp_path
+):
     from confluent_kafka.schema_registry.avro import AvroSerializer
-    key_schema = {"type": "record", "name": "OrderKey", "fields": [{"name": "shop", "type": "string"},
-                                                                   {"name": "n", "type": "long"}]}
-    cfg, topic = pipeline(partitions=2, format={"type": "avro", "schema": [], "registry": registry_section(schema_registry),
-                                                "key": {"type": "avro"}})
+
+    key_schema = {
+        "type": "record",
+        "name": "OrderKey",
+        "fields": [{"name": "shop", "type": "string"}, {"name": "n", "type": "long"}],
+    }
+    cfg, topic = pipeline(
+        partitions=2,
+        format={"type": "avro", "schema": [], "registry": registry_section(schema_registry), "key": {"type": "avro"}},
+    )
     key_serializer = AvroSerializer(client, json.dumps(key_schema))
     value_maker = avro_event_maker(client, topic, 2, headers=False)
     keys = iter(range(10_000))
@@ -312,9 +408,13 @@ def test_a_registry_key_and_an_avro_schema_file_without_a_registry(spark, pipeli
     def make(rng, seq):
         _, value, _ = value_maker(rng, seq)
         n = next(keys)
-        key = None if n % 10 == 0 else key_serializer({"shop": f"s{n % 3}", "n": n},
-                                                      SerializationContext(topic, MessageField.KEY))
+        key = (
+            None
+            if n % 10 == 0
+            else key_serializer({"shop": f"s{n % 3}", "n": n}, SerializationContext(topic, MessageField.KEY))
+        )
         return key, value
+
     produce(cfg.kafka, topic, 200, abort_share=0.2, seed=8, make_record=make)
 
     ingest(spark, cfg)
@@ -332,8 +432,19 @@ def test_a_registry_key_and_an_avro_schema_file_without_a_registry(spark, pipeli
     producer = Producer({"bootstrap.servers": cfg2.kafka.bootstrap_servers})
     for i in range(25):
         body = io.BytesIO()
-        fastavro.schemaless_writer(body, parsed, {"event_id": f"e{i}", "user_id": i, "action": "VIEW", "amount": None,
-                                                  "event_time": 1_700_000_000_000 + i, "seq": i, "country": "IN"})
+        fastavro.schemaless_writer(
+            body,
+            parsed,
+            {
+                "event_id": f"e{i}",
+                "user_id": i,
+                "action": "VIEW",
+                "amount": None,
+                "event_time": 1_700_000_000_000 + i,
+                "seq": i,
+                "country": "IN",
+            },
+        )
         producer.produce(topic2, value=body.getvalue())
     producer.flush(10)
     ingest(spark, cfg2)
@@ -342,18 +453,30 @@ def test_a_registry_key_and_an_avro_schema_file_without_a_registry(spark, pipeli
     assert got[24] == {"event_id": "e24", "seq": 24, "country": "IN"} and len(got) == 25
 
 
-def test_a_nested_field_added_on_a_partitioned_table_lands_with_its_offsets(spark, pipeline, schema_registry,
-                                                                            registry_env, client):
+def test_a_nested_field_added_on_a_partitioned_table_lands_with_its_offsets(
+    spark, pipeline, schema_registry, registry_env, client
+):
     from confluent_kafka.schema_registry.avro import AvroSerializer
+
     inner_v1 = {"type": "record", "name": "Place", "fields": [{"name": "city", "type": "string"}]}
     inner_v2 = {**inner_v1, "fields": [*inner_v1["fields"], {"name": "zip", "type": ["null", "int"], "default": None}]}
 
     def schema(inner):
-        return {"type": "record", "name": "Visit", "fields": [
-            {"name": "n", "type": "long"}, {"name": "place", "type": inner},
-            {"name": "tags", "type": {"type": "array", "items": "string"}}]}
-    cfg, topic = pipeline(partitions=2, table={"partition_by": ["kafka_partition"]},
-                          format={"type": "avro", "schema": [], "registry": registry_section(schema_registry)})
+        return {
+            "type": "record",
+            "name": "Visit",
+            "fields": [
+                {"name": "n", "type": "long"},
+                {"name": "place", "type": inner},
+                {"name": "tags", "type": {"type": "array", "items": "string"}},
+            ],
+        }
+
+    cfg, topic = pipeline(
+        partitions=2,
+        table={"partition_by": ["kafka_partition"]},
+        format={"type": "avro", "schema": [], "registry": registry_section(schema_registry)},
+    )
     v1 = AvroSerializer(client, json.dumps(schema(inner_v1)))
     v2 = AvroSerializer(client, json.dumps(schema(inner_v2)))
     context = SerializationContext(topic, MessageField.VALUE)
@@ -364,8 +487,11 @@ def test_a_nested_field_added_on_a_partitioned_table_lands_with_its_offsets(spar
     ingest(spark, cfg)
     for n in range(100, 200):
         record = {"n": n, "place": {"city": "Goa", "zip": n}, "tags": []}
-        producer.produce(topic, value=(v2 if n % 2 else v1)(record if n % 2 else {**record, "place": {"city": "Goa"}},
-                                                             context), partition=n % 2)
+        producer.produce(
+            topic,
+            value=(v2 if n % 2 else v1)(record if n % 2 else {**record, "place": {"city": "Goa"}}, context),
+            partition=n % 2,
+        )
     producer.flush(10)
 
     committed = [r for r in ingest(spark, cfg) if r.status == "committed"]

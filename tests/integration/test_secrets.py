@@ -6,21 +6,26 @@ stdout and stderr of each command (verbose, with Spark's own logging), error
 messages of failing commands, and every file the platform wrote (Delta logs
 with their userMetadata, checkpoints, data files).
 """
+
 from __future__ import annotations
 
 import uuid
 
 import pytest
 
-from support import produce, create_topic, files_containing, load, run_cli, unique, write_pipeline
+from support import create_topic, files_containing, load, produce, run_cli, unique, write_pipeline
 
 pytestmark = pytest.mark.slow
 PASSWORD_VAR = "OFFSETLAKE_TEST_KAFKA_PASSWORD"
 
 
 def sasl(mechanism: str = "PLAIN") -> dict:
-    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism, "sasl.username": "offsetlake",
-            "sasl.password": "${" + PASSWORD_VAR + "}"}
+    return {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": mechanism,
+        "sasl.username": "offsetlake",
+        "sasl.password": "${" + PASSWORD_VAR + "}",
+    }
 
 
 def test_the_kafka_password_never_leaks(bootstrap, pipelines_dir, lake, tmp_path, monkeypatch):
@@ -36,20 +41,36 @@ def test_the_kafka_password_never_leaks(bootstrap, pipelines_dir, lake, tmp_path
     args = ("--pipeline", name, "--pipelines-dir", str(pipelines_dir))
 
     outputs = [run_cli("-v", "ingest", *args, env=env, check=True)]
-    for command in (("status",), ("history", "--json"), ("history",), ("show",), ("audit",),
-                    ("backfill", "--ranges", f"{topic}:0:0-10", "--dry-run")):
+    for command in (
+        ("status",),
+        ("history", "--json"),
+        ("history",),
+        ("show",),
+        ("audit",),
+        ("backfill", "--ranges", f"{topic}:0:0-10", "--dry-run"),
+    ):
         outputs.append(run_cli("-v", *command, *args, env=env, check=True))
     assert "batch 1: committed" in outputs[0].stdout
 
     # Failing commands carry the secret in their configuration too.
-    scram = write_pipeline(pipelines_dir, bootstrap, [topic], lake, kafka={"client": sasl("SCRAM-SHA-256"),
-                                                                         "timeout_seconds": 3})
-    away = write_pipeline(pipelines_dir, "127.0.0.1:1", [topic], lake, kafka={"client": sasl(), "timeout_seconds": 2,
-                                                                            "retry_seconds": 4})  # retries logged too
-    broken = write_pipeline(pipelines_dir, bootstrap, [topic], lake, kafka={"client": sasl()},
-                            batch={"max_records_per_batch": "${" + PASSWORD_VAR + "}"})
-    failures = [run_cli("-v", "ingest", "--pipeline", p, "--pipelines-dir", str(pipelines_dir), env=env, timeout=120)
-                for p in (scram, away, broken)]
+    scram = write_pipeline(
+        pipelines_dir, bootstrap, [topic], lake, kafka={"client": sasl("SCRAM-SHA-256"), "timeout_seconds": 3}
+    )
+    away = write_pipeline(
+        pipelines_dir, "127.0.0.1:1", [topic], lake, kafka={"client": sasl(), "timeout_seconds": 2, "retry_seconds": 4}
+    )  # retries logged too
+    broken = write_pipeline(
+        pipelines_dir,
+        bootstrap,
+        [topic],
+        lake,
+        kafka={"client": sasl()},
+        batch={"max_records_per_batch": "${" + PASSWORD_VAR + "}"},
+    )
+    failures = [
+        run_cli("-v", "ingest", "--pipeline", p, "--pipelines-dir", str(pipelines_dir), env=env, timeout=120)
+        for p in (scram, away, broken)
+    ]
     assert all(f.returncode == 1 for f in failures), [f.stderr for f in failures]
     assert "authentication failed" in failures[0].stderr
     assert "127.0.0.1:1" in failures[1].stderr

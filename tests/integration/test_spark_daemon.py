@@ -6,6 +6,7 @@ Without these each task re-reads pyspark.zip's and the spark-core jar's director
 input on loopback TCP, and waits for a full collection before it starts; only timings would show it,
 so these tests look at the workers themselves.
 """
+
 from __future__ import annotations
 
 import sys
@@ -18,9 +19,10 @@ from offsetlake import spark_daemon
 def test_spark_workers_import_pyspark_from_the_installation_with_no_zip_importer(spark):
     def worker_paths(index, _rows):  # nested: pickled by value, the workers cannot import this module
         import sys as worker_sys
+
         import pyspark
-        zips = [key for key, finder in worker_sys.path_importer_cache.items()
-                if type(finder).__name__ == "zipimporter"]
+
+        zips = [key for key, finder in worker_sys.path_importer_cache.items() if type(finder).__name__ == "zipimporter"]
         yield {"path": list(worker_sys.path), "zip_importers": zips, "pyspark": pyspark.__file__}
 
     [seen] = spark.sparkContext.parallelize([0], 1).mapPartitionsWithIndex(worker_paths).collect()
@@ -32,6 +34,7 @@ def test_spark_workers_import_pyspark_from_the_installation_with_no_zip_importer
 def test_workers_talk_to_their_jvm_over_a_unix_socket(spark):
     def jvm_socket(index, _rows):  # the socket pyspark's daemon handed this worker: a local of its `worker`
         import sys as worker_sys
+
         frame = worker_sys._getframe()
         while frame is not None and not (frame.f_code.co_name == "worker" and "sock" in frame.f_locals):
             frame = frame.f_back
@@ -44,7 +47,9 @@ def test_workers_talk_to_their_jvm_over_a_unix_socket(spark):
 def test_a_worker_freezes_what_it_imported_after_its_first_task(spark):
     def after_a_task(index, _rows):
         import gc as worker_gc
+
         from offsetlake.tasks import collector_paused
+
         with collector_paused():
             worker_gc.collect()  # would not run: the collector is off inside a task
             paused = not worker_gc.isenabled()
@@ -58,12 +63,16 @@ def test_a_worker_freezes_what_it_imported_after_its_first_task(spark):
 
 @pytest.mark.parametrize("importable", [True, False])
 def test_the_archives_stay_when_pyspark_would_not_import_without_them(monkeypatch, importable):
-    archives = ["/spark/python/lib/pyspark.zip", "/spark/python/lib/py4j-0.10.9.9-src.zip",
-                "/spark/jars/spark-core_2.13-4.1.3.jar"]
+    archives = [
+        "/spark/python/lib/pyspark.zip",
+        "/spark/python/lib/py4j-0.10.9.9-src.zip",
+        "/spark/jars/spark-core_2.13-4.1.3.jar",
+    ]
     path = [archives[0], "/work", archives[1], archives[2], "/venv/site-packages"]
     monkeypatch.setattr(sys, "path", list(path))
-    monkeypatch.setattr(sys, "path_importer_cache", {archives[0]: object(), f"{archives[2]}/org": object(),
-                                                     "/work": object()})
+    monkeypatch.setattr(
+        sys, "path_importer_cache", {archives[0]: object(), f"{archives[2]}/org": object(), "/work": object()}
+    )
     monkeypatch.setattr(spark_daemon.importlib.util, "find_spec", lambda name: object() if importable else None)
     spark_daemon.drop_spark_archives()
     if importable:

@@ -1,6 +1,7 @@
 """LazySession under a real spark-submit: the session starts while the driver plans, and a session that
 cannot start fails the code that asks for it, in its own thread. (From a terminal nothing starts early:
 tests/integration/test_cli.py checks that an up-to-date ingest starts no JVM.)"""
+
 from __future__ import annotations
 
 import re
@@ -76,8 +77,11 @@ def test_under_spark_submit_the_start_up_is_counted_from_spark_submits_jvm(tmp_p
     done = submit_driver(tmp_path, REPORTS_START_UP)
     assert done.returncode == 0, done.stderr[-3000:]
     first, report = done.stdout.splitlines()
-    found = re.fullmatch(r"start-up, seconds after spark-submit's JVM started: Python driver ([0-9.]+), Spark session "
-                         r"ready ([0-9.]+), first Spark job ([0-9.]+) to ([0-9.]+)", report)
+    found = re.fullmatch(
+        r"start-up, seconds after spark-submit's JVM started: Python driver ([0-9.]+), Spark session "
+        r"ready ([0-9.]+), first Spark job ([0-9.]+) to ([0-9.]+)",
+        report,
+    )
     assert found, report
     driver, session, job, job_end = map(float, found.groups())
     assert 0 < driver < session <= job < job_end, report

@@ -1,27 +1,36 @@
 """How the table's commits are grouped into Asset event payloads (pure logic: `changes.announcements`)."""
+
 from offsetlake import changes
 from offsetlake.changes import TableCommit, announcements
 from offsetlake.metadata import CommitMetadata, Records, Run
 
 
 def ingest(version: int, ranges: dict, rows: int, via: str | None = None) -> TableCommit:
-    meta = CommitMetadata("p", "ingest", batch=version, ranges=ranges, records=Records(rows, rows, 1),
-                          run=Run("airflow", via=via))
+    meta = CommitMetadata(
+        "p", "ingest", batch=version, ranges=ranges, records=Records(rows, rows, 1), run=Run("airflow", via=via)
+    )
     return TableCommit(version, 1000 * version, "WRITE", meta)
 
 
 def test_consecutive_commits_of_one_kind_are_one_event_with_their_ranges_merged():
-    commits = [TableCommit(0, 0, "CREATE TABLE", None),
-               ingest(1, {"t": {"0": [0, 10], "1": [0, 5]}}, 14, via="stream"),
-               ingest(2, {"t": {"0": [10, 20]}}, 9, via="stream"),
-               TableCommit(3, 3000, "OPTIMIZE", CommitMetadata("p", "optimize", records=Records(rows=23))),
-               ingest(4, {"t": {"1": [5, 8]}}, 3),
-               TableCommit(5, 5000, "DELETE", None)]
+    commits = [
+        TableCommit(0, 0, "CREATE TABLE", None),
+        ingest(1, {"t": {"0": [0, 10], "1": [0, 5]}}, 14, via="stream"),
+        ingest(2, {"t": {"0": [10, 20]}}, 9, via="stream"),
+        TableCommit(3, 3000, "OPTIMIZE", CommitMetadata("p", "optimize", records=Records(rows=23))),
+        ingest(4, {"t": {"1": [5, 8]}}, 3),
+        TableCommit(5, 5000, "DELETE", None),
+    ]
 
     events = announcements("p", "/lake/p", commits)
 
     assert [(e["kind"], e["versions"]) for e in events] == [
-        ("create", [0]), ("stream", [1, 2]), ("optimize", [3]), ("ingest", [4]), ("other", [5])]
+        ("create", [0]),
+        ("stream", [1, 2]),
+        ("optimize", [3]),
+        ("ingest", [4]),
+        ("other", [5]),
+    ]
     assert events[1]["ranges"] == {"t": {"0": [0, 20], "1": [0, 5]}}
     assert (events[1]["rows"], events[1]["quarantined"]) == (23, 2)
     assert events[4]["operation"] == "DELETE" and events[4]["ranges"] == {}

@@ -1,4 +1,5 @@
 """Audit's ledger checks on a commit history (pure logic)."""
+
 from __future__ import annotations
 
 from offsetlake.audit import continuity_issues

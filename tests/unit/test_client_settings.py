@@ -3,11 +3,12 @@
 Fast unit test: the confluent-kafka client classes are replaced by a recorder
 that keeps the settings each client would have been built with.
 """
+
 import pytest
 
 from offsetlake import kafka, reader
-from offsetlake.local import producer
 from offsetlake.config import parse_pipeline
+from offsetlake.local import producer
 from offsetlake.reader import OffsetRange
 
 SECURITY = {
@@ -28,11 +29,16 @@ class Built(Exception):
 @pytest.fixture
 def cfg(monkeypatch):
     monkeypatch.setenv("OFFSETLAKE_TEST_KAFKA_PASSWORD", SECRET)
-    return parse_pipeline({
-        "name": "secure", "topics": ["orders"], "table": {"path": "/lake/orders"},
-        "kafka": {"bootstrap_servers": "kafka-1:9093", "client": SECURITY},
-        "format": {"type": "raw"},
-    }, "secure.yaml")
+    return parse_pipeline(
+        {
+            "name": "secure",
+            "topics": ["orders"],
+            "table": {"path": "/lake/orders"},
+            "kafka": {"bootstrap_servers": "kafka-1:9093", "client": SECURITY},
+            "format": {"type": "raw"},
+        },
+        "secure.yaml",
+    )
 
 
 @pytest.fixture
@@ -43,6 +49,7 @@ def built(monkeypatch):
         def make(settings, *args, **kwargs):
             seen[name] = settings
             raise Built(name)
+
         return make
 
     monkeypatch.setattr(kafka, "AdminClient", recorder("planner (admin)"))
@@ -112,9 +119,16 @@ def test_the_reader_fetches_in_large_responses_with_bounded_memory(cfg, built):
 
 def test_a_pipeline_cannot_shrink_the_readers_fetches_by_accident(monkeypatch, built):
     """The reader's fetch sizing wins over the pipeline's client settings (they are the protocol's)."""
-    cfg = parse_pipeline({"name": "p", "topics": ["orders"], "table": {"path": "/lake/p"}, "format": {"type": "raw"},
-                          "kafka": {"bootstrap_servers": "k:9092", "client": {"max.partition.fetch.bytes": 1048576}}},
-                         "p.yaml")
+    cfg = parse_pipeline(
+        {
+            "name": "p",
+            "topics": ["orders"],
+            "table": {"path": "/lake/p"},
+            "format": {"type": "raw"},
+            "kafka": {"bootstrap_servers": "k:9092", "client": {"max.partition.fetch.bytes": 1048576}},
+        },
+        "p.yaml",
+    )
     with pytest.raises(Built):
         list(reader.read_range(cfg.kafka, "g", OffsetRange("orders", 0, 0, 10), 5))
     assert built["reader"]["max.partition.fetch.bytes"] == reader.FETCH_BYTES

@@ -6,6 +6,7 @@ again, never rebased; a retry or zombie of a committed batch writes nothing and
 its files go; running out of tries is one typed error; clean-up never deletes
 a file a landed commit references.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,20 +40,33 @@ def plan(batch: int, start: int, end: int, seen: int | None) -> BatchPlan:
 
 
 def data_file(uri: str, attempt: str, start: int, end: int):
-    rows = pa.table({"kafka_partition": pa.array([0] * (end - start), pa.int32()),
-                     "kafka_offset": pa.array(range(start, end), pa.int64())})
+    rows = pa.table(
+        {
+            "kafka_partition": pa.array([0] * (end - start), pa.int32()),
+            "kafka_offset": pa.array(range(start, end), pa.int64()),
+        }
+    )
     return write_file(uri, f"part-00000001-{attempt}-t00000-a0-000.zstd.parquet", rows, {})
 
 
-def ingest_change(uri: str, p: BatchPlan, attempt: str, files) -> "commit_module.Decide":
+def ingest_change(uri: str, p: BatchPlan, attempt: str, files) -> commit_module.Decide:
     """What ingest decides: the verdict on the ledger of the snapshot, then data + txn + metadata."""
+
     def decide(table) -> Change | Settled:
         refused = verdict(read_ledger(table, "p", [TP0]), p)
         if refused is not None:
             return refused
-        meta = CommitMetadata("p", "ingest", batch=p.batch, attempt=attempt, ranges={"t": {"0": [p.starts[TP0], p.ends[TP0]]}},
-                              records=Records(rows=sum(f.num_records for f in files)), run=Run.here())
+        meta = CommitMetadata(
+            "p",
+            "ingest",
+            batch=p.batch,
+            attempt=attempt,
+            ranges={"t": {"0": [p.starts[TP0], p.ends[TP0]]}},
+            records=Records(rows=sum(f.num_records for f in files)),
+            run=Run.here(),
+        )
         return Change(meta, add_actions(files), txn_actions("p", p.batch, p.ends), SCHEMA)
+
     return decide
 
 
@@ -130,8 +144,15 @@ def test_a_commit_records_how_many_commits_landed_before_it(table):
         change = Change(CommitMetadata("p", "reset", attempt=new_attempt_id()), schema=SCHEMA)
         batch = next(rivals, None)
         if batch is not None:
-            commit(table, lambda t: Change(CommitMetadata("q", "reset", attempt=new_attempt_id()),
-                                           txns=txn_actions("q", batch, {}), schema=SCHEMA), "rival")
+            commit(
+                table,
+                lambda t: Change(
+                    CommitMetadata("q", "reset", attempt=new_attempt_id()),
+                    txns=txn_actions("q", batch, {}),
+                    schema=SCHEMA,
+                ),
+                "rival",
+            )
         return change
 
     outcome = commit(table, decide, "reset")
@@ -147,15 +168,21 @@ def test_running_out_of_tries_is_one_typed_error_and_writes_nothing(table, monke
     def decide(snapshot):
         change = Change(CommitMetadata("p", "reset", attempt=new_attempt_id()), schema=SCHEMA)
         batch = next(rivals)  # an unrelated writer commits after every snapshot we take
-        commit(table, lambda t: Change(CommitMetadata("q", "reset", attempt=new_attempt_id()),
-                                       txns=txn_actions("q", batch, {}), schema=SCHEMA), "rival")
+        commit(
+            table,
+            lambda t: Change(
+                CommitMetadata("q", "reset", attempt=new_attempt_id()), txns=txn_actions("q", batch, {}), schema=SCHEMA
+            ),
+            "rival",
+        )
         return change
 
     with pytest.raises(CommitConflictError) as err:
         commit(table, decide, "reset")
 
-    assert str(err.value) == ("reset: gave up after 3 commit conflicts with concurrent writers; "
-                              "nothing was written, run it again")
+    assert str(err.value) == (
+        "reset: gave up after 3 commit conflicts with concurrent writers; nothing was written, run it again"
+    )
     assert [m.pipeline for m in offsetlake_commits(table)] == ["q", "q", "q"]
 
 

@@ -1,4 +1,5 @@
 """Compaction's pure parts: which files go together, and the Z-order of rows."""
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -13,9 +14,13 @@ def actions(*files) -> pa.Table:
 
 
 def test_small_files_are_packed_per_partition_up_to_the_target_and_lone_files_left_alone():
-    files = actions(("a1", 10 * MB, "d1"), ("a2", 10 * MB, "d1"), ("a3", 10 * MB, "d1"),
-                    ("b1", 10 * MB, "d2"),  # alone in its partition: nothing to merge it with
-                    ("c1", 200 * MB, "d1"))  # already above the target
+    files = actions(
+        ("a1", 10 * MB, "d1"),
+        ("a2", 10 * MB, "d1"),
+        ("a3", 10 * MB, "d1"),
+        ("b1", 10 * MB, "d2"),  # alone in its partition: nothing to merge it with
+        ("c1", 200 * MB, "d1"),
+    )  # already above the target
     bins = _bins(files, ["day"], target=25 * MB)
     assert [[f["path"] for f in b] for b in bins] == [["a1", "a2"]]  # a3 would pass 25 MB: next bin, alone
     bins = _bins(files, ["day"], target=128 * MB)
@@ -33,7 +38,7 @@ def test_z_order_keeps_rows_close_in_every_column():
     rows = pa.table({"x": [x for x in range(4) for _ in range(4)], "y": [y for _ in range(4) for y in range(4)]})
     order = rows.take(zorder_indices(rows, ["x", "y"])).to_pylist()
     quadrants = [(r["x"] // 2, r["y"] // 2) for r in order]
-    groups = [quadrants[i:i + 4] for i in range(0, 16, 4)]
+    groups = [quadrants[i : i + 4] for i in range(0, 16, 4)]
     assert all(len(set(g)) == 1 for g in groups), quadrants  # four rows of one quadrant, then the next
     assert len({g[0] for g in groups}) == 4
     assert sorted(map(tuple, (r.values() for r in order))) == sorted(map(tuple, (r.values() for r in rows.to_pylist())))

@@ -1,4 +1,5 @@
 """docker-compose.yaml is structurally sound (no Docker engine runs here: this checks the file)."""
+
 import re
 from pathlib import Path
 
@@ -11,8 +12,17 @@ PINNED = re.compile(r"^[\w./-]+:\d[\w.-]*$")  # a version tag, never latest or m
 
 
 def test_every_part_of_the_stack_is_there():
-    expected = {"kafka", "postgres", "spark-master", "spark-worker", "airflow-init", "airflow-api-server",
-                "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"}
+    expected = {
+        "kafka",
+        "postgres",
+        "spark-master",
+        "spark-worker",
+        "airflow-init",
+        "airflow-api-server",
+        "airflow-scheduler",
+        "airflow-dag-processor",
+        "airflow-triggerer",
+    }
     assert expected <= set(SERVICES)
 
 

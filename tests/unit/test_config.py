@@ -1,4 +1,5 @@
 """Pipeline config validation: every mistake names its key and file, in one line."""
+
 import pytest
 import yaml
 
@@ -33,33 +34,60 @@ def test_a_valid_pipeline_gets_defaults():
     assert cfg.format.unknown_fields == "drop" and cfg.format.max_value_bytes == 1_048_576
 
 
-@pytest.mark.parametrize("mutate, expected", [
-    (lambda d: d.update(colour="red"), "unknown key 'colour'"),
-    (lambda d: d["batch"].update(max_records_per_batch="lots") if "batch" in d else d.update(batch={"max_records_per_batch": "lots"}),
-     "key 'batch.max_records_per_batch'"),
-    (lambda d: d.pop("topics"), "missing required key 'topics'"),
-    (lambda d: d["kafka"].update(isolation_level="dirty"), "key 'kafka.isolation_level'"),
-    (lambda d: d["kafka"]["client"].update({"group.id": "x"}) if "client" in d["kafka"] else d["kafka"].update(client={"group.id": "x"}),
-     "'group.id' is managed by offsetlake"),
-    (lambda d: d["format"].update(type="raw"), "takes no 'schema'"),
-    (lambda d: d["format"].update(schema=[]), "needs a declared 'schema'"),
-    (lambda d: d["format"]["schema"].append({"name": "kafka_offset", "type": "long"}), "clashes with a column offsetlake adds"),
-    (lambda d: d["format"]["schema"].append({"name": "x", "type": "decimal"}), "key 'format.schema.1.type'"),
-    (lambda d: d["table"].update(partition_by=["nope"]), "'nope' is not a column"),
-    (lambda d: d.update(name="../etc"), "key 'name'"),
-    (lambda d: d["batch"].update(max_records_per_task=0) if "batch" in d else d.update(batch={"max_records_per_task": 0}),
-     "key 'batch.max_records_per_task'"),
-    (lambda d: d.update(on_data_loss="ignore"), "key 'on_data_loss'"),
-    (lambda d: d["format"].update(unknown_fields="merge"), "key 'format.unknown_fields'"),
-    (lambda d: d["format"].update(type="raw", schema=[], unknown_fields="keep"), "needs format 'json'"),
-    (lambda d: d["format"]["schema"].append({"name": "_unknown_fields", "type": "string"}), "clashes with a column"),
-    (lambda d: d["format"].update(max_value_bytes=0), "key 'format.max_value_bytes'"),
-    (lambda d: d.update(airflow={"retries": -1}), "key 'airflow.retries'"),
-    (lambda d: d.update(mode="micro"), "key 'mode'"),
-    (lambda d: d.update(mode="stream", schedule="@hourly"), "in mode 'stream' the stream DAG runs all the time"),
-    (lambda d: d.update(airflow={"retry_delay_seconds": "soon"}), "key 'airflow.retry_delay_seconds'"),
-    (lambda d: d.update(airflow={"retry": 3}), "unknown key 'airflow.retry'"),
-])
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda d: d.update(colour="red"), "unknown key 'colour'"),
+        (
+            lambda d: (
+                d["batch"].update(max_records_per_batch="lots")
+                if "batch" in d
+                else d.update(batch={"max_records_per_batch": "lots"})
+            ),
+            "key 'batch.max_records_per_batch'",
+        ),
+        (lambda d: d.pop("topics"), "missing required key 'topics'"),
+        (lambda d: d["kafka"].update(isolation_level="dirty"), "key 'kafka.isolation_level'"),
+        (
+            lambda d: (
+                d["kafka"]["client"].update({"group.id": "x"})
+                if "client" in d["kafka"]
+                else d["kafka"].update(client={"group.id": "x"})
+            ),
+            "'group.id' is managed by offsetlake",
+        ),
+        (lambda d: d["format"].update(type="raw"), "takes no 'schema'"),
+        (lambda d: d["format"].update(schema=[]), "needs a declared 'schema'"),
+        (
+            lambda d: d["format"]["schema"].append({"name": "kafka_offset", "type": "long"}),
+            "clashes with a column offsetlake adds",
+        ),
+        (lambda d: d["format"]["schema"].append({"name": "x", "type": "decimal"}), "key 'format.schema.1.type'"),
+        (lambda d: d["table"].update(partition_by=["nope"]), "'nope' is not a column"),
+        (lambda d: d.update(name="../etc"), "key 'name'"),
+        (
+            lambda d: (
+                d["batch"].update(max_records_per_task=0)
+                if "batch" in d
+                else d.update(batch={"max_records_per_task": 0})
+            ),
+            "key 'batch.max_records_per_task'",
+        ),
+        (lambda d: d.update(on_data_loss="ignore"), "key 'on_data_loss'"),
+        (lambda d: d["format"].update(unknown_fields="merge"), "key 'format.unknown_fields'"),
+        (lambda d: d["format"].update(type="raw", schema=[], unknown_fields="keep"), "needs format 'json'"),
+        (
+            lambda d: d["format"]["schema"].append({"name": "_unknown_fields", "type": "string"}),
+            "clashes with a column",
+        ),
+        (lambda d: d["format"].update(max_value_bytes=0), "key 'format.max_value_bytes'"),
+        (lambda d: d.update(airflow={"retries": -1}), "key 'airflow.retries'"),
+        (lambda d: d.update(mode="micro"), "key 'mode'"),
+        (lambda d: d.update(mode="stream", schedule="@hourly"), "in mode 'stream' the stream DAG runs all the time"),
+        (lambda d: d.update(airflow={"retry_delay_seconds": "soon"}), "key 'airflow.retry_delay_seconds'"),
+        (lambda d: d.update(airflow={"retry": 3}), "unknown key 'airflow.retry'"),
+    ],
+)
 def test_mistakes_name_the_key(mutate, expected):
     doc = base()
     mutate(doc)
@@ -100,10 +128,13 @@ def test_load_pipeline_from_a_folder(tmp_path):
     assert cfg.table_path.endswith("/lake/orders") and cfg.table_path.startswith("/")
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("missing", "unknown pipeline 'missing'"),
-    ("../../etc/passwd", "invalid pipeline name"),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("missing", "unknown pipeline 'missing'"),
+        ("../../etc/passwd", "invalid pipeline name"),
+    ],
+)
 def test_unknown_or_unsafe_pipeline_names(tmp_path, name, expected):
     with pytest.raises(ConfigError, match=expected):
         load_pipeline(name, tmp_path)
@@ -125,8 +156,10 @@ def test_log_retention_takes_fractions_of_a_day_down_to_an_hour():
     doc = base() | {"maintenance": {"log_retention_days": 0.25}}
     props = parse_pipeline(doc, "orders.yaml").maintenance.table_properties()
     assert props["delta.logRetentionDuration"] == "interval 360 minutes"
-    assert parse_pipeline(base(), "orders.yaml").maintenance.table_properties()["delta.logRetentionDuration"] \
+    assert (
+        parse_pipeline(base(), "orders.yaml").maintenance.table_properties()["delta.logRetentionDuration"]
         == "interval 30 days"
+    )
     assert "maintenance.log_retention_days" in error_for(base() | {"maintenance": {"log_retention_days": 0.01}})
     assert "maintenance.log_retention_days" in error_for(base() | {"maintenance": {"log_retention_days": "2"}})
 
@@ -136,13 +169,15 @@ def test_a_stream_is_warned_when_its_windows_outgrow_the_commit_rate():
     warning = defaults.stream_window_warning(5)
     assert "~518,400 commits" in warning and "~120,960 removed files" in warning and "\n" not in warning
     assert defaults.stream_window_warning(300) is None  # every 5 minutes: 8,640 commits in 30 days
-    sized = parse_pipeline(base() | {"maintenance": {"log_retention_days": 1, "deleted_file_retention_hours": 24}},
-                           "orders.yaml").maintenance
+    sized = parse_pipeline(
+        base() | {"maintenance": {"log_retention_days": 1, "deleted_file_retention_hours": 24}}, "orders.yaml"
+    ).maintenance
     assert sized.stream_window_warning(5) is None
     assert "~86,400 commits" in sized.stream_window_warning(1)
 
 
 def test_the_demo_pipeline_fits_its_stream():
     from pathlib import Path
+
     demo = load_pipeline("demo_events", Path(__file__).parents[2] / "include" / "pipelines")
     assert demo.maintenance.stream_window_warning(demo.stream_interval_seconds) is None

@@ -2,6 +2,7 @@
 
 Pure logic: the connections come from the file the operator hands to its job (as in production); the
 real path through Airflow processes is tests/airflow/test_airflow_connections.py."""
+
 import json
 import stat
 
@@ -11,18 +12,39 @@ from offsetlake.config import parse_pipeline
 from offsetlake.connections import CONNECTIONS_FILE_ENV, connection_ids, resolve_connections, write_connections_file
 from offsetlake.errors import ConfigError
 
-KAFKA = {"conn_type": "kafka", "host": None, "port": None, "schema": None, "login": None, "password": None,
-         "extra": {"bootstrap.servers": "kafka-1:9093,kafka-2:9093", "security.protocol": "SASL_SSL",
-                   "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "ol", "sasl.password": "pw-kafka",
-                   "group.id": "the-providers-example-group", "fetch.min.bytes": "1"}}
-REGISTRY = {"conn_type": "http", "host": "registry.internal", "port": 8081, "schema": "https", "login": "reg",
-            "password": "pw-registry", "extra": {}}
+KAFKA = {
+    "conn_type": "kafka",
+    "host": None,
+    "port": None,
+    "schema": None,
+    "login": None,
+    "password": None,
+    "extra": {
+        "bootstrap.servers": "kafka-1:9093,kafka-2:9093",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "ol",
+        "sasl.password": "pw-kafka",
+        "group.id": "the-providers-example-group",
+        "fetch.min.bytes": "1",
+    },
+}
+REGISTRY = {
+    "conn_type": "http",
+    "host": "registry.internal",
+    "port": 8081,
+    "schema": "https",
+    "login": "reg",
+    "password": "pw-registry",
+    "extra": {},
+}
 
 
 def pipeline(kafka: dict, registry: dict | None = None):
     fmt = {"type": "avro", "registry": registry} if registry else {"type": "raw"}
-    return parse_pipeline({"name": "p", "topics": ["t"], "table": {"path": "/lake/p"}, "kafka": kafka,
-                           "format": fmt}, "p.yaml")
+    return parse_pipeline(
+        {"name": "p", "topics": ["t"], "table": {"path": "/lake/p"}, "kafka": kafka, "format": fmt}, "p.yaml"
+    )
 
 
 @pytest.fixture
@@ -55,8 +77,9 @@ def test_a_registry_connection_gives_the_url_and_basic_auth(handed_over):
     assert registry.url == "https://registry.internal:8081"
     assert (registry.username.get_secret_value(), registry.password.get_secret_value()) == ("reg", "pw-registry")
     assert "pw-registry" not in repr(cfg)
-    given_url = resolve_connections(pipeline({"bootstrap_servers": "k:9092"},
-                                             {"connection": "registry_prod", "url": "http://other:8081"}))
+    given_url = resolve_connections(
+        pipeline({"bootstrap_servers": "k:9092"}, {"connection": "registry_prod", "url": "http://other:8081"})
+    )
     assert given_url.format.registry.url == "http://other:8081"
 
 
@@ -68,7 +91,9 @@ def test_a_pipeline_without_connections_is_left_as_it_is():
 def test_missing_pieces_are_one_line_errors_naming_them(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="key 'kafka': give 'bootstrap_servers', or an Airflow 'connection'"):
         pipeline({"client": {}})
-    with pytest.raises(ConfigError, match="key 'format.registry': give the registry's 'url', or an Airflow 'connection'"):
+    with pytest.raises(
+        ConfigError, match="key 'format.registry': give the registry's 'url', or an Airflow 'connection'"
+    ):
         pipeline({"bootstrap_servers": "k:9092"}, {"subject_name_strategy": "topic"})
     bare = {**KAFKA, "extra": {"security.protocol": "SASL_SSL"}}
     monkeypatch.setenv(CONNECTIONS_FILE_ENV, str(write_connections_file(tmp_path, {"bare": bare})))
@@ -79,7 +104,9 @@ def test_missing_pieces_are_one_line_errors_naming_them(tmp_path, monkeypatch):
 def test_connections_read_already_are_used_as_given(monkeypatch):
     """The operator reads each connection through Airflow once and passes them on; nothing is read again."""
     monkeypatch.delenv(CONNECTIONS_FILE_ENV, raising=False)
-    cfg = resolve_connections(pipeline({"connection": "kafka_prod"}, {"connection": "registry_prod"}),
-                              {"kafka_prod": KAFKA, "registry_prod": REGISTRY})
+    cfg = resolve_connections(
+        pipeline({"connection": "kafka_prod"}, {"connection": "registry_prod"}),
+        {"kafka_prod": KAFKA, "registry_prod": REGISTRY},
+    )
     assert cfg.kafka.client_config()["sasl.password"] == "pw-kafka"
     assert cfg.format.registry.password.get_secret_value() == "pw-registry"

@@ -1,6 +1,7 @@
 """offsetlake.spark_daemon.quiet_on_closed_socket, the wrapper around pyspark.daemon's `worker`, on its own:
 what it turns a BrokenPipeError into, and what it lets through. (That Spark's daemon runs through
 offsetlake.spark_daemon at all is checked on real workers in tests/integration/test_spark_daemon.py.)"""
+
 from __future__ import annotations
 
 import pytest

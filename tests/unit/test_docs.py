@@ -1,5 +1,6 @@
 """The docs site and the references generated from the code: current, buildable with --strict, and the
 pipeline files (the examples and every complete pipeline a page shows) valid against the generated schema."""
+
 from __future__ import annotations
 
 import os
@@ -23,9 +24,14 @@ def test_the_generated_reference_pages_are_what_the_code_gives():
 
 
 def test_the_site_builds_with_no_broken_link_or_missing_page(tmp_path):
-    proc = subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "-d", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "-d", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "reference" / "pipeline" / "index.html").exists()
 
@@ -58,6 +64,7 @@ def test_every_example_pipeline_carries_the_schema_header_and_is_valid_against_i
 
 def test_the_readme_shows_a_pipeline_and_the_loader_takes_it(tmp_path, monkeypatch):
     from offsetlake.config import load_pipeline
+
     [(_, doc)] = [(page, doc) for page, doc in pipelines_in_docs() if page == "README.md"]
     (tmp_path / f"{doc['name']}.yaml").write_text(yaml.safe_dump(doc))
     monkeypatch.setenv("KAFKA_USER", "u")
@@ -67,7 +74,9 @@ def test_the_readme_shows_a_pipeline_and_the_loader_takes_it(tmp_path, monkeypat
 
 def test_offsetlake_schema_prints_the_generated_schema(capsys):
     import json
+
     from offsetlake.cli import main
+
     assert main(["schema"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(generate.pages()["reference/pipeline.schema.json"])
 

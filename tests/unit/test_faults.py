@@ -24,6 +24,7 @@ def test_bad_fault_specs_are_rejected(spec):
 
 def test_pause_waits_for_release(tmp_path):
     import threading
+
     settings = {"faults": {"after_plan": "pause"}, "dir": str(tmp_path), "driver_pid": 0}
     done = threading.Event()
     t = threading.Thread(target=lambda: (faults.hit("after_plan", settings), done.set()))

@@ -1,42 +1,67 @@
 """Record formats and file statistics: pure Arrow logic."""
+
 import datetime as dt
 import json
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from offsetlake import arrow_json, formats
 from offsetlake.config import parse_pipeline
 from offsetlake.files import delta_stats, write_files
-from offsetlake import arrow_json, formats
-from offsetlake.formats import (ARROW_TYPES, QUARANTINE_SCHEMA, BadRecord, FastDecoder, _coerce, _parse_record, convert,
-                                table_schema)
+from offsetlake.formats import (
+    ARROW_TYPES,
+    QUARANTINE_SCHEMA,
+    BadRecord,
+    FastDecoder,
+    _coerce,
+    _parse_record,
+    convert,
+    table_schema,
+)
 from offsetlake.reader import MESSAGE_SCHEMA
 
 
 def pipeline(fmt):
-    return parse_pipeline({
-        "name": "p", "topics": ["t"], "kafka": {"bootstrap_servers": "x:1"}, "table": {"path": "/tmp/x"},
-        "format": fmt,
-    }, "p.yaml")
+    return parse_pipeline(
+        {
+            "name": "p",
+            "topics": ["t"],
+            "kafka": {"bootstrap_servers": "x:1"},
+            "table": {"path": "/tmp/x"},
+            "format": fmt,
+        },
+        "p.yaml",
+    )
 
 
-JSON = {"type": "json", "schema": [
-    {"name": "id", "type": "long", "required": True},
-    {"name": "name", "type": "string"},
-    {"name": "at", "type": "timestamp"},
-    {"name": "ok", "type": "boolean"},
-    {"name": "score", "type": "double"},
-]}
+JSON = {
+    "type": "json",
+    "schema": [
+        {"name": "id", "type": "long", "required": True},
+        {"name": "name", "type": "string"},
+        {"name": "at", "type": "timestamp"},
+        {"name": "ok", "type": "boolean"},
+        {"name": "score", "type": "double"},
+    ],
+}
 
 
 def messages(values):
     n = len(values)
-    return pa.Table.from_arrays([
-        pa.array([None] * n, pa.binary()), pa.array(values, pa.binary()), pa.array(["t"] * n),
-        pa.array([0] * n, pa.int32()), pa.array(range(100, 100 + n), pa.int64()),
-        pa.array([1_700_000_000_000] * n, pa.timestamp("ms", tz="UTC")),
-    ], schema=MESSAGE_SCHEMA)
+    return pa.Table.from_arrays(
+        [
+            pa.array([None] * n, pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array(["t"] * n),
+            pa.array([0] * n, pa.int32()),
+            pa.array(range(100, 100 + n), pa.int64()),
+            pa.array([1_700_000_000_000] * n, pa.timestamp("ms", tz="UTC")),
+        ],
+        schema=MESSAGE_SCHEMA,
+    )
 
 
 def test_raw_keeps_bytes_and_lineage():
@@ -49,7 +74,9 @@ def test_raw_keeps_bytes_and_lineage():
 
 def test_json_parses_by_schema_and_quarantines_the_rest():
     values = [
-        json.dumps({"id": 1, "name": "a", "at": "2026-01-02T03:04:05.123Z", "ok": True, "score": 2, "extra": 1}).encode(),
+        json.dumps(
+            {"id": 1, "name": "a", "at": "2026-01-02T03:04:05.123Z", "ok": True, "score": 2, "extra": 1}
+        ).encode(),
         b"{not json",
         json.dumps({"id": "7"}).encode(),
         json.dumps({"name": "no id"}).encode(),
@@ -61,7 +88,7 @@ def test_json_parses_by_schema_and_quarantines_the_rest():
     rows, bad = convert(pipeline(JSON), messages(values))
     assert rows.column("id").to_pylist() == [1, 2]
     assert rows.column("kafka_offset").to_pylist() == [100, 107]
-    assert rows.column("at").to_pylist()[0] == dt.datetime(2026, 1, 2, 3, 4, 5, 123000, tzinfo=dt.timezone.utc)
+    assert rows.column("at").to_pylist()[0] == dt.datetime(2026, 1, 2, 3, 4, 5, 123000, tzinfo=dt.UTC)
     assert rows.column("score").to_pylist()[0] == 2.0
     assert bad.schema == QUARANTINE_SCHEMA
     assert bad.column("kafka_offset").to_pylist() == [101, 102, 103, 104, 105, 106]
@@ -76,13 +103,15 @@ def test_json_parses_by_schema_and_quarantines_the_rest():
 
 
 def test_stats_hold_bounds_and_null_counts():
-    table = pa.table({
-        "n": pa.array([3, None, 1], pa.int64()),
-        "s": pa.array(["b", "a", None]),
-        "long": pa.array(["x" * 40, "y", "z"]),
-        "ts": pa.array([dt.datetime(2026, 1, 1, 0, 0, 0, 1500, tzinfo=dt.timezone.utc)] * 3, pa.timestamp("us", tz="UTC")),
-        "b": pa.array([b"1", b"2", None], pa.binary()),
-    })
+    table = pa.table(
+        {
+            "n": pa.array([3, None, 1], pa.int64()),
+            "s": pa.array(["b", "a", None]),
+            "long": pa.array(["x" * 40, "y", "z"]),
+            "ts": pa.array([dt.datetime(2026, 1, 1, 0, 0, 0, 1500, tzinfo=dt.UTC)] * 3, pa.timestamp("us", tz="UTC")),
+            "b": pa.array([b"1", b"2", None], pa.binary()),
+        }
+    )
     stats = json.loads(delta_stats(table))
     assert stats["numRecords"] == 3
     assert stats["minValues"]["n"] == 1 and stats["maxValues"]["n"] == 3
@@ -104,8 +133,10 @@ def test_partitioned_files_go_to_hive_directories(tmp_path):
 
 
 def test_schema_drift_new_fields_dropped_by_default_kept_as_json_text_when_asked():
-    values = [json.dumps({"id": 1, "name": "a", "coupon": "X1", "tags": ["a", "é"]}).encode(),
-              json.dumps({"id": 2}).encode()]
+    values = [
+        json.dumps({"id": 1, "name": "a", "coupon": "X1", "tags": ["a", "é"]}).encode(),
+        json.dumps({"id": 2}).encode(),
+    ]
     dropped, _ = convert(pipeline(JSON), messages(values))
     assert "_unknown_fields" not in dropped.column_names
     kept, bad = convert(pipeline({**JSON, "unknown_fields": "keep"}), messages(values))
@@ -119,8 +150,10 @@ def test_schema_drift_type_change_goes_to_quarantine_even_when_keeping_unknown_f
     values = [json.dumps({"id": 1, "ok": "yes"}).encode(), json.dumps({"id": 2.5}).encode()]
     rows, bad = convert(pipeline({**JSON, "unknown_fields": "keep"}), messages(values))
     assert rows.num_rows == 0
-    assert bad.column("error").to_pylist() == ["field 'ok': expected true or false, got str",
-                                               "field 'id': expected an integer, got float"]
+    assert bad.column("error").to_pylist() == [
+        "field 'ok': expected true or false, got str",
+        "field 'id': expected an integer, got float",
+    ]
 
 
 def test_values_above_the_size_limit_are_quarantined_whole_in_both_formats():
@@ -148,27 +181,93 @@ def test_null_keys_are_kept_and_null_values_are_tombstones():
 # with the reference parser on every value: same verdict, same row. Values are built from fragments
 # chosen to sit on the edges where JSON parsers differ. A chunk with one bad record goes record by
 # record, so each value is also converted alone: that is where Arrow's reader decides it.
-EVERY_TYPE = {"type": "json", "schema": [
-    {"name": "s", "type": "string", "required": True}, {"name": "l", "type": "long"}, {"name": "i", "type": "int"},
-    {"name": "d", "type": "double"}, {"name": "f", "type": "float"}, {"name": "b", "type": "boolean"},
-    {"name": "t", "type": "timestamp"}, {"name": "dt", "type": "date", "required": True},
-    {"name": "bin", "type": "binary"}, {"name": "class", "type": "string"},
-]}
+EVERY_TYPE = {
+    "type": "json",
+    "schema": [
+        {"name": "s", "type": "string", "required": True},
+        {"name": "l", "type": "long"},
+        {"name": "i", "type": "int"},
+        {"name": "d", "type": "double"},
+        {"name": "f", "type": "float"},
+        {"name": "b", "type": "boolean"},
+        {"name": "t", "type": "timestamp"},
+        {"name": "dt", "type": "date", "required": True},
+        {"name": "bin", "type": "binary"},
+        {"name": "class", "type": "string"},
+    ],
+}
 EDGE_VALUES = [
-    '"a"', '"\\u00e9"', '"\\ud800"', '"\\udc00x"', '"\\ud83d\\ude00"', '""', "5", "-0", "5.0", "1e3", "1E+2", "-1.5e-7",
-    "1e400", "-1e400", "NaN", "Infinity", "-Infinity", "2147483647", "2147483648", "-2147483649",
-    "9223372036854775807", "9223372036854775808", "-9223372036854775809", "18446744073709551616",
-    "123456789012345678901234567890", "true", "false", "null", "[1]", '{"a":1}',
-    '"2026-01-02T03:04:05Z"', '"2026-01-02 03:04:05.123456"', '"2026-01-02T03:04:05.123+02:00"',
-    '"2026-01-02T03:04:05.1234567Z"', '"2026-02-30T00:00:00Z"', '"2026-01-02t03:04:05z"', '"20260102T030405"',
-    '"2026-01-02T24:00:00"', "1700000000000", "1.7e12", '"2026-01-02"', '"20260102"', '"2026-W01-1"',
-    '"aGVsbG8="', '"aGVsbG8"', '"not base64!"', '"0000-01-01T00:00:00Z"', '"0001-01-01T00:00:00Z"',
-    '"2026-00-10T00:00:00Z"', '"2026-01-02T03:04:05+25:00"', '"2026-01-02T03:04:05+23:59"', '"2026-01-02T03:04"',
-    '"2026-01-02T03:04:05+0200"', '"2026-01-02T03:04:05.5-00:30"', '" 2026-01-02T03:04:05Z"', "3.4028235e38", "1e39",
+    '"a"',
+    '"\\u00e9"',
+    '"\\ud800"',
+    '"\\udc00x"',
+    '"\\ud83d\\ude00"',
+    '""',
+    "5",
+    "-0",
+    "5.0",
+    "1e3",
+    "1E+2",
+    "-1.5e-7",
+    "1e400",
+    "-1e400",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "2147483647",
+    "2147483648",
+    "-2147483649",
+    "9223372036854775807",
+    "9223372036854775808",
+    "-9223372036854775809",
+    "18446744073709551616",
+    "123456789012345678901234567890",
+    "true",
+    "false",
+    "null",
+    "[1]",
+    '{"a":1}',
+    '"2026-01-02T03:04:05Z"',
+    '"2026-01-02 03:04:05.123456"',
+    '"2026-01-02T03:04:05.123+02:00"',
+    '"2026-01-02T03:04:05.1234567Z"',
+    '"2026-02-30T00:00:00Z"',
+    '"2026-01-02t03:04:05z"',
+    '"20260102T030405"',
+    '"2026-01-02T24:00:00"',
+    "1700000000000",
+    "1.7e12",
+    '"2026-01-02"',
+    '"20260102"',
+    '"2026-W01-1"',
+    '"aGVsbG8="',
+    '"aGVsbG8"',
+    '"not base64!"',
+    '"0000-01-01T00:00:00Z"',
+    '"0001-01-01T00:00:00Z"',
+    '"2026-00-10T00:00:00Z"',
+    '"2026-01-02T03:04:05+25:00"',
+    '"2026-01-02T03:04:05+23:59"',
+    '"2026-01-02T03:04"',
+    '"2026-01-02T03:04:05+0200"',
+    '"2026-01-02T03:04:05.5-00:30"',
+    '" 2026-01-02T03:04:05Z"',
+    "3.4028235e38",
+    "1e39",
     '"2026-01-02T03:04:05Z", "l": 1',
 ]
-VALID = {"s": '"a"', "l": "1", "i": "2", "d": "2.5", "f": "0.1", "b": "true", "t": '"2026-01-02T03:04:05Z"',
-         "dt": '"2026-01-02"', "bin": '"aGk="', "class": '"c"'}
+VALID = {
+    "s": '"a"',
+    "l": "1",
+    "i": "2",
+    "d": "2.5",
+    "f": "0.1",
+    "b": "true",
+    "t": '"2026-01-02T03:04:05Z"',
+    "dt": '"2026-01-02"',
+    "bin": '"aGk="',
+    "class": '"c"',
+}
 KEYS = ["s", "l", "i", "d", "f", "b", "t", "dt", "bin", "class", "x", "\\u0073", "S"]
 
 
@@ -180,13 +279,22 @@ def json_values(draw):
     value = st.one_of(edge, edge, edge, st.floats(allow_nan=False).map(repr), st.integers().map(str))
     members += draw(st.lists(st.tuples(st.sampled_from(KEYS), value), min_size=1, max_size=3))
     text = "{" + ",".join(f'"{k}":{v}' for k, v in members) + "}"
-    wrap = draw(st.sampled_from(["plain"] * 6 + ["space", "trailing", "two", "bom", "utf16", "latin1", "array", "null"]))
+    wrap = draw(
+        st.sampled_from(["plain"] * 6 + ["space", "trailing", "two", "bom", "utf16", "latin1", "array", "null"])
+    )
     if wrap == "null":
         return None
     data = text.encode()
-    return {"plain": data, "space": b" \n" + data + b"\t", "trailing": data + b"x", "two": data + data,
-            "bom": b"\xef\xbb\xbf" + data, "utf16": text.encode("utf-16"), "array": b"[" + data + b"]",
-            "latin1": data[:-1] + b',"x":"\xe9"}' if len(data) > 2 else b'{"x":"\xe9"}'}[wrap]
+    return {
+        "plain": data,
+        "space": b" \n" + data + b"\t",
+        "trailing": data + b"x",
+        "two": data + data,
+        "bom": b"\xef\xbb\xbf" + data,
+        "utf16": text.encode("utf-16"),
+        "array": b"[" + data + b"]",
+        "latin1": data[:-1] + b',"x":"\xe9"}' if len(data) > 2 else b'{"x":"\xe9"}',
+    }[wrap]
 
 
 def assert_fast_path_agrees_with_reference(values):
@@ -245,15 +353,23 @@ def test_arrow_json_reader_takes_chunks_of_ordinary_records_itself():
     timestamp it reads itself, and hands a chunk with one bad record back."""
     fields = pipeline(EVERY_TYPE).format.schema_
     schema = pa.schema([(f.name, ARROW_TYPES[f.type]) for f in fields])
-    ordinary = [b'{"s":"a","l":1,"d":2.5,"t":"2026-01-02T03:04:05Z","dt":"2026-01-02","bin":"aGk=","class":"c"}',
-                b' {"s":"b","f":0.1,"b":false,"t":"2026-01-02T03:04:05.123+02:00","dt":"2026-01-03"}\t']
+    ordinary = [
+        b'{"s":"a","l":1,"d":2.5,"t":"2026-01-02T03:04:05Z","dt":"2026-01-02","bin":"aGk=","class":"c"}',
+        b' {"s":"b","f":0.1,"b":false,"t":"2026-01-02T03:04:05.123+02:00","dt":"2026-01-03"}\t',
+    ]
     naive = [b'{"s":"a","t":"2026-01-02 03:04:05.5","dt":"2026-01-02"}']
     for values in (ordinary, naive):
         assert arrow_json.read_columns(fields, pa.array(values, pa.binary()), schema, _coerce) is not None
     columns = arrow_json.read_columns(fields, pa.array(ordinary + naive, pa.binary()), schema, _coerce)
-    assert columns is not None and columns[6].to_pylist()[2] == dt.datetime(2026, 1, 2, 3, 4, 5, 500000, dt.timezone.utc)
-    for bad in (b'{"s":1,"dt":"2026-01-02"}', b'{"s":"a"}', b'{"s":"a","dt":"2026-01-02","d":NaN}',
-                b'{"s":"a","dt":"2026-01-02"}{"s":"a","dt":"2026-01-02"}', b" ", None):
+    assert columns is not None and columns[6].to_pylist()[2] == dt.datetime(2026, 1, 2, 3, 4, 5, 500000, dt.UTC)
+    for bad in (
+        b'{"s":1,"dt":"2026-01-02"}',
+        b'{"s":"a"}',
+        b'{"s":"a","dt":"2026-01-02","d":NaN}',
+        b'{"s":"a","dt":"2026-01-02"}{"s":"a","dt":"2026-01-02"}',
+        b" ",
+        None,
+    ):
         assert arrow_json.read_columns(fields, pa.array(ordinary + [bad], pa.binary()), schema, _coerce) is None, bad
 
 
@@ -263,6 +379,8 @@ def test_a_bad_record_sends_only_its_chunk_record_by_record(monkeypatch):
     values = [good % i for i in range(4)] + [b'{"s":"a","dt":"2026-01-02","l":"x"}'] + [good % i for i in range(5, 9)]
     decided = []
     real = formats._convert_json_records
-    monkeypatch.setattr(formats, "_convert_json_records", lambda cfg, msgs: decided.append(msgs.num_rows) or real(cfg, msgs))
+    monkeypatch.setattr(
+        formats, "_convert_json_records", lambda cfg, msgs: decided.append(msgs.num_rows) or real(cfg, msgs)
+    )
     assert assert_chunk_agrees_with_reference(values) == 8
     assert decided == [3]  # rows 3 to 5, the chunk holding the bad record

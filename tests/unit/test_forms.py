@@ -1,12 +1,21 @@
 """Trigger-form validation (pure logic; the Kafka metadata lookup is a stub here)."""
+
 import pytest
 
+from offsetlake.airflow.forms import backfill_ranges, recovery_args
 from offsetlake.config import parse_pipeline
 from offsetlake.errors import ConfigError
-from offsetlake.airflow.forms import backfill_ranges, recovery_args
 
-CFG = parse_pipeline({"name": "p", "topics": ["t"], "kafka": {"bootstrap_servers": "x:1"},
-                      "table": {"path": "/tmp/p"}, "format": {"type": "raw"}}, "p.yaml")
+CFG = parse_pipeline(
+    {
+        "name": "p",
+        "topics": ["t"],
+        "kafka": {"bootstrap_servers": "x:1"},
+        "table": {"path": "/tmp/p"},
+        "format": {"type": "raw"},
+    },
+    "p.yaml",
+)
 
 
 class TwoPartitions:
@@ -19,18 +28,25 @@ def ranges(*items, **extra):
 
 
 def test_ranges_become_canonical_arguments():
-    assert ranges({"topic": "t", "partition": 1, "start": 5, "end": 9},
-                  {"topic": "t", "partition": 0, "start": 0, "end": 3}) == "t:1:5-9,t:0:0-3"
+    assert (
+        ranges(
+            {"topic": "t", "partition": 1, "start": 5, "end": 9}, {"topic": "t", "partition": 0, "start": 0, "end": 3}
+        )
+        == "t:1:5-9,t:0:0-3"
+    )
 
 
-@pytest.mark.parametrize("item, message", [
-    ({"topic": "t", "partition": 0, "start": 9, "end": 5}, "must be greater than start"),
-    ({"topic": "t", "partition": 4, "start": 0, "end": 5}, r"unknown partition t\[4\]"),
-    ({"topic": "u", "partition": 0, "start": 0, "end": 5}, "not one of the pipeline's topics"),
-    ({"topic": "t", "partition": 0, "start": "0", "end": 5}, "start must be a whole number"),
-    ({"topic": "t", "partition": True, "start": 0, "end": 5}, "partition must be a whole number"),
-    ({"topic": "t", "partition": 0, "start": 0, "end": 5, "path": "/etc"}, "must be an object with"),
-])
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ({"topic": "t", "partition": 0, "start": 9, "end": 5}, "must be greater than start"),
+        ({"topic": "t", "partition": 4, "start": 0, "end": 5}, r"unknown partition t\[4\]"),
+        ({"topic": "u", "partition": 0, "start": 0, "end": 5}, "not one of the pipeline's topics"),
+        ({"topic": "t", "partition": 0, "start": "0", "end": 5}, "start must be a whole number"),
+        ({"topic": "t", "partition": True, "start": 0, "end": 5}, "partition must be a whole number"),
+        ({"topic": "t", "partition": 0, "start": 0, "end": 5, "path": "/etc"}, "must be an object with"),
+    ],
+)
 def test_bad_ranges_are_refused(item, message):
     with pytest.raises(ConfigError, match=message):
         ranges(item)
@@ -46,21 +62,45 @@ def test_unknown_pipeline_and_mixed_modes_are_refused():
 
 
 def test_recovery_arguments():
-    assert recovery_args(CFG, {"repair": True}) == {"repair": "true", "cleanup": "false", "older_than": "3600",
-                                                    "reset_offsets": "", "reason": ""}
-    args = recovery_args(CFG, {"reset": True, "reset_reason": "bad deploy (INC-7)",
-                               "reset_offsets": [{"topic": "t", "partition": 0, "offset": 42}]})
+    assert recovery_args(CFG, {"repair": True}) == {
+        "repair": "true",
+        "cleanup": "false",
+        "older_than": "3600",
+        "reset_offsets": "",
+        "reason": "",
+    }
+    args = recovery_args(
+        CFG,
+        {
+            "reset": True,
+            "reset_reason": "bad deploy (INC-7)",
+            "reset_offsets": [{"topic": "t", "partition": 0, "offset": 42}],
+        },
+    )
     assert args["reset_offsets"] == "t:0=42" and args["reason"] == "bad deploy (INC-7)"
 
 
-@pytest.mark.parametrize("conf, message", [
-    ({"reset": True, "reset_reason": "x", "reset_offsets": []}, "reset_offsets is empty"),
-    ({"reset": False, "reset_offsets": [{"topic": "t", "partition": 0, "offset": 1}]}, "reset is false"),
-    ({"reset": True, "reset_reason": "`id`", "reset_offsets": [{"topic": "t", "partition": 0, "offset": 1}]}, "no paths or shell"),
-    ({"reset": True, "reset_reason": "/etc/passwd", "reset_offsets": [{"topic": "t", "partition": 0, "offset": 1}]}, "no paths or shell"),
-    ({"cleanup_older_than_seconds": 5}, "between 60"),
-    ({"repair": "yes"}, "true or false"),
-])
+@pytest.mark.parametrize(
+    "conf, message",
+    [
+        ({"reset": True, "reset_reason": "x", "reset_offsets": []}, "reset_offsets is empty"),
+        ({"reset": False, "reset_offsets": [{"topic": "t", "partition": 0, "offset": 1}]}, "reset is false"),
+        (
+            {"reset": True, "reset_reason": "`id`", "reset_offsets": [{"topic": "t", "partition": 0, "offset": 1}]},
+            "no paths or shell",
+        ),
+        (
+            {
+                "reset": True,
+                "reset_reason": "/etc/passwd",
+                "reset_offsets": [{"topic": "t", "partition": 0, "offset": 1}],
+            },
+            "no paths or shell",
+        ),
+        ({"cleanup_older_than_seconds": 5}, "between 60"),
+        ({"repair": "yes"}, "true or false"),
+    ],
+)
 def test_bad_recovery_forms_are_refused(conf, message):
     with pytest.raises(ConfigError, match=message):
         recovery_args(CFG, conf)
@@ -68,12 +108,32 @@ def test_bad_recovery_forms_are_refused(conf, message):
 
 def test_maintenance_form_normalises_and_refuses():
     from offsetlake.airflow.forms import maintenance_args
+
     cfg = CFG
-    args = maintenance_args(cfg, {"optimize": True, "vacuum": False, "checkpoint": True, "vacuum_retention_hours": 48,
-                                  "target_file_mb": 64, "zorder_by": ["kafka_offset"]})
-    assert args == {"optimize": "true", "vacuum": "false", "checkpoint": "true", "retention_hours": "48",
-                    "target_file_mb": "64", "zorder_by": "kafka_offset"}
-    for bad, why in [({"vacuum_retention_hours": 0}, "vacuum_retention_hours"), ({"zorder_by": ["kafka_nope"]}, "zorder_by"),
-                     ({"optimize": "yes"}, "optimize"), ({"optimize": False, "vacuum": False, "checkpoint": False}, "nothing")]:
+    args = maintenance_args(
+        cfg,
+        {
+            "optimize": True,
+            "vacuum": False,
+            "checkpoint": True,
+            "vacuum_retention_hours": 48,
+            "target_file_mb": 64,
+            "zorder_by": ["kafka_offset"],
+        },
+    )
+    assert args == {
+        "optimize": "true",
+        "vacuum": "false",
+        "checkpoint": "true",
+        "retention_hours": "48",
+        "target_file_mb": "64",
+        "zorder_by": "kafka_offset",
+    }
+    for bad, why in [
+        ({"vacuum_retention_hours": 0}, "vacuum_retention_hours"),
+        ({"zorder_by": ["kafka_nope"]}, "zorder_by"),
+        ({"optimize": "yes"}, "optimize"),
+        ({"optimize": False, "vacuum": False, "checkpoint": False}, "nothing"),
+    ]:
         with pytest.raises(ConfigError, match=why):
             maintenance_args(cfg, bad)

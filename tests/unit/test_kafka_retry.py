@@ -1,5 +1,6 @@
 """Which Kafka errors are retried, how long, and which fail at once (pure logic; the broker restart
 itself is tests/integration/test_broker_restart.py)."""
+
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
@@ -15,6 +16,7 @@ def failing(*codes):
         if left:
             raise KafkaException(KafkaError(left.pop(0)))
         return "ok"
+
     return call
 
 
@@ -25,22 +27,40 @@ def waits(monkeypatch):
     return slept
 
 
-@pytest.mark.parametrize("code", [KafkaError._TRANSPORT, KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
-                                  KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                                  KafkaError.REQUEST_TIMED_OUT, KafkaError._ALL_BROKERS_DOWN])
+@pytest.mark.parametrize(
+    "code",
+    [
+        KafkaError._TRANSPORT,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+    ],
+)
 def test_what_a_broker_restart_causes_is_retried(code):
     assert is_retriable(KafkaException(KafkaError(code)))
 
 
 def test_no_leader_known_while_the_broker_is_away_is_retried():
     # What list_offsets raises when the admin client's metadata has no leader (broker restarting).
-    assert is_retriable(KafkaException(KafkaError(KafkaError._NOENT, "Failed to query partition leaders: No leaders found")))
+    assert is_retriable(
+        KafkaException(KafkaError(KafkaError._NOENT, "Failed to query partition leaders: No leaders found"))
+    )
     assert not is_retriable(KafkaException(KafkaError(KafkaError._NOENT, "no such consumer group")))
 
 
-@pytest.mark.parametrize("code", [KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED,
-                                  KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._AUTHENTICATION,
-                                  KafkaError.OFFSET_OUT_OF_RANGE])
+@pytest.mark.parametrize(
+    "code",
+    [
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+        KafkaError._AUTHENTICATION,
+        KafkaError.OFFSET_OUT_OF_RANGE,
+    ],
+)
 def test_what_cannot_get_better_is_not(code):
     assert not is_retriable(KafkaException(KafkaError(code)))
     assert not is_retriable(ValueError("not Kafka's"))

@@ -3,6 +3,7 @@
 A Delta RESTORE brings back old files but not old `txn` actions: the ledger must
 be taken as of the restored version until a pipeline commit records the rewind.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -13,8 +14,15 @@ import pytest
 from deltalake import DeltaTable
 
 from offsetlake.commit import Change, commit, new_attempt_id
-from offsetlake.ledger import (_restored_version, commit_history, find_unrecorded_restore, ledger_at,
-                               pipeline_history, read_ledger, txn_actions)
+from offsetlake.ledger import (
+    _restored_version,
+    commit_history,
+    find_unrecorded_restore,
+    ledger_at,
+    pipeline_history,
+    read_ledger,
+    txn_actions,
+)
 from offsetlake.metadata import CommitMetadata, HistoryEntry, Rewind, Run, flat_offsets
 from offsetlake.table import open_table
 
@@ -30,8 +38,14 @@ def table(tmp_path) -> str:
 
 
 def ledger_commit(uri: str, batch: int, offsets: dict, pipeline: str = "p", kind: str = "ingest") -> int:
-    meta = CommitMetadata(pipeline, kind, batch=batch, attempt=new_attempt_id(), run=Run.here(),
-                          offsets=flat_offsets(offsets) if kind == "reset" else {})
+    meta = CommitMetadata(
+        pipeline,
+        kind,
+        batch=batch,
+        attempt=new_attempt_id(),
+        run=Run.here(),
+        offsets=flat_offsets(offsets) if kind == "reset" else {},
+    )
     return commit(uri, lambda t: Change(meta, txns=txn_actions(pipeline, batch, offsets), schema=SCHEMA), kind).version
 
 
@@ -83,7 +97,7 @@ def test_a_restore_before_the_pipelines_last_commit_is_already_recorded(table):
 def test_restored_version_from_a_timestamp_restore(table):
     ledger_commit(table, 1, {("t", 0): 10})  # v1
     time.sleep(0.05)
-    moment = dt.datetime.now(dt.timezone.utc)
+    moment = dt.datetime.now(dt.UTC)
     time.sleep(0.05)
     ledger_commit(table, 2, {("t", 0): 20})  # v2, after the moment
     DeltaTable(table).restore(moment)  # v3
@@ -121,8 +135,16 @@ def test_history_of_a_stale_or_time_travelled_object_is_truly_numbered(table):
 
 
 def test_metadata_is_written_and_read_by_one_definition():
-    meta = CommitMetadata("p", "reset", batch=3, attempt="a1", reason="skip poison", from_={"t": {"0": 5}},
-                          offsets={"t": {"0": 9}}, run=Run.here("dag", "run_1", 2))
+    meta = CommitMetadata(
+        "p",
+        "reset",
+        batch=3,
+        attempt="a1",
+        reason="skip poison",
+        from_={"t": {"0": 5}},
+        offsets={"t": {"0": 9}},
+        run=Run.here("dag", "run_1", 2),
+    )
     raw = meta.to_json()
 
     assert '"from":{"t":{"0":5}}' in raw and '"offsetlake":' in raw and '"by":"airflow"' in raw
@@ -132,7 +154,7 @@ def test_metadata_is_written_and_read_by_one_definition():
     # Tolerant reader: fields a newer writer adds are ignored; other tools' metadata is not ours.
     assert CommitMetadata.parse('{"pipeline":"p","kind":"ingest","batch":1,"new_field":[1]}').batch == 1
     assert CommitMetadata.parse('{"written_by":"someone else"}') is None
-    assert CommitMetadata.parse("not json, \"pipeline\"") is None
+    assert CommitMetadata.parse('not json, "pipeline"') is None
     entry = HistoryEntry(7, 1, "WRITE", parsed)
     assert entry.as_dict()["from"] == {"t": {"0": 5}} and entry.as_dict()["version"] == 7
 
@@ -140,11 +162,13 @@ def test_metadata_is_written_and_read_by_one_definition():
 def history_reads(monkeypatch) -> list:
     """Record how many commits each history read asks delta-rs for (None: the whole log)."""
     from offsetlake import ledger
+
     asked, real = [], ledger._latest_history
 
     def spy(uri, limit):
         asked.append(limit)
         return real(uri, limit)
+
     monkeypatch.setattr(ledger, "_latest_history", spy)
     return asked
 

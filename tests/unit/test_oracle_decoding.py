@@ -1,13 +1,14 @@
 """The oracle's pure parts: how a producer's record becomes committed, aborted or in doubt, and how a
 decoded value is put in the form a column reads back in (the rest is proved in integration/test_oracle.py)."""
+
 from __future__ import annotations
 
 import datetime as dt
 
 import pyarrow as pa
 
-from oracle import BAD_REASON, Journal, coerce
 from offsetlake.local.producer import BAD_VALUES
+from oracle import BAD_REASON, Journal, coerce
 
 
 class Delivered:
@@ -38,8 +39,12 @@ def test_a_record_is_committed_aborted_or_in_doubt_as_its_producer_saw_it():
 
     outcomes = {where: (sent.value, sent.outcome) for where, sent in journal.of_topic("t").items()}
 
-    assert outcomes == {("t", 0, 0): (b"alone", "committed"), ("t", 0, 1): (b"kept", "committed"),
-                        ("t", 1, 0): (b"dropped", "aborted"), ("t", 1, 1): (b"unsure", "in doubt")}
+    assert outcomes == {
+        ("t", 0, 0): (b"alone", "committed"),
+        ("t", 0, 1): (b"kept", "committed"),
+        ("t", 1, 0): (b"dropped", "aborted"),
+        ("t", 1, 1): (b"unsure", "in doubt"),
+    }
 
 
 def test_the_demo_producers_bad_values_carry_their_reason_and_headers_keep_their_order():
@@ -55,7 +60,7 @@ def test_the_demo_producers_bad_values_carry_their_reason_and_headers_keep_their
 
 
 def test_decoded_values_take_the_form_their_column_reads_back_in():
-    utc = dt.timezone.utc
+    utc = dt.UTC
     stamp = pa.timestamp("us", tz="UTC")
     assert coerce("2026-11-23T10:00:07.5Z", stamp) == dt.datetime(2026, 11, 23, 10, 0, 7, 500000, tzinfo=utc)
     assert coerce("2026-11-23T10:00:07", stamp) == dt.datetime(2026, 11, 23, 10, 0, 7, tzinfo=utc)  # naive: UTC

@@ -1,6 +1,8 @@
 """Batch planning is pure logic: caps, splits, data loss, starting offsets."""
+
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from offsetlake.errors import DataLossError
 from offsetlake.planning import BatchPlan, apply_data_loss, assign_slots, cap_ends, split_ranges, start_offsets
@@ -18,8 +20,10 @@ def test_cap_gives_everything_when_the_backlog_fits():
     assert cap_ends({A: 5, B: 7}, {A: 10, B: 7}, 100) == {A: 10, B: 7}
 
 
-@given(st.dictionaries(st.integers(0, 5), st.tuples(st.integers(0, 10_000), st.integers(0, 10_000)), min_size=1),
-       st.integers(1, 5000))
+@given(
+    st.dictionaries(st.integers(0, 5), st.tuples(st.integers(0, 10_000), st.integers(0, 10_000)), min_size=1),
+    st.integers(1, 5000),
+)
 def test_cap_properties(spans, cap):
     starts = {("t", p): lo for p, (lo, _) in spans.items()}
     targets = {("t", p): lo + n for p, (lo, n) in spans.items()}

@@ -1,5 +1,6 @@
 """Protobuf schemas as `.proto` source (what Karapace answers): the embedded registry's printer and
 offsetlake's compiler agree with protoc on every construct the registry tests register."""
+
 import base64
 import json
 
@@ -23,16 +24,23 @@ def money_file() -> descriptor_pb2.FileDescriptorProto:
 
 
 def order_file(name: str = MAIN_PROTO) -> descriptor_pb2.FileDescriptorProto:
-    file = descriptor_pb2.FileDescriptorProto(name=name, package="shop", syntax="proto3",
-                                              dependency=["google/protobuf/timestamp.proto", "shop/money.proto"])
+    file = descriptor_pb2.FileDescriptorProto(
+        name=name, package="shop", syntax="proto3", dependency=["google/protobuf/timestamp.proto", "shop/money.proto"]
+    )
     kind = file.enum_type.add(name="Kind")
     kind.value.add(name="KIND_UNSPECIFIED", number=0)
     kind.value.add(name="RETAIL", number=3)
     order = file.message_type.add(name="Order")
     line = order.nested_type.add(name="Line")
     line.field.add(name="sku", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, json_name="sku")
-    line.field.add(name="price", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
-                   type_name=".shop.common.Money", json_name="price")
+    line.field.add(
+        name="price",
+        number=2,
+        type=F.TYPE_MESSAGE,
+        label=F.LABEL_OPTIONAL,
+        type_name=".shop.common.Money",
+        json_name="price",
+    )
     entry = order.nested_type.add(name="CountsEntry")
     entry.options.map_entry = True
     entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, json_name="key")
@@ -42,28 +50,60 @@ def order_file(name: str = MAIN_PROTO) -> descriptor_pb2.FileDescriptorProto:
     status.value.add(name="PAID", number=1)
     add = order.field.add
     add(name="id", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, json_name="id")
-    add(name="created", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
-        type_name=".google.protobuf.Timestamp", json_name="created")
-    add(name="lines", number=3, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED, type_name=".shop.Order.Line",
-        json_name="lines")
-    add(name="counts", number=4, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED, type_name=".shop.Order.CountsEntry",
-        json_name="counts")
-    add(name="status", number=5, type=F.TYPE_ENUM, label=F.LABEL_OPTIONAL, type_name=".shop.Order.Status",
-        json_name="status")
+    add(
+        name="created",
+        number=2,
+        type=F.TYPE_MESSAGE,
+        label=F.LABEL_OPTIONAL,
+        type_name=".google.protobuf.Timestamp",
+        json_name="created",
+    )
+    add(
+        name="lines",
+        number=3,
+        type=F.TYPE_MESSAGE,
+        label=F.LABEL_REPEATED,
+        type_name=".shop.Order.Line",
+        json_name="lines",
+    )
+    add(
+        name="counts",
+        number=4,
+        type=F.TYPE_MESSAGE,
+        label=F.LABEL_REPEATED,
+        type_name=".shop.Order.CountsEntry",
+        json_name="counts",
+    )
+    add(
+        name="status",
+        number=5,
+        type=F.TYPE_ENUM,
+        label=F.LABEL_OPTIONAL,
+        type_name=".shop.Order.Status",
+        json_name="status",
+    )
     add(name="kind", number=6, type=F.TYPE_ENUM, label=F.LABEL_OPTIONAL, type_name=".shop.Kind", json_name="kind")
     order.oneof_decl.add(name="payment")
     add(name="card", number=7, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, oneof_index=0, json_name="card")
     add(name="voucher", number=8, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL, oneof_index=0, json_name="voucher")
     order.oneof_decl.add(name="_note")
-    add(name="note", number=9, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, oneof_index=1, proto3_optional=True,
-        json_name="note")
+    add(
+        name="note",
+        number=9,
+        type=F.TYPE_STRING,
+        label=F.LABEL_OPTIONAL,
+        oneof_index=1,
+        proto3_optional=True,
+        json_name="note",
+    )
     add(name="tags", number=10, type=F.TYPE_BYTES, label=F.LABEL_REPEATED, json_name="tags")
     return file
 
 
 def test_proto_text_compiles_back_to_the_same_descriptor():
-    files = registry._compile_proto({"shop/money.proto": proto_text(money_file()),
-                                     MAIN_PROTO: proto_text(order_file())}, {})
+    files = registry._compile_proto(
+        {"shop/money.proto": proto_text(money_file()), MAIN_PROTO: proto_text(order_file())}, {}
+    )
     by_name = {f.name: f for f in files}
     assert [f.name for f in files][-1] == MAIN_PROTO  # the schema last, its imports before it
     assert "google/protobuf/timestamp.proto" in by_name  # well-known types from protoc's own include dir

@@ -1,6 +1,7 @@
 """offsetlake.spark's pure parts: the driver JVM's options, and the process start times the start-up
 report counts with (the report itself runs under a real spark-submit in
 tests/integration/test_spark_session.py)."""
+
 from __future__ import annotations
 
 import subprocess

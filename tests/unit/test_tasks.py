@@ -1,6 +1,7 @@
 """offsetlake.tasks outside Spark: the collector is paused for the task and nothing is frozen, so a
 driver or a test that runs a task in its own process keeps collecting everything it holds; pandas is
 left out of a task's conversions and back afterwards."""
+
 from __future__ import annotations
 
 import gc

@@ -5,6 +5,7 @@ functions check the rest (end after start, partitions that exist, text that
 holds no path or shell fragment) and turn the input into the exact, canonical
 arguments the Spark job receives. Nothing reaches spark-submit un-normalised.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -35,7 +36,7 @@ def _time(value, what: str) -> dt.datetime:
         parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise ConfigError(f"{what} must be an ISO 8601 time like 2026-11-22T10:00:00Z, got {value!r}") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
 def check_pipeline(cfg: PipelineConfig, conf: dict) -> None:
@@ -62,6 +63,7 @@ def backfill_ranges(cfg: PipelineConfig, conf: dict, cluster: KafkaCluster | Non
                 raise ConfigError(f"ranges[{i}]: unknown partition {r.topic}[{r.partition}]")
     else:
         from offsetlake.backfill import ranges_for_time_window
+
         ranges = ranges_for_time_window(cfg, cluster, _time(window[0], "time_from"), _time(window[1], "time_to"))
         if not ranges:
             raise ConfigError("no records in that time window")
@@ -99,8 +101,13 @@ def recovery_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
     check_pipeline(cfg, conf)
     flags = _flags(conf, ("repair", "cleanup", "reset"), default=False)
     older = _integer(conf.get("cleanup_older_than_seconds", 3600), "cleanup_older_than_seconds", minimum=60)
-    args = {"repair": str(flags["repair"]).lower(), "cleanup": str(flags["cleanup"]).lower(),
-            "older_than": str(older), "reset_offsets": "", "reason": ""}
+    args = {
+        "repair": str(flags["repair"]).lower(),
+        "cleanup": str(flags["cleanup"]).lower(),
+        "older_than": str(older),
+        "reset_offsets": "",
+        "reason": "",
+    }
     if not flags["reset"]:
         if conf.get("reset_offsets"):
             raise ConfigError("reset_offsets were given but reset is false: set reset to true to move the ledger")
@@ -110,8 +117,10 @@ def recovery_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
         raise ConfigError("reset is true but reset_offsets is empty")
     reason = conf.get("reset_reason") or ""
     if not isinstance(reason, str) or not SAFE_TEXT.match(reason):
-        raise ConfigError("reset_reason must be 1-500 characters of letters, digits, spaces and .,:_()'#%+=- "
-                          "(no paths or shell characters)")
+        raise ConfigError(
+            "reset_reason must be 1-500 characters of letters, digits, spaces and .,:_()'#%+=- "
+            "(no paths or shell characters)"
+        )
     offsets = []
     for i, item in enumerate(items):
         if not isinstance(item, dict) or set(item) - {"topic", "partition", "offset"}:
@@ -128,14 +137,16 @@ def recovery_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
 def maintenance_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
     """Arguments for jobs/maintenance.py, as strings, from the maintenance form."""
     from offsetlake.maintenance import MIN_VACUUM_RETENTION_HOURS
+
     check_pipeline(cfg, conf)
     switches = _flags(conf, ("optimize", "vacuum", "checkpoint"), default=True)
     if not any(switches.values()):
         raise ConfigError("nothing to do: set optimize, vacuum or checkpoint")
     flags = {key: str(value).lower() for key, value in switches.items()}
     settings = cfg.maintenance
-    retention = _integer(conf.get("vacuum_retention_hours", settings.deleted_file_retention_hours),
-                         "vacuum_retention_hours", minimum=1)
+    retention = _integer(
+        conf.get("vacuum_retention_hours", settings.deleted_file_retention_hours), "vacuum_retention_hours", minimum=1
+    )
     if retention < MIN_VACUUM_RETENTION_HOURS:
         raise ConfigError(f"vacuum_retention_hours must be at least {MIN_VACUUM_RETENTION_HOURS} (the clean-up window)")
     target = _integer(conf.get("target_file_mb", settings.target_file_mb), "target_file_mb", minimum=1)

@@ -6,6 +6,7 @@ Prometheus counters: they start at 0 with the api-server, as counters do, and `r
 one reads of them). Both read the table's own history: each commit records its rows, quarantined
 records, duration and commit conflicts in its userMetadata (`metadata.CommitMetadata`).
 """
+
 from __future__ import annotations
 
 import threading
@@ -33,7 +34,8 @@ class Snapshot:
         return sum(p.lag for p in self.partitions)
 
     def chart(self) -> list[dict]:
-        """Per ingest commit: when, the lag when it was planned, and the rows ingested up to it (within these commits)."""
+        """Per ingest commit: when, the lag when it was planned, and the rows ingested up to it (within these
+        commits)."""
         points, committed = [], 0
         for h in self.commits:
             if h.meta.kind != "ingest":
@@ -49,6 +51,7 @@ def snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
     partitions, commits, version, errors = [], [], None, []
     try:
         from offsetlake.connections import resolve_connections
+
         partitions = status(resolve_connections(cfg))  # kafka.connection: read where the view runs
     except Exception as err:  # noqa: BLE001 - shown on the page, one line
         errors.append(f"Kafka: {_line(err)}")
@@ -115,27 +118,42 @@ def prometheus_text(configs: list[PipelineConfig], totals: CommitTotals) -> byte
 
     class Collector:
         def collect(self):
-            lag = GaugeMetricFamily("offsetlake_lag_records", "Records in Kafka (to the LSO) not yet in the table",
-                                    labels=["pipeline", "topic", "partition"])
-            total_lag = GaugeMetricFamily("offsetlake_pipeline_lag_records", "Sum of the lag over all partitions",
-                                          labels=["pipeline"])
-            committed = GaugeMetricFamily("offsetlake_committed_offset", "Next offset the ledger will read",
-                                          labels=["pipeline", "topic", "partition"])
-            end = GaugeMetricFamily("offsetlake_end_offset", "Kafka's end offset (LSO under read_committed)",
-                                    labels=["pipeline", "topic", "partition"])
+            lag = GaugeMetricFamily(
+                "offsetlake_lag_records",
+                "Records in Kafka (to the LSO) not yet in the table",
+                labels=["pipeline", "topic", "partition"],
+            )
+            total_lag = GaugeMetricFamily(
+                "offsetlake_pipeline_lag_records", "Sum of the lag over all partitions", labels=["pipeline"]
+            )
+            committed = GaugeMetricFamily(
+                "offsetlake_committed_offset",
+                "Next offset the ledger will read",
+                labels=["pipeline", "topic", "partition"],
+            )
+            end = GaugeMetricFamily(
+                "offsetlake_end_offset",
+                "Kafka's end offset (LSO under read_committed)",
+                labels=["pipeline", "topic", "partition"],
+            )
             version = GaugeMetricFamily("offsetlake_table_version", "The Delta table's version", labels=["pipeline"])
             up = GaugeMetricFamily("offsetlake_up", "1 if Kafka and the table could be read", labels=["pipeline"])
-            rows = CounterMetricFamily("offsetlake_committed_records", "Rows ingest batches committed",
-                                       labels=["pipeline"])
-            quarantined = CounterMetricFamily("offsetlake_quarantined_records", "Records quarantined",
-                                              labels=["pipeline"])
-            conflicts = CounterMetricFamily("offsetlake_commit_conflicts", "Commits that lost a race and decided again",
-                                            labels=["pipeline"])
+            rows = CounterMetricFamily(
+                "offsetlake_committed_records", "Rows ingest batches committed", labels=["pipeline"]
+            )
+            quarantined = CounterMetricFamily(
+                "offsetlake_quarantined_records", "Records quarantined", labels=["pipeline"]
+            )
+            conflicts = CounterMetricFamily(
+                "offsetlake_commit_conflicts", "Commits that lost a race and decided again", labels=["pipeline"]
+            )
             commits = CounterMetricFamily("offsetlake_commits", "Commits, by kind", labels=["pipeline", "kind"])
-            duration = SummaryMetricFamily("offsetlake_batch_duration_seconds", "Batch time from plan to commit",
-                                           labels=["pipeline"])
-            last = GaugeMetricFamily("offsetlake_last_batch_duration_seconds", "The newest batch's duration",
-                                     labels=["pipeline"])
+            duration = SummaryMetricFamily(
+                "offsetlake_batch_duration_seconds", "Batch time from plan to commit", labels=["pipeline"]
+            )
+            last = GaugeMetricFamily(
+                "offsetlake_last_batch_duration_seconds", "The newest batch's duration", labels=["pipeline"]
+            )
             for cfg in configs:
                 snap = snapshot(cfg, limit=0)  # the counters read the commits themselves
                 up.add_metric([cfg.name], 0 if snap.error else 1)
@@ -161,8 +179,20 @@ def prometheus_text(configs: list[PipelineConfig], totals: CommitTotals) -> byte
                 duration.add_metric([cfg.name], t.batches, t.batch_seconds_sum)
                 if t.last_batch_seconds is not None:
                     last.add_metric([cfg.name], t.last_batch_seconds)
-            yield from (lag, total_lag, committed, end, version, up, rows, quarantined, conflicts, commits,
-                        duration, last)
+            yield from (
+                lag,
+                total_lag,
+                committed,
+                end,
+                version,
+                up,
+                rows,
+                quarantined,
+                conflicts,
+                commits,
+                duration,
+                last,
+            )
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())

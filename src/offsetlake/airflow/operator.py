@@ -24,14 +24,16 @@ which job to submit and how to read back what the job committed:
   no-op. That is what carries a pipeline across a Kafka outage longer than
   `kafka.retry_seconds`, a lost driver or a killed worker.
 """
+
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
@@ -44,8 +46,13 @@ if TYPE_CHECKING:
 # Commit timestamps come from the writer's clock (the Spark driver's host): read back a little earlier.
 CLOCK_SKEW_MS = 5 * 60 * 1000
 # command -> jobs/<file>.py; each job file runs `offsetlake <command>`.
-JOBS = {"ingest": "ingest", "stream": "stream", "backfill": "backfill", "recover": "recovery",
-        "maintain": "maintenance"}
+JOBS = {
+    "ingest": "ingest",
+    "stream": "stream",
+    "backfill": "backfill",
+    "recover": "recovery",
+    "maintain": "maintenance",
+}
 # Tries after the first, per command; waits of 30 s, 60 s, 120 s... at most 10 minutes. Ingest and
 # stream are what a schedule relies on. A backfill is refused for reasons a retry does not change (a
 # range past the ledger, below the log start) and someone is watching it; `recover` fails when the
@@ -74,8 +81,15 @@ class OffsetlakeOperator(SparkSubmitOperator):
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "pipeline", "arguments")
 
-    def __init__(self, *, pipeline: str, command: str, arguments: Sequence[str] = (),
-                 conn_id: str = "spark_default", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        command: str,
+        arguments: Sequence[str] = (),
+        conn_id: str = "spark_default",
+        **kwargs: Any,
+    ) -> None:
         if command not in JOBS:
             raise ValueError(f"unknown offsetlake command {command!r}: one of {', '.join(JOBS)}")
         kwargs.setdefault("name", f"offsetlake-{command}-{pipeline}")
@@ -88,15 +102,25 @@ class OffsetlakeOperator(SparkSubmitOperator):
         self.command = command
         self.arguments = list(arguments)
 
-    def execute(self, context) -> dict:
+    def execute(self, context) -> dict:  # type: ignore[override]  # the commits, as XCom (BaseOperator's is Any)
         ti = context["ti"]
         self.application = str(project_home() / "jobs" / f"{JOBS[self.command]}.py")
-        self.application_args = ["--pipeline", self.pipeline, "--dag-id", ti.dag_id, "--run-id", ti.run_id,
-                                 "--try-number", str(ti.try_number), *self.arguments]
+        self.application_args = [
+            "--pipeline",
+            self.pipeline,
+            "--dag-id",
+            ti.dag_id,
+            "--run-id",
+            ti.run_id,
+            "--try-number",
+            str(ti.try_number),
+            *self.arguments,
+        ]
         self.conf = {**spark_conf(self._master()), **(self.conf or {})}
-        started = dt.datetime.now(dt.timezone.utc)
+        started = dt.datetime.now(dt.UTC)
         from offsetlake.config import load_pipeline
         from offsetlake.connections import read_connections
+
         cfg = load_pipeline(self.pipeline)
         connections = read_connections(cfg)  # once, here: through Airflow's API and its secrets backends
         submitted = not self._up_to_date(cfg, connections)
@@ -104,6 +128,7 @@ class OffsetlakeOperator(SparkSubmitOperator):
             with self._handed_to_the_job(connections):
                 super().execute(context)
         from offsetlake.status import commits_of_task_try  # reads Delta: only in the process that runs the task
+
         # A retry reports what every try of this run committed: a failed try may have committed batches.
         retried = ti.try_number > 1
         run_started = getattr(context.get("dag_run"), "start_date", None)
@@ -119,6 +144,7 @@ class OffsetlakeOperator(SparkSubmitOperator):
 
         from offsetlake.config import load_pipeline
         from offsetlake.lineage import pipeline_datasets
+
         inputs, output = pipeline_datasets(load_pipeline(self.pipeline), getattr(self, "_committed", None))
         return OperatorLineage(inputs=inputs, outputs=[output])
 
@@ -131,6 +157,7 @@ class OffsetlakeOperator(SparkSubmitOperator):
             yield
             return
         from offsetlake.connections import CONNECTIONS_FILE_ENV, write_connections_file
+
         directory = Path(tempfile.mkdtemp(prefix="offsetlake-connections-"))  # 0700
         previous = self.env_vars
         try:
@@ -150,6 +177,7 @@ class OffsetlakeOperator(SparkSubmitOperator):
             return False
         from offsetlake.batch import nothing_to_ingest  # Kafka and Delta: only in the process that runs the task
         from offsetlake.connections import resolve_connections
+
         try:
             cfg = resolve_connections(cfg, connections)
             # Asked once, without kafka.retry_seconds of retries: in an outage the job retries, not this check too.
@@ -164,6 +192,7 @@ class OffsetlakeOperator(SparkSubmitOperator):
     def _master(self) -> str:
         """The connection's master, as the Spark provider reads it (it defaults to yarn)."""
         from airflow.sdk import BaseHook
+
         try:
             conn = BaseHook.get_connection(self._conn_id)
         except Exception:  # the provider falls back to yarn: not local

@@ -15,11 +15,13 @@ that finds no stored version starts at the table's current version: it announces
 now on, not the table's whole past. Airflow runs a watcher only while an unpaused DAG is scheduled
 on its Asset.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
@@ -46,11 +48,14 @@ class TableChangeTrigger(BaseEventTrigger):
         return self._cursor
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"pipeline": self.pipeline, "table": self.table, "poll_seconds": self.poll_seconds})
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {"pipeline": self.pipeline, "table": self.table, "poll_seconds": self.poll_seconds},
+        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from offsetlake.changes import announcements, commits_after, table_version
+
         announced = await self._load_cursor()
         if announced is None:
             announced = await asyncio.to_thread(table_version, self.table)
@@ -60,8 +65,13 @@ class TableChangeTrigger(BaseEventTrigger):
             try:
                 commits = await asyncio.to_thread(commits_after, self.table, announced)
             except Exception as err:  # noqa: BLE001 - a table being restored or briefly unreachable: look again
-                log.warning("offsetlake %s: could not read %s (%s); looking again in %ss", self.pipeline,
-                            self.table, err, self.poll_seconds)
+                log.warning(
+                    "offsetlake %s: could not read %s (%s); looking again in %ss",
+                    self.pipeline,
+                    self.table,
+                    err,
+                    self.poll_seconds,
+                )
                 commits = []
             for payload in announcements(self.pipeline, self.table, commits):
                 yield TriggerEvent(payload)

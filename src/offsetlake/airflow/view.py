@@ -16,9 +16,11 @@ to Airflow's login page. `/metrics` answers without a login, because a Prometheu
 log in: it holds numbers only (offsets, counts, durations), no record or setting; bind the
 api-server where you would expose Airflow's API (the demo binds 127.0.0.1).
 """
+
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
@@ -35,9 +37,9 @@ _totals = None  # metrics.CommitTotals, made on the first scrape (imports Delta 
 
 async def _user(request: Request):
     """The logged-in Airflow user, as Airflow's own API decides it; HTTPException 401/403 otherwise."""
+    from airflow.api_fastapi.core_api.security import get_user
     from fastapi.security import HTTPAuthorizationCredentials
 
-    from airflow.api_fastapi.core_api.security import get_user
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     credentials = HTTPAuthorizationCredentials(scheme=scheme, credentials=token) if token else None
     return await get_user(request, None, credentials)
@@ -47,9 +49,11 @@ def _readable(user, names: list[str]) -> list[str]:
     """The pipelines whose DAGs this user may read."""
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
     manager = get_auth_manager()
-    return [n for n in names if manager.is_authorized_dag(method="GET", details=DagDetails(id=dag_ids(n)[0]),
-                                                          user=user)]
+    return [
+        n for n in names if manager.is_authorized_dag(method="GET", details=DagDetails(id=dag_ids(n)[0]), user=user)
+    ]
 
 
 def dag_ids(pipeline: str) -> list[str]:
@@ -64,6 +68,7 @@ def pipeline_of_dag(dag_id: str | None) -> str | None:
 def _chosen(request: Request) -> tuple[list[str], str | None]:
     """The pipelines to show (all, `?pipeline=`, or the one of `?dag_id=`), and a note when none match."""
     from offsetlake.config import list_pipelines
+
     names = list_pipelines()
     dag_id = request.query_params.get("dag_id")
     wanted = request.query_params.get("pipeline") or pipeline_of_dag(dag_id)
@@ -79,45 +84,69 @@ def _pipeline_view(name: str) -> dict:
     from offsetlake.airflow.metrics import RECENT_COMMITS, snapshot
     from offsetlake.config import load_pipeline
     from offsetlake.status import ranges_text
+
     cfg = load_pipeline(name)
     snap = snapshot(cfg)
-    commits = [{"version": h.version, "time": _time(h.timestamp), "kind": h.meta.change, "batch": h.meta.batch,
-                "rows": h.meta.records.rows, "quarantined": h.meta.records.quarantined, "seconds": h.meta.seconds,
-                "conflicts": h.meta.conflicts, "ranges": h.meta.ranges,
-                "ranges_text": ranges_text(h.meta.ranges),
-                "by": h.meta.run.dag_id or h.meta.run.by}
-               for h in snap.commits[-RECENT_COMMITS:]][::-1]
+    commits = [
+        {
+            "version": h.version,
+            "time": _time(h.timestamp),
+            "kind": h.meta.change,
+            "batch": h.meta.batch,
+            "rows": h.meta.records.rows,
+            "quarantined": h.meta.records.quarantined,
+            "seconds": h.meta.seconds,
+            "conflicts": h.meta.conflicts,
+            "ranges": h.meta.ranges,
+            "ranges_text": ranges_text(h.meta.ranges),
+            "by": h.meta.run.dag_id or h.meta.run.by,
+        }
+        for h in snap.commits[-RECENT_COMMITS:]
+    ][::-1]
     return {
-        "pipeline": name, "mode": cfg.mode, "format": cfg.format.type, "topics": list(cfg.topics),
-        "table": cfg.table_path, "version": snap.version, "error": snap.error,
-        "partitions": [p.as_dict() for p in snap.partitions], "total_lag": snap.total_lag,
-        "commits": commits, "chart": snap.chart(), "audit": last_audit(name),
+        "pipeline": name,
+        "mode": cfg.mode,
+        "format": cfg.format.type,
+        "topics": list(cfg.topics),
+        "table": cfg.table_path,
+        "version": snap.version,
+        "error": snap.error,
+        "partitions": [p.as_dict() for p in snap.partitions],
+        "total_lag": snap.total_lag,
+        "commits": commits,
+        "chart": snap.chart(),
+        "audit": last_audit(name),
         "dags": dag_ids(name),
     }
 
 
 def last_audit(pipeline: str) -> dict | None:
     """The newest run of the pipeline's recovery DAG (it fails when the audit finds a problem)."""
-    from sqlalchemy import select
-
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
+    from sqlalchemy import select
+
     dag_id = f"offsetlake__{pipeline}__recovery"
     with create_session() as session:
-        run = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)
-                              .order_by(DagRun.run_after.desc()).limit(1)).first()
+        run = session.scalars(
+            select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.run_after.desc()).limit(1)
+        ).first()
         if run is None:
             return None
         verdict = {"success": "ok: every record exactly once", "failed": "PROBLEMS FOUND (or the audit failed)"}
         state = str(run.state)
-        return {"dag_id": dag_id, "run_id": run.run_id, "state": state,
-                "verdict": verdict.get(state, f"running ({state})"),
-                "when": _time(run.end_date or run.start_date or run.run_after)}
+        return {
+            "dag_id": dag_id,
+            "run_id": run.run_id,
+            "state": state,
+            "verdict": verdict.get(state, f"running ({state})"),
+            "when": _time(run.end_date or run.start_date or run.run_after),
+        }
 
 
 def _time(value) -> str:
     if isinstance(value, int):
-        value = dt.datetime.fromtimestamp(value / 1000, dt.timezone.utc)
+        value = dt.datetime.fromtimestamp(value / 1000, dt.UTC)
     return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else ""
 
 
@@ -127,12 +156,12 @@ async def page(request: Request):
         user = await _user(request)
     except HTTPException:
         from airflow.api_fastapi.app import get_auth_manager
+
         return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)), status_code=302)
     names, note = _chosen(request)
     names = _readable(user, names)
     pipelines = [await run_in_threadpool(_pipeline_view, n) for n in names]
-    html = _page.render(pipelines=pipelines, note=note, now=_time(dt.datetime.now(dt.timezone.utc)),
-                        chart=_chart_svg)
+    html = _page.render(pipelines=pipelines, note=note, now=_time(dt.datetime.now(dt.UTC)), chart=_chart_svg)
     return HTMLResponse(html)
 
 
@@ -148,6 +177,7 @@ async def pipelines_json(request: Request):
 async def metrics():
     from offsetlake.airflow.metrics import CommitTotals, prometheus_text
     from offsetlake.config import list_pipelines, load_pipeline
+
     global _totals
     _totals = _totals or CommitTotals()
     configs = [load_pipeline(n) for n in list_pipelines()]
@@ -161,11 +191,12 @@ def _chart_svg(points: list[dict], width: int = 640, height: int = 160) -> dict:
         return {"lag": "", "committed": "", "max_lag": 0, "max_committed": 0, "width": width, "height": height}
     t0, t1 = points[0]["t"], points[-1]["t"]
     span = max(1, t1 - t0)
-    out = {"width": width, "height": height}
+    out: dict[str, Any] = {"width": width, "height": height}
     for key in ("lag", "committed"):
         top = max(p[key] for p in points) or 1
         out[f"max_{key}"] = max(p[key] for p in points)
-        out[key] = " ".join(f"{(p['t'] - t0) / span * width:.1f},{height - p[key] / top * (height - 4) - 2:.1f}"
-                            for p in points)
+        out[key] = " ".join(
+            f"{(p['t'] - t0) / span * width:.1f},{height - p[key] / top * (height - 4) - 2:.1f}" for p in points
+        )
     out["from"], out["to"] = _time(t0), _time(t1)
     return out

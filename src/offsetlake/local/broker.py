@@ -4,6 +4,7 @@ The noida-db console script is a Python wrapper that does not forward signals,
 so we start the binary it wraps directly: the PID we record is the broker's
 own, and SIGTERM reaches it (it snapshots its data on shutdown).
 """
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from offsetlake.local import processes
 from offsetlake.errors import KafkaError
+from offsetlake.local import processes
 
 HOST = "127.0.0.1"
 MARKER = "noida-db"
@@ -47,9 +48,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(data_dir: Path | str, port: int | None = None, pid_file: Path | str | None = None,
-          log_file: Path | str | None = None, timeout: float = 30.0, host: str = HOST,
-          netns: str | None = None) -> Broker:
+def start(
+    data_dir: Path | str,
+    port: int | None = None,
+    pid_file: Path | str | None = None,
+    log_file: Path | str | None = None,
+    timeout: float = 30.0,
+    host: str = HOST,
+    netns: str | None = None,
+) -> Broker:
     """Start noida-db on `host` (127.0.0.1; a test host's address with `netns`, the network namespace
     that holds it: `ip netns exec` execs the broker, so the PID is still the broker's own)."""
     data_dir = Path(data_dir).resolve()
@@ -59,9 +66,23 @@ def start(data_dir: Path | str, port: int | None = None, pid_file: Path | str | 
     log_path = Path(log_file) if log_file else data_dir / "broker.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [*prefix, binary(), "start", "--data-dir", str(data_dir), "--host", host, "--only", "kafka",
-             "--kafka-port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            [
+                *prefix,
+                binary(),
+                "start",
+                "--data-dir",
+                str(data_dir),
+                "--host",
+                host,
+                "--only",
+                "kafka",
+                "--kafka-port",
+                str(port),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     broker = Broker(proc.pid, port, data_dir, host)
     if pid_file:
@@ -85,6 +106,7 @@ def _answers(host: str, port: int) -> bool:
     except OSError:
         return False
     from confluent_kafka.admin import AdminClient
+
     try:
         AdminClient({"bootstrap.servers": f"{host}:{port}"}).list_topics(timeout=2)
         return True

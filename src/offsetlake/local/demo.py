@@ -9,6 +9,7 @@ up:   broker on 127.0.0.1:19092, demo events (with aborted transactions and a fe
       then schema 2 with a field more) and one triggered run of its ingest DAG.
 down: everything above, stopped by its pid file.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from offsetlake.local import broker, processes, schema_registry, stack
 from offsetlake.config import load_pipeline, project_home
 from offsetlake.errors import OffsetlakeError, TableError
+from offsetlake.local import broker, processes, schema_registry, stack
 
 PIPELINE = "demo_events"
 AVRO_PIPELINE = "demo_avro"
@@ -48,14 +49,40 @@ def up() -> None:
         raise OffsetlakeError("the demo is already running (make down stops it)")
     if not _port_free(UI_PORT):
         raise OffsetlakeError(f"port {UI_PORT} on 127.0.0.1 is taken; set OFFSETLAKE_DEMO_UI_PORT to another port")
-    _cli("broker", "start", "--data-dir", str(base / "broker"), "--pid-file", str(base / "broker.pid"),
-         "--port", str(BROKER_PORT))
+    _cli(
+        "broker",
+        "start",
+        "--data-dir",
+        str(base / "broker"),
+        "--pid-file",
+        str(base / "broker.pid"),
+        "--port",
+        str(BROKER_PORT),
+    )
     _cli("produce", "--pipeline", PIPELINE, "--count", "20000", "--abort-share", "0.2", "--bad-share", "0.002")
     with open(base / "producer.log", "ab") as log:
         producer = subprocess.Popen(
-            [sys.executable, "-m", "offsetlake.cli", "produce", "--pipeline", PIPELINE, "--count", "300",
-             "--every", "5", "--abort-share", "0.2", "--bad-share", "0.002"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "offsetlake.cli",
+                "produce",
+                "--pipeline",
+                PIPELINE,
+                "--count",
+                "300",
+                "--every",
+                "5",
+                "--abort-share",
+                "0.2",
+                "--bad-share",
+                "0.002",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     (base / "producer.pid").write_text(f"{producer.pid}\n")
     print(f"demo producer running (pid {producer.pid}): 300 events every 5 s, some in aborted transactions")
     registry = schema_registry.start(base / "registry", port=REGISTRY_PORT, pid_file=base / "registry.pid")
@@ -80,8 +107,9 @@ def up() -> None:
     api.unpause(consumer)  # Airflow watches the table (its Asset) while a DAG scheduled on it is unpaused
     started_ms = int(time.time() * 1000)
     api.unpause(dags["stream"])  # mode: stream, so it keeps one run going from now on
-    print(f"unpaused {dags['stream']} (the pipeline's mode is {cfg.mode}); waiting for its first commit ...",
-          flush=True)
+    print(
+        f"unpaused {dags['stream']} (the pipeline's mode is {cfg.mode}); waiting for its first commit ...", flush=True
+    )
     avro_ingest = f"offsetlake__{AVRO_PIPELINE}__ingest"
     api.wait_for_dag(avro_ingest)
     api.unpause(avro_ingest)  # mode: batch, hourly; and one run now
@@ -93,7 +121,7 @@ def up() -> None:
     events = _wait_for_asset_event(api, f"offsetlake.{PIPELINE}", timeout=120)
     _cli("status", "--pipeline", PIPELINE)
     _cli("history", "--pipeline", PIPELINE, "--limit", "5")
-    base_url = env['AIRFLOW__API__BASE_URL']
+    base_url = env["AIRFLOW__API__BASE_URL"]
     print(f"""
 stream DAG:   {_describe(committed)}
 Asset events: {_describe_events(events)}; each starts {consumer}
@@ -102,10 +130,10 @@ Avro:         {avro_ingest}: {_describe(avro_committed)}; columns {_columns(avro
 Airflow UI:   {base_url}   login: {stack.USER} / {stack.password(home)}
 offsetlake:   {base_url}/plugin/offsetlake (lag, commits, audit; also a tab on each DAG)
 metrics:      {base_url}/offsetlake/metrics (Prometheus)
-DAGs:         {dags['stream']} (mode: stream, one run always going), __ingest (triggered catch-up), __backfill (trigger form), __recovery (daily audit), __maintenance (daily optimize, vacuum, checkpoint; paused)
+DAGs:         {dags["stream"]} (mode: stream, one run always going), __ingest (triggered catch-up), __backfill (trigger form), __recovery (daily audit), __maintenance (daily optimize, vacuum, checkpoint; paused)
 Delta table:  {cfg.table_path}
 quarantine:   {cfg.quarantine_path}
-broker:       127.0.0.1:{BROKER_PORT} (topic {', '.join(cfg.topics)})
+broker:       127.0.0.1:{BROKER_PORT} (topic {", ".join(cfg.topics)})
 logs:         {home}/*.log, {base}/producer.log
 stop it all:  make down""")
     if not committed:
@@ -113,11 +141,14 @@ stop it all:  make down""")
     if not avro_committed:
         raise OffsetlakeError(f"the Avro ingest DAG committed nothing within 300 s; see {home}/scheduler.log")
     if not events:
-        raise OffsetlakeError(f"no Asset event for {PIPELINE} within 120 s of its first commit; see {home}/triggerer.log")
+        raise OffsetlakeError(
+            f"no Asset event for {PIPELINE} within 120 s of its first commit; see {home}/triggerer.log"
+        )
 
 
 def _columns(cfg) -> str:
     from offsetlake.table import open_table
+
     return ", ".join(f.name for f in open_table(cfg.table_path).schema().fields)
 
 
@@ -125,11 +156,15 @@ def _wait_for_commits(cfg, dag_id: str, since_ms: int, timeout: float) -> list:
     """The commits `dag_id` made since `since_ms`, once there is at least one (or [] after `timeout`)."""
     from offsetlake.ledger import pipeline_history
     from offsetlake.table import open_table
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            mine = [h for h in pipeline_history(open_table(cfg.table_path), cfg.name, since_ms=since_ms)
-                    if h.meta.run.dag_id == dag_id]
+            mine = [
+                h
+                for h in pipeline_history(open_table(cfg.table_path), cfg.name, since_ms=since_ms)
+                if h.meta.run.dag_id == dag_id
+            ]
         except TableError:  # no table yet
             mine = []
         if mine:
@@ -152,8 +187,10 @@ def _describe_events(events: list[dict]) -> str:
     if not events:
         return "none yet"
     payload = events[0]["extra"].get("payload", {})
-    return (f"{len(events)} so far, the newest: {payload.get('kind')} of versions {payload.get('versions')}, "
-            f"{payload.get('rows')} rows, ranges {payload.get('ranges')}")
+    return (
+        f"{len(events)} so far, the newest: {payload.get('kind')} of versions {payload.get('versions')}, "
+        f"{payload.get('rows')} rows, ranges {payload.get('ranges')}"
+    )
 
 
 def _describe(commits: list) -> str:
@@ -162,8 +199,10 @@ def _describe(commits: list) -> str:
         return "no commit yet"
     rows = sum(h.meta.records.rows for h in commits)
     quarantined = sum(h.meta.records.quarantined for h in commits)
-    return (f"run {commits[-1].meta.run.run_id} committed {len(commits)} batch(es) so far: {rows} rows, "
-            f"{quarantined} quarantined, table version {commits[-1].version}")
+    return (
+        f"run {commits[-1].meta.run.run_id} committed {len(commits)} batch(es) so far: {rows} rows, "
+        f"{quarantined} quarantined, table version {commits[-1].version}"
+    )
 
 
 def down() -> None:

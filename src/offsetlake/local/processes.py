@@ -4,6 +4,7 @@ A pid file can outlive its process, and the PID can be reused by something
 unrelated; so before signalling we check the process' command line still
 names what we started.
 """
+
 from __future__ import annotations
 
 import os

@@ -3,14 +3,16 @@
 Some transactions are aborted on purpose (after their records reached the
 broker, so they occupy offsets): a correct reader must never let one through.
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import json
 import random
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -30,8 +32,10 @@ class ProduceReport:
     aborted_transactions: int = 0
 
     def __str__(self) -> str:
-        return (f"produced {self.committed} committed records ({self.transactions} transactions, "
-                f"{self.aborted_transactions} aborted holding {self.aborted} records that readers must skip)")
+        return (
+            f"produced {self.committed} committed records ({self.transactions} transactions, "
+            f"{self.aborted_transactions} aborted holding {self.aborted} records that readers must skip)"
+        )
 
 
 class Journal(Protocol):
@@ -59,7 +63,7 @@ def ensure_topic(settings: KafkaSettings, topic: str, partitions: int) -> None:
 
 def demo_event(rng: random.Random, seq: int) -> tuple[bytes, bytes]:
     user = rng.randrange(1, 5000)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     event = {
         "event_id": uuid.UUID(int=rng.getrandbits(128)).hex[:20],
         "user_id": user,
@@ -74,7 +78,9 @@ def demo_event(rng: random.Random, seq: int) -> tuple[bytes, bytes]:
 # The demo event in Avro, as a Schema Registry subject would hold it: version 2 adds a field (a
 # compatible change), so a topic carrying both shows a column arriving with its first record.
 DEMO_AVRO_V1 = {
-    "type": "record", "name": "DemoEvent", "namespace": "offsetlake.demo",
+    "type": "record",
+    "name": "DemoEvent",
+    "namespace": "offsetlake.demo",
     "fields": [
         {"name": "event_id", "type": "string"},
         {"name": "user_id", "type": "long"},
@@ -84,13 +90,16 @@ DEMO_AVRO_V1 = {
         {"name": "seq", "type": "long"},
     ],
 }
-DEMO_AVRO_V2 = {**DEMO_AVRO_V1, "fields": [*DEMO_AVRO_V1["fields"],
-                                          {"name": "country", "type": ["null", "string"], "default": None}]}
+DEMO_AVRO_V2 = {
+    **DEMO_AVRO_V1,
+    "fields": [*DEMO_AVRO_V1["fields"], {"name": "country", "type": ["null", "string"], "default": None}],
+}
 COUNTRIES = ("DE", "FR", "IN", "JP", "US")
 
 
 def registry_client(url: str, username: str | None = None, password: str | None = None):
     from confluent_kafka.schema_registry import SchemaRegistryClient
+
     conf = {"url": url}
     if username is not None:
         conf["basic.auth.user.info"] = f"{username}:{password}"
@@ -100,21 +109,28 @@ def registry_client(url: str, username: str | None = None, password: str | None 
 def avro_event_maker(client, topic: str, version: int = 1, headers: bool = True):
     """A record maker for `produce`: demo events in Avro (Confluent wire format, the schema registered by
     confluent-kafka's AvroSerializer under "<topic>-value"), the user id as a string key, two headers."""
-    from confluent_kafka.serialization import MessageField, SerializationContext
     from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
     schema = DEMO_AVRO_V2 if version >= 2 else DEMO_AVRO_V1
     serialize = AvroSerializer(client, json.dumps(schema), conf={"auto.register.schemas": True})
     context = SerializationContext(topic, MessageField.VALUE)
 
     def make(rng: random.Random, seq: int):
         user = rng.randrange(1, 5000)
-        event = {"event_id": uuid.UUID(int=rng.getrandbits(128)).hex[:20], "user_id": user,
-                 "action": rng.choice(ACTIONS).upper(), "amount": round(rng.uniform(0, 500), 2),
-                 "event_time": dt.datetime.now(dt.timezone.utc), "seq": seq}
+        event = {
+            "event_id": uuid.UUID(int=rng.getrandbits(128)).hex[:20],
+            "user_id": user,
+            "action": rng.choice(ACTIONS).upper(),
+            "amount": round(rng.uniform(0, 500), 2),
+            "event_time": dt.datetime.now(dt.UTC),
+            "seq": seq,
+        }
         if version >= 2:
             event["country"] = rng.choice(COUNTRIES)
         extra = [("source", b"offsetlake-demo"), ("seq", str(seq).encode())] if headers else None
         return str(user).encode(), serialize(event, context), extra
+
     return make
 
 
@@ -134,9 +150,11 @@ BAD_VALUES = (
 
 def with_bad_records(make_record, share: float):
     """A record maker that emits records the demo schema rejects, with probability `share`."""
+
     def make(rng: random.Random, seq: int):
         key, value, *headers = make_record(rng, seq)
         return (key, rng.choice(BAD_VALUES), *headers) if rng.random() < share else (key, value, *headers)
+
     return make
 
 
@@ -153,10 +171,20 @@ def _send(producer: Producer, topic: str, record: dict, journal: Journal | None,
         producer.produce(topic, **record, on_delivery=journal.sent(topic, record, transaction))
 
 
-def produce(settings: KafkaSettings, topic: str, count: int, *, transactional_share: float = 0.5,
-            abort_share: float = 0.2, transaction_size: int = 50, seed: int | None = None,
-            transactional_id: str | None = None, make_record=demo_event, bad_share: float = 0.0,
-            journal: Journal | None = None) -> ProduceReport:
+def produce(
+    settings: KafkaSettings,
+    topic: str,
+    count: int,
+    *,
+    transactional_share: float = 0.5,
+    abort_share: float = 0.2,
+    transaction_size: int = 50,
+    seed: int | None = None,
+    transactional_id: str | None = None,
+    make_record=demo_event,
+    bad_share: float = 0.0,
+    journal: Journal | None = None,
+) -> ProduceReport:
     """Write `count` committed records; transactional chunks are aborted with probability `abort_share`.
     `journal` is told of every record and of how each transaction ended."""
     rng = random.Random(seed)

@@ -7,16 +7,28 @@ that confluent-kafka's ProtobufSerializer registered as descriptors back as text
 tests register: proto2/proto3, packages, imports, nested messages and enums, maps, oneofs and proto3
 `optional`. Options other than `map_entry` are left out (they do not change the wire format).
 """
+
 from __future__ import annotations
 
 from google.protobuf import descriptor_pb2
 
 _F = descriptor_pb2.FieldDescriptorProto
 SCALARS = {
-    _F.TYPE_DOUBLE: "double", _F.TYPE_FLOAT: "float", _F.TYPE_INT64: "int64", _F.TYPE_UINT64: "uint64",
-    _F.TYPE_INT32: "int32", _F.TYPE_FIXED64: "fixed64", _F.TYPE_FIXED32: "fixed32", _F.TYPE_BOOL: "bool",
-    _F.TYPE_STRING: "string", _F.TYPE_BYTES: "bytes", _F.TYPE_UINT32: "uint32", _F.TYPE_SFIXED32: "sfixed32",
-    _F.TYPE_SFIXED64: "sfixed64", _F.TYPE_SINT32: "sint32", _F.TYPE_SINT64: "sint64",
+    _F.TYPE_DOUBLE: "double",
+    _F.TYPE_FLOAT: "float",
+    _F.TYPE_INT64: "int64",
+    _F.TYPE_UINT64: "uint64",
+    _F.TYPE_INT32: "int32",
+    _F.TYPE_FIXED64: "fixed64",
+    _F.TYPE_FIXED32: "fixed32",
+    _F.TYPE_BOOL: "bool",
+    _F.TYPE_STRING: "string",
+    _F.TYPE_BYTES: "bytes",
+    _F.TYPE_UINT32: "uint32",
+    _F.TYPE_SFIXED32: "sfixed32",
+    _F.TYPE_SFIXED64: "sfixed64",
+    _F.TYPE_SINT32: "sint32",
+    _F.TYPE_SINT64: "sint64",
 }
 
 
@@ -55,8 +67,11 @@ def _message(message, indent: str, syntax: str) -> list[str]:
                 continue
             printed.add(field.oneof_index)
             lines.append(f"{inner}oneof {message.oneof_decl[field.oneof_index].name} {{")
-            lines += [_field(f, inner + "  ", syntax, maps, in_oneof=True)
-                      for f in message.field if f.HasField("oneof_index") and f.oneof_index == field.oneof_index]
+            lines += [
+                _field(f, inner + "  ", syntax, maps, in_oneof=True)
+                for f in message.field
+                if f.HasField("oneof_index") and f.oneof_index == field.oneof_index
+            ]
             lines.append(f"{inner}}}")
         else:
             lines.append(_field(field, inner, syntax, maps))

@@ -19,6 +19,7 @@ registered, so lookups by the producers' serializers match either way.
     python -m offsetlake.local.schema_registry --port 18081 --data-dir DIR [--user U --password-env VAR]
                                                [--answer-as confluent|karapace]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,11 @@ class Store:
 
     def register(self, subject: str, schema: dict) -> tuple[int, int]:
         with self.lock:
-            entry = {"schema": schema["schema"], "schemaType": schema.get("schemaType", "AVRO"),
-                     "references": schema.get("references") or []}
+            entry = {
+                "schema": schema["schema"],
+                "schemaType": schema.get("schemaType", "AVRO"),
+                "references": schema.get("references") or [],
+            }
             schema_id = next((i + 1 for i, s in enumerate(self.schemas) if s == entry), None)
             if schema_id is None:
                 self.schemas.append(entry)
@@ -81,7 +85,7 @@ class Store:
         if not 0 < number <= len(versions):
             return None
         schema_id = versions[number - 1]
-        return {"subject": subject, "version": number, "id": schema_id, **self.by_id(schema_id)}
+        return {"subject": subject, "version": number, "id": schema_id, **(self.by_id(schema_id) or {})}
 
 
 ANSWERS = ("confluent", "karapace")
@@ -94,6 +98,7 @@ def as_karapace(entry: dict) -> dict:
         from google.protobuf import descriptor_pb2
 
         from offsetlake.local.proto_text import proto_text
+
         try:
             descriptor = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text, validate=True))
         except Exception:  # registered as source already
@@ -154,8 +159,9 @@ def handler_for(store: Store, credentials: str | None, answer_as: str = "conflue
                     return self._not_found(40403, f"Schema {path[2]} not found")
                 found = shown(found)
                 if len(path) == 4 and path[3] == "schema":
-                    return self._reply(200, json.loads(found["schema"]) if found["schemaType"] != "PROTOBUF"
-                                       else found["schema"])
+                    return self._reply(
+                        200, json.loads(found["schema"]) if found["schemaType"] != "PROTOBUF" else found["schema"]
+                    )
                 return self._reply(200, {"id": int(path[2]), **found})
             if path == ["subjects"]:
                 return self._reply(200, sorted(store.subjects))
@@ -166,8 +172,10 @@ def handler_for(store: Store, credentials: str | None, answer_as: str = "conflue
                     return self._reply(200, list(range(1, len(store.subjects[path[1]]) + 1)))
                 found = store.version(path[1], path[3])
                 if found is None:
-                    return self._not_found(40401 if path[1] not in store.subjects else 40402,
-                                           f"Subject '{path[1]}' or version {path[3]} not found.")
+                    return self._not_found(
+                        40401 if path[1] not in store.subjects else 40402,
+                        f"Subject '{path[1]}' or version {path[3]} not found.",
+                    )
                 return self._reply(200, shown(found))
             if path[0] == "config":
                 return self._reply(200, {"compatibilityLevel": "BACKWARD"})
@@ -182,8 +190,11 @@ def handler_for(store: Store, credentials: str | None, answer_as: str = "conflue
                 schema_id, version = store.register(path[1], body)
                 return self._reply(200, {"id": schema_id, "version": version, "subject": path[1], **body})
             if path[0] == "subjects" and len(path) == 2:
-                entry = {"schema": body["schema"], "schemaType": body.get("schemaType", "AVRO"),
-                         "references": body.get("references") or []}
+                entry = {
+                    "schema": body["schema"],
+                    "schemaType": body.get("schemaType", "AVRO"),
+                    "references": body.get("references") or [],
+                }
                 for number, schema_id in enumerate(store.subjects.get(path[1], []), 1):
                     if store.by_id(schema_id) == entry:
                         return self._reply(200, {"subject": path[1], "version": number, "id": schema_id, **entry})
@@ -211,23 +222,41 @@ class SchemaRegistry:
         return f"http://{self.host}:{self.port}"
 
 
-def start(data_dir: Path | str, port: int | None = None, user: str | None = None, password: str | None = None,
-          pid_file: Path | str | None = None, timeout: float = 30.0, answer_as: str = "confluent") -> SchemaRegistry:
+def start(
+    data_dir: Path | str,
+    port: int | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    pid_file: Path | str | None = None,
+    timeout: float = 30.0,
+    answer_as: str = "confluent",
+) -> SchemaRegistry:
     """Start the registry as its own process (stopped by PID); returns when it answers. `answer_as`:
     "confluent", or "karapace" to answer as Karapace does (the module docstring)."""
     from offsetlake.local.broker import free_port
+
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     env = dict(os.environ)
-    args = [sys.executable, "-m", "offsetlake.local.schema_registry", "--port", str(port), "--data-dir", str(data_dir),
-            "--answer-as", answer_as]
+    args = [
+        sys.executable,
+        "-m",
+        "offsetlake.local.schema_registry",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        "--answer-as",
+        answer_as,
+    ]
     if user is not None:
         env["OFFSETLAKE_REGISTRY_PASSWORD"] = password or ""
         args += ["--user", user, "--password-env", "OFFSETLAKE_REGISTRY_PASSWORD"]
     with open(data_dir / "registry.log", "ab") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
+        proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
+        )
     if pid_file:
         Path(pid_file).write_text(f"{proc.pid}\n")
     registry = SchemaRegistry(proc.pid, port)
@@ -256,8 +285,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--user")
     parser.add_argument("--password-env", help="environment variable holding the basic-auth password")
-    parser.add_argument("--answer-as", choices=ANSWERS, default="confluent",
-                        help="answer as Confluent's registry does, or as Karapace does (Protobuf as .proto source, ...)")
+    parser.add_argument(
+        "--answer-as",
+        choices=ANSWERS,
+        default="confluent",
+        help="answer as Confluent's registry does, or as Karapace does (Protobuf as .proto source, ...)",
+    )
     args = parser.parse_args(argv)
     credentials = f"{args.user}:{os.environ.get(args.password_env or '', '')}" if args.user else None
     serve(args.port, args.data_dir, credentials, answer_as=args.answer_as)

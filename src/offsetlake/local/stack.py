@@ -7,6 +7,7 @@ process group so that stopping it by PID also stops the workers it forked.
 Everything binds to 127.0.0.1. Login: the simple auth manager with one admin
 user whose password is generated per AIRFLOW_HOME.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,12 +17,13 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from offsetlake.local import processes
 from offsetlake.errors import OffsetlakeError
+from offsetlake.local import processes
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 HOST = "127.0.0.1"
@@ -44,8 +46,14 @@ def password(home: Path) -> str:
     return json.loads(passwords.read_text())[USER]
 
 
-def environment(home: Path, port: int, repo: Path, pipelines: Path | None = None,
-                spark_master: str = "local[*]", extra: dict | None = None) -> dict[str, str]:
+def environment(
+    home: Path,
+    port: int,
+    repo: Path,
+    pipelines: Path | None = None,
+    spark_master: str = "local[*]",
+    extra: dict | None = None,
+) -> dict[str, str]:
     home.mkdir(parents=True, exist_ok=True)
     password(home)
     base_url = f"http://{HOST}:{port}"
@@ -101,10 +109,20 @@ def start(env: dict[str, str], timeout: float = 180) -> dict[str, int]:
 def start_component(env: dict[str, str], component: str) -> int:
     """One component in its own process group, its pid in <AIRFLOW_HOME>/<component>.pid. Returns the pid."""
     home = Path(env["AIRFLOW_HOME"])
-    args = ("api-server", "--host", HOST, "--port", env["AIRFLOW__API__PORT"]) if component == "api-server" else (component,)
+    args = (
+        ("api-server", "--host", HOST, "--port", env["AIRFLOW__API__PORT"])
+        if component == "api-server"
+        else (component,)
+    )
     with open(home / f"{component}.log", "ab") as log:
-        proc = subprocess.Popen(_airflow(*args), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            _airflow(*args),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     (home / f"{component}.pid").write_text(f"{proc.pid}\n")
     return proc.pid
 
@@ -128,6 +146,7 @@ def wait_healthy(base_url: str, timeout: float) -> None:
 def stop(home: Path, timeout: float = 30) -> list[str]:
     """SIGTERM each component's process group (by its pid file), SIGKILL what will not stop. The four
     shut down side by side: one's graceful stop need not wait for another's."""
+
     def stop_one(component: str) -> bool:
         return processes.stop_from_pid_file(home / f"{component}.pid", "airflow", group=True, timeout=timeout)
 
@@ -175,7 +194,7 @@ class Api:
 
     def asset_events(self, name: str, limit: int = 100) -> list[dict]:
         """The newest events of the Asset called `name`, newest first ([] while it has none)."""
-        assets = self.get(f"/api/v2/assets?name_pattern={urllib.request.quote(name)}")["assets"]
+        assets = self.get(f"/api/v2/assets?name_pattern={urllib.parse.quote(name)}")["assets"]
         ids = [a["id"] for a in assets if a["name"] == name]
         if not ids:
             return []
@@ -187,7 +206,7 @@ class Api:
 
     def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 600) -> str:
         deadline = time.monotonic() + timeout
-        path = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id, safe='')}"
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
         while time.monotonic() < deadline:
             state = self.get(path)["state"]
             if state in ("success", "failed"):
