@@ -1,0 +1,199 @@
+"""What the offsetlake view and its Prometheus endpoint show of a pipeline, gathered in one place.
+
+`snapshot` reads a pipeline's lag (ledger vs Kafka's end offsets), its recent commits and the
+table's version; `CommitTotals` counts what commits added since this process first looked (the
+Prometheus counters: they start at 0 with the api-server, as counters do, and `rate()` is what
+one reads of them). Both read the table's own history: each commit records its rows, quarantined
+records, duration and commit conflicts in its userMetadata (`metadata.CommitMetadata`).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from offsetlake.changes import commits_after, table_version
+from offsetlake.config import PipelineConfig
+from offsetlake.metadata import HistoryEntry
+from offsetlake.status import PartitionStatus, history, status
+
+RECENT_COMMITS = 30
+CHART_COMMITS = 200
+
+
+@dataclass
+class Snapshot:
+    cfg: PipelineConfig
+    partitions: list[PartitionStatus]
+    commits: list[HistoryEntry]  # the pipeline's newest commits, oldest first
+    version: int | None  # the table's, None before the first commit
+    error: str | None = None  # Kafka or the table could not be read: what was wrong
+
+    @property
+    def total_lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    def chart(self) -> list[dict]:
+        """Per ingest commit: when, the lag when it was planned, and the rows ingested up to it (within these
+        commits)."""
+        points, committed = [], 0
+        for h in self.commits:
+            if h.meta.kind != "ingest":
+                continue
+            committed += h.meta.records.rows
+            if h.meta.lag is not None:
+                points.append({"t": h.timestamp, "lag": h.meta.lag, "committed": committed})
+        return points
+
+
+def snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
+    """Lag, the newest `limit` commits (none for `limit=0`) and the table's version."""
+    partitions, commits, version, errors = [], [], None, []
+    try:
+        from offsetlake.connections import resolve_connections
+
+        partitions = status(resolve_connections(cfg))  # kafka.connection: read where the view runs
+    except Exception as err:  # noqa: BLE001 - shown on the page, one line
+        errors.append(f"Kafka: {_line(err)}")
+    try:
+        version = table_version(cfg.table_path)
+        commits = history(cfg, limit) if version is not None and limit else []
+    except Exception as err:  # noqa: BLE001
+        errors.append(f"table: {_line(err)}")
+    return Snapshot(cfg, partitions, commits, version, "; ".join(errors) or None)
+
+
+def _line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+
+
+@dataclass
+class Totals:
+    rows: int = 0
+    quarantined: int = 0
+    conflicts: int = 0
+    commits: dict[str, int] = field(default_factory=dict)  # by kind
+    batch_seconds_sum: float = 0.0
+    batches: int = 0
+    last_batch_seconds: float | None = None
+
+
+class CommitTotals:
+    """Per pipeline, what the commits since this process first looked added (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[str, int] = {}  # pipeline -> last version counted
+        self._totals: dict[str, Totals] = {}
+
+    def update(self, cfg: PipelineConfig) -> Totals:
+        with self._lock:
+            totals = self._totals.setdefault(cfg.name, Totals())
+            seen = self._seen.get(cfg.name)
+            if seen is None:  # counting starts now: a counter's value is what happened while it ran
+                current = table_version(cfg.table_path)
+                self._seen[cfg.name] = -1 if current is None else current
+                return totals
+            for commit in commits_after(cfg.table_path, seen):
+                self._seen[cfg.name] = commit.version
+                meta = commit.meta
+                if meta is None or meta.pipeline != cfg.name:
+                    continue
+                totals.commits[meta.change] = totals.commits.get(meta.change, 0) + 1
+                if meta.kind == "ingest":  # backfills replace rows, optimize rewrites them: not new records
+                    totals.rows += meta.records.rows
+                    totals.quarantined += meta.records.quarantined
+                totals.conflicts += meta.conflicts
+                if meta.seconds is not None:
+                    totals.batch_seconds_sum += meta.seconds
+                    totals.batches += 1
+                    totals.last_batch_seconds = meta.seconds
+            return totals
+
+
+def prometheus_text(configs: list[PipelineConfig], totals: CommitTotals) -> bytes:
+    """The Prometheus text exposition of every pipeline's lag and commit counters."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+    class Collector:
+        def collect(self):
+            lag = GaugeMetricFamily(
+                "offsetlake_lag_records",
+                "Records in Kafka (to the LSO) not yet in the table",
+                labels=["pipeline", "topic", "partition"],
+            )
+            total_lag = GaugeMetricFamily(
+                "offsetlake_pipeline_lag_records", "Sum of the lag over all partitions", labels=["pipeline"]
+            )
+            committed = GaugeMetricFamily(
+                "offsetlake_committed_offset",
+                "Next offset the ledger will read",
+                labels=["pipeline", "topic", "partition"],
+            )
+            end = GaugeMetricFamily(
+                "offsetlake_end_offset",
+                "Kafka's end offset (LSO under read_committed)",
+                labels=["pipeline", "topic", "partition"],
+            )
+            version = GaugeMetricFamily("offsetlake_table_version", "The Delta table's version", labels=["pipeline"])
+            up = GaugeMetricFamily("offsetlake_up", "1 if Kafka and the table could be read", labels=["pipeline"])
+            rows = CounterMetricFamily(
+                "offsetlake_committed_records", "Rows ingest batches committed", labels=["pipeline"]
+            )
+            quarantined = CounterMetricFamily(
+                "offsetlake_quarantined_records", "Records quarantined", labels=["pipeline"]
+            )
+            conflicts = CounterMetricFamily(
+                "offsetlake_commit_conflicts", "Commits that lost a race and decided again", labels=["pipeline"]
+            )
+            commits = CounterMetricFamily("offsetlake_commits", "Commits, by kind", labels=["pipeline", "kind"])
+            duration = SummaryMetricFamily(
+                "offsetlake_batch_duration_seconds", "Batch time from plan to commit", labels=["pipeline"]
+            )
+            last = GaugeMetricFamily(
+                "offsetlake_last_batch_duration_seconds", "The newest batch's duration", labels=["pipeline"]
+            )
+            for cfg in configs:
+                snap = snapshot(cfg, limit=0)  # the counters read the commits themselves
+                up.add_metric([cfg.name], 0 if snap.error else 1)
+                for p in snap.partitions:
+                    labels = [cfg.name, p.topic, str(p.partition)]
+                    lag.add_metric(labels, p.lag)
+                    end.add_metric(labels, p.end)
+                    if p.committed is not None:
+                        committed.add_metric(labels, p.committed)
+                if snap.partitions:
+                    total_lag.add_metric([cfg.name], snap.total_lag)
+                if snap.version is not None:
+                    version.add_metric([cfg.name], snap.version)
+                try:
+                    t = totals.update(cfg)
+                except Exception:  # noqa: BLE001 - offsetlake_up already says the table could not be read
+                    continue
+                rows.add_metric([cfg.name], t.rows)
+                quarantined.add_metric([cfg.name], t.quarantined)
+                conflicts.add_metric([cfg.name], t.conflicts)
+                for kind, n in sorted(t.commits.items()):
+                    commits.add_metric([cfg.name, kind], n)
+                duration.add_metric([cfg.name], t.batches, t.batch_seconds_sum)
+                if t.last_batch_seconds is not None:
+                    last.add_metric([cfg.name], t.last_batch_seconds)
+            yield from (
+                lag,
+                total_lag,
+                committed,
+                end,
+                version,
+                up,
+                rows,
+                quarantined,
+                conflicts,
+                commits,
+                duration,
+                last,
+            )
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector())
+    return generate_latest(registry)

@@ -1,0 +1,408 @@
+"""A batch, end to end, on the Spark driver: plan -> read and write (Spark tasks) -> commit.
+
+`ingest` catches a pipeline up to the end offsets taken when it starts, in as
+many batches as `max_records_per_batch` needs; `stream` repeats that in one
+Spark session until told to stop. Crash anywhere before the commit and nothing
+is visible; the re-run plans again from the same ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+import pyarrow as pa
+
+from offsetlake import faults
+from offsetlake.commit import (
+    AttemptFiles,
+    Change,
+    Committed,
+    Settled,
+    add_actions,
+    attempt_files,
+    commit,
+    new_attempt_id,
+    verdict,
+)
+from offsetlake.config import PipelineConfig
+from offsetlake.errors import OffsetlakeError, TableError, TableMissing
+from offsetlake.evolution import Incompatible, adds_columns, merge_schema, plain_schema
+from offsetlake.formats import initial_table_schema, table_schema
+from offsetlake.kafka import TP, KafkaCluster
+from offsetlake.ledger import Ledger, read_ledger, txn_actions
+from offsetlake.metadata import CommitMetadata, Records, Run, flat_offsets, ranges_json
+from offsetlake.planning import BatchPlan, apply_data_loss, assign_slots, cap_ends, split_ranges, start_offsets
+from offsetlake.quarantine import WrittenFile, commit_quarantine
+from offsetlake.reader import OffsetRange
+from offsetlake.spark import is_local, session_of
+from offsetlake.table import open_table
+from offsetlake.tasks import TaskContext, TaskResults, parse_results, task_function
+
+log = logging.getLogger("offsetlake.batch")
+MAX_BATCHES_PER_RUN = 100_000
+
+
+@dataclass
+class BatchResult:
+    status: str  # committed | up_to_date | already_committed | superseded
+    batch: int | None = None
+    version: int | None = None
+    ranges: list[OffsetRange] = field(default_factory=list)
+    records: int = 0
+    quarantined: int = 0
+    message: str = ""
+    files: set[str] = field(default_factory=set)  # data files the commit added
+    spark_job: tuple[float, float] | None = None  # epoch seconds its Spark job was submitted and ended
+
+    def summary(self) -> str:
+        if self.status == "up_to_date":
+            return "up to date: nothing new to ingest"
+        if self.status != "committed":
+            return f"batch {self.batch}: {self.status} ({self.message}); nothing written"
+        span = sum(r.size for r in self.ranges)
+        return (
+            f"batch {self.batch}: committed table version {self.version}: {self.records} rows, "
+            f"{self.quarantined} quarantined, {span} offsets in {len(self.ranges)} ranges"
+        )
+
+
+def print_progress(result: BatchResult) -> None:
+    """Stream progress for a terminal or a task log: every batch that did something."""
+    if result.status != "up_to_date":
+        print(result.summary(), flush=True)
+
+
+def plan_batch(
+    cfg: PipelineConfig, cluster: KafkaCluster, ledger: Ledger, tps: list[TP], targets: dict[TP, int]
+) -> BatchPlan:
+    log_starts = cluster.start_offsets(tps)
+    first = ledger.batch is None
+    starts = start_offsets(ledger.offsets, first, cfg.starting_offsets, log_starts, targets)
+    starts, lost = apply_data_loss(starts, log_starts, cfg.on_data_loss)
+    ends = cap_ends(starts, targets, cfg.batch.max_records_per_batch)
+    initialises = first and cfg.starting_offsets == "latest"
+    return BatchPlan(
+        cfg.name,
+        ledger.next_batch(),
+        starts,
+        ends,
+        ledger_offsets={tp: ledger.offsets.get(tp) for tp in tps},
+        lost=lost,
+        rewind=ledger.rewind,
+        initialises=initialises,
+    )
+
+
+def run_batch(
+    spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], targets: dict[TP, int], run: Run
+) -> BatchResult:
+    fault_settings = faults.settings_from_env()
+    began = time.monotonic()
+    table = open_pipeline_table(cfg)
+    plan = plan_batch(cfg, cluster, read_ledger(table, cfg.name, tps), tps, targets)
+    faults.hit("after_plan", fault_settings)
+    if not plan.needs_commit:
+        return BatchResult("up_to_date")
+
+    attempt = new_attempt_id()
+    tasks = split_ranges(plan.ranges, cfg.batch.max_records_per_task)
+    columns = table_columns(table)
+    with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as files:
+        out = run_tasks(spark, TaskContext(cfg, plan.batch, attempt, tuple(tasks), fault_settings, columns))
+        faults.hit("after_files_written", fault_settings)
+        written = TaskFiles(
+            sum(out.read.values()),
+            [WrittenFile(tasks[i], f) for i, f in out.data],
+            [WrittenFile(tasks[i], f) for i, f in out.quarantine],
+            out.schemas,
+        )
+        result = commit_batch(
+            cfg, plan, attempt, written, run, files, fault_settings, snapshot=table, began=began, targets=targets
+        )
+    faults.hit("after_commit", fault_settings)
+    result.spark_job = out.job
+    if result.status == "committed":
+        cluster.commit_group_offsets(cfg.consumer_group, plan.ends)
+    return result
+
+
+def open_pipeline_table(cfg: PipelineConfig):
+    """The pipeline's table, checked; created when missing (registry formats: from the registry's latest
+    schema, so a table exists with its columns before the first record arrives)."""
+    try:
+        return open_table(cfg.table_path, table_schema(cfg), cfg.table.partition_by, cfg.name, create=False)
+    except TableMissing:
+        pass
+    try:
+        schema = initial_table_schema(cfg)
+    except Incompatible as err:
+        raise TableError(f"cannot create the table of pipeline {cfg.name}: {err}") from None
+    missing = sorted(set(cfg.table.partition_by) - set(schema.names))
+    if missing:
+        raise TableError(
+            f"table.partition_by column {missing[0]!r} is not a column of the table "
+            f"(the registry's latest schema has no such field)"
+        )
+    return open_table(
+        cfg.table_path, schema, cfg.table.partition_by, cfg.name, properties=cfg.maintenance.table_properties()
+    )
+
+
+def table_columns(table) -> pa.Schema:
+    """The table's schema now, as the tasks build rows in (registry formats may add to it)."""
+    return plain_schema(pa.schema(table.schema()))
+
+
+@dataclass(frozen=True)
+class TaskFiles:
+    """What the Spark tasks of one attempt read and wrote."""
+
+    read: int
+    data: list[WrittenFile]
+    quarantine: list[WrittenFile]
+    schemas: list[pa.Schema] = field(default_factory=list)  # of the rows each task wrote
+
+
+def evolved_schema(table, written: TaskFiles) -> pa.Schema | None:
+    """The table's schema with the columns the rows add, when they add any (decided per snapshot)."""
+    current = merged = table_columns(table)
+    for schema in written.schemas:
+        try:
+            merged = merge_schema(merged, schema)
+        except Incompatible as err:  # two writer schemas in one batch disagree on a new column's type
+            raise OffsetlakeError(f"the batch's records add a column two ways: {err}") from None
+    return merged if adds_columns(current, merged) else None
+
+
+def commit_batch(
+    cfg: PipelineConfig,
+    plan: BatchPlan,
+    attempt: str,
+    written: TaskFiles,
+    run: Run,
+    files: AttemptFiles,
+    fault_settings: dict | None = None,
+    snapshot=None,
+    began: float | None = None,
+    targets: dict[TP, int] | None = None,
+) -> BatchResult:
+    """Quarantine, then data and offsets, in one commit each, through the one commit path. The files
+    written and those that landed are recorded in `files` (`attempt_files` removes the others).
+    `snapshot`: the table as the plan read it, for the first decision; `began` (time.monotonic())
+    and `targets` (Kafka's end offsets the plan reads up to) go into the metadata as the batch's
+    duration and the lag it started from."""
+    files.written[cfg.table_path] |= {w.file.path for w in written.data}
+    files.written[cfg.quarantine_path] |= {w.file.path for w in written.quarantine}
+    rows = sum(w.file.num_records for w in written.data)
+    quarantined = sum(w.file.num_records for w in written.quarantine)
+    metadata = batch_metadata(plan, attempt, Records(written.read, rows, quarantined), run)
+    metadata = msgspec.structs.replace(
+        metadata,
+        lag=None
+        if targets is None
+        else sum(max(0, targets[tp] - start) for tp, start in plan.starts.items() if tp in targets),
+        seconds=None if began is None else round(time.monotonic() - began, 3),
+    )
+    schema = table_schema(cfg)
+
+    def decide(table) -> Change | Settled:
+        refused = verdict(read_ledger(table, cfg.name, list(plan.starts)), plan)
+        if refused is not None:
+            return refused
+        commit_quarantine(
+            plan, written.quarantine, cfg.quarantine_path, attempt, run, files, cfg.maintenance.table_properties()
+        )
+        faults.hit("before_commit", fault_settings)
+        wider = evolved_schema(table, written)
+        return Change(
+            metadata,
+            add_actions([w.file for w in written.data]),
+            txn_actions(cfg.name, plan.batch, plan.ends),
+            wider or schema,
+            cfg.table.partition_by,
+            evolve=wider is not None,
+        )
+
+    outcome = commit(cfg.table_path, decide, f"batch {plan.batch}", snapshot=snapshot)
+    if not isinstance(outcome, Committed):
+        return BatchResult(outcome.status, plan.batch, None, plan.ranges, rows, quarantined, outcome.reason)
+    files.kept[cfg.table_path] = added = outcome.added_paths()
+    return BatchResult("committed", plan.batch, outcome.version, plan.ranges, rows, quarantined, files=added)
+
+
+def batch_metadata(plan: BatchPlan, attempt: str, records: Records, run: Run) -> CommitMetadata:
+    return CommitMetadata(
+        plan.pipeline,
+        "ingest",
+        batch=plan.batch,
+        attempt=attempt,
+        ranges=ranges_json(plan.ranges),
+        records=records,
+        run=run,
+        lost=ranges_json(OffsetRange(t, p, lo, hi) for (t, p), (lo, hi) in plan.lost.items()),
+        rewind=plan.rewind,
+        initialised_at=flat_offsets(plan.ends) if plan.initialises else {},
+    )
+
+
+def run_tasks(spark, ctx: TaskContext) -> TaskResults:
+    """Run the tasks, one range each, in a Spark task per slot; what each read and wrote, by task index."""
+    if not ctx.tasks:
+        return TaskResults({}, [], [], [])
+    context = session_of(spark).sparkContext
+    slots = assign_slots([t.size for t in ctx.tasks], task_slots(context))
+    submitted = time.time()
+    job = context.parallelize(range(len(slots)), len(slots)).mapPartitionsWithIndex(task_function(ctx, slots))
+    try:
+        rows = job.collect()
+    except Exception as err:  # Spark wraps executor errors: surface ours as one line
+        wait_for_running_tasks(spark)
+        raise _executor_error(err) from None
+    results = parse_results(rows)
+    results.job = (submitted, time.time())
+    return results
+
+
+def task_slots(context) -> int | None:
+    """How many tasks run at once: a local master's cores (local[N]). On a cluster None, so each range
+    has a Spark task of its own: the cores there are only known once executors have registered, and
+    Spark then balances the tasks across them as they finish."""
+    return context.defaultParallelism if is_local(context.master) else None
+
+
+def wait_for_running_tasks(spark, timeout: float = 30.0) -> None:
+    """A failed job returns while its other tasks are still being killed, and a Python worker may still be
+    writing a data file then: the attempt's clean-up, which runs next, waits until no task runs and
+    Spark's grace for stopping a worker (spark.python.task.killTimeout) has passed."""
+    session = session_of(spark)
+    try:
+        tracker = session.sparkContext._jsc.sc().statusTracker()
+        grace = session.sparkContext._jsc.sc().conf().getTimeAsSeconds("spark.python.task.killTimeout", "2s")
+    except Exception:  # noqa: BLE001 - not a classic session (Spark Connect): nothing to wait on here
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(e.numRunningTasks() for e in tracker.getExecutorInfos()):
+        time.sleep(0.2)
+    time.sleep(grace)
+
+
+def _executor_error(err: Exception) -> Exception:
+    text = str(err)
+    for cls in OffsetlakeError.__subclasses__():
+        marker = f"offsetlake.errors.{cls.__name__}: "
+        if marker in text:
+            return cls(text.split(marker, 1)[1].splitlines()[0].strip())
+    first = next((line for line in text.splitlines() if line.strip()), type(err).__name__)
+    return OffsetlakeError(f"Spark job failed: {first.strip()[:500]}")
+
+
+def nothing_to_ingest(cfg: PipelineConfig) -> bool:
+    """True when a plan made now would find nothing to commit, decided without Spark and without
+    creating the table, so a caller can skip starting a JVM at all. False whenever it cannot tell
+    (no table yet): the ingest itself then decides, and words any error."""
+    try:
+        table = open_table(cfg.table_path)
+    except TableError:
+        return False
+    cluster = KafkaCluster(cfg.kafka)
+    tps = cluster.partitions(cfg.topics)
+    targets = cluster.end_offsets(tps, cfg.kafka.isolation_level)
+    return not plan_batch(cfg, cluster, read_ledger(table, cfg.name, tps), tps, targets).needs_commit
+
+
+def ingest(
+    spark, cfg: PipelineConfig, run: Run | None = None, stop: threading.Event | None = None
+) -> list[BatchResult]:
+    """Catch up to the end offsets taken now. Returns the result of every batch attempted."""
+    run = run or Run.here()
+    cluster = KafkaCluster(cfg.kafka)
+    tps = cluster.partitions(cfg.topics)
+    targets = cluster.end_offsets(tps, cfg.kafka.isolation_level)
+    results: list[BatchResult] = []
+    for _ in range(MAX_BATCHES_PER_RUN):
+        result = run_batch(spark, cfg, cluster, tps, targets, run)
+        results.append(result)
+        log.info(result.summary())
+        if result.status == "up_to_date" or (stop is not None and stop.is_set()):
+            break
+    return results
+
+
+def stream(
+    spark,
+    cfg: PipelineConfig,
+    stop: threading.Event,
+    interval: float | None = None,
+    run: Run | None = None,
+    max_seconds: float | None = None,
+    on_batch=None,
+) -> int:
+    """Ingest in a loop in one Spark session until `stop` is set (SIGTERM) or max_seconds pass."""
+    interval = cfg.stream_interval_seconds if interval is None else interval
+    run = msgspec.structs.replace(run or Run.here(), via="stream")  # its commits say they are a stream's
+    deadline = time.monotonic() + max_seconds if max_seconds else None
+    parent = os.getppid()
+    committed = 0
+    tidy = StreamCompaction(cfg, run)
+    warning = cfg.maintenance.stream_window_warning(interval)
+    if warning:
+        log.warning("stream %s: %s", cfg.name, warning)
+    while not stop.is_set():
+        for result in ingest(spark, cfg, run, stop):
+            if result.status == "committed":
+                committed += 1
+                tidy.after(result)
+            if on_batch:
+                on_batch(result)
+        if deadline and time.monotonic() >= deadline:
+            break
+        stop.wait(interval)
+        if os.getppid() != parent:
+            # Our parent (spark-submit's JVM, an Airflow worker, a shell) is gone: nobody can stop us.
+            log.warning("stream: parent process %s exited; stopping", parent)
+            break
+    return committed
+
+
+class StreamCompaction:
+    """A stream bounds its own small files: every `maintenance.compact_every_batches` committed batches it
+    compacts the files those batches added (and only those, so the cost stays that of N batches)."""
+
+    def __init__(self, cfg: PipelineConfig, run: Run | None):
+        self.cfg, self.run = cfg, run
+        self.every = cfg.maintenance.compact_every_batches
+        self.pending: set[str] = set()
+        self.batches = 0
+
+    def after(self, result: BatchResult) -> None:
+        if not self.every:
+            return
+        self.pending |= result.files
+        self.batches += 1
+        if self.batches < self.every:
+            return
+        from offsetlake.compaction import optimize
+
+        cfg = self.cfg
+        try:
+            outcome = optimize(
+                cfg.table_path,
+                cfg.name,
+                table_schema(cfg),
+                cfg.table.partition_by,
+                cfg.maintenance.target_file_mb,
+                cfg.maintenance.zorder_by,
+                only=self.pending,
+                run=self.run,
+            )
+        except OffsetlakeError as err:  # best effort: the batches are committed; try again after the next N
+            log.warning("stream: compaction skipped: %s", err)
+            self.batches = 0
+            return
+        log.info(outcome.summary())
+        self.pending, self.batches = set(), 0

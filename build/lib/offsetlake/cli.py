@@ -1,0 +1,638 @@
+"""The `offsetlake` command. Exit 0 on success; on failure one line on stderr and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from offsetlake.config import PipelineConfig, load_pipeline
+from offsetlake.errors import ConfigError, OffsetlakeError, one_line
+from offsetlake.maintenance import DEFAULT_CLEANUP_AGE_SECONDS
+from offsetlake.metadata import Run
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, like every other failure
+        self.exit(EXIT_USAGE, f"offsetlake: error: {message}\n")
+
+
+def _number(parse, low: float, high: float, what: str):
+    """An argparse type: `parse` the text, then check low <= value <= high; one message names both."""
+
+    def check(text: str):
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return check
+
+
+_positive_int = _number(int, 1, 2**63 - 1, "a whole number above 0")
+_positive_float = _number(float, 0.001, 31_536_000, "a number of seconds above 0 (at most a year)")
+_share = _number(float, 0.0, 1.0, "a number between 0 and 1")
+
+
+def _timestamp(text: str):
+    import datetime as dt
+
+    try:
+        value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an ISO 8601 time like 2026-11-22T10:00:00Z, got {text!r}") from None
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def _bool(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
+
+
+def _add_dry_run(p: argparse.ArgumentParser) -> None:
+    # `--dry-run` alone, or `--dry-run true|false` where a caller (an Airflow form) fills the value in.
+    p.add_argument("--dry-run", nargs="?", const=True, default=False, type=_bool, help="show the plan, change nothing")
+
+
+def _add_run(p: argparse.ArgumentParser) -> None:
+    """Who runs a command that commits: recorded in the commit's userMetadata. The Airflow operator sets these."""
+    p.add_argument("--dag-id", help="Airflow DAG id (set by the offsetlake operator)")
+    p.add_argument("--run-id", help="Airflow DAG run id")
+    p.add_argument("--try-number", type=_positive_int, help="Airflow task try number")
+    p.add_argument("--master", help="Spark master (default local[*]; under spark-submit, spark-submit's)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="offsetlake", description="Kafka to Delta Lake, exactly once.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(name, help_text):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--pipeline", required=True, help="pipeline name (include/pipelines/NAME.yaml)")
+        p.add_argument("--pipelines-dir", help="folder of pipeline YAML files (default: include/pipelines)")
+        return p
+
+    p = command("status", "ledger vs Kafka end offsets (lag) per partition")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("history", "the pipeline's committed batches")
+    p.add_argument("--limit", type=_positive_int, help="the newest this many commits")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("show", "row count and a sample of the table")
+    p.add_argument("--limit", type=_positive_int, default=5, help="how many of the newest rows")
+    p = command("ingest", "catch up to the current end offsets, in one or more batches")
+    _add_run(p)
+    p = command("stream", "ingest in a loop until SIGTERM")
+    _add_run(p)
+    p.add_argument("--interval", type=_positive_float, help="seconds between polls (default: the pipeline's)")
+    p.add_argument("--max-seconds", type=_positive_float, help="stop after this long")
+    p = command("backfill", "re-read offset ranges and replace their rows in one commit")
+    _add_run(p)
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--ranges", help="topic:partition:start-end[,...] (end exclusive)")
+    group.add_argument("--from", dest="time_from", type=_timestamp, help="time window start (ISO 8601)")
+    p.add_argument("--to", dest="time_to", type=_timestamp, help="time window end (ISO 8601), with --from")
+    _add_dry_run(p)
+    p = command("audit", "compare the table with Kafka row by row and check the ledger")
+    p.add_argument("--ranges", help="topic:partition:start-end[,...] (default: all still in Kafka)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("repair", "audit, then backfill every span with missing, duplicated or unexpected rows")
+    _add_run(p)
+    _add_dry_run(p)
+    p = command("cleanup", "delete files no commit references (killed attempts), older than a safety window")
+    p.add_argument(
+        "--older-than",
+        type=_positive_int,
+        default=DEFAULT_CLEANUP_AGE_SECONDS,
+        help=f"seconds (default {DEFAULT_CLEANUP_AGE_SECONDS})",
+    )
+    _add_dry_run(p)
+    p = command("reset", "move the ledger to given offsets, recorded as a reset commit")
+    _add_run(p)
+    p.add_argument("--offsets", required=True, help="topic:partition=offset[,...]")
+    p.add_argument("--reason", required=True, help="why, recorded in the reset commit")
+    p = command("restore", "Delta RESTORE to a version, with the ledger as of that version, in one commit")
+    _add_run(p)
+    p.add_argument("--version", required=True, type=int, help="the table version to restore")
+    p = command("optimize", "compact small data files (dataChange=false; the ledger is untouched)")
+    _add_run(p)
+    p.add_argument("--target-file-mb", type=_positive_int, help="default: the pipeline's maintenance.target_file_mb")
+    p.add_argument("--zorder-by", help="columns, comma-separated (default: maintenance.zorder_by)")
+    p = command("vacuum", "delete data files removed from the table longer ago than the retention")
+    _add_run(p)
+    p.add_argument(
+        "--retention-hours",
+        type=_positive_int,
+        help="default: the table's delta.deletedFileRetentionDuration; never below 1 hour",
+    )
+    _add_dry_run(p)
+    command("checkpoint", "write a Delta checkpoint and remove commit files past the log retention")
+    p = command("maintain", "what the maintenance DAG runs: [optimize,] [vacuum,] [checkpoint], table and quarantine")
+    _add_run(p)
+    p.add_argument("--optimize", nargs="?", const=True, default=False, type=_bool, help="compact (true/false)")
+    p.add_argument("--vacuum", nargs="?", const=True, default=False, type=_bool, help="vacuum (true/false)")
+    p.add_argument(
+        "--checkpoint",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_bool,
+        help="checkpoint and log clean-up (true/false)",
+    )
+    p.add_argument("--retention-hours", type=_positive_int, help="vacuum's, as for `vacuum`")
+    p.add_argument("--target-file-mb", type=_positive_int, help="compaction's, as for `optimize`")
+    p.add_argument("--zorder-by", help="compaction's, as for `optimize`")
+    p = command("recover", "what the recovery DAG runs: [reset,] audit, [repair,] [cleanup]; fails if problems remain")
+    _add_run(p)
+    p.add_argument("--reset-offsets", default="", help="topic:partition=offset[,...]: reset first (needs --reason)")
+    p.add_argument("--reason", default="", help="why, recorded in the reset commit")
+    p.add_argument(
+        "--repair",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_bool,
+        help="backfill what the audit found damaged (true/false)",
+    )
+    p.add_argument(
+        "--cleanup",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_bool,
+        help="delete files no commit references (true/false)",
+    )
+    p.add_argument(
+        "--older-than", type=_positive_int, default=DEFAULT_CLEANUP_AGE_SECONDS, help="cleanup's safety window, seconds"
+    )
+    p = command("produce", "write demo events (idempotent and transactional, some aborted)")
+    p.add_argument("--count", type=_positive_int, default=1000, help="committed records to write")
+    p.add_argument("--topic", help="default: the pipeline's first topic")
+    p.add_argument("--partitions", type=_positive_int, default=4, help="when the topic must be created")
+    p.add_argument("--transactional-share", type=_share, default=0.5, help="share of records written in transactions")
+    p.add_argument("--abort-share", type=_share, default=0.2, help="share of transactions aborted")
+    p.add_argument("--bad-share", type=_share, default=0.0, help="share of records the schema rejects")
+    p.add_argument("--every", type=float, help="keep producing --count records every this many seconds until SIGTERM")
+    p.add_argument("--seed", type=int, help="the random seed: the same records again")
+    p.add_argument(
+        "--schema-version",
+        type=int,
+        choices=[1, 2],
+        default=1,
+        help="format avro: demo event schema 1, or 2 (adds a field 'country')",
+    )
+
+    sub.add_parser("schema", help="print the pipeline file's JSON Schema (for editors and validators)")
+
+    b = sub.add_parser("broker", help="the embedded noida-db broker (demo and tests)")
+    b.add_argument("action", choices=["start", "stop"], help="start or stop it")
+    b.add_argument("--data-dir", default=".offsetlake/broker", help="where it keeps its log")
+    b.add_argument("--port", type=_positive_int, default=19092, help="its port on 127.0.0.1")
+    b.add_argument("--pid-file", default=".offsetlake/broker.pid", help="its PID, for stop")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
+    )
+    logging.getLogger("offsetlake.librdkafka").setLevel(logging.CRITICAL)
+    try:
+        return COMMANDS[args.command](args) or 0
+    except OffsetlakeError as err:
+        print(f"offsetlake: error: {one_line(err)}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("offsetlake: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # still one line; the traceback only when asked for
+        if os.environ.get("OFFSETLAKE_DEBUG"):
+            raise
+        print(f"offsetlake: error: {type(err).__name__}: {one_line(err)}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _pipeline(args) -> PipelineConfig:
+    """The pipeline, with its Airflow connections (kafka.connection, format.registry.connection) applied:
+    handed over by the operator's task (offsetlake.connections), or read through Airflow where it runs."""
+    from offsetlake.connections import resolve_connections
+
+    return resolve_connections(load_pipeline(args.pipeline, args.pipelines_dir))
+
+
+def cmd_status(args) -> int:
+    from offsetlake.status import format_status, status
+
+    rows = status(_pipeline(args))
+    print(json.dumps([r.as_dict() for r in rows]) if args.json else format_status(rows))
+    return 0
+
+
+def cmd_history(args) -> int:
+    from offsetlake.status import format_history, history
+
+    rows = history(_pipeline(args), args.limit)
+    print(json.dumps([r.as_dict() for r in rows]) if args.json else format_history(rows))
+    return 0
+
+
+def cmd_show(args) -> int:
+    from offsetlake.table import query
+
+    cfg = _pipeline(args)
+    total = query(cfg.table_path, "SELECT count(*) AS n FROM t").column(0)[0].as_py()
+    print(f"{cfg.table_path}: {total} rows")
+    sample = query(cfg.table_path, f"SELECT * FROM t ORDER BY kafka_timestamp DESC LIMIT {args.limit}")
+    for row in sample.to_pylist():
+        print("  " + json.dumps(row, default=str))
+    return 0
+
+
+def _run(args) -> Run:
+    return Run.here(args.dag_id, args.run_id, args.try_number)
+
+
+@contextmanager
+def _spark(args, cfg: PipelineConfig, job: str):
+    """A Spark session started on first use (a run with nothing to do starts no JVM), always stopped.
+    Under spark-submit, whose JVM runs already, it starts while the command plans (start_early)."""
+    from offsetlake.spark import LazySession
+
+    spark = LazySession(f"offsetlake-{job}-{cfg.name}", args.master)
+    spark.start_early()
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+def cmd_ingest(args) -> int:
+    from offsetlake.batch import ingest
+
+    cfg = _pipeline(args)
+    from offsetlake.spark import startup_report
+
+    first_job = None
+    with _spark(args, cfg, "ingest") as spark:  # under spark-submit it starts while Kafka is checked
+        _check_reachable(cfg)
+        for result in ingest(spark, cfg, _run(args)):
+            print(result.summary(), flush=True)
+            first_job = first_job or result.spark_job
+        report = startup_report(spark.ready_at, first_job)
+    if report:
+        print(report, flush=True)
+    return 0
+
+
+def cmd_stream(args) -> int:
+    from offsetlake.batch import print_progress, stream
+
+    cfg = _pipeline(args)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())  # finish the batch in flight, then leave
+    with _spark(args, cfg, "stream") as spark:  # under spark-submit it starts while Kafka is checked
+        _check_reachable(cfg)
+        n = stream(spark, cfg, stop, args.interval, _run(args), max_seconds=args.max_seconds, on_batch=print_progress)
+    print(f"stream stopped after {n} committed batches", flush=True)
+    return 0
+
+
+def cmd_backfill(args) -> int:
+    from offsetlake.backfill import backfill, parse_ranges, ranges_for_time_window
+    from offsetlake.kafka import KafkaCluster
+
+    cfg = _pipeline(args)
+    _check_reachable(cfg)
+    if args.ranges:
+        ranges = parse_ranges(args.ranges)
+    else:
+        if args.time_to is None:
+            raise ConfigError("--from needs --to")
+        ranges = ranges_for_time_window(cfg, KafkaCluster(cfg.kafka), args.time_from, args.time_to)
+        if not ranges:
+            print("no records in that time window")
+            return 0
+    with _spark(args, cfg, "backfill") as spark:
+        print(backfill(spark, cfg, ranges, _run(args), dry_run=args.dry_run).summary(), flush=True)
+    return 0
+
+
+def cmd_audit(args) -> int:
+    from offsetlake.audit import audit
+    from offsetlake.backfill import parse_ranges
+
+    cfg = _pipeline(args)
+    report = audit(cfg, parse_ranges(args.ranges) if args.ranges else None)
+    print(json.dumps(report.as_dict()) if args.json else report.format())
+    if not report.ok:
+        raise OffsetlakeError(
+            f"audit found {report.problem_count()} bad offsets and "
+            f"{len(report.continuity) + len(report.sanity)} ledger issues in {cfg.name}"
+        )
+    return 0
+
+
+def cmd_repair(args) -> int:
+    cfg = _pipeline(args)
+    _check_reachable(cfg)
+    _repair(args, cfg, args.dry_run)
+    return 0
+
+
+def _repair(args, cfg: PipelineConfig, dry_run: bool, before=None):
+    """Audit (unless given), backfill every damaged span, audit again. The audit after, or the one before."""
+    from offsetlake.audit import audit, repair
+
+    with _spark(args, cfg, "repair") as spark:
+        before, result = repair(spark, cfg, _run(args), dry_run=dry_run, report=before)
+    print(before.format(), flush=True)
+    if result is None:
+        print("nothing to repair", flush=True)
+        return before
+    print(result.summary(), flush=True)
+    if dry_run:
+        return before
+    after = audit(cfg)
+    print(after.format(), flush=True)
+    if not after.ok:
+        raise OffsetlakeError("repair finished but audit still finds problems")
+    return after
+
+
+def cmd_cleanup(args) -> int:
+    _cleanup(_pipeline(args), args.older_than, args.dry_run)
+    return 0
+
+
+def _cleanup(cfg: PipelineConfig, older_than: int, dry_run: bool) -> None:
+    """Both tables; the quarantine table may not exist yet (no bad record so far)."""
+    from offsetlake.maintenance import cleanup
+
+    for uri in (cfg.table_path, cfg.quarantine_path):
+        try:
+            print(cleanup(uri, older_than, dry_run).summary(), flush=True)
+        except OffsetlakeError as err:
+            if uri == cfg.table_path:
+                raise
+            print(f"{uri}: skipped ({err})", flush=True)
+
+
+def cmd_reset(args) -> int:
+    _reset(args, _pipeline(args), args.offsets)
+    return 0
+
+
+def _reset(args, cfg: PipelineConfig, offsets: str) -> None:
+    from offsetlake.maintenance import parse_offsets, reset
+
+    version = reset(cfg, parse_offsets(offsets), args.reason, _run(args))
+    print(f"ledger reset recorded in table version {version}", flush=True)
+
+
+def cmd_restore(args) -> int:
+    from offsetlake.maintenance import restore
+
+    cfg = _pipeline(args)
+    version = restore(cfg, args.version, _run(args))
+    print(f"table restored to version {args.version} with its ledger, as table version {version}")
+    return 0
+
+
+def cmd_optimize(args) -> int:
+    _optimize(args, _pipeline(args))
+    return 0
+
+
+def _optimize(args, cfg: PipelineConfig) -> None:
+    """The table, then the quarantine table if there is one (no z-order there: it has other columns)."""
+    from offsetlake.compaction import optimize
+    from offsetlake.formats import QUARANTINE_SCHEMA, table_schema
+
+    settings = cfg.maintenance
+    target = args.target_file_mb or settings.target_file_mb
+    zorder = [c.strip() for c in args.zorder_by.split(",") if c.strip()] if args.zorder_by else settings.zorder_by
+    columns = cfg.data_columns()
+    if cfg.format.evolves:  # the payload columns come from the registry: the table has them
+        from offsetlake.table import open_table
+
+        columns = [f.name for f in open_table(cfg.table_path).schema().fields if f.name not in cfg.table.partition_by]
+    wrong = sorted(c for c in zorder if c not in columns)
+    if wrong:
+        raise ConfigError(f"--zorder-by column {wrong[0]!r} is not a data column of pipeline {cfg.name!r}")
+    run = _run(args)
+    for uri in _tables(cfg):
+        if uri == cfg.table_path:
+            outcome = optimize(uri, cfg.name, table_schema(cfg), cfg.table.partition_by, target, zorder, run=run)
+        else:
+            outcome = optimize(uri, cfg.name, QUARANTINE_SCHEMA, [], target, run=run)
+        print(outcome.summary(), flush=True)
+
+
+def cmd_vacuum(args) -> int:
+    _vacuum(args, _pipeline(args), args.dry_run)
+    return 0
+
+
+def _vacuum(args, cfg: PipelineConfig, dry_run: bool) -> None:
+    from offsetlake.maintenance import vacuum
+
+    for uri in _tables(cfg):
+        print(vacuum(uri, cfg.name, args.retention_hours, dry_run, _run(args)).summary(), flush=True)
+
+
+def cmd_checkpoint(args) -> int:
+    _checkpoint(_pipeline(args))
+    return 0
+
+
+def _checkpoint(cfg: PipelineConfig) -> None:
+    from offsetlake.maintenance import checkpoint
+
+    for uri in _tables(cfg):
+        print(
+            f"{uri}: checkpoint at version {checkpoint(uri)}; commit files past the log retention removed", flush=True
+        )
+
+
+def cmd_maintain(args) -> int:
+    cfg = _pipeline(args)
+    if not (args.optimize or args.vacuum or args.checkpoint):
+        raise ConfigError("nothing to do: give --optimize, --vacuum and/or --checkpoint")
+    if args.optimize:
+        _optimize(args, cfg)
+    if args.vacuum:
+        _vacuum(args, cfg, dry_run=False)
+    if args.checkpoint:
+        _checkpoint(cfg)
+    return 0
+
+
+def _tables(cfg: PipelineConfig) -> list[str]:
+    """What maintenance runs on: the table, and its quarantine table once one exists."""
+    from deltalake import DeltaTable
+
+    return [cfg.table_path] + ([cfg.quarantine_path] if DeltaTable.is_deltatable(cfg.quarantine_path) else [])
+
+
+def cmd_recover(args) -> int:
+    from offsetlake.audit import audit
+
+    cfg = _pipeline(args)
+    if args.reset_offsets:
+        _reset(args, cfg, args.reset_offsets)
+    report = audit(cfg)
+    if args.repair and not report.ok:
+        report = _repair(args, cfg, dry_run=False, before=report)
+    else:
+        print(report.format(), flush=True)
+    if args.cleanup:
+        _cleanup(cfg, args.older_than, dry_run=False)
+    if not report.ok:
+        raise OffsetlakeError(
+            f"audit found {report.problem_count()} bad offsets in {cfg.name}"
+            + ("" if args.repair else "; run again with repair to fix them")
+        )
+    return 0
+
+
+def _check_reachable(cfg: PipelineConfig) -> None:
+    """Fail in a second if Kafka or the topics are not there: before a Spark session starts (from a
+    terminal), or while one starts in the background (under spark-submit: LazySession.start_early)."""
+    from offsetlake.kafka import KafkaCluster
+
+    KafkaCluster(cfg.kafka).partitions(cfg.topics)
+    if cfg.format.registry is not None:
+        from offsetlake.registry import registry_for
+
+        registry_for(cfg.format.registry).check()
+
+
+def cmd_produce(args) -> int:
+    from offsetlake.local.producer import ensure_topic, produce
+
+    cfg = _pipeline(args)
+    topic = args.topic or cfg.topics[0]
+    if topic not in cfg.topics:
+        raise ConfigError(f"--topic {topic!r} is not one of pipeline {cfg.name!r}'s topics: {cfg.topics}")
+    ensure_topic(cfg.kafka, topic, args.partitions)
+    make_record = _demo_records(cfg, topic, args.schema_version)
+    stop = threading.Event()
+    if args.every:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while True:
+        report = produce(
+            cfg.kafka,
+            topic,
+            args.count,
+            transactional_share=args.transactional_share,
+            abort_share=args.abort_share,
+            seed=args.seed,
+            bad_share=args.bad_share,
+            **({"make_record": make_record} if make_record else {}),
+        )
+        print(report, flush=True)
+        if not args.every or stop.wait(args.every):
+            return 0
+
+
+def _demo_records(cfg: PipelineConfig, topic: str, schema_version: int):
+    """The record maker for the pipeline's format: None (JSON events) or Avro events through its registry."""
+    fmt = cfg.format
+    if fmt.type == "json":
+        return None
+    if fmt.type != "avro" or fmt.registry is None:
+        raise ConfigError(f"produce writes demo events as json or as avro through a registry, not {fmt.type!r}")
+    from offsetlake.local.producer import avro_event_maker, registry_client
+
+    reg = fmt.registry
+    if reg is None or reg.url is None:
+        raise ConfigError(f"produce writes {fmt.type} through format.registry.url; pipeline {cfg.name!r} has none")
+    client = registry_client(
+        reg.url,
+        reg.username.get_secret_value() if reg.username else None,
+        reg.password.get_secret_value() if reg.password else None,
+    )
+    return avro_event_maker(client, topic, schema_version, headers=fmt.include_headers)
+
+
+def cmd_broker(args) -> int:
+    from offsetlake.local import broker
+
+    if args.action == "stop":
+        stopped = broker.stop_from_pid_file(args.pid_file)
+        print("broker stopped" if stopped else "broker was not running")
+        return 0
+    pid_file = Path(args.pid_file)
+    running = broker.running_from_pid_file(pid_file)
+    if running:
+        print(f"broker already running (pid {running}) on 127.0.0.1:{args.port}")
+        return 0
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    b = broker.start(args.data_dir, args.port, pid_file=pid_file)
+    print(f"broker running: pid {b.pid}, bootstrap servers {b.bootstrap_servers}, data in {b.data_dir}")
+    return 0
+
+
+def cmd_schema(args) -> int:
+    print(json.dumps(pipeline_json_schema(), indent=2))
+    return 0
+
+
+def pipeline_json_schema() -> dict:
+    """The pipeline file's JSON Schema, generated from the models that read it (config.py). An editor checks
+    the file before `${VAR}` references are substituted, so a string holding one passes any pattern."""
+    schema = PipelineConfig.model_json_schema(by_alias=True)
+    _allow_references(schema)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": "offsetlake pipeline"}
+
+
+def _allow_references(node) -> None:
+    if isinstance(node, dict):
+        if isinstance(node.get("pattern"), str):
+            node["pattern"] = f"(?:{node['pattern']})|\\$\\{{"
+        for value in node.values():
+            _allow_references(value)
+    elif isinstance(node, list):
+        for value in node:
+            _allow_references(value)
+
+
+COMMANDS = {
+    "schema": cmd_schema,
+    "status": cmd_status,
+    "history": cmd_history,
+    "show": cmd_show,
+    "backfill": cmd_backfill,
+    "audit": cmd_audit,
+    "repair": cmd_repair,
+    "cleanup": cmd_cleanup,
+    "reset": cmd_reset,
+    "restore": cmd_restore,
+    "recover": cmd_recover,
+    "optimize": cmd_optimize,
+    "vacuum": cmd_vacuum,
+    "checkpoint": cmd_checkpoint,
+    "maintain": cmd_maintain,
+    "ingest": cmd_ingest,
+    "stream": cmd_stream,
+    "produce": cmd_produce,
+    "broker": cmd_broker,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

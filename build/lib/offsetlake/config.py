@@ -1,0 +1,501 @@
+"""Pipeline configuration: one YAML file per pipeline under include/pipelines/.
+
+Validation is pydantic's (extra keys forbidden, strict types) so every mistake
+names its key; errors are flattened to one line because they reach a terminal
+or an Airflow task log. `${VAR}` / `${VAR:-default}` references are resolved
+from the environment at load time so secrets never live in the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+
+from offsetlake.errors import ConfigError
+
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
+# Client settings whose values must never be printed.
+SECRET_HINTS = ("password", "secret", "token", "sasl.oauthbearer.config", "ssl.key.pem", "credentials")
+# Settings offsetlake owns: a pipeline may not override them, because the batch protocol depends on them.
+RESERVED_CLIENT_KEYS = {
+    "bootstrap.servers",
+    "group.id",
+    "isolation.level",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.offset.reset",
+    "enable.partition.eof",
+    "transactional.id",
+}
+FIELD_TYPES = ("string", "long", "int", "double", "float", "boolean", "timestamp", "date", "binary")
+LINEAGE_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp")
+RAW_COLUMNS = ("key", "value")
+KEY_COLUMN = "kafka_key"  # format.key: the decoded Kafka key (formats other than raw)
+HEADERS_COLUMN = "kafka_headers"  # format.include_headers: map<string, binary>, every header in order
+# Formats in the Confluent wire format (magic byte 0, 4-byte schema id, payload): the table's payload
+# columns come from the registry and grow when a record arrives with a newer schema (docs/usage/registry-formats.md).
+REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
+UNKNOWN_FIELDS_COLUMN = "_unknown_fields"  # unknown_fields: keep -> JSON text of the undeclared fields
+DEFAULT_MAX_VALUE_BYTES = 1_048_576  # Kafka's own default message size limit
+
+
+class _Strict(BaseModel):
+    # A field's docstring is its description: in `offsetlake schema` and the generated pipeline reference.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class KafkaSettings(_Strict):
+    bootstrap_servers: StrictStr | None = None
+    """The brokers, `host:port,...`. Required unless `kafka.connection`'s extra has `bootstrap.servers`."""
+    connection: StrictStr | None = None
+    """An Airflow connection (the Apache Kafka provider's type, conn_type `kafka`) whose extra holds librdkafka
+    settings (`bootstrap.servers`, `security.protocol`, `sasl.*`, `ssl.*`). Read through Airflow's API where
+    the Airflow task runs, so secrets backends work; handed to the job in a private file, never on a command
+    line. Its extra's protocol keys (`group.id`...) are ignored; `kafka.client` wins over it. The CLI uses
+    `${ENV}` references instead."""
+    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    """`read_committed`: batches end at the last stable offset and aborted records never reach the table."""
+    client: dict[StrictStr, StrictStr | StrictInt | StrictBool] = Field(default_factory=dict)
+    """Extra librdkafka settings for every client offsetlake creates (SASL/SSL...). Settings the batch
+    protocol owns (`group.id`, `isolation.level`, `auto.offset.reset`...) are refused."""
+    timeout_seconds: StrictInt = Field(default=30, gt=0)
+    """Broker request timeout."""
+    retry_seconds: StrictInt = Field(default=120, ge=0)
+    """How long a retriable Kafka error (a broker restarting, a leader or epoch change, a coordinator loading,
+    a timeout) is retried, waiting 0.5 s, 1 s, 2 s... up to 10 s between tries, each retry logged once; in
+    planning, in the readers inside Spark tasks and in the consumer-group mirror. Unknown topics,
+    authentication and authorization failures fail at once. `0`: never retry."""
+
+    @model_validator(mode="after")
+    def _no_reserved_keys(self):
+        clash = sorted(RESERVED_CLIENT_KEYS & set(self.client))
+        if clash:
+            raise ValueError(f"client setting {clash[0]!r} is managed by offsetlake and cannot be set")
+        if self.bootstrap_servers is None and self.connection is None:
+            raise ValueError("give 'bootstrap_servers', or an Airflow 'connection' whose extra holds bootstrap.servers")
+        return self
+
+    def client_config(self) -> dict[str, Any]:
+        """librdkafka settings shared by every client the platform creates."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.client}
+
+    def __repr_args__(self):
+        for key, value in super().__repr_args__():
+            yield key, (redact_client(value) if key == "client" else value)
+
+
+class SchemaField(_Strict):
+    """One declared field of a `json` value or key."""
+
+    name: StrictStr = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """The JSON field, and the column it becomes."""
+    type: Literal[FIELD_TYPES]  # type: ignore[valid-type]
+    """`timestamp`: RFC 3339 text (naive means UTC) or epoch milliseconds; `date`: `YYYY-MM-DD`; `binary`:
+    base64 text. No silent conversion between strings and numbers."""
+    required: StrictBool = False
+    """A record without it (or with null) is quarantined."""
+
+
+class RegistrySettings(_Strict):
+    """A Confluent-compatible Schema Registry (Confluent, Karapace, Apicurio's ccompat API)."""
+
+    url: StrictStr | None = Field(default=None, pattern=r"^https?://")
+    """The registry's URL. Required unless `connection` gives it."""
+    connection: StrictStr | None = None
+    """An Airflow HTTP connection: its host (a URL, or host with schema and port) gives the URL when `url` is
+    not set, its login and password the basic auth. Read where the Airflow task runs."""
+    username: SecretStr | None = None
+    """Basic auth user, as a `${ENV}` reference; never printed nor logged."""
+    password: SecretStr | None = None
+    """Basic auth password, as a `${ENV}` reference; never printed nor logged."""
+    subject_name_strategy: Literal["topic", "record", "topic_record"] = "topic"
+    """Which subject a new table takes its schema from: `topic` (`<topic>-value`), `record`
+    (`<record_name>`), `topic_record` (`<topic>-<record_name>`): Confluent's three strategies."""
+    record_name: StrictStr | None = None
+    """The fully qualified record name, for `record` and `topic_record`."""
+    timeout_seconds: StrictInt = Field(default=10, gt=0)
+    """HTTP timeout of a registry request."""
+
+    @model_validator(mode="after")
+    def _record_name_when_needed(self):
+        if self.subject_name_strategy != "topic" and not self.record_name:
+            raise ValueError(f"subject_name_strategy {self.subject_name_strategy!r} needs 'record_name'")
+        if (self.username is None) != (self.password is None):
+            raise ValueError("give both 'username' and 'password' for basic auth, or neither")
+        if self.url is None and self.connection is None:
+            raise ValueError("give the registry's 'url', or an Airflow 'connection' whose host is the registry")
+        if self.connection is not None and self.username is not None:
+            raise ValueError(
+                "basic auth comes from the 'connection' (its login and password): drop 'username' and 'password'"
+            )
+        return self
+
+    def subject(self, topic: str, key: bool = False) -> str:
+        if self.subject_name_strategy == "record":
+            assert self.record_name is not None  # the validator asks for it with this strategy
+            return self.record_name
+        suffix = "key" if key else "value"
+        if self.subject_name_strategy == "topic_record":
+            return f"{topic}-{self.record_name}"
+        return f"{topic}-{suffix}"
+
+
+class KeyFormat(_Strict):
+    """How the Kafka key becomes the `kafka_key` column: raw bytes, UTF-8 text, a JSON object with a declared
+    schema (a struct), or a registry format (its subject: "<topic>-key" under the topic strategy)."""
+
+    type: Literal["raw", "string", "json", "avro", "protobuf", "json_schema"]
+    """`raw` (bytes), `string` (UTF-8), `json` (a struct of the declared fields), or a registry format (subject
+    `<topic>-key`). A null key stays null."""
+    schema_: list[SchemaField] = Field(default_factory=list, alias="schema")
+    """The declared fields of a `json` key."""
+
+    @model_validator(mode="after")
+    def _schema_matches_type(self):
+        if self.type == "json" and not self.schema_:
+            raise ValueError("key type 'json' needs a declared 'schema' (a list of fields)")
+        if self.type != "json" and self.schema_:
+            raise ValueError(f"key type {self.type!r} takes no 'schema'")
+        return self
+
+
+class RecordFormat(_Strict):
+    type: Literal["json", "raw", "avro", "protobuf", "json_schema"]
+    """`json` with a declared `schema`; `raw` (key and value kept as bytes); or `avro`, `protobuf`,
+    `json_schema` in the Confluent wire format through a Schema Registry (their columns come from it)."""
+    schema_: list[SchemaField] = Field(default_factory=list, alias="schema")
+    """The declared fields of a `json` value (registry formats take none)."""
+    unknown_fields: Literal["drop", "keep"] = "drop"
+    """Schema drift, `json` only: fields the schema does not declare are dropped, or kept as JSON text in a
+    `_unknown_fields` column. A declared field whose type changes sends the record to the quarantine."""
+    max_value_bytes: StrictInt = Field(default=DEFAULT_MAX_VALUE_BYTES, gt=0)
+    """Values larger than this go to the quarantine whole."""
+    registry: RegistrySettings | None = None
+    """The Schema Registry: for `avro` (unless `schema_file`), `protobuf`, `json_schema` and registry keys."""
+    schema_file: StrictStr | None = None
+    """`avro` without a registry: plain Avro values (no framing) written with this `.avsc` (relative to the
+    project)."""
+    key: KeyFormat | None = None
+    """Keep the Kafka key as column `kafka_key` (not with `raw`, whose `key` column has it). None: not kept."""
+    include_headers: StrictBool = False
+    """Every header as `kafka_headers`, a map of string to binary, in order, repeated names kept."""
+
+    @property
+    def evolves(self) -> bool:
+        """The table's payload columns come from the registry and may grow."""
+        return self.type in REGISTRY_FORMATS and self.schema_file is None
+
+    @model_validator(mode="after")
+    def _schema_matches_type(self):
+        if self.type == "json" and not self.schema_:
+            raise ValueError("format 'json' needs a declared 'schema' (a list of fields)")
+        if self.type in ("raw", *REGISTRY_FORMATS) and self.schema_:
+            raise ValueError(
+                f"format {self.type!r} takes no 'schema' (raw keeps bytes; registry formats read "
+                f"theirs from the registry or a schema_file)"
+            )
+        if self.schema_file is not None and self.type != "avro":
+            raise ValueError("'schema_file' is for format 'avro' without a registry")
+        if self.type == "avro" and (self.registry is None) == (self.schema_file is None):
+            raise ValueError("format 'avro' needs either a 'registry' or a 'schema_file' (not both)")
+        if self.type in ("protobuf", "json_schema") and self.registry is None:
+            raise ValueError(f"format {self.type!r} needs a 'registry'")
+        key_in_registry = self.key is not None and self.key.type in REGISTRY_FORMATS
+        if self.registry is not None and self.type not in REGISTRY_FORMATS and not key_in_registry:
+            raise ValueError(f"'registry' is for formats {', '.join(REGISTRY_FORMATS)} (value or key)")
+        if key_in_registry and self.registry is None:
+            raise ValueError(f"key type {self.key.type!r} needs a 'registry'")
+        if self.type == "raw" and self.key is not None:
+            raise ValueError("format 'raw' keeps the key as bytes in column 'key' and takes no 'key' section")
+        names = [f.name for f in self.schema_]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"schema field {dupes[0]!r} is declared twice")
+        clash = sorted(set(names) & {*LINEAGE_COLUMNS, UNKNOWN_FIELDS_COLUMN, KEY_COLUMN, HEADERS_COLUMN})
+        if clash:
+            raise ValueError(f"schema field {clash[0]!r} clashes with a column offsetlake adds")
+        if self.type != "json" and self.unknown_fields == "keep":
+            raise ValueError(
+                "'unknown_fields: keep' needs format 'json' (raw keeps the whole value; registry "
+                "formats add a column for every field a newer schema adds)"
+            )
+        return self
+
+    def extra_columns(self) -> list[str]:
+        """Columns besides the payload and the lineage: the key and the headers, when asked for."""
+        return [*([KEY_COLUMN] if self.key else []), *([HEADERS_COLUMN] if self.include_headers else [])]
+
+
+class TableSettings(_Strict):
+    path: StrictStr
+    """The Delta table's location; a relative path is relative to the project."""
+    partition_by: list[StrictStr] = Field(default_factory=list)
+    """Partition columns (columns of the table)."""
+
+
+class BatchSettings(_Strict):
+    max_records_per_batch: StrictInt = Field(default=1_000_000, gt=0)
+    """Offset span of one batch (one Delta commit)."""
+    max_records_per_task: StrictInt = Field(default=250_000, gt=0)
+    """Offset span of one task (one partition slice; on a local master a Spark task per core runs several in
+    order, fetching the next while writing the last)."""
+    read_timeout_seconds: StrictInt = Field(default=60, gt=0)
+    """A task that makes no progress this long fails."""
+
+
+class MaintenanceSettings(_Strict):
+    """How the table stays cheap to read and to commit to, however old it gets. See docs/operations/maintenance.md."""
+
+    checkpoint_interval: StrictInt = Field(default=10, gt=0)
+    """Commits between Delta checkpoints (as Delta Spark)."""
+    log_retention_days: StrictFloat = Field(default=30, ge=1 / 24)
+    """Commit files older than this are removed; fractions allowed (0.25: six hours), at least an hour. Size
+    it to a stream's rate (see Maintenance)."""
+    deleted_file_retention_hours: StrictInt = Field(default=168, ge=1)
+    """Removed data files are kept this long (time travel, RESTORE); vacuum deletes them after."""
+    target_file_mb: StrictInt = Field(default=128, gt=0)
+    """Compaction packs small files up to this size."""
+    zorder_by: list[StrictStr] = Field(default_factory=list)
+    """Compaction sorts each new file by these columns (Z-order)."""
+    compact_every_batches: StrictInt = Field(default=50, ge=0)
+    """A stream compacts what it wrote every this many batches; 0: never."""
+
+    def table_properties(self) -> dict[str, str]:
+        """Delta table properties of the tables offsetlake creates."""
+        days = self.log_retention_days
+        log_retention = (
+            f"interval {int(days)} days" if days == int(days) else f"interval {round(days * 24 * 60)} minutes"
+        )
+        return {
+            "delta.checkpointInterval": str(self.checkpoint_interval),
+            "delta.logRetentionDuration": log_retention,
+            "delta.enableExpiredLogCleanup": "true",
+            "delta.deletedFileRetentionDuration": f"interval {self.deleted_file_retention_hours} hours",
+        }
+
+    def stream_window_warning(self, interval_seconds: float) -> str | None:
+        """One line when a stream committing every `interval_seconds` would keep more commits in its log, or
+        remove more files within the deleted-file retention, than a batch can afford to pay for.
+
+        Every batch lists the commit files in `_delta_log` (on a local disk, each costs a few
+        microseconds a batch) and every checkpoint carries the files removed within the deleted-file
+        retention (its tombstones): the per-batch cost is bounded by these two windows, not by the
+        table's age, but the windows must fit the commit rate (`make soak`; docs/operations/maintenance.md)."""
+        per_day = 86_400 / interval_seconds
+        commits, removed = self.log_retention_days * per_day, self.deleted_file_retention_hours / 24 * per_day
+        if max(commits, removed) <= STREAM_WINDOW_BUDGET:
+            return None
+        return (
+            f"a stream every {interval_seconds:g} s keeps ~{commits:,.0f} commits in its log "
+            f"(maintenance.log_retention_days {self.log_retention_days:g}) and ~{removed:,.0f} removed files "
+            f"in its checkpoints (maintenance.deleted_file_retention_hours {self.deleted_file_retention_hours}); "
+            f"each batch pays for both: keep them under {STREAM_WINDOW_BUDGET:,} (docs/how-to/stream-retention.md)"
+        )
+
+
+class AirflowSettings(_Strict):
+    """How Airflow retries the pipeline's ingest, stream and maintenance steps (backfill and recovery
+    are never retried: what fails them, a retry meets again). See docs/concepts/faults.md."""
+
+    retries: StrictInt | None = Field(default=None, ge=0, le=100)
+    """How often Airflow retries a failed step. None: the step's own (ingest 3, stream 5, maintenance 1)."""
+    retry_delay_seconds: StrictInt = Field(default=30, gt=0)
+    """The first wait before a retry; it doubles, up to 10 minutes."""
+
+
+# Commits in the log, or files removed within the retention, that a batch pays for cheaply: ~0.2 s a batch
+# on a local disk at this size (`make soak`).
+STREAM_WINDOW_BUDGET = 20_000
+
+
+class PipelineConfig(_Strict):
+    name: StrictStr = Field(pattern=NAME_RE)
+    """Must match the file name."""
+    topics: list[StrictStr] = Field(min_length=1)
+    """One or more topics read into one table."""
+    kafka: KafkaSettings
+    """The Kafka cluster, and how offsetlake's clients talk to it."""
+    table: TableSettings
+    """The Delta table the records go to."""
+    format: RecordFormat
+    """How a record becomes a row."""
+    batch: BatchSettings = Field(default_factory=BatchSettings)
+    """How a backlog is cut into batches and tasks."""
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    """First batch only. Partitions added later always start at their earliest offset."""
+    on_data_loss: Literal["fail", "skip"] = "fail"
+    """Offsets the ledger still needs were deleted from Kafka: `fail` (naming the range) or `skip` (recorded
+    in the commit)."""
+    mode: Literal["batch", "stream"] = "batch"
+    """`batch`: the ingest DAG runs on `schedule`; `stream`: the stream DAG keeps one run going. The other DAG
+    only runs when triggered (safe beside it: the ledger serialises them)."""
+    schedule: StrictStr | None = "@hourly"
+    """The ingest DAG's schedule in mode `batch`; null: triggered runs only. Refused in mode `stream`."""
+    stream_interval_seconds: float = Field(default=5.0, gt=0)
+    """The pause between a stream's batches."""
+    quarantine: TableSettings | None = None
+    """The Delta table for records that do not parse or fit. Default: `<table.path>_quarantine`."""
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    """Delta properties of the tables offsetlake creates, and compaction."""
+    airflow: AirflowSettings = Field(default_factory=AirflowSettings)
+    """How Airflow retries the pipeline's steps."""
+    description: StrictStr = ""
+    """Shown on the pipeline's DAGs."""
+
+    @model_validator(mode="after")
+    def _partition_columns_exist(self):
+        columns = set(self.column_names())
+        for col in self.table.partition_by:
+            # Registry formats learn their payload columns from the registry: checked when the table is made.
+            if col not in columns and not self.format.evolves:
+                raise ValueError(f"table.partition_by column {col!r} is not a column of the table")
+        for col in self.maintenance.zorder_by:
+            if col not in self.data_columns() and not self.format.evolves:
+                raise ValueError(f"maintenance.zorder_by column {col!r} is not a data column of the table")
+        if len(set(self.topics)) != len(self.topics):
+            raise ValueError("topics lists a topic twice")
+        if self.mode == "stream" and "schedule" in self.model_fields_set and self.schedule is not None:
+            raise ValueError(
+                "schedule is the ingest DAG's, for mode 'batch'; in mode 'stream' the stream DAG "
+                "runs all the time (leave schedule out)"
+            )
+        return self
+
+    def column_names(self) -> list[str]:
+        """The columns known from the pipeline file (registry formats: without the payload's)."""
+        if self.format.type == "raw":
+            payload = list(RAW_COLUMNS)
+        else:
+            payload = [f.name for f in self.format.schema_]
+        if self.format.unknown_fields == "keep":
+            payload.append(UNKNOWN_FIELDS_COLUMN)
+        return [*payload, *self.format.extra_columns(), *LINEAGE_COLUMNS]
+
+    def data_columns(self) -> list[str]:
+        """The columns that are not partition columns: what optimize may z-order by."""
+        return [c for c in self.column_names() if c not in self.table.partition_by]
+
+    @property
+    def table_path(self) -> str:
+        return self.table.path
+
+    @property
+    def quarantine_path(self) -> str:
+        return self.quarantine.path if self.quarantine else self.table.path.rstrip("/") + "_quarantine"
+
+    @property
+    def consumer_group(self) -> str:
+        return f"offsetlake.{self.name}"
+
+
+def redact_client(client: dict[str, Any]) -> dict[str, Any]:
+    return {k: ("***" if any(h in k.lower() for h in SECRET_HINTS) else v) for k, v in client.items()}
+
+
+def resolve_env(value: Any, where: str = "") -> Any:
+    """Replace ${VAR} and ${VAR:-default} in every string of a YAML document."""
+    if isinstance(value, dict):
+        return {k: resolve_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match) -> str:
+        var, default = match.group(1), match.group(2)
+        if var in os.environ:
+            return os.environ[var]
+        if default is not None:
+            return default
+        raise ConfigError(f"key {where!r} refers to environment variable {var} which is not set")
+
+    return ENV_REF.sub(substitute, value)
+
+
+def _error_line(source: str, err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    if first["type"] == "extra_forbidden":
+        return f"{source}: unknown key {loc!r}"
+    if first["type"] == "missing":
+        return f"{source}: missing required key {loc!r}"
+    msg = first["msg"].removeprefix("Value error, ")
+    return f"{source}: key {loc!r}: {msg}"
+
+
+def parse_pipeline(raw: Any, source: str, base_dir: Path | None = None) -> PipelineConfig:
+    """Validate a loaded YAML document. Relative table paths resolve against base_dir."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of settings at the top level")
+    resolved = resolve_env(raw)
+    try:
+        cfg = PipelineConfig.model_validate(resolved)
+    except ValidationError as err:
+        raise ConfigError(_error_line(source, err)) from None
+    if base_dir is None:
+        return cfg
+    return _absolute_paths(cfg, base_dir)
+
+
+def _absolute_paths(cfg: PipelineConfig, base_dir: Path) -> PipelineConfig:
+    def absolute(t: TableSettings | None) -> TableSettings | None:
+        if t is None or "://" in t.path or os.path.isabs(t.path):
+            return t
+        return t.model_copy(update={"path": str((base_dir / t.path).resolve())})
+
+    update: dict[str, Any] = {"table": absolute(cfg.table), "quarantine": absolute(cfg.quarantine)}
+    schema_file = cfg.format.schema_file
+    if schema_file and not os.path.isabs(schema_file):
+        update["format"] = cfg.format.model_copy(update={"schema_file": str((base_dir / schema_file).resolve())})
+    return cfg.model_copy(update=update)
+
+
+def project_home() -> Path:
+    return Path(os.environ.get("OFFSETLAKE_HOME", os.getcwd())).resolve()
+
+
+def pipelines_dir() -> Path:
+    return Path(os.environ.get("OFFSETLAKE_PIPELINES_DIR", project_home() / "include" / "pipelines"))
+
+
+def load_pipeline(name: str, directory: Path | str | None = None) -> PipelineConfig:
+    """Load include/pipelines/<name>.yaml (or <directory>/<name>.yaml)."""
+    if not re.match(NAME_RE, name or ""):
+        raise ConfigError(f"invalid pipeline name {name!r}: use letters, digits, '_' and '-'")
+    directory = Path(directory) if directory else pipelines_dir()
+    path = directory / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(list_pipelines(directory)) or "none"
+        raise ConfigError(f"unknown pipeline {name!r}: no {path} (known: {known})")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}") from None
+    cfg = parse_pipeline(raw, str(path), base_dir=project_home())
+    if cfg.name != name:
+        raise ConfigError(f"{path}: key 'name' is {cfg.name!r} but the file is named {name!r}")
+    return cfg
+
+
+def list_pipelines(directory: Path | str | None = None) -> list[str]:
+    directory = Path(directory) if directory else pipelines_dir()
+    return sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []

@@ -1,0 +1,212 @@
+"""Write Parquet data files into a table directory and describe them for a Delta `add` action.
+
+Runs in executors. Files get unique names that carry the batch and the attempt
+id, and live in ordinary (non-hidden) directories, so an attempt that never
+commits leaves orphans that `cleanup` and the attempt itself can find by name.
+Statistics (numRecords, min/max, nullCount) are computed from the Arrow data
+already in memory, so the driver never re-reads a file to commit it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from dataclasses import asdict, dataclass
+from urllib.parse import quote, unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from offsetlake.errors import StorageError, one_line
+
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+STRING_STATS_MAX = 32  # longer strings get no min/max: a truncated max would be wrong for skipping
+
+
+@dataclass(frozen=True)
+class DataFile:
+    path: str  # relative to the table root, as Delta stores it
+    size: int
+    modification_time: int  # epoch ms
+    partition_values: dict
+    stats: str
+    num_records: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text: str) -> DataFile:
+        return DataFile(**json.loads(text))
+
+
+def to_delta_path(relative: str) -> str:
+    """Delta stores paths as URIs: what is on disk, percent-encoded once more."""
+    return quote(relative, safe="/=")
+
+
+def from_delta_path(path: str) -> str:
+    return unquote(path)
+
+
+def attempt_file_name(batch: int, attempt: str, task: int, task_attempt: int, part: int) -> str:
+    """`attempt` names the driver's attempt at the batch (clean-up finds its files by it);
+    `task_attempt` is Spark's id of this task attempt, so a retried or speculative copy of
+    a task never writes the path its twin wrote."""
+    return f"part-{batch:08d}-{attempt}-t{task:05d}-a{task_attempt}-{part:03d}.zstd.parquet"
+
+
+def open_filesystem(table_uri: str) -> tuple[pafs.FileSystem, str]:
+    return pafs.FileSystem.from_uri(table_uri)
+
+
+def write_files(table_uri: str, table: pa.Table, partition_by: list[str], name_for_part) -> list[DataFile]:
+    """Write `table` (split by partition values) and return one DataFile per file written."""
+    if table.num_rows == 0:
+        return []
+    written = []
+    for part_no, (values, rows) in enumerate(_split_by_partition(table, partition_by)):
+        rel_dir = "/".join(f"{quote(c, safe='')}={_dir_value(values[c])}" for c in partition_by)
+        rel_path = f"{rel_dir}/{name_for_part(part_no)}" if rel_dir else name_for_part(part_no)
+        data = rows.drop_columns(partition_by) if partition_by else rows
+        written.append(write_file(table_uri, rel_path, data, {c: _partition_string(values[c]) for c in partition_by}))
+    return written
+
+
+def write_file(table_uri: str, rel_path: str, data: pa.Table, partition_values: dict) -> DataFile:
+    """Write one Parquet file (data without partition columns) at `rel_path` under the table."""
+    fs, root = open_filesystem(table_uri)
+    full = f"{root.rstrip('/')}/{rel_path}"
+    try:
+        fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
+        pq.write_table(data, full, filesystem=fs, compression="zstd", compression_level=1)
+    except OSError as err:  # a full disk, a quota, permissions: name the path, leave no partial file
+        _delete_quietly(fs, full)
+        raise StorageError(f"cannot write {full}: {_os_reason(err)}") from None
+    info = fs.get_file_info(full)
+    return DataFile(
+        path=to_delta_path(rel_path),
+        size=info.size,
+        modification_time=int(info.mtime.timestamp() * 1000) if info.mtime else 0,
+        partition_values=dict(partition_values),
+        stats=delta_stats(data),
+        num_records=data.num_rows,
+    )
+
+
+def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        fs.delete_file(path)
+    except OSError:
+        pass  # never written, or not removable: the attempt's clean-up or `cleanup` tries again
+
+
+def _os_reason(err: OSError) -> str:
+    """pyarrow words it 'Error writing bytes to file. Detail: [errno 28] No space left on device'."""
+    text = one_line(err)
+    return text.split("Detail: ", 1)[-1] if "Detail: " in text else text
+
+
+def read_file(table_uri: str, delta_path: str, columns: list[str] | None = None) -> pa.Table:
+    fs, root = open_filesystem(table_uri)
+    return plain_types(
+        pq.read_table(f"{root.rstrip('/')}/{from_delta_path(delta_path)}", filesystem=fs, columns=columns)
+    )
+
+
+def plain_types(table: pa.Table) -> pa.Table:
+    """Other writers (DataFusion, delta-rs) use string_view/large types; Arrow kernels here want plain ones."""
+
+    def plain(field: pa.Field) -> pa.Field:
+        t = field.type
+        if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+            return field.with_type(pa.string())
+        if pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
+            return field.with_type(pa.binary())
+        return field
+
+    return table.cast(pa.schema([plain(f) for f in table.schema]))
+
+
+def _split_by_partition(table: pa.Table, partition_by: list[str]):
+    if not partition_by:
+        yield {}, table
+        return
+    keys = table.select(partition_by).group_by(partition_by).aggregate([]).to_pylist()
+    for key in keys:
+        mask = None
+        for col, value in key.items():
+            cond = (
+                pc.is_null(table[col])
+                if value is None
+                else pc.equal(table[col], pa.scalar(value, table.schema.field(col).type))
+            )
+            mask = cond if mask is None else pc.and_(mask, cond)
+        yield key, table.filter(mask)
+
+
+def _partition_string(value) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _dir_value(value) -> str:
+    text = _partition_string(value)
+    return HIVE_NULL if text is None else quote(text, safe="")
+
+
+def delta_stats(table: pa.Table) -> str:
+    """Delta per-file statistics JSON for data skipping."""
+    mins, maxs, nulls = {}, {}, {}
+    for name in table.column_names:
+        column = table[name]
+        nulls[name] = column.null_count
+        if column.null_count == len(column):
+            continue
+        bounds = _bounds(column)
+        if bounds is not None:
+            mins[name], maxs[name] = bounds
+    return json.dumps(
+        {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}, separators=(",", ":")
+    )
+
+
+def _bounds(column: pa.ChunkedArray):
+    t = column.type
+    if not (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_string(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_date(t)
+    ):
+        return None  # binary and booleans: nullCount only
+    result = pc.min_max(column)
+    low, high = result["min"].as_py(), result["max"].as_py()
+    if pa.types.is_floating(t) and not (math.isfinite(low) and math.isfinite(high)):
+        return None
+    if pa.types.is_string(t):
+        if len(low) > STRING_STATS_MAX or len(high) > STRING_STATS_MAX:
+            return None
+        return low, high
+    if pa.types.is_timestamp(t):
+        # Delta stores millisecond precision: round the min down and the max up so skipping stays safe.
+        low = low.replace(microsecond=low.microsecond // 1000 * 1000)
+        if high.microsecond % 1000:
+            high = high.replace(microsecond=high.microsecond // 1000 * 1000) + dt.timedelta(milliseconds=1)
+        return _iso_ms(low), _iso_ms(high)
+    if pa.types.is_date(t):
+        return low.isoformat(), high.isoformat()
+    return low, high
+
+
+def _iso_ms(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"

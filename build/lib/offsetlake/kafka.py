@@ -1,0 +1,241 @@
+"""Driver-side Kafka access: metadata, offsets, consumer-group commits.
+
+Everything here speaks the Kafka protocol through confluent-kafka, so it works
+the same against noida-db and Apache Kafka. librdkafka's own log lines go to a
+Python logger instead of stderr: a down broker otherwise prints a line a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import KafkaError as _KErr
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from offsetlake.config import KafkaSettings
+from offsetlake.errors import KafkaError
+
+log = logging.getLogger("offsetlake.kafka")
+librdkafka_log = logging.getLogger("offsetlake.librdkafka")
+
+TP = tuple[str, int]  # (topic, partition)
+AUTH_FAILURE = re.compile(r"SASL|SSL|authenticat|handshake", re.IGNORECASE)
+
+
+T = TypeVar("T")
+
+# Errors a broker restart, a leader election or a rolling upgrade cause, which the next try may not
+# meet. librdkafka marks some retriable itself; these it leaves unmarked in admin and group results.
+RETRIABLE = {
+    _KErr._TRANSPORT,
+    _KErr._ALL_BROKERS_DOWN,
+    _KErr._TIMED_OUT,
+    _KErr.REQUEST_TIMED_OUT,
+    _KErr._WAIT_COORD,
+    _KErr.LEADER_NOT_AVAILABLE,
+    _KErr.NOT_LEADER_FOR_PARTITION,
+    _KErr.FENCED_LEADER_EPOCH,
+    _KErr.UNKNOWN_LEADER_EPOCH,
+    _KErr.COORDINATOR_LOAD_IN_PROGRESS,
+    _KErr.COORDINATOR_NOT_AVAILABLE,
+    _KErr.NOT_COORDINATOR,
+    _KErr.NOT_ENOUGH_REPLICAS,
+    _KErr.BROKER_NOT_AVAILABLE,
+    _KErr.REPLICA_NOT_AVAILABLE,
+    _KErr.OFFSET_NOT_AVAILABLE,
+    _KErr.NETWORK_EXCEPTION,
+    _KErr._TIMED_OUT_QUEUE,
+}
+FIRST_WAIT, LONGEST_WAIT = 0.5, 10.0  # seconds between tries: doubling, with jitter
+
+
+def is_retriable(err: Exception) -> bool:
+    """A KafkaException the next try may not meet. Never an authentication or authorization failure,
+    an unknown topic or a fatal error: those fail at once."""
+    kerr = err.args[0] if isinstance(err, KafkaException) and err.args else None
+    if not isinstance(kerr, _KErr) or kerr.fatal():
+        return False
+    return kerr.retriable() or kerr.code() in RETRIABLE or _no_leader_yet(kerr)
+
+
+def _no_leader_yet(kerr: _KErr) -> bool:
+    """An admin request made while the broker is away: librdkafka's cached metadata knows no leader,
+    and list_offsets fails with _NOENT "Failed to query partition leaders: No leaders found" (seen in
+    chaos). A partition always has a leader again once its broker is back."""
+    return kerr.code() == _KErr._NOENT and "leader" in (kerr.str() or "").lower()
+
+
+def retrying(what: str, call: Callable[[], T], retry_seconds: float, hopeless: Callable[[], bool] = lambda: False) -> T:
+    """`call()`, tried again on retriable Kafka errors, waiting 0.5 s, 1 s, 2 s... (at most 10 s, with
+    jitter) until `retry_seconds` have passed; then, at once for any other error, or when `hopeless()`
+    says the cause will not go away (a refused login surfaces as a mere transport error), it raises.
+    Each retry is logged once, with the error and the wait."""
+    deadline = time.monotonic() + retry_seconds
+    wait = FIRST_WAIT
+    while True:
+        try:
+            return call()
+        except KafkaException as err:
+            left = deadline - time.monotonic()
+            if not is_retriable(err) or left <= 0 or hopeless():
+                raise
+            pause = min(wait * random.uniform(0.8, 1.2), left)
+            log.warning("%s: %s; retrying in %.1f s (for %.0f s more)", what, _describe(err), pause, left)
+            time.sleep(pause)
+            wait = min(wait * 2, LONGEST_WAIT)
+
+
+def client_settings(settings: KafkaSettings, **extra) -> dict:
+    """Settings for any client offsetlake creates: the pipeline's plus ours (ours win)."""
+    return {**settings.client_config(), "logger": librdkafka_log, **extra}
+
+
+def _describe(err: Exception) -> str:
+    if isinstance(err, KafkaException) and err.args:
+        kerr = err.args[0]
+        return getattr(kerr, "str", lambda: str(kerr))()
+    return str(err)
+
+
+class KafkaCluster:
+    """The cluster one pipeline reads from, seen from the Spark driver."""
+
+    def __init__(self, settings: KafkaSettings):
+        self.settings = settings
+        self.timeout = settings.timeout_seconds
+        self._admin: AdminClient | None = None
+        self._broker_errors: deque[str] = deque(maxlen=20)  # the latest, for error messages
+
+    @property
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient(client_settings(self.settings, error_cb=self._remember))
+        return self._admin
+
+    def _remember(self, err) -> None:
+        self._broker_errors.append(err.str())
+
+    def _fail(self, what: str, err: Exception) -> KafkaError:
+        where = f"Kafka at {self.settings.bootstrap_servers}"
+        cause = self._connection_cause()
+        if cause and AUTH_FAILURE.search(cause):
+            return KafkaError(f"{where}: authentication failed: {cause}")
+        return KafkaError(f"{where}: {what}: {_describe(err)}" + (f"; last connection error: {cause}" if cause else ""))
+
+    def _login_refused(self) -> bool:
+        cause = self._connection_cause()
+        return bool(cause and AUTH_FAILURE.search(cause))
+
+    def _connection_cause(self) -> str | None:
+        """librdkafka reports why it could not connect (refused, SASL, SSL) only through error_cb."""
+        if self._admin is None:
+            return None
+        self._admin.poll(0.2)
+        specific = [e for e in self._broker_errors if "brokers are down" not in e]
+        if not specific:
+            return None
+        # "sasl_plaintext://host:port/bootstrap: SASL authentication error: ... (after 0ms in state AUTH_REQ)"
+        return re.sub(r"\s*\(after \d+ms in state [A-Z_]+.*\)$", "", specific[-1].split("/bootstrap: ", 1)[-1])
+
+    def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        """`call()` with retries on retriable errors for `kafka.retry_seconds`; then a one-line KafkaError."""
+        try:
+            return retrying(
+                f"Kafka at {self.settings.bootstrap_servers}: {what}",
+                call,
+                self.settings.retry_seconds,
+                hopeless=self._login_refused,
+            )
+        except KafkaException as err:
+            raise self._fail(what, err) from None
+
+    def partitions(self, topics: Iterable[str]) -> list[TP]:
+        """Every partition of the topics; an unknown topic is an error (never auto-created)."""
+        topics = list(topics)
+
+        def read() -> list[TP]:
+            metadata = self.admin.list_topics(timeout=self.timeout)
+            result: list[TP] = []
+            for topic in topics:
+                meta = metadata.topics.get(topic)
+                if meta is None:
+                    raise KafkaError(f"unknown topic {topic!r} on Kafka at {self.settings.bootstrap_servers}")
+                if meta.error is not None:
+                    if is_retriable(KafkaException(meta.error)):
+                        raise KafkaException(meta.error)  # a topic without a leader while a broker restarts
+                    raise KafkaError(f"topic {topic!r} is not readable: {meta.error.str()}")
+                result.extend((topic, p) for p in sorted(meta.partitions))
+            return result
+
+        return self._retrying("cannot read cluster metadata (is the broker reachable?)", read)
+
+    def _list_offsets(
+        self, tps: list[TP], spec: OffsetSpec, isolation=IsolationLevel.READ_UNCOMMITTED
+    ) -> dict[TP, int]:
+        if not tps:
+            return {}
+        request = {TopicPartition(t, p): spec for t, p in tps}
+
+        def list_offsets() -> dict[TP, int]:
+            futures = self.admin.list_offsets(request, isolation_level=isolation, request_timeout=self.timeout)
+            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+
+        return self._retrying("cannot list offsets", list_offsets)
+
+    def end_offsets(self, tps: list[TP], isolation_level: str) -> dict[TP, int]:
+        """LSO under read_committed (never past an open transaction), else the high watermark."""
+        level = (
+            IsolationLevel.READ_COMMITTED if isolation_level == "read_committed" else IsolationLevel.READ_UNCOMMITTED
+        )
+        return self._list_offsets(tps, OffsetSpec.latest(), level)
+
+    def start_offsets(self, tps: list[TP]) -> dict[TP, int]:
+        """Log start offsets: anything below was deleted by retention or DeleteRecords."""
+        return self._list_offsets(tps, OffsetSpec.earliest())
+
+    def offsets_for_time(self, tps: list[TP], timestamp_ms: int) -> dict[TP, int]:
+        return self._list_offsets(tps, OffsetSpec.for_timestamp(timestamp_ms))
+
+    def commit_group_offsets(self, group: str, offsets: dict[TP, int]) -> bool:
+        """Mirror the ledger into the consumer group so lag tools see it. Informational only.
+
+        This consumer (and `group_offsets`') never assigns a partition, so it never fetches: fetch sizes
+        do not apply. The planner only lists offsets (admin requests). Every consumer that fetches records,
+        the batch's readers and audit's read of Kafka alike, is reader.RangeReader, sized in reader.py."""
+        if not offsets:
+            return True
+        consumer = None
+        try:
+            consumer = Consumer(client_settings(self.settings, **{"group.id": group, "enable.auto.commit": False}))
+            retrying(
+                f"consumer group {group}: cannot mirror offsets",
+                lambda: consumer.commit(
+                    offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
+                ),
+                self.settings.retry_seconds,
+            )
+            return True
+        except KafkaException as err:
+            log.warning("could not mirror offsets to consumer group %s: %s", group, _describe(err))
+            return False
+        finally:
+            if consumer is not None:
+                consumer.close()
+
+    def group_offsets(self, group: str, tps: list[TP]) -> dict[TP, int | None]:
+        consumer = Consumer(client_settings(self.settings, **{"group.id": group, "enable.auto.commit": False}))
+        try:
+            committed = self._retrying(
+                f"cannot read offsets of consumer group {group}",
+                lambda: consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=self.timeout),
+            )
+            return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
+        finally:
+            consumer.close()

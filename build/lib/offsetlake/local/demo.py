@@ -1,0 +1,233 @@
+"""`make demo` / `make down`: the embedded stack with data flowing, started and stopped by PID.
+
+up:   broker on 127.0.0.1:19092, demo events (with aborted transactions and a few
+      malformed records), a producer that keeps writing, Airflow (api-server on
+      127.0.0.1:8080, scheduler, dag-processor, triggerer), the demo pipeline
+      (mode: stream) streaming from its stream DAG, whose first commit is awaited
+      and reported as the table's history records it. Beside it, the Avro
+      pipeline: a Schema Registry on 127.0.0.1:18081, events in Avro (schema 1,
+      then schema 2 with a field more) and one triggered run of its ingest DAG.
+down: everything above, stopped by its pid file.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from offsetlake.config import load_pipeline, project_home
+from offsetlake.errors import OffsetlakeError, TableError
+from offsetlake.local import broker, processes, schema_registry, stack
+
+PIPELINE = "demo_events"
+AVRO_PIPELINE = "demo_avro"
+REGISTRY_PORT = 18081
+UI_PORT = int(os.environ.get("OFFSETLAKE_DEMO_UI_PORT", "8080"))
+BROKER_PORT = 19092
+
+
+def _dir() -> Path:
+    return project_home() / ".offsetlake"
+
+
+def _cli(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "offsetlake.cli", *args], check=True)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((stack.HOST, port)) != 0
+
+
+def up() -> None:
+    base = _dir()
+    if (base / "airflow" / "api-server.pid").exists():
+        raise OffsetlakeError("the demo is already running (make down stops it)")
+    if not _port_free(UI_PORT):
+        raise OffsetlakeError(f"port {UI_PORT} on 127.0.0.1 is taken; set OFFSETLAKE_DEMO_UI_PORT to another port")
+    _cli(
+        "broker",
+        "start",
+        "--data-dir",
+        str(base / "broker"),
+        "--pid-file",
+        str(base / "broker.pid"),
+        "--port",
+        str(BROKER_PORT),
+    )
+    _cli("produce", "--pipeline", PIPELINE, "--count", "20000", "--abort-share", "0.2", "--bad-share", "0.002")
+    with open(base / "producer.log", "ab") as log:
+        producer = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "offsetlake.cli",
+                "produce",
+                "--pipeline",
+                PIPELINE,
+                "--count",
+                "300",
+                "--every",
+                "5",
+                "--abort-share",
+                "0.2",
+                "--bad-share",
+                "0.002",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    (base / "producer.pid").write_text(f"{producer.pid}\n")
+    print(f"demo producer running (pid {producer.pid}): 300 events every 5 s, some in aborted transactions")
+    registry = schema_registry.start(base / "registry", port=REGISTRY_PORT, pid_file=base / "registry.pid")
+    print(f"schema registry on {registry.url}; producing Avro events, schema 1 then schema 2 (adds 'country')")
+    _cli("produce", "--pipeline", AVRO_PIPELINE, "--count", "5000", "--abort-share", "0.2", "--bad-share", "0.002")
+    _cli("produce", "--pipeline", AVRO_PIPELINE, "--count", "2000", "--schema-version", "2")
+
+    home = base / "airflow"
+    # The example consumer DAG (dags/offsetlake_examples.py) runs on every change of demo_events' table.
+    env = stack.environment(home, UI_PORT, project_home(), extra={"OFFSETLAKE_EXAMPLE_CONSUMERS": PIPELINE})
+    print("starting Airflow: api-server, scheduler, dag-processor, triggerer ...", flush=True)
+    stack.start(env)
+    api = stack.Api(env["AIRFLOW__API__BASE_URL"], stack.USER, stack.password(home))
+    cfg = load_pipeline(PIPELINE)
+    dags = {kind: f"offsetlake__{PIPELINE}__{kind}" for kind in ("ingest", "stream", "backfill", "recovery")}
+    for dag_id in dags.values():
+        api.wait_for_dag(dag_id)
+    api.unpause(dags["backfill"])
+    api.unpause(dags["ingest"])  # in mode stream it has no schedule: it runs only when someone triggers it
+    consumer = f"example__{PIPELINE}__on_change"
+    api.wait_for_dag(consumer)
+    api.unpause(consumer)  # Airflow watches the table (its Asset) while a DAG scheduled on it is unpaused
+    started_ms = int(time.time() * 1000)
+    api.unpause(dags["stream"])  # mode: stream, so it keeps one run going from now on
+    print(
+        f"unpaused {dags['stream']} (the pipeline's mode is {cfg.mode}); waiting for its first commit ...", flush=True
+    )
+    avro_ingest = f"offsetlake__{AVRO_PIPELINE}__ingest"
+    api.wait_for_dag(avro_ingest)
+    api.unpause(avro_ingest)  # mode: batch, hourly; and one run now
+    api.trigger(avro_ingest)
+    committed = _wait_for_commits(cfg, dags["stream"], started_ms, timeout=300)
+    api.unpause(dags["recovery"])  # its daily audit needs the table the stream made
+    avro_cfg = load_pipeline(AVRO_PIPELINE)
+    avro_committed = _wait_for_commits(avro_cfg, avro_ingest, started_ms, timeout=300)
+    events = _wait_for_asset_event(api, f"offsetlake.{PIPELINE}", timeout=120)
+    _cli("status", "--pipeline", PIPELINE)
+    _cli("history", "--pipeline", PIPELINE, "--limit", "5")
+    base_url = env["AIRFLOW__API__BASE_URL"]
+    print(f"""
+stream DAG:   {_describe(committed)}
+Asset events: {_describe_events(events)}; each starts {consumer}
+Avro:         {avro_ingest}: {_describe(avro_committed)}; columns {_columns(avro_cfg)}
+              (schema registry {registry.url}; table {avro_cfg.table_path})
+Airflow UI:   {base_url}   login: {stack.USER} / {stack.password(home)}
+offsetlake:   {base_url}/plugin/offsetlake (lag, commits, audit; also a tab on each DAG)
+metrics:      {base_url}/offsetlake/metrics (Prometheus)
+DAGs:         {dags["stream"]} (mode: stream, one run always going), __ingest (triggered catch-up), __backfill (trigger form), __recovery (daily audit), __maintenance (daily optimize, vacuum, checkpoint; paused)
+Delta table:  {cfg.table_path}
+quarantine:   {cfg.quarantine_path}
+broker:       127.0.0.1:{BROKER_PORT} (topic {", ".join(cfg.topics)})
+logs:         {home}/*.log, {base}/producer.log
+stop it all:  make down""")
+    if not committed:
+        raise OffsetlakeError(f"the stream DAG committed nothing within 300 s; see {home}/scheduler.log")
+    if not avro_committed:
+        raise OffsetlakeError(f"the Avro ingest DAG committed nothing within 300 s; see {home}/scheduler.log")
+    if not events:
+        raise OffsetlakeError(
+            f"no Asset event for {PIPELINE} within 120 s of its first commit; see {home}/triggerer.log"
+        )
+
+
+def _columns(cfg) -> str:
+    from offsetlake.table import open_table
+
+    return ", ".join(f.name for f in open_table(cfg.table_path).schema().fields)
+
+
+def _wait_for_commits(cfg, dag_id: str, since_ms: int, timeout: float) -> list:
+    """The commits `dag_id` made since `since_ms`, once there is at least one (or [] after `timeout`)."""
+    from offsetlake.ledger import pipeline_history
+    from offsetlake.table import open_table
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            mine = [
+                h
+                for h in pipeline_history(open_table(cfg.table_path), cfg.name, since_ms=since_ms)
+                if h.meta.run.dag_id == dag_id
+            ]
+        except TableError:  # no table yet
+            mine = []
+        if mine:
+            return mine
+        time.sleep(2)
+    return []
+
+
+def _wait_for_asset_event(api: stack.Api, asset: str, timeout: float) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = api.asset_events(asset, limit=5)
+        if events:
+            return events
+        time.sleep(3)
+    return []
+
+
+def _describe_events(events: list[dict]) -> str:
+    if not events:
+        return "none yet"
+    payload = events[0]["extra"].get("payload", {})
+    return (
+        f"{len(events)} so far, the newest: {payload.get('kind')} of versions {payload.get('versions')}, "
+        f"{payload.get('rows')} rows, ranges {payload.get('ranges')}"
+    )
+
+
+def _describe(commits: list) -> str:
+    """What the stream's run committed, as the table's history says."""
+    if not commits:
+        return "no commit yet"
+    rows = sum(h.meta.records.rows for h in commits)
+    quarantined = sum(h.meta.records.quarantined for h in commits)
+    return (
+        f"run {commits[-1].meta.run.run_id} committed {len(commits)} batch(es) so far: {rows} rows, "
+        f"{quarantined} quarantined, table version {commits[-1].version}"
+    )
+
+
+def down() -> None:
+    base = _dir()
+    stopped = stack.stop(base / "airflow")
+    print(f"stopped Airflow components: {', '.join(stopped) or 'none running'}")
+    if processes.stop_from_pid_file(base / "producer.pid", "offsetlake.cli"):
+        print("stopped the demo producer")
+    if processes.stop_from_pid_file(base / "registry.pid", "offsetlake.local.schema_registry"):
+        print("stopped the schema registry")
+    print("broker stopped" if broker.stop_from_pid_file(base / "broker.pid") else "broker was not running")
+
+
+def main(argv: list[str] | None = None) -> int:
+    action = (argv or sys.argv[1:] or ["up"])[0]
+    try:
+        {"up": up, "down": down}[action]()
+    except KeyError:
+        print(f"offsetlake demo: unknown action {action!r} (up or down)", file=sys.stderr)
+        return 2
+    except (OffsetlakeError, subprocess.CalledProcessError) as err:
+        print(f"offsetlake demo: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

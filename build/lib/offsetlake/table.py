@@ -1,0 +1,122 @@
+"""Delta table access on the driver (delta-rs). Never import this in executors.
+
+delta-rs runs a tokio runtime that panics in a forked child, and Spark's
+Python workers are forked: DeltaTable objects live on the driver only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set as AbstractSet
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import DeltaTable, QueryBuilder
+from deltalake.exceptions import DeltaError, TableNotFoundError
+
+from offsetlake.errors import TableError, TableMissing
+from offsetlake.evolution import same_type
+from offsetlake.files import from_delta_path, open_filesystem, plain_types, to_delta_path
+
+# Delta would drop `txn` actions older than this at a checkpoint: the ledger would be forgotten.
+LEDGER_EXPIRING_PROPERTY = "delta.setTransactionRetentionDuration"
+
+
+def open_table(
+    uri: str,
+    schema: pa.Schema | None = None,
+    partition_by: list[str] | None = None,
+    name: str | None = None,
+    create: bool = True,
+    properties: dict[str, str] | None = None,
+) -> DeltaTable:
+    """Open the table and check it; create it (empty, version 0, with `properties`) when asked and none exists."""
+    try:
+        table = DeltaTable(uri)
+    except TableNotFoundError:
+        if schema is None or not create:
+            raise TableMissing(f"no Delta table at {uri}") from None
+        table = _create(uri, schema, partition_by or [], name, properties)
+    except OSError as err:
+        raise TableError(f"cannot open Delta table at {uri}: {err}") from None
+    if LEDGER_EXPIRING_PROPERTY in table.metadata().configuration:
+        raise TableError(
+            f"table {uri} sets {LEDGER_EXPIRING_PROPERTY}: Delta would expire the offsets "
+            f"offsetlake keeps in it (its txn actions); unset that property to use the table"
+        )
+    if schema is not None:
+        check_schema(uri, table, schema, partition_by or [])
+    return table
+
+
+def _create(
+    uri: str, schema: pa.Schema, partition_by: list[str], name: str | None, properties: dict[str, str] | None
+) -> DeltaTable:
+    try:
+        return DeltaTable.create(
+            uri, schema, mode="ignore", partition_by=partition_by or None, name=name, configuration=properties or None
+        )
+    except (OSError, DeltaError) as err:  # not writable, not a directory, no such bucket...
+        raise TableError(f"cannot create Delta table at {uri}: {err}") from None
+
+
+def check_schema(uri: str, table: DeltaTable, expected: pa.Schema, partition_by: list[str]) -> None:
+    """The table must hold exactly the pipeline's columns, types and partitioning. A schema marked
+    OPEN_PAYLOAD (registry formats) names only some columns: the payload columns may be any."""
+    from offsetlake.formats import OPEN_PAYLOAD
+
+    open_payload = (expected.metadata or {}).items() >= OPEN_PAYLOAD.items()
+    actual = pa.schema(table.schema())
+    have = {f.name: f.type for f in actual}
+    for f in expected:
+        if f.name not in have:
+            raise TableError(f"table {uri} has no column {f.name!r} that the pipeline writes")
+        if not same_type(have[f.name], f.type):
+            raise TableError(f"table {uri} column {f.name!r} is {have[f.name]}, the pipeline writes {f.type}")
+    extra = sorted(set(have) - {f.name for f in expected})
+    if extra and not open_payload:
+        raise TableError(f"table {uri} has column {extra[0]!r} that the pipeline does not write")
+    if list(table.metadata().partition_columns) != list(partition_by):
+        raise TableError(
+            f"table {uri} is partitioned by {table.metadata().partition_columns}, the pipeline says {partition_by}"
+        )
+
+
+def delete_attempt_files(uri: str, attempt: str, keep: AbstractSet[str] = frozenset()) -> int:
+    """Remove the files this attempt wrote (its id is in each name) except the committed ones in `keep`."""
+    fs, root = open_filesystem(uri)
+    selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
+    removed = 0
+    prefix = root.rstrip("/") + "/"
+    for info in fs.get_file_info(selector):
+        if info.type != pafs.FileType.File or f"-{attempt}-" not in info.base_name or "_delta_log" in info.path:
+            continue
+        if to_delta_path(info.path.removeprefix(prefix)) not in keep:
+            fs.delete_file(info.path)
+            removed += 1
+    return removed
+
+
+def delete_files(uri: str, paths: set[str]) -> None:
+    """Delete these files (Delta paths, relative to the table) if they exist."""
+    fs, root = open_filesystem(uri)
+    for path in paths:
+        try:
+            fs.delete_file(f"{root.rstrip('/')}/{from_delta_path(path)}")
+        except FileNotFoundError:
+            pass
+
+
+def query(uri: str, sql: str) -> pa.Table:
+    """Run SQL over the table (registered as `t`) with delta-rs' DataFusion engine.
+
+    Used instead of DeltaTable.to_pyarrow_dataset(), whose Rust-backed file system
+    aborts the interpreter at exit now and then (measured with deltalake 1.6.6).
+    """
+    result = pa.table(QueryBuilder().register("t", open_table(uri)).execute(sql).read_all())
+    return plain_types(result)
+
+
+def committed_files(uri: str) -> set[str]:
+    """Paths (relative, as on disk) of the data files the current table version references."""
+    actions = pa.table(open_table(uri).get_add_actions(flatten=True))
+    return {from_delta_path(p) for p in actions.column("path").to_pylist()}
