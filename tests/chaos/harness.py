@@ -475,6 +475,7 @@ class Chaos:
             with self.lock:
                 self.broker_restarts += 1
             down = time.monotonic()
+            self.workload.broker_stopping()
             embedded_broker.stop(self.broker.pid)
             time.sleep(rng.uniform(0.2, 3.0))
             self.broker = embedded_broker.start(self.broker.data_dir, port=self.broker.port)
