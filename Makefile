@@ -27,9 +27,9 @@ $(STAMP): requirements.txt pyproject.toml | prerequisites
 
 # Spark's driver classes in one archive (JDK AppCDS): sessions start ~2 s sooner. Once per machine
 # (about 20 s; kept in ~/.cache/offsetlake), then a no-op; if it fails, Spark just starts slower.
-# See src/offsetlake/jvm_archive.py.
+# See src/offsetlake/spark/jvm_archive.py.
 jvm-archive: $(STAMP)
-	-$(BIN)/python -m offsetlake.jvm_archive
+	-$(BIN)/python -m offsetlake.spark.jvm_archive
 
 # The tests start their own broker (a session fixture, stopped by PID) and Spark.
 test: $(STAMP) jvm-archive

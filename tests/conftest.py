@@ -64,7 +64,7 @@ def bootstrap(broker) -> str:
 
 @pytest.fixture(scope="session")
 def spark():
-    from offsetlake.spark import build_session
+    from offsetlake.spark.session import build_session
 
     session = build_session("offsetlake-tests", "local[2]")
     yield session

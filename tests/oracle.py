@@ -38,8 +38,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from offsetlake.config import HEADERS_COLUMN, KEY_COLUMN, LINEAGE_COLUMNS, UNKNOWN_FIELDS_COLUMN, KafkaSettings
 from offsetlake.kafka import KafkaCluster
-from offsetlake.ledger import read_ledger
 from offsetlake.local.producer import BAD_VALUES
+from offsetlake.protocol.ledger import read_ledger
 from offsetlake.table import open_table, query
 
 Offset = tuple[str, int, int]  # (topic, partition, offset)

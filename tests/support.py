@@ -18,10 +18,10 @@ from deltalake import DeltaTable
 
 import oracle
 from offsetlake.config import load_pipeline
-from offsetlake.ledger import pipeline_history
 from offsetlake.local import broker as embedded_broker
 from offsetlake.local import producer as demo_producer
-from offsetlake.metadata import HistoryEntry
+from offsetlake.protocol.ledger import pipeline_history
+from offsetlake.protocol.metadata import HistoryEntry
 from offsetlake.table import query
 from oracle import JOURNAL, assert_exactly_once, ledger_offsets  # noqa: F401 - the tests' oracle, re-exported
 

@@ -18,7 +18,12 @@ import msgspec
 import pyarrow as pa
 
 from offsetlake import faults
-from offsetlake.commit import (
+from offsetlake.config import PipelineConfig
+from offsetlake.errors import OffsetlakeError, TableError, TableMissing
+from offsetlake.formats.evolution import Incompatible, adds_columns, merge_schema, plain_schema
+from offsetlake.formats.records import initial_table_schema, table_schema
+from offsetlake.kafka import TP, KafkaCluster
+from offsetlake.protocol.commit import (
     AttemptFiles,
     Change,
     Committed,
@@ -29,19 +34,14 @@ from offsetlake.commit import (
     new_attempt_id,
     verdict,
 )
-from offsetlake.config import PipelineConfig
-from offsetlake.errors import OffsetlakeError, TableError, TableMissing
-from offsetlake.evolution import Incompatible, adds_columns, merge_schema, plain_schema
-from offsetlake.formats import initial_table_schema, table_schema
-from offsetlake.kafka import TP, KafkaCluster
-from offsetlake.ledger import Ledger, read_ledger, txn_actions
-from offsetlake.metadata import CommitMetadata, Records, Run, flat_offsets, ranges_json
-from offsetlake.planning import BatchPlan, apply_data_loss, assign_slots, cap_ends, split_ranges, start_offsets
-from offsetlake.quarantine import WrittenFile, commit_quarantine
-from offsetlake.reader import OffsetRange
-from offsetlake.spark import is_local, session_of
+from offsetlake.protocol.ledger import Ledger, read_ledger, txn_actions
+from offsetlake.protocol.metadata import CommitMetadata, Records, Run, flat_offsets, ranges_json
+from offsetlake.protocol.planning import BatchPlan, apply_data_loss, assign_slots, cap_ends, split_ranges, start_offsets
+from offsetlake.protocol.quarantine import WrittenFile, commit_quarantine
+from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.read.tasks import TaskContext, TaskResults, parse_results, task_function
+from offsetlake.spark.session import is_local, session_of
 from offsetlake.table import open_table
-from offsetlake.tasks import TaskContext, TaskResults, parse_results, task_function
 
 log = logging.getLogger("offsetlake.batch")
 MAX_BATCHES_PER_RUN = 100_000
@@ -386,7 +386,7 @@ class StreamCompaction:
         self.batches += 1
         if self.batches < self.every:
             return
-        from offsetlake.compaction import optimize
+        from offsetlake.operations.compaction import optimize
 
         cfg = self.cfg
         try:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from offsetlake.config import PipelineConfig, load_pipeline
 from offsetlake.errors import ConfigError, OffsetlakeError, one_line
-from offsetlake.maintenance import DEFAULT_CLEANUP_AGE_SECONDS
-from offsetlake.metadata import Run
+from offsetlake.operations.maintenance import DEFAULT_CLEANUP_AGE_SECONDS
+from offsetlake.protocol.metadata import Run
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -235,7 +235,7 @@ def _pipeline(args) -> PipelineConfig:
 
 
 def cmd_status(args) -> int:
-    from offsetlake.status import format_status, status
+    from offsetlake.operations.status import format_status, status
 
     rows = status(_pipeline(args))
     print(json.dumps([r.as_dict() for r in rows]) if args.json else format_status(rows))
@@ -243,7 +243,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_history(args) -> int:
-    from offsetlake.status import format_history, history
+    from offsetlake.operations.status import format_history, history
 
     rows = history(_pipeline(args), args.limit)
     print(json.dumps([r.as_dict() for r in rows]) if args.json else format_history(rows))
@@ -270,7 +270,7 @@ def _run(args) -> Run:
 def _spark(args, cfg: PipelineConfig, job: str):
     """A Spark session started on first use (a run with nothing to do starts no JVM), always stopped.
     Under spark-submit, whose JVM runs already, it starts while the command plans (start_early)."""
-    from offsetlake.spark import LazySession
+    from offsetlake.spark.session import LazySession
 
     spark = LazySession(f"offsetlake-{job}-{cfg.name}", args.master)
     spark.start_early()
@@ -284,7 +284,7 @@ def cmd_ingest(args) -> int:
     from offsetlake.batch import ingest
 
     cfg = _pipeline(args)
-    from offsetlake.spark import startup_report
+    from offsetlake.spark.session import startup_report
 
     first_job = None
     with _spark(args, cfg, "ingest") as spark:  # under spark-submit it starts while Kafka is checked
@@ -313,8 +313,8 @@ def cmd_stream(args) -> int:
 
 
 def cmd_backfill(args) -> int:
-    from offsetlake.backfill import backfill, parse_ranges, ranges_for_time_window
     from offsetlake.kafka import KafkaCluster
+    from offsetlake.operations.backfill import backfill, parse_ranges, ranges_for_time_window
 
     cfg = _pipeline(args)
     _check_reachable(cfg)
@@ -333,8 +333,8 @@ def cmd_backfill(args) -> int:
 
 
 def cmd_audit(args) -> int:
-    from offsetlake.audit import audit
-    from offsetlake.backfill import parse_ranges
+    from offsetlake.operations.audit import audit
+    from offsetlake.operations.backfill import parse_ranges
 
     cfg = _pipeline(args)
     report = audit(cfg, parse_ranges(args.ranges) if args.ranges else None)
@@ -356,7 +356,7 @@ def cmd_repair(args) -> int:
 
 def _repair(args, cfg: PipelineConfig, dry_run: bool, before=None):
     """Audit (unless given), backfill every damaged span, audit again. The audit after, or the one before."""
-    from offsetlake.audit import audit, repair
+    from offsetlake.operations.audit import audit, repair
 
     with _spark(args, cfg, "repair") as spark:
         before, result = repair(spark, cfg, _run(args), dry_run=dry_run, report=before)
@@ -381,7 +381,7 @@ def cmd_cleanup(args) -> int:
 
 def _cleanup(cfg: PipelineConfig, older_than: int, dry_run: bool) -> None:
     """Both tables; the quarantine table may not exist yet (no bad record so far)."""
-    from offsetlake.maintenance import cleanup
+    from offsetlake.operations.maintenance import cleanup
 
     for uri in (cfg.table_path, cfg.quarantine_path):
         try:
@@ -398,14 +398,14 @@ def cmd_reset(args) -> int:
 
 
 def _reset(args, cfg: PipelineConfig, offsets: str) -> None:
-    from offsetlake.maintenance import parse_offsets, reset
+    from offsetlake.operations.maintenance import parse_offsets, reset
 
     version = reset(cfg, parse_offsets(offsets), args.reason, _run(args))
     print(f"ledger reset recorded in table version {version}", flush=True)
 
 
 def cmd_restore(args) -> int:
-    from offsetlake.maintenance import restore
+    from offsetlake.operations.maintenance import restore
 
     cfg = _pipeline(args)
     version = restore(cfg, args.version, _run(args))
@@ -420,8 +420,8 @@ def cmd_optimize(args) -> int:
 
 def _optimize(args, cfg: PipelineConfig) -> None:
     """The table, then the quarantine table if there is one (no z-order there: it has other columns)."""
-    from offsetlake.compaction import optimize
-    from offsetlake.formats import QUARANTINE_SCHEMA, table_schema
+    from offsetlake.formats.records import QUARANTINE_SCHEMA, table_schema
+    from offsetlake.operations.compaction import optimize
 
     settings = cfg.maintenance
     target = args.target_file_mb or settings.target_file_mb
@@ -449,7 +449,7 @@ def cmd_vacuum(args) -> int:
 
 
 def _vacuum(args, cfg: PipelineConfig, dry_run: bool) -> None:
-    from offsetlake.maintenance import vacuum
+    from offsetlake.operations.maintenance import vacuum
 
     for uri in _tables(cfg):
         print(vacuum(uri, cfg.name, args.retention_hours, dry_run, _run(args)).summary(), flush=True)
@@ -461,7 +461,7 @@ def cmd_checkpoint(args) -> int:
 
 
 def _checkpoint(cfg: PipelineConfig) -> None:
-    from offsetlake.maintenance import checkpoint
+    from offsetlake.operations.maintenance import checkpoint
 
     for uri in _tables(cfg):
         print(
@@ -490,7 +490,7 @@ def _tables(cfg: PipelineConfig) -> list[str]:
 
 
 def cmd_recover(args) -> int:
-    from offsetlake.audit import audit
+    from offsetlake.operations.audit import audit
 
     cfg = _pipeline(args)
     if args.reset_offsets:
@@ -517,7 +517,7 @@ def _check_reachable(cfg: PipelineConfig) -> None:
 
     KafkaCluster(cfg.kafka).partitions(cfg.topics)
     if cfg.format.registry is not None:
-        from offsetlake.registry import registry_for
+        from offsetlake.formats.registry import registry_for
 
         registry_for(cfg.format.registry).check()
 

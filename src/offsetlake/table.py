@@ -14,8 +14,8 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from offsetlake.errors import TableError, TableMissing
-from offsetlake.evolution import same_type
 from offsetlake.files import from_delta_path, open_filesystem, plain_types, to_delta_path
+from offsetlake.formats.evolution import same_type
 
 # Delta would drop `txn` actions older than this at a checkpoint: the ledger would be forgotten.
 LEDGER_EXPIRING_PROPERTY = "delta.setTransactionRetentionDuration"
@@ -62,7 +62,7 @@ def _create(
 def check_schema(uri: str, table: DeltaTable, expected: pa.Schema, partition_by: list[str]) -> None:
     """The table must hold exactly the pipeline's columns, types and partitioning. A schema marked
     OPEN_PAYLOAD (registry formats) names only some columns: the payload columns may be any."""
-    from offsetlake.formats import OPEN_PAYLOAD
+    from offsetlake.formats.records import OPEN_PAYLOAD
 
     open_payload = (expected.metadata or {}).items() >= OPEN_PAYLOAD.items()
     actual = pa.schema(table.schema())

@@ -74,19 +74,19 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from offsetlake import batch as batch_module
-from offsetlake import reader as reader_module
 from offsetlake.batch import ingest, run_tasks, stream
-from offsetlake.commit import add_actions
 from offsetlake.config import RESERVED_CLIENT_KEYS, parse_pipeline
-from offsetlake.formats import table_schema
+from offsetlake.formats.records import table_schema
 from offsetlake.kafka import KafkaCluster
 from offsetlake.local import broker
-from offsetlake.metadata import HistoryEntry
-from offsetlake.planning import split_ranges
-from offsetlake.reader import OffsetRange
-from offsetlake.spark import build_session
+from offsetlake.protocol.commit import add_actions
+from offsetlake.protocol.metadata import HistoryEntry
+from offsetlake.protocol.planning import split_ranges
+from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.read import reader as reader_module
+from offsetlake.read.tasks import TaskContext
+from offsetlake.spark.session import build_session
 from offsetlake.table import open_table
-from offsetlake.tasks import TaskContext
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
@@ -843,8 +843,8 @@ def airflow_runs(bootstrap: str, work: Path, small: int = 1000, large: int = 1_0
     """Seconds through real Airflow processes: trigger -> end of an ingest run that finds nothing to do
     (median of 3), trigger -> Delta commit of a triggered small batch (median of 3), and of one batch
     of `large` records (0: none), with where that run's time went (`spark_submit_timeline`)."""
-    from offsetlake.ledger import pipeline_history
     from offsetlake.local import stack
+    from offsetlake.protocol.ledger import pipeline_history
     from support import load, write_pipeline
 
     topic = topic_name("airflow")
@@ -934,7 +934,7 @@ class ProcessStarts(BackgroundSampler):
         "spark-submit": lambda argv: (
             "org.apache.spark.deploy.SparkSubmit" in argv and "org.apache.spark.launcher.Main" not in argv
         ),
-        "daemon": lambda argv: "offsetlake.spark_daemon" in argv or "pyspark.daemon" in argv,
+        "daemon": lambda argv: "offsetlake.spark.daemon" in argv or "pyspark.daemon" in argv,
     }
 
     def __init__(self, since: float):
@@ -944,7 +944,7 @@ class ProcessStarts(BackgroundSampler):
         self._known: set[str] = set()  # pids given a role (a pid seen between fork and exec is looked at again)
 
     def sample(self) -> None:
-        from offsetlake.spark import process_started
+        from offsetlake.spark.session import process_started
 
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit() or entry.name in self._known:

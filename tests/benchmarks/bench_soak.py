@@ -49,17 +49,17 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
 from offsetlake.batch import BatchResult, StreamCompaction, TaskFiles, commit_batch  # noqa: E402
-from offsetlake.commit import attempt_files, new_attempt_id  # noqa: E402
-from offsetlake.compaction import optimize  # noqa: E402
 from offsetlake.config import parse_pipeline  # noqa: E402
 from offsetlake.files import attempt_file_name, write_files  # noqa: E402
-from offsetlake.formats import table_schema  # noqa: E402
-from offsetlake.ledger import read_ledger  # noqa: E402
-from offsetlake.maintenance import checkpoint  # noqa: E402
-from offsetlake.metadata import Run  # noqa: E402
-from offsetlake.planning import BatchPlan  # noqa: E402
-from offsetlake.quarantine import WrittenFile  # noqa: E402
-from offsetlake.reader import OffsetRange  # noqa: E402
+from offsetlake.formats.records import table_schema  # noqa: E402
+from offsetlake.operations.compaction import optimize  # noqa: E402
+from offsetlake.operations.maintenance import checkpoint  # noqa: E402
+from offsetlake.protocol.commit import attempt_files, new_attempt_id  # noqa: E402
+from offsetlake.protocol.ledger import read_ledger  # noqa: E402
+from offsetlake.protocol.metadata import Run  # noqa: E402
+from offsetlake.protocol.planning import BatchPlan  # noqa: E402
+from offsetlake.protocol.quarantine import WrittenFile  # noqa: E402
+from offsetlake.protocol.ranges import OffsetRange  # noqa: E402
 from offsetlake.table import open_table, query  # noqa: E402
 
 TOPIC, PARTITIONS, RECORDS_PER_BATCH = "soak", 4, 8

@@ -61,14 +61,14 @@ from deltalake import DeltaTable  # noqa: E402
 from deltalake.exceptions import CommitFailedError, DeltaError  # noqa: E402
 
 import oracle  # noqa: E402
-from offsetlake.audit import audit  # noqa: E402
-from offsetlake.compaction import optimize  # noqa: E402
 from offsetlake.errors import TableError  # noqa: E402
-from offsetlake.formats import table_schema  # noqa: E402
+from offsetlake.formats.records import table_schema  # noqa: E402
 from offsetlake.kafka import KafkaCluster  # noqa: E402
 from offsetlake.local import broker as embedded_broker  # noqa: E402
 from offsetlake.local import schema_registry as embedded_registry  # noqa: E402
-from offsetlake.maintenance import checkpoint, cleanup, restore, vacuum  # noqa: E402
+from offsetlake.operations.audit import audit  # noqa: E402
+from offsetlake.operations.compaction import optimize  # noqa: E402
+from offsetlake.operations.maintenance import checkpoint, cleanup, restore, vacuum  # noqa: E402
 from support import create_topic, ledger_offsets, load, quarantine_lineage, table_lineage, write_pipeline  # noqa: E402
 from workload import Workload  # noqa: E402
 

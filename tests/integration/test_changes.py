@@ -1,4 +1,4 @@
-"""Every change of a pipeline's table becomes an Asset event payload (`offsetlake.changes`), and the
+"""Every change of a pipeline's table becomes an Asset event payload (`offsetlake.operations.changes`), and the
 Asset watcher (`TableChangeTrigger`, run here as the triggerer runs it) yields them as they land.
 Real broker, real Spark, real Delta tables on disk."""
 
@@ -11,14 +11,14 @@ import time
 from deltalake import DeltaTable
 
 from offsetlake.airflow.triggers import TableChangeTrigger
-from offsetlake.audit import repair
-from offsetlake.backfill import backfill
 from offsetlake.batch import stream
-from offsetlake.changes import announcements, commits_after
-from offsetlake.compaction import optimize
-from offsetlake.formats import table_schema
-from offsetlake.maintenance import reset, restore
-from offsetlake.reader import OffsetRange
+from offsetlake.formats.records import table_schema
+from offsetlake.operations.audit import repair
+from offsetlake.operations.backfill import backfill
+from offsetlake.operations.changes import announcements, commits_after
+from offsetlake.operations.compaction import optimize
+from offsetlake.operations.maintenance import reset, restore
+from offsetlake.protocol.ranges import OffsetRange
 from support import ledger_offsets, pipeline_commits, produce
 
 

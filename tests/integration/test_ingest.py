@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 
 from offsetlake.batch import ingest
 from offsetlake.errors import DataLossError
-from offsetlake.ledger import partition_app_id, pipeline_app_id, pipeline_history
+from offsetlake.protocol.ledger import partition_app_id, pipeline_app_id, pipeline_history
 from support import (
     JournaledProducer,
     assert_exactly_once,

@@ -1,4 +1,4 @@
-"""offsetlake.jvm_archive with a real JVM: the archive is built, a session's driver maps Spark's classes
+"""offsetlake.spark.jvm_archive with a real JVM: the archive is built, a session's driver maps Spark's classes
 from it, and a failed build leaves nothing a JVM could map (a truncated archive crashes the JVM).
 
 Each session runs in a child Python: driver JVM options count only when PySpark first launches a JVM,
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from offsetlake import jvm_archive
+from offsetlake.spark import jvm_archive
 
 # A child that starts a local session with offsetlake's settings plus a class-loading log, runs a job, stops.
 SESSION = """
 import sys
-from offsetlake.spark import build_session, spark_conf
+from offsetlake.spark.session import build_session, spark_conf
 options = spark_conf("local[1]").get("spark.driver.extraJavaOptions", "")
 spark = build_session("jvm-archive-test", "local[1]", extra_conf={
     "spark.driver.extraJavaOptions": f"{options} -Xlog:class+load=info:file={sys.argv[1]}"})

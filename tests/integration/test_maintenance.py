@@ -14,16 +14,16 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
-from offsetlake.audit import audit, repair
-from offsetlake.backfill import backfill
 from offsetlake.batch import ingest, stream
-from offsetlake.compaction import optimize
 from offsetlake.errors import ConfigError, TableError
 from offsetlake.files import write_file
-from offsetlake.formats import table_schema
-from offsetlake.ledger import read_ledger
-from offsetlake.maintenance import checkpoint, restore, vacuum
-from offsetlake.reader import OffsetRange
+from offsetlake.formats.records import table_schema
+from offsetlake.operations.audit import audit, repair
+from offsetlake.operations.backfill import backfill
+from offsetlake.operations.compaction import optimize
+from offsetlake.operations.maintenance import checkpoint, restore, vacuum
+from offsetlake.protocol.ledger import read_ledger
+from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.table import committed_files, query
 from support import (
     assert_exactly_once,

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from offsetlake.audit import audit, repair
-from offsetlake.backfill import backfill
 from offsetlake.batch import ingest
 from offsetlake.errors import ConfigError, DataLossError
-from offsetlake.maintenance import cleanup, reset, restore
-from offsetlake.reader import OffsetRange
+from offsetlake.operations.audit import audit, repair
+from offsetlake.operations.backfill import backfill
+from offsetlake.operations.maintenance import cleanup, reset, restore
+from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.table import committed_files, query
 from support import (
     assert_exactly_once,

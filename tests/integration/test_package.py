@@ -5,6 +5,7 @@ Spark executors whose Python is that environment's, with nothing of this checkou
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +21,13 @@ pytestmark = pytest.mark.slow
 def installed(tmp_path_factory) -> Path:
     """The wheel, installed into a new venv (its `bin/`)."""
     work = tmp_path_factory.mktemp("package")
+    source = work / "source"  # a copy of what the wheel is built from: setuptools writes build/ beside it
+    shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(work), "."],
-        cwd=REPO,
+        cwd=source,
         capture_output=True,
         text=True,
         timeout=300,

@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 from offsetlake.batch import ingest
 from offsetlake.local import schema_registry as embedded_registry
 from offsetlake.local.producer import DEMO_AVRO_V1, DEMO_AVRO_V2, avro_event_maker, registry_client
-from offsetlake.metadata import CommitMetadata
+from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.table import query
 from support import (
     JournaledProducer,

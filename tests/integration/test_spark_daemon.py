@@ -1,6 +1,6 @@
 """offsetlake's Python workers in real Spark: they run without Spark's archives on sys.path
-(offsetlake.spark_daemon), talk to their JVM over a Unix socket, and keep what they imported out of the
-collector's walk after their first task (offsetlake.tasks.freeze_long_lived_objects).
+(offsetlake.spark.daemon), talk to their JVM over a Unix socket, and keep what they imported out of the
+collector's walk after their first task (offsetlake.read.tasks.freeze_long_lived_objects).
 
 Without these each task re-reads pyspark.zip's and the spark-core jar's directories, waits ~40 ms for its
 input on loopback TCP, and waits for a full collection before it starts; only timings would show it,
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from offsetlake import spark_daemon
+from offsetlake.spark import daemon as spark_daemon
 
 
 def test_spark_workers_import_pyspark_from_the_installation_with_no_zip_importer(spark):
@@ -48,7 +48,7 @@ def test_a_worker_freezes_what_it_imported_after_its_first_task(spark):
     def after_a_task(index, _rows):
         import gc as worker_gc
 
-        from offsetlake.tasks import collector_paused
+        from offsetlake.read.tasks import collector_paused
 
         with collector_paused():
             worker_gc.collect()  # would not run: the collector is off inside a task
@@ -57,7 +57,7 @@ def test_a_worker_freezes_what_it_imported_after_its_first_task(spark):
 
     seen = spark.sparkContext.parallelize([0, 1], 2).mapPartitionsWithIndex(after_a_task).collect()
     for worker in seen:
-        # offsetlake.tasks, pyarrow and confluent_kafka alone hold tens of thousands of objects
+        # offsetlake.read.tasks, pyarrow and confluent_kafka alone hold tens of thousands of objects
         assert worker["paused"] and worker["enabled_after"] and worker["frozen"] > 10_000, seen
 
 

@@ -13,7 +13,7 @@ from support import spark_submit
 STARTS_EARLY = """
 import time
 from pyspark import SparkContext
-from offsetlake.spark import LazySession
+from offsetlake.spark.session import LazySession
 spark = LazySession("starts-early")
 spark.start_early()
 deadline = time.monotonic() + 120
@@ -27,7 +27,7 @@ spark.stop()
 """
 
 FAILS_EARLY = """
-from offsetlake.spark import LazySession
+from offsetlake.spark.session import LazySession
 spark = LazySession("fails-early", master="no-such-master://1")
 spark.start_early()
 try:
@@ -42,7 +42,7 @@ print("stopped")
 REPORTS_START_UP = """
 import time
 print("driver code:", time.time())
-from offsetlake.spark import LazySession, startup_report
+from offsetlake.spark.session import LazySession, startup_report
 spark = LazySession("reports-start-up")
 spark.start_early()
 session = spark.get()

@@ -1,8 +1,8 @@
 """How the table's commits are grouped into Asset event payloads (pure logic: `changes.announcements`)."""
 
-from offsetlake import changes
-from offsetlake.changes import TableCommit, announcements
-from offsetlake.metadata import CommitMetadata, Records, Run
+from offsetlake.operations import changes
+from offsetlake.operations.changes import TableCommit, announcements
+from offsetlake.protocol.metadata import CommitMetadata, Records, Run
 
 
 def ingest(version: int, ranges: dict, rows: int, via: str | None = None) -> TableCommit:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from offsetlake.audit import continuity_issues
-from offsetlake.metadata import CommitMetadata, HistoryEntry
+from offsetlake.operations.audit import continuity_issues
+from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry
 
 
 def entry(version: int, batch: int, kind: str, **fields) -> HistoryEntry:

@@ -6,10 +6,11 @@ that keeps the settings each client would have been built with.
 
 import pytest
 
-from offsetlake import kafka, reader
+from offsetlake import kafka
 from offsetlake.config import parse_pipeline
 from offsetlake.local import producer
-from offsetlake.reader import OffsetRange
+from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.read import reader
 
 SECURITY = {
     "security.protocol": "SASL_SSL",

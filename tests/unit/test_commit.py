@@ -15,13 +15,22 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from offsetlake import commit as commit_module
-from offsetlake.commit import Change, Committed, Settled, add_actions, attempt_files, commit, new_attempt_id, verdict
 from offsetlake.errors import CommitConflictError
 from offsetlake.files import write_file
-from offsetlake.ledger import Ledger, pipeline_history, read_ledger, txn_actions
-from offsetlake.metadata import CommitMetadata, Records, Run
-from offsetlake.planning import BatchPlan
+from offsetlake.protocol import commit as commit_module
+from offsetlake.protocol.commit import (
+    Change,
+    Committed,
+    Settled,
+    add_actions,
+    attempt_files,
+    commit,
+    new_attempt_id,
+    verdict,
+)
+from offsetlake.protocol.ledger import Ledger, pipeline_history, read_ledger, txn_actions
+from offsetlake.protocol.metadata import CommitMetadata, Records, Run
+from offsetlake.protocol.planning import BatchPlan
 from offsetlake.table import open_table
 
 SCHEMA = pa.schema([("kafka_partition", pa.int32()), ("kafka_offset", pa.int64())])

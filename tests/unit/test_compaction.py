@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from offsetlake.compaction import _bins, zorder_indices
+from offsetlake.operations.compaction import _bins, zorder_indices
 
 MB = 1024 * 1024
 

@@ -1,12 +1,12 @@
-"""offsetlake.spark_daemon.quiet_on_closed_socket, the wrapper around pyspark.daemon's `worker`, on its own:
+"""offsetlake.spark.daemon.quiet_on_closed_socket, the wrapper around pyspark.daemon's `worker`, on its own:
 what it turns a BrokenPipeError into, and what it lets through. (That Spark's daemon runs through
-offsetlake.spark_daemon at all is checked on real workers in tests/integration/test_spark_daemon.py.)"""
+offsetlake.spark.daemon at all is checked on real workers in tests/integration/test_spark_daemon.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from offsetlake import spark_daemon
+from offsetlake.spark import daemon as spark_daemon
 
 
 def test_a_broken_pipe_becomes_exit_code_1_and_other_outcomes_pass_through():

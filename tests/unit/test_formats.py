@@ -8,20 +8,21 @@ import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from offsetlake import arrow_json, formats
 from offsetlake.config import parse_pipeline
 from offsetlake.files import delta_stats, write_files
-from offsetlake.formats import (
+from offsetlake.formats import arrow_json
+from offsetlake.formats import records as formats
+from offsetlake.formats.records import (
     ARROW_TYPES,
     QUARANTINE_SCHEMA,
     BadRecord,
     FastDecoder,
-    _coerce,
     _parse_record,
     convert,
     table_schema,
 )
-from offsetlake.reader import MESSAGE_SCHEMA
+from offsetlake.formats.values import coerce
+from offsetlake.read.reader import MESSAGE_SCHEMA
 
 
 def pipeline(fmt):
@@ -359,8 +360,8 @@ def test_arrow_json_reader_takes_chunks_of_ordinary_records_itself():
     ]
     naive = [b'{"s":"a","t":"2026-01-02 03:04:05.5","dt":"2026-01-02"}']
     for values in (ordinary, naive):
-        assert arrow_json.read_columns(fields, pa.array(values, pa.binary()), schema, _coerce) is not None
-    columns = arrow_json.read_columns(fields, pa.array(ordinary + naive, pa.binary()), schema, _coerce)
+        assert arrow_json.read_columns(fields, pa.array(values, pa.binary()), schema, coerce) is not None
+    columns = arrow_json.read_columns(fields, pa.array(ordinary + naive, pa.binary()), schema, coerce)
     assert columns is not None and columns[6].to_pylist()[2] == dt.datetime(2026, 1, 2, 3, 4, 5, 500000, dt.UTC)
     for bad in (
         b'{"s":1,"dt":"2026-01-02"}',
@@ -370,7 +371,7 @@ def test_arrow_json_reader_takes_chunks_of_ordinary_records_itself():
         b" ",
         None,
     ):
-        assert arrow_json.read_columns(fields, pa.array(ordinary + [bad], pa.binary()), schema, _coerce) is None, bad
+        assert arrow_json.read_columns(fields, pa.array(ordinary + [bad], pa.binary()), schema, coerce) is None, bad
 
 
 def test_a_bad_record_sends_only_its_chunk_record_by_record(monkeypatch):

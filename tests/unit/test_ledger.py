@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from offsetlake.commit import Change, commit, new_attempt_id
-from offsetlake.ledger import (
+from offsetlake.protocol.commit import Change, commit, new_attempt_id
+from offsetlake.protocol.ledger import (
     _restored_version,
     commit_history,
     find_unrecorded_restore,
@@ -23,7 +23,7 @@ from offsetlake.ledger import (
     read_ledger,
     txn_actions,
 )
-from offsetlake.metadata import CommitMetadata, HistoryEntry, Rewind, Run, flat_offsets
+from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, Rewind, Run, flat_offsets
 from offsetlake.table import open_table
 
 SCHEMA = pa.schema([("kafka_offset", pa.int64())])
@@ -161,7 +161,7 @@ def test_metadata_is_written_and_read_by_one_definition():
 
 def history_reads(monkeypatch) -> list:
     """Record how many commits each history read asks delta-rs for (None: the whole log)."""
-    from offsetlake import ledger
+    from offsetlake.protocol import ledger
 
     asked, real = [], ledger._latest_history
 

@@ -5,8 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from offsetlake.errors import DataLossError
-from offsetlake.planning import BatchPlan, apply_data_loss, assign_slots, cap_ends, split_ranges, start_offsets
-from offsetlake.reader import OffsetRange
+from offsetlake.protocol.planning import BatchPlan, apply_data_loss, assign_slots, cap_ends, split_ranges, start_offsets
+from offsetlake.protocol.ranges import OffsetRange
 
 A, B, C = ("t", 0), ("t", 1), ("t", 2)
 

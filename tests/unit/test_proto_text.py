@@ -7,10 +7,10 @@ import json
 import pytest
 from google.protobuf import descriptor_pb2
 
-from offsetlake import registry
+from offsetlake.formats import registry
+from offsetlake.formats.registry import MAIN_PROTO, UnusableSchema
 from offsetlake.local.proto_text import proto_text
 from offsetlake.local.schema_registry import as_karapace
-from offsetlake.registry import MAIN_PROTO, UnusableSchema
 
 F = descriptor_pb2.FieldDescriptorProto
 

@@ -14,8 +14,8 @@ import pytest
 
 from offsetlake.config import parse_pipeline
 from offsetlake.errors import ConfigError
-from offsetlake.evolution import Incompatible, adds_columns, merge_schema, merge_type
-from offsetlake.registry import (
+from offsetlake.formats.evolution import Incompatible, adds_columns, merge_schema, merge_type
+from offsetlake.formats.registry import (
     TIMESTAMP,
     AvroDecoder,
     JsonSchemaDecoder,
@@ -249,7 +249,7 @@ def test_subject_name_strategies():
 
 
 def test_a_non_record_schema_becomes_one_value_column():
-    from offsetlake.registry import _record
+    from offsetlake.formats.registry import _record
 
     decoder = _record(AvroDecoder("string"))
     assert decoder.arrow_type == pa.struct([("value", pa.string())])

@@ -1,4 +1,4 @@
-"""offsetlake.spark's pure parts: the driver JVM's options, and the process start times the start-up
+"""offsetlake.spark.session's pure parts: the driver JVM's options, and the process start times the start-up
 report counts with (the report itself runs under a real spark-submit in
 tests/integration/test_spark_session.py)."""
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from offsetlake.spark import DRIVER_JIT, process_started, spark_conf, startup_report
+from offsetlake.spark.session import DRIVER_JIT, process_started, spark_conf, startup_report
 
 
 def test_the_driver_compiles_with_c1_and_the_users_driver_options_come_last(tmp_path, monkeypatch):

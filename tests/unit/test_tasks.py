@@ -1,4 +1,4 @@
-"""offsetlake.tasks outside Spark: the collector is paused for the task and nothing is frozen, so a
+"""offsetlake.read.tasks outside Spark: the collector is paused for the task and nothing is frozen, so a
 driver or a test that runs a task in its own process keeps collecting everything it holds; pandas is
 left out of a task's conversions and back afterwards."""
 
@@ -8,7 +8,7 @@ import gc
 import subprocess
 import sys
 
-from offsetlake.tasks import collector_paused, in_spark_worker
+from offsetlake.read.tasks import collector_paused, in_spark_worker
 
 # In a fresh interpreter, as a Spark worker is: what pyarrow imports on its first conversions.
 PANDAS_LEFT_OUT = """
@@ -16,7 +16,7 @@ import sys
 import pyarrow as pa
 import pyarrow.compute as pc
 import importlib.util
-from offsetlake.tasks import pandas_left_out
+from offsetlake.read.tasks import pandas_left_out
 with pandas_left_out():
     import polars  # it asks importlib whether pandas is installed and keeps the answer
     assert importlib.util.find_spec("pandas") is not None and polars._dependencies._PANDAS_AVAILABLE

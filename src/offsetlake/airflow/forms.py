@@ -14,7 +14,7 @@ import re
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import ConfigError
 from offsetlake.kafka import KafkaCluster
-from offsetlake.reader import OffsetRange
+from offsetlake.protocol.ranges import OffsetRange
 
 # Free text (a reset reason) may be prose, but never a path or a shell fragment.
 SAFE_TEXT = re.compile(r"^[A-Za-z0-9 .,:_()'#%+=-]{1,500}$")
@@ -62,7 +62,7 @@ def backfill_ranges(cfg: PipelineConfig, conf: dict, cluster: KafkaCluster | Non
             if (r.topic, r.partition) not in known:
                 raise ConfigError(f"ranges[{i}]: unknown partition {r.topic}[{r.partition}]")
     else:
-        from offsetlake.backfill import ranges_for_time_window
+        from offsetlake.operations.backfill import ranges_for_time_window
 
         ranges = ranges_for_time_window(cfg, cluster, _time(window[0], "time_from"), _time(window[1], "time_to"))
         if not ranges:
@@ -136,7 +136,7 @@ def recovery_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
 
 def maintenance_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
     """Arguments for jobs/maintenance.py, as strings, from the maintenance form."""
-    from offsetlake.maintenance import MIN_VACUUM_RETENTION_HOURS
+    from offsetlake.operations.maintenance import MIN_VACUUM_RETENTION_HOURS
 
     check_pipeline(cfg, conf)
     switches = _flags(conf, ("optimize", "vacuum", "checkpoint"), default=True)

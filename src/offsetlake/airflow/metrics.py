@@ -12,10 +12,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from offsetlake.changes import commits_after, table_version
 from offsetlake.config import PipelineConfig
-from offsetlake.metadata import HistoryEntry
-from offsetlake.status import PartitionStatus, history, status
+from offsetlake.operations.changes import commits_after, table_version
+from offsetlake.operations.status import PartitionStatus, history, status
+from offsetlake.protocol.metadata import HistoryEntry
 
 RECENT_COMMITS = 30
 CHART_COMMITS = 200

@@ -18,7 +18,7 @@ which job to submit and how to read back what the job committed:
   and Kafka's end offsets in the task process): no JVM starts for nothing;
 - OpenLineage: the provider's listener asks `get_openlineage_facets_on_complete`
   for the run's datasets: the pipeline's Kafka topics in, its Delta table out,
-  with the version the task committed (`offsetlake.lineage`);
+  with the version the task committed (`offsetlake.operations.lineage`);
 - a failed try is retried (`RETRIES`, with exponential backoff): every command is
   safe to run again, since the ledger turns a re-run of a committed batch into a
   no-op. That is what carries a pipeline across a Kafka outage longer than
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from offsetlake.config import project_home
-from offsetlake.spark import spark_conf
+from offsetlake.spark.session import spark_conf
 
 if TYPE_CHECKING:
     from offsetlake.config import PipelineConfig
@@ -127,7 +127,9 @@ class OffsetlakeOperator(SparkSubmitOperator):
         if submitted:
             with self._handed_to_the_job(connections):
                 super().execute(context)
-        from offsetlake.status import commits_of_task_try  # reads Delta: only in the process that runs the task
+        from offsetlake.operations.status import (
+            commits_of_task_try,  # reads Delta: only in the process that runs the task
+        )
 
         # A retry reports what every try of this run committed: a failed try may have committed batches.
         retried = ti.try_number > 1
@@ -143,7 +145,7 @@ class OffsetlakeOperator(SparkSubmitOperator):
         from airflow.providers.openlineage.extractors import OperatorLineage
 
         from offsetlake.config import load_pipeline
-        from offsetlake.lineage import pipeline_datasets
+        from offsetlake.operations.lineage import pipeline_datasets
 
         inputs, output = pipeline_datasets(load_pipeline(self.pipeline), getattr(self, "_committed", None))
         return OperatorLineage(inputs=inputs, outputs=[output])

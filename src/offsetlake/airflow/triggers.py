@@ -4,7 +4,7 @@ A task's outlets announce only what the task itself did, when it ends; a stream 
 and maintenance, restores, resets and other writers change the table too. So the table announces
 itself: this trigger runs in Airflow's triggerer (event-driven scheduling, an `AssetWatcher` on the
 table's Asset, see `dags.table_asset`), looks at the Delta log every `poll_seconds`, and yields one
-event per run of consecutive commits of one kind (`offsetlake.changes.announcements`). Airflow
+event per run of consecutive commits of one kind (`offsetlake.operations.changes.announcements`). Airflow
 records it as an Asset event whose `extra["payload"]` is {pipeline, table, kind, versions, ranges,
 rows, quarantined}, and starts the DAGs scheduled on the Asset.
 
@@ -54,7 +54,7 @@ class TableChangeTrigger(BaseEventTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from offsetlake.changes import announcements, commits_after, table_version
+        from offsetlake.operations.changes import announcements, commits_after, table_version
 
         announced = await self._load_cursor()
         if announced is None:

@@ -83,7 +83,7 @@ def _pipeline_view(name: str) -> dict:
     """Everything the page shows of one pipeline, JSON-ready."""
     from offsetlake.airflow.metrics import RECENT_COMMITS, snapshot
     from offsetlake.config import load_pipeline
-    from offsetlake.status import ranges_text
+    from offsetlake.operations.status import ranges_text
 
     cfg = load_pipeline(name)
     snap = snapshot(cfg)

@@ -154,7 +154,7 @@ def _columns(cfg) -> str:
 
 def _wait_for_commits(cfg, dag_id: str, since_ms: int, timeout: float) -> list:
     """The commits `dag_id` made since `since_ms`, once there is at least one (or [] after `timeout`)."""
-    from offsetlake.ledger import pipeline_history
+    from offsetlake.protocol.ledger import pipeline_history
     from offsetlake.table import open_table
 
     deadline = time.monotonic() + timeout

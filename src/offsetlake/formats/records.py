@@ -1,0 +1,568 @@
+"""Record formats: turn Kafka messages (Arrow) into table rows, and bad records into quarantine rows.
+
+`raw` keeps key and value as bytes. `json` parses the value by the declared
+schema. `avro`, `protobuf` and `json_schema` read the Confluent wire format
+through the Schema Registry (`registry.py`); their payload columns are the table's
+plus any a newer writer schema adds (`evolution.py`). The key (`format.key`) and
+the headers (`format.include_headers`) become columns in every format. A record
+that does not parse or does not fit becomes a quarantine row (raw bytes, offsets,
+error) instead of stopping the batch.
+Runs in executors: no deltalake import here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import operator
+import sys
+from typing import Annotated, Any, Optional
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from offsetlake.config import (
+    HEADERS_COLUMN,
+    KEY_COLUMN,
+    LINEAGE_COLUMNS,
+    REGISTRY_FORMATS,
+    UNKNOWN_FIELDS_COLUMN,
+    KeyFormat,
+    PipelineConfig,
+    SchemaField,
+)
+from offsetlake.formats import arrow_json
+from offsetlake.formats.evolution import Incompatible, merge_type
+from offsetlake.formats.values import INT32, INT64, check_unicode, coerce
+
+ARROW_TYPES = {
+    "string": pa.string(),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "double": pa.float64(),
+    "float": pa.float32(),
+    "boolean": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "date": pa.date32(),
+    "binary": pa.binary(),
+}
+LINEAGE_SCHEMA = pa.schema(
+    [
+        ("kafka_topic", pa.string()),
+        ("kafka_partition", pa.int32()),
+        ("kafka_offset", pa.int64()),
+        ("kafka_timestamp", pa.timestamp("us", tz="UTC")),
+    ]
+)
+QUARANTINE_SCHEMA = pa.schema(
+    [
+        *LINEAGE_SCHEMA,
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("error", pa.string()),
+    ]
+)
+HEADERS_TYPE = pa.map_(pa.string(), pa.binary())
+# A table schema whose payload columns come from the registry carries this in its metadata: the columns
+# a pipeline file names are checked, the payload may be any and grow (table.check_schema).
+OPEN_PAYLOAD = {b"offsetlake.payload": b"from the registry, grows with the writer schemas"}
+
+
+def table_schema(cfg: PipelineConfig) -> pa.Schema:
+    """The table's columns as the pipeline file defines them. Registry formats: without the payload (and
+    a registry key) columns, which come from the registry (`initial_table_schema`), marked OPEN_PAYLOAD."""
+    fmt = cfg.format
+    if fmt.type == "raw":
+        payload = [pa.field("key", pa.binary()), pa.field("value", pa.binary())]
+    elif fmt.type == "json":
+        payload = [pa.field(f.name, ARROW_TYPES[f.type]) for f in fmt.schema_]
+    elif fmt.schema_file:
+        payload = list(_struct_fields(registry_decoders(cfg).file_type()))
+    else:
+        payload = []
+    if fmt.unknown_fields == "keep":
+        payload.append(pa.field(UNKNOWN_FIELDS_COLUMN, pa.string()))
+    key_type = _fixed_key_type(fmt.key)
+    extra = [pa.field(KEY_COLUMN, key_type)] if key_type is not None else []
+    if fmt.include_headers:
+        extra.append(pa.field(HEADERS_COLUMN, HEADERS_TYPE))
+    return pa.schema([*payload, *extra, *LINEAGE_SCHEMA], metadata=OPEN_PAYLOAD if fmt.evolves else None)
+
+
+def initial_table_schema(cfg: PipelineConfig) -> pa.Schema:
+    """The schema a new table is created with: registry formats take the latest schema of the value (and
+    key) subject of the first topic."""
+    fixed = table_schema(cfg)
+    if not cfg.format.evolves:
+        return fixed
+    from offsetlake.formats.registry import latest_arrow_type
+
+    fmt, topic = cfg.format, cfg.topics[0]
+    assert fmt.registry is not None  # a format that evolves reads its schema from a registry
+    payload = _struct_fields(latest_arrow_type(fmt.registry, fmt.type, topic))
+    columns = [*payload, *fixed]
+    if fmt.key is not None and fmt.key.type in REGISTRY_FORMATS:
+        key = pa.field(KEY_COLUMN, latest_arrow_type(fmt.registry, fmt.key.type, topic, key=True))
+        columns.insert(len(payload), key)
+    clash = sorted({f.name for f in payload} & {f.name for f in fixed})
+    if clash:
+        raise Incompatible(f"the registry schema's field {clash[0]!r} clashes with a column offsetlake adds")
+    return pa.schema(columns, metadata=OPEN_PAYLOAD)
+
+
+def _fixed_key_type(key: KeyFormat | None) -> pa.DataType | None:
+    if key is None or key.type in REGISTRY_FORMATS:
+        return None
+    if key.type == "json":
+        return pa.struct([pa.field(f.name, ARROW_TYPES[f.type]) for f in key.schema_])
+    return pa.binary() if key.type == "raw" else pa.string()
+
+
+def _struct_fields(t: pa.DataType) -> list[pa.Field]:
+    return [t.field(i).with_nullable(True) for i in range(t.num_fields)]
+
+
+def _lineage(messages: pa.Table) -> list[pa.ChunkedArray]:
+    return [messages.column(name).cast(LINEAGE_SCHEMA.field(name).type) for name in LINEAGE_COLUMNS]
+
+
+def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None = None) -> tuple[pa.Table, pa.Table]:
+    """Return (rows for the table, rows for the quarantine). `columns`: the table's schema now (registry
+    formats: the rows may add columns to it, see evolution.py; None: the pipeline's `table_schema`)."""
+    messages, oversized = _split_oversized(messages, cfg.format.max_value_bytes)
+    key_values, key_type, bad_keys = _convert_keys(cfg, messages, columns)
+    quarantines = []
+    if bad_keys:
+        rows, errors = zip(*sorted(bad_keys.items()))
+        quarantines.append(_quarantine_rows(messages.take(pa.array(rows, pa.int64())), list(errors)))
+        keep = pa.array([i for i in range(messages.num_rows) if i not in bad_keys], pa.int64())
+        messages, key_values = messages.take(keep), key_values.take(keep)
+    if cfg.format.type == "raw":
+        payload, good = pa.table({"key": messages.column("key"), "value": messages.column("value")}), None
+    elif cfg.format.type == "json":
+        payload, good, bad = _convert_json(cfg, messages)
+        quarantines.append(bad)
+    else:
+        payload, good, bad = _convert_registry(cfg, messages, columns)
+        quarantines.append(bad)
+    kept = messages if good is None else messages.take(good)
+    extra = []
+    if key_type is not None:
+        extra.append((pa.field(KEY_COLUMN, key_type), key_values if good is None else key_values.take(good)))
+    if cfg.format.include_headers:
+        extra.append((pa.field(HEADERS_COLUMN, HEADERS_TYPE), kept.column("headers")))
+    fields = [*payload.schema, *(f for f, _ in extra), *LINEAGE_SCHEMA]
+    table = pa.Table.from_arrays([*payload.columns, *(a for _, a in extra), *_lineage(kept)], schema=pa.schema(fields))
+    if oversized is not None:
+        quarantines.append(oversized)
+    quarantine = pa.concat_tables(quarantines) if quarantines else QUARANTINE_SCHEMA.empty_table()
+    if len(quarantines) > 1:
+        quarantine = quarantine.sort_by([("kafka_partition", "ascending"), ("kafka_offset", "ascending")])
+    return table, quarantine
+
+
+def _split_oversized(messages: pa.Table, limit: int) -> tuple[pa.Table, pa.Table | None]:
+    """Values above `limit` bytes are quarantined whole: a table row that size hurts every reader."""
+    sizes = pc.binary_length(messages.column("value")).fill_null(0)
+    too_big = pc.greater(sizes, limit)
+    if not pc.any(too_big).as_py():
+        return messages, None
+    errors = [f"value is {n} bytes, above format.max_value_bytes ({limit})" for n in sizes.filter(too_big).to_pylist()]
+    return messages.filter(pc.invert(too_big)), _quarantine_rows(messages.filter(too_big), errors)
+
+
+def _quarantine_rows(bad: pa.Table, errors: list[str]) -> pa.Table:
+    """Quarantine rows: the records' lineage, raw key and value bytes, and why."""
+    return pa.Table.from_arrays(
+        [*_lineage(bad), bad.column("key"), bad.column("value"), pa.array(errors, pa.string())],
+        schema=QUARANTINE_SCHEMA,
+    )
+
+
+class BadRecord(ValueError):
+    pass
+
+
+# Records per call to Arrow's JSON reader: one bad record sends only its chunk record by record.
+ARROW_JSON_CHUNK = 8192
+
+
+def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa.Array | None, pa.Table]:
+    """(payload columns of the good records, their positions in `messages` (None: all), quarantine rows).
+    Chunks whose records are all good go through Arrow's JSON reader (`arrow_json`), the rest record by
+    record; `keep` (undeclared fields kept as text) goes record by record."""
+    if cfg.format.unknown_fields == "keep":
+        return _convert_json_records(cfg, messages)
+    fields = cfg.format.schema_
+    schema = pa.schema([pa.field(f.name, ARROW_TYPES[f.type]) for f in fields])
+    values = messages.column("value")
+    payloads, kept, quarantines = [], [], [QUARANTINE_SCHEMA.empty_table()]
+    for start in range(0, messages.num_rows, ARROW_JSON_CHUNK):
+        chunk = values.slice(start, ARROW_JSON_CHUNK).combine_chunks()
+        columns = arrow_json.read_columns(fields, chunk, schema, coerce)
+        if columns is not None:
+            payloads.append(pa.Table.from_arrays(columns, schema=schema))
+            kept.append((start, len(chunk), None))
+            continue
+        payload, good, bad = _convert_json_records(cfg, messages.slice(start, ARROW_JSON_CHUNK))
+        payloads.append(payload)
+        kept.append((start, len(chunk), good))
+        quarantines.append(bad)
+    good_rows = None  # every record good, the usual case: no positions built
+    if any(good is not None for _, _, good in kept):
+        good_rows = pa.concat_arrays(
+            [
+                pa.array(np.arange(start, start + n), pa.int64()) if good is None else pc.add(good, start)
+                for start, n, good in kept
+            ]
+        )
+    return pa.concat_tables(payloads or [schema.empty_table()]), good_rows, pa.concat_tables(quarantines)
+
+
+def _convert_json_records(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa.Array | None, pa.Table]:
+    """`_convert_json` one record at a time: msgspec's decoder, the reference parser for what it refuses."""
+    fields = cfg.format.schema_
+    keep_unknown = cfg.format.unknown_fields == "keep"
+    # The fast decoder drops undeclared fields, so `keep` goes through the reference parser only.
+    fast = None if keep_unknown else FastDecoder.for_fields(fields)
+    values = messages.column("value")
+    records = fast.decode_all(values) if fast else [None] * len(values)
+    unknown: list[str | None] = []
+    bad_rows: list[int] = []
+    errors: list[str] = []
+    refused = [i for i, r in enumerate(records) if r is None]
+    for i, raw in zip(refused, values.take(pa.array(refused, pa.int64())).to_pylist()):
+        # What the fast decoder refused, the reference parser decides: it accepts some of it
+        # (NaN in an undeclared field, UTF-16, epoch-millisecond timestamps) and words the errors.
+        try:
+            record, extra = _parse_record(raw, fields)
+            extra_json = _unknown_json(extra) if keep_unknown else None
+        except BadRecord as err:
+            bad_rows.append(i)
+            errors.append(str(err))
+            continue
+        records[i] = fast.from_dict(record) if fast else record
+        if keep_unknown:
+            unknown.append(extra_json)
+    good, good_rows = records, None
+    if bad_rows:
+        good_rows = pa.array([i for i, r in enumerate(records) if r is not None], pa.int64())
+        good = [records[i] for i in good_rows.to_pylist()]
+    get = fast.getter if fast else operator.itemgetter
+    columns = [pa.array(list(map(get(f.name), good)), ARROW_TYPES[f.type]) for f in fields]
+    schema = [pa.field(f.name, ARROW_TYPES[f.type]) for f in fields]
+    if keep_unknown:
+        columns.append(pa.array(unknown, pa.string()))
+        schema.append(pa.field(UNKNOWN_FIELDS_COLUMN, pa.string()))
+    payload = pa.Table.from_arrays(columns, schema=pa.schema(schema))
+    return payload, good_rows, _quarantine_rows(messages.take(pa.array(bad_rows, pa.int64())), errors)
+
+
+# ---- registry formats ---------------------------------------------------------------------------
+
+
+def registry_decoders(cfg: PipelineConfig, key: bool = False):
+    """The value's (or the key's) decoders, one set per pipeline per process: schemas are fetched once."""
+    from offsetlake.formats.registry import Decoders
+
+    fmt = cfg.format
+    assert fmt.key is not None or not key, "a key section for the key's decoders"
+    kind = fmt.key.type if key and fmt.key is not None else fmt.type
+    return Decoders.shared(kind, fmt.registry, None if key else fmt.schema_file, key)
+
+
+def _decode_side(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None, what: str, nulls_allowed: bool):
+    """Decode wire-format values. Returns (one Arrow value per raw value, null where it failed or was null;
+    the array's type: `table_type` merged with every writer schema met; {position: error}). Records of a
+    schema the table cannot hold are errors, with the reason. Each schema's records are decoded together
+    (`decode_many`, when the decoder has a vectorised path), then cast to the merged type."""
+    from offsetlake.formats.registry import UnusableSchema
+
+    values = raw.combine_chunks()
+    errors: dict[int, str] = {}
+    groups: dict[int, tuple] = {}  # id(decoder) -> (decoder, positions, payloads)
+    framed, others = decoders.framed_groups(values)
+    for schema_id, positions in framed.items():
+        try:
+            decoder = decoders.decoder(schema_id, None, ())
+        except UnusableSchema as err:
+            errors.update({int(i): f"{what}: {err}" for i in positions})
+            continue
+        # An explicit stop: binary_slice without one fails in pyarrow 26 ("Negative buffer resize").
+        payloads = pc.binary_slice(values.take(pa.array(positions)), 5, 2**31 - 1)
+        groups[id(decoder)] = (decoder, positions.tolist(), payloads)
+    other_values = values.take(pa.array(others, pa.int64())).to_pylist()
+    for i, value in zip(others.tolist(), other_values):
+        if value is None and nulls_allowed:
+            continue
+        try:
+            decoder, payload = decoders.split(value)
+        except UnusableSchema as err:
+            errors[i] = f"{what}: {err}"
+            continue
+        except ValueError as err:  # not the wire format, a tombstone
+            errors[i] = f"{what}: {err}" if what != "value" else str(err)
+            continue
+        # Never a decoder of the usual frames above: these are keyed by GUID, or are Protobuf or a schema file.
+        group = groups.setdefault(id(decoder), (decoder, [], []))
+        group[1].append(i)
+        group[2].append(payload)
+    merged, usable = table_type, []
+    for decoder, positions, payloads in groups.values():
+        try:
+            merged = decoder.arrow_type if merged is None else merge_type(merged, decoder.arrow_type, "")
+            usable.append((decoder, positions, payloads))
+        except Incompatible as err:
+            errors.update({i: f"{what}: {decoder.label}: {err}" for i in positions})
+    if merged is None:
+        return pa.nulls(len(values), pa.binary()), pa.binary(), errors
+    arrays, order = [], []
+    for decoder, positions, payloads in usable:
+        array, decoded = _decode_group(decoder, positions, payloads, errors, what)
+        arrays.append(array.cast(merged))
+        order += decoded
+    index = np.full(len(values), -1, dtype=np.int64)
+    index[np.asarray(order, dtype=np.int64)] = np.arange(len(order), dtype=np.int64)
+    combined = pa.concat_arrays(arrays) if arrays else pa.nulls(0, merged)
+    return combined.take(pa.array(index, mask=index < 0)), merged, errors
+
+
+def _decode_group(decoder, positions: list[int], payloads: list[bytes], errors: dict[int, str], what: str):
+    """(an array of `decoder.arrow_type`, the positions it holds): every payload of one schema."""
+    many = getattr(decoder, "decode_many", None)
+    array = many(payloads) if many is not None else None
+    if array is not None:
+        return array, positions
+    values, decoded = [], []
+    if isinstance(payloads, pa.Array):
+        payloads = payloads.to_pylist()
+    for i, payload in zip(positions, payloads):
+        try:
+            values.append(decoder.decode(payload))
+            decoded.append(i)
+        except Exception as err:  # fastavro and protobuf raise many kinds on a corrupt payload
+            errors[i] = f"{what}: not a valid {decoder.kind_name} record ({type(err).__name__}: {err})"[:1000]
+    try:
+        return pa.array(values, decoder.arrow_type), decoded
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        pass
+    kept, good = [], []  # Arrow refused a value (a number out of range): find which, record by record
+    for i, value in zip(decoded, values):
+        try:
+            pa.array([value], decoder.arrow_type)
+            kept.append(value)
+            good.append(i)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as err:
+            errors[i] = f"{what}: {err}"
+    return pa.array(kept, decoder.arrow_type), good
+
+
+def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None):
+    """Avro, Protobuf, JSON Schema values: the payload columns are the table's plus what writers add."""
+    decoders = registry_decoders(cfg)
+    fixed = {KEY_COLUMN, HEADERS_COLUMN, *LINEAGE_COLUMNS}
+    current = [f for f in (columns if columns is not None else table_schema(cfg)) if f.name not in fixed]
+    values, merged, errors = _decode_side(
+        decoders, messages.column("value"), pa.struct(current), "value", nulls_allowed=False
+    )
+    rows = pa.array([i for i in range(messages.num_rows) if i not in errors], pa.int64())
+    payload = (
+        pa.Table.from_struct_array(values.take(rows)) if len(rows) else pa.schema(_struct_fields(merged)).empty_table()
+    )
+    payload = payload.cast(pa.schema(_struct_fields(merged)))
+    bad = sorted(errors)
+    quarantine = _quarantine_rows(messages.take(pa.array(bad, pa.int64())), [errors[i] for i in bad])
+    return payload, rows, quarantine
+
+
+def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None):
+    """(the kafka_key column, its type, {position: error}); (None, None, {}) without format.key."""
+    key = cfg.format.key
+    if key is None:
+        return None, None, {}
+    if key.type in REGISTRY_FORMATS:
+        table_type = columns.field(KEY_COLUMN).type if columns is not None and KEY_COLUMN in columns.names else None
+        # No table type and no key seen: a null column of binary, the most neutral type.
+        return _decode_side(
+            registry_decoders(cfg, key=True), messages.column("key"), table_type, "key", nulls_allowed=True
+        )
+    if key.type == "raw":
+        return messages.column("key").combine_chunks(), pa.binary(), {}
+    raws = messages.column("key").to_pylist()
+    errors: dict[int, str] = {}
+    if key.type == "string":
+        values = []
+        for i, raw in enumerate(raws):
+            try:
+                values.append(None if raw is None else raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                errors[i] = "key is not UTF-8"
+                values.append(None)
+        return pa.array(values, pa.string()), pa.string(), errors
+    if key.type == "json":
+        key_type = _fixed_key_type(key)
+        values = []
+        for i, raw in enumerate(raws):
+            try:
+                values.append(None if raw is None else _parse_record(raw, key.schema_)[0])
+            except BadRecord as err:
+                errors[i] = f"key: {err}"
+                values.append(None)
+        return pa.array(values, key_type), key_type, errors
+    raise ValueError(f"key type {key.type!r}")  # config validation allows no other
+
+
+class FastDecoder:
+    """msgspec decodes a record straight into the declared fields, ~5x faster than json.loads and
+    coercing field by field. It must never accept what `_parse_record` (the reference) refuses or
+    read a value differently; `tests/unit/test_formats.py` checks the two side by side. So it is
+    strict where the reference is (no string-to-number, bounded integers, finite numbers), it takes
+    timestamps, dates and binary as raw JSON and coerces them with the reference's `values.coerce`, and a
+    value that is not UTF-8 anywhere (msgspec only checks the strings it keeps) is refused.
+    """
+
+    def __init__(self, schema: tuple[tuple[str, str, bool], ...]):
+        self._names = {name: f"f{i}" for i, (name, _, _) in enumerate(schema)}  # any JSON key, even `class`
+        spec: list[Any] = []  # msgspec.defstruct's (name, type[, default]) entries
+        self._coerced = []  # (attribute, type, required) decoded as raw JSON, coerced afterwards
+        for name, type_, required in schema:
+            attr = self._names[name]
+            decoded = _STRICT_TYPES.get(type_, Any)
+            if decoded is Any:
+                self._coerced.append((attr, type_, required))
+            if required:
+                spec.append((attr, decoded))
+            else:
+                spec.append((attr, decoded if decoded is Any else Optional[decoded], None))  # noqa: UP045 - a runtime type
+        self._struct = msgspec.defstruct("Record", spec, kw_only=True, rename={a: n for n, a in self._names.items()})
+        self._decode = msgspec.json.Decoder(self._struct).decode
+
+    @staticmethod
+    def for_fields(fields: list[SchemaField]) -> FastDecoder:
+        """One decoder per schema, built once per worker process (a struct type and its decoder)."""
+        return _decoder_for(tuple((f.name, f.type, f.required) for f in fields))
+
+    def decode_all(self, values: pa.ChunkedArray) -> list:
+        """One decoded record per value, None where the reference parser has to decide."""
+        decode = self._decode
+        raws = values.to_pylist()
+        out: list[Any]
+        try:
+            out = [decode(raw) for raw in raws]  # the usual case: every value decodes
+        except (msgspec.DecodeError, TypeError):  # TypeError: a null value (tombstone)
+            out = []
+            for raw in raws:
+                try:
+                    out.append(decode(raw))
+                except (msgspec.DecodeError, TypeError):
+                    out.append(None)
+        for i in _invalid_utf8(values):
+            out[i] = None
+        for attr, type_, required in self._coerced:
+            _coerce_attribute(out, attr, type_, required)
+        return out
+
+    def from_dict(self, record: dict):
+        return self._struct(**{self._names[name]: value for name, value in record.items()})
+
+    def getter(self, name: str):
+        return operator.attrgetter(self._names[name])
+
+
+# ISO text, the usual form, parsed without _coerce's dispatch. A naive timestamp stays naive: Arrow stores
+# it as UTC, which is what the reference's explicit UTC means.
+_ISO_PARSERS = {"timestamp": dt.datetime.fromisoformat, "date": dt.date.fromisoformat}
+
+
+def _coerce_attribute(records: list, attr: str, type_: str, required: bool) -> None:
+    """Coerce one raw-JSON attribute of every decoded record in place; None out the records it refuses."""
+    parse = _ISO_PARSERS.get(type_)
+    for i, record in enumerate(records):
+        if record is None:
+            continue
+        value = getattr(record, attr)
+        if value is None:
+            if required:
+                records[i] = None
+            continue
+        try:
+            setattr(
+                record, attr, parse(value) if parse is not None and value.__class__ is str else coerce(value, type_)
+            )
+        except (TypeError, ValueError, OverflowError):
+            records[i] = None
+
+
+@functools.lru_cache(maxsize=16)
+def _decoder_for(schema: tuple[tuple[str, str, bool], ...]) -> FastDecoder:
+    return FastDecoder(schema)
+
+
+_MAX_DOUBLE = sys.float_info.max
+_STRICT_TYPES = {
+    "string": str,
+    "long": Annotated[int, msgspec.Meta(ge=INT64[0], le=INT64[1])],
+    "int": Annotated[int, msgspec.Meta(ge=INT32[0], le=INT32[1])],
+    "double": Annotated[float, msgspec.Meta(ge=-_MAX_DOUBLE, le=_MAX_DOUBLE)],  # no inf, as the reference
+    "float": Annotated[float, msgspec.Meta(ge=-_MAX_DOUBLE, le=_MAX_DOUBLE)],
+    "boolean": bool,
+}
+
+
+def _invalid_utf8(values: pa.ChunkedArray) -> list[int]:
+    """Positions of values that are not UTF-8 (one vectorised check when all are, the usual case)."""
+    try:
+        values.cast(pa.string())
+        return []
+    except pa.ArrowInvalid:
+        pass
+    bad = []
+    for i, raw in enumerate(values.to_pylist()):
+        try:
+            if raw is not None:
+                raw.decode("utf-8")
+        except UnicodeDecodeError:
+            bad.append(i)
+    return bad
+
+
+def _unknown_json(extra: dict) -> str | None:
+    if not extra:
+        return None
+    try:
+        # allow_nan=False: NaN or Infinity would make text no JSON reader (Spark, DuckDB) accepts.
+        text = json.dumps(extra, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        check_unicode(text)
+    except ValueError as err:
+        raise BadRecord(f"undeclared fields: {err}") from None
+    return text
+
+
+def _parse_record(raw: bytes | None, fields: list[SchemaField]) -> tuple[dict, dict]:
+    """(declared fields coerced to their types, the fields the schema does not declare)."""
+    if raw is None:
+        raise BadRecord("value is null (tombstone)")
+    try:
+        record = json.loads(raw)
+    except UnicodeDecodeError:
+        raise BadRecord("value is not UTF-8") from None
+    except ValueError as err:
+        raise BadRecord(f"value is not JSON: {err}") from None
+    if not isinstance(record, dict):
+        raise BadRecord(f"value is a JSON {type(record).__name__}, expected an object")
+    out: dict[str, Any] = {}
+    for f in fields:
+        value = record.get(f.name)
+        if value is None:
+            if f.required:
+                raise BadRecord(f"required field {f.name!r} is missing or null")
+            out[f.name] = None
+            continue
+        try:
+            out[f.name] = coerce(value, f.type)
+        except (TypeError, ValueError, OverflowError) as err:
+            raise BadRecord(f"field {f.name!r}: {err}") from None
+    return out, {k: v for k, v in record.items() if k not in out}

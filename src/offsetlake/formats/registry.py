@@ -1,0 +1,937 @@
+"""Schema Registry formats: Avro, Protobuf and JSON Schema in the Confluent wire format.
+
+A value (or key) in the wire format is a magic byte, a schema id (4 bytes; or a
+16-byte GUID after magic byte 1) and the payload; Protobuf adds the index path of
+the message type. confluent-kafka's Schema Registry client does the HTTP (its
+cache holds each schema once per process, so once per Spark worker) and parses
+the framing (`SchemaId`); fastavro and protobuf decode the payloads.
+
+Each schema maps to one Arrow type (`SchemaDecoder.arrow_type`, docs/usage/registry-formats.md
+lists the mapping) and decodes a payload into the Python value of that type, so
+a batch becomes Arrow in one `pa.array` call per schema type. Two kinds of failure,
+kept apart on purpose:
+- `RegistryError`: the registry is unreachable or refuses us. Not bad data: the
+  batch fails with one line naming the registry and nothing is committed.
+- `UnusableSchema`: an unknown schema id, or a construct a Delta table cannot hold
+  (a union of several types, a recursive message). The records that use it are
+  quarantined with this reason; the batch goes on.
+Runs in executors and on the driver: no deltalake import here.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import functools
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+import pyarrow as pa
+
+from offsetlake.config import RegistrySettings
+from offsetlake.errors import RegistryError
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+
+class UnusableSchema(Exception):
+    """Records written with this schema cannot go to the table (the reason is their quarantine error)."""
+
+
+def redacted_url(url: str) -> str:
+    """The URL without any user:password@ part, for messages."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=f"***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")))
+
+
+class Registry:
+    """confluent-kafka's SchemaRegistryClient with offsetlake's errors: one per settings per process."""
+
+    def __init__(self, settings: RegistrySettings):
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        conf: dict[str, Any] = {
+            "url": settings.url,
+            "timeout": settings.timeout_seconds,
+            "max.retries": 2,
+            "retries.wait.ms": 200,
+            "retries.max.wait.ms": 1000,
+        }
+        # The config's validators (and connections.py, for a connection) give both or neither, and a URL.
+        assert settings.url is not None
+        if settings.username is not None and settings.password is not None:
+            conf["basic.auth.user.info"] = (
+                f"{settings.username.get_secret_value()}:{settings.password.get_secret_value()}"
+            )
+        self.url = redacted_url(settings.url)
+        self._client = SchemaRegistryClient(conf)
+
+    def schema_by_id(self, schema_id: int | None, guid=None, fmt: str | None = None):
+        """The schema behind an id (or GUID); UnusableSchema when the registry has none."""
+        what = f"schema id {schema_id}" if guid is None else f"schema GUID {guid}"
+        if guid is not None:
+            return self._call(lambda: self._client.get_schema_by_guid(str(guid), fmt=fmt), what, unknown=True)
+        assert schema_id is not None, "a schema id or a GUID"
+        return self._call(lambda: self._client.get_schema(schema_id, fmt=fmt), what, unknown=True)
+
+    def latest(self, subject: str, fmt: str | None = None):
+        """The subject's latest registered schema (the table is created from it)."""
+        return self._call(lambda: self._client.get_latest_version(subject, fmt=fmt), f"subject {subject!r}")
+
+    def check(self) -> None:
+        """Answer or raise RegistryError: asked before a job starts Spark, so an outage costs a second."""
+        self._call(self._client.get_subjects, "its subjects")
+
+    def version(self, subject: str, version: int, fmt: str | None = None):
+        return self._call(
+            lambda: self._client.get_version(subject, version, fmt=fmt), f"subject {subject!r} version {version}"
+        )
+
+    def _call(self, request: Callable, what: str, unknown: bool = False):
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        try:
+            return request()
+        except SchemaRegistryError as err:
+            if err.http_status_code == 404:
+                if unknown:  # the caller names the schema
+                    raise UnusableSchema(f"unknown to the Schema Registry at {self.url}") from None
+                raise RegistryError(f"Schema Registry at {self.url}: {what} not found") from None
+            raise RegistryError(
+                f"Schema Registry at {self.url} refused {what}: HTTP {err.http_status_code} {_short(err.error_message)}"
+            ) from None
+        except Exception as err:  # httpx transport errors, timeouts: the registry is away
+            raise RegistryError(
+                f"Schema Registry at {self.url} is unreachable ({type(err).__name__}: "
+                f"{_short(str(err))}) while fetching {what}; nothing was committed"
+            ) from None
+
+
+def _short(text: str) -> str:
+    return " ".join(str(text).split())[:200]
+
+
+@functools.lru_cache(maxsize=8)
+def registry_for(settings: RegistrySettings) -> Registry:
+    return Registry(settings)
+
+
+# ---- the wire format ----------------------------------------------------------------------------
+
+
+def split_frame(data: bytes | None, schema_type: str):
+    """(schema id, GUID, message indexes, payload) of a wire-format value; ValueError when it is not one."""
+    from confluent_kafka.schema_registry.serde import SchemaId
+
+    if data is None:
+        raise ValueError("value is null (tombstone)")
+    if len(data) < 5 or data[0] not in (0, 1):
+        raise ValueError("value is not in the Schema Registry wire format (magic byte 0 and a 4-byte schema id)")
+    frame = SchemaId(schema_type)
+    try:
+        rest = frame.from_bytes(io.BytesIO(data))
+    except Exception as err:
+        raise ValueError(f"value is not in the Schema Registry wire format: {err}") from None
+    return frame.id, frame.guid, tuple(frame.message_indexes or ()), rest.read()
+
+
+# ---- decoders: one per schema (and Protobuf message type) ---------------------------------------
+
+
+class SchemaDecoder:
+    """Decodes one schema's payloads into Python values of `arrow_type`."""
+
+    arrow_type: pa.DataType
+    kind_name = "record"  # in error messages: "not a valid Avro record"
+    label = "schema"  # which schema, in quarantine reasons (set by Decoders)
+
+    def decode(self, payload: bytes) -> Any:
+        raise NotImplementedError
+
+
+class AvroDecoder(SchemaDecoder):
+    """fastavro's schemaless reader with the writer's schema, record by record; and for flat records (the
+    usual event) a vectorised path: `decode_many` (see FlatAvro)."""
+
+    kind_name = "Avro"
+
+    def __init__(self, schema: dict | list | str, named: dict | None = None):
+        import fastavro
+
+        self._parsed = fastavro.parse_schema(_plain_logical_types(schema), named_schemas=named)
+        self.arrow_type = avro_to_arrow(self._parsed, set())
+        self._read = fastavro.schemaless_reader
+        self._flat = FlatAvro.of(self._parsed, self.arrow_type)
+
+    def decode(self, payload: bytes) -> Any:
+        return self._read(io.BytesIO(payload), self._parsed, None)
+
+    def decode_many(self, payloads: list[bytes] | pa.BinaryArray) -> pa.Array | None:
+        """All payloads at once as a StructArray of `arrow_type`, or None: decode them one by one."""
+        return self._flat.decode(payloads) if self._flat is not None and len(payloads) >= FlatAvro.MIN_RECORDS else None
+
+
+class FlatAvro:
+    """Many Avro records of one flat schema decoded in one call, by polars' Rust Avro reader.
+
+    The payloads are concatenated into one block of an in-memory Avro container file. A block has no
+    record boundaries, so one payload with bytes too many or too few would shift every record after
+    it; so the decoded values are checked against the payloads: each record's Avro encoding length,
+    computed column by column from the values (varint sizes, string lengths, union indexes), must equal
+    its payload's length. Starting aligned at the first record, equal lengths mean every record was
+    read from exactly its own bytes. Anything else (a mismatch, a polars error, a non-canonical
+    encoding) returns None and the caller decodes record by record with fastavro, which words errors.
+    Flat: fields of primitive types, enums, `["null", T]` unions of those, date and timestamp logical
+    types. Other schemas always take the per-record path.
+    """
+
+    MIN_RECORDS = 64  # below this the per-record path is as fast
+    _PRIMITIVE = {"boolean", "int", "long", "float", "double", "string", "bytes"}
+
+    def __init__(self, fields: list[tuple[str, Any, str | bool, str | None]], arrow_type: pa.DataType):
+        import fastavro
+
+        # (name, plain avro type, False or where the union puts null, logical type)
+        self._fields, self.arrow_type = fields, arrow_type
+        # A union keeps the writer's branch order: the index in the data is a position in it.
+        plain = {
+            "type": "record",
+            "name": "Flat",
+            "fields": [
+                {"name": name, "type": _union(kind, str(nullable)) if nullable else kind}  # "null first"/"last"
+                for name, kind, nullable, _ in fields
+            ],
+        }
+        header = io.BytesIO()
+        self._sync = b"offsetlake-flat!"  # 16 bytes, any value: the block ends with it
+        fastavro.write.Writer(header, fastavro.parse_schema(plain), codec="null", sync_marker=self._sync).flush()
+        self._header = header.getvalue()
+
+    @staticmethod
+    def of(parsed, arrow_type: pa.DataType) -> FlatAvro | None:
+        if not isinstance(parsed, dict) or parsed.get("type") != "record":
+            return None
+        fields: list[tuple[str, Any, str | bool, str | None]] = []
+        for f in parsed["fields"]:
+            kind, logical = f["type"], None
+            nullable: str | bool = False
+            if isinstance(kind, list):
+                branches = [b for b in kind if b != "null"]
+                if len(kind) != 2 or len(branches) != 1:
+                    return None
+                kind, nullable = branches[0], "null first" if kind[0] == "null" else "null last"
+            if isinstance(kind, dict):
+                if kind.get("logicalType") in ("date", "timestamp-millis", "timestamp-micros"):
+                    kind, logical = kind["type"], kind["logicalType"]
+                elif kind.get("type") == "enum" and not kind.get("logicalType"):
+                    kind = {"type": "enum", "name": kind["name"].rsplit(".", 1)[-1], "symbols": kind["symbols"]}
+                else:
+                    return None
+            elif kind not in FlatAvro._PRIMITIVE:
+                return None
+            fields.append((f["name"], kind, nullable, logical))
+        return FlatAvro(fields, arrow_type)
+
+    def decode(self, payloads: list[bytes] | pa.BinaryArray) -> pa.Array | None:
+        import polars
+
+        body, lengths = _concatenated(payloads)
+        container = self._header + _zigzag_varint(len(lengths)) + _zigzag_varint(len(body)) + body + self._sync
+        try:
+            table = polars.read_avro(io.BytesIO(container)).to_arrow()
+        except Exception:
+            return None
+        if table.num_rows != len(lengths):
+            return None
+        sizes = np.zeros(len(lengths), dtype=np.int64)
+        columns = []
+        for (_name, kind, nullable, logical), column, target in zip(self._fields, table.columns, self.arrow_type):
+            column = column.combine_chunks()
+            if isinstance(kind, dict):  # enum: polars gives a dictionary column
+                column = column.cast(pa.string())
+            sizes += _avro_sizes(column, kind, nullable)
+            columns.append(_to_target(column, logical, target.type))
+        if not np.array_equal(sizes, lengths):
+            return None
+        return pa.StructArray.from_arrays(columns, fields=list(self.arrow_type))
+
+
+def _concatenated(payloads: list[bytes] | pa.BinaryArray) -> tuple[bytes, np.ndarray]:
+    """(the payloads' bytes end to end, each payload's length); an Arrow array gives both without a
+    Python object per payload."""
+    if not isinstance(payloads, pa.Array):
+        return b"".join(payloads), np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
+    offsets = np.frombuffer(payloads.buffers()[1], dtype=np.int32)[
+        payloads.offset : payloads.offset + len(payloads) + 1
+    ]
+    data = payloads.buffers()[2]
+    body = data[int(offsets[0]) : int(offsets[-1])].to_pybytes() if data is not None else b""
+    return body, np.diff(offsets).astype(np.int64)
+
+
+def _union(kind, nullable: str) -> list:
+    return ["null", kind] if nullable == "null first" else [kind, "null"]
+
+
+def _zigzag_varint(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _varint_sizes(values) -> np.ndarray:
+    """Bytes of each value's zigzag varint (Avro int and long)."""
+    x = np.asarray(values, dtype=np.int64)
+    z = ((x << 1) ^ (x >> 63)).astype(np.uint64)
+    n = np.ones(len(z), dtype=np.int64)
+    for k in range(1, 10):
+        n += z >= (np.uint64(1) << np.uint64(7 * k))
+    return n
+
+
+def _avro_sizes(column: pa.Array, kind, nullable: str | bool) -> np.ndarray:
+    """Each value's Avro binary encoding length."""
+    import pyarrow.compute as pc
+
+    if isinstance(kind, dict):
+        index = pc.index_in(column, value_set=pa.array(kind["symbols"])).fill_null(0)
+        sizes = _varint_sizes(index.to_numpy(zero_copy_only=False))
+    elif kind in ("string", "bytes"):
+        lengths = pc.binary_length(column).fill_null(0).to_numpy(zero_copy_only=False)
+        sizes = _varint_sizes(lengths) + lengths
+    elif kind in ("int", "long"):
+        sizes = _varint_sizes(column.fill_null(0).to_numpy(zero_copy_only=False))
+    else:
+        sizes = np.full(len(column), {"boolean": 1, "float": 4, "double": 8}[kind], dtype=np.int64)
+    if nullable:  # the union's branch index (0 or 1: one byte), then the value when not null
+        sizes = np.where(column.is_valid().to_numpy(zero_copy_only=False), sizes, 0) + 1
+    return sizes
+
+
+def _to_target(column: pa.Array, logical: str | None, target: pa.DataType) -> pa.Array:
+    """polars' column (large strings; dates and times read as their plain ints) as the mapped Arrow type."""
+    if logical in ("timestamp-millis", "timestamp-micros"):
+        unit = "ms" if logical == "timestamp-millis" else "us"
+        return column.cast(pa.int64()).cast(pa.timestamp(unit, tz="UTC")).cast(target)
+    if logical == "date":
+        return column.cast(pa.int32()).cast(pa.date32())
+    return column.cast(target)
+
+
+# Logical types that become their own Arrow type; every other logical type (uuid, time-*, local-timestamp-*,
+# duration) is read as its underlying Avro type, so fastavro hands us a value Arrow takes as is.
+_AVRO_LOGICAL = {"date", "timestamp-millis", "timestamp-micros", "decimal"}
+
+
+def _plain_logical_types(schema):
+    if isinstance(schema, dict):
+        out = {k: _plain_logical_types(v) for k, v in schema.items()}
+        if out.get("logicalType") not in (None, *_AVRO_LOGICAL):
+            out.pop("logicalType")
+        return out
+    if isinstance(schema, list):
+        return [_plain_logical_types(s) for s in schema]
+    return schema
+
+
+_AVRO_PRIMITIVES = {
+    "boolean": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "bytes": pa.binary(),
+    "string": pa.string(),
+}
+
+
+def avro_to_arrow(schema, seen: set[str]) -> pa.DataType:
+    """The Arrow type of a parsed Avro schema. Every column is nullable (a newer schema may drop a field)."""
+    if isinstance(schema, str):
+        if schema in _AVRO_PRIMITIVES:
+            return _AVRO_PRIMITIVES[schema]
+        raise UnusableSchema(f"Avro type {schema!r} is recursive or unknown, which a Delta table cannot hold")
+    if isinstance(schema, list):
+        branches = [s for s in schema if s != "null"]
+        if len(branches) != 1:
+            raise UnusableSchema(
+                f"Avro union {_avro_name(schema)} has several non-null branches, which a Delta "
+                f'column cannot hold (only ["null", T] unions are supported)'
+            )
+        return avro_to_arrow(branches[0], seen)
+    kind, logical = schema["type"], schema.get("logicalType")
+    if logical == "date":
+        return pa.date32()
+    if logical in ("timestamp-millis", "timestamp-micros"):
+        return TIMESTAMP
+    if logical == "decimal":
+        precision, scale = schema["precision"], schema.get("scale", 0)
+        if precision > 38:
+            raise UnusableSchema(f"Avro decimal({precision}, {scale}) is wider than Delta's 38 digits")
+        return pa.decimal128(precision, scale)
+    if kind == "record":
+        name = schema.get("name")
+        if name in seen:
+            raise UnusableSchema(f"Avro record {name!r} is recursive, which a Delta table cannot hold")
+        inner = seen | {name}
+        return pa.struct([pa.field(f["name"], avro_to_arrow(f["type"], inner)) for f in schema["fields"]])
+    if kind == "enum":
+        return pa.string()
+    if kind == "fixed":
+        return pa.binary()
+    if kind == "array":
+        return pa.list_(avro_to_arrow(schema["items"], seen))
+    if kind == "map":
+        return pa.map_(pa.string(), avro_to_arrow(schema["values"], seen))
+    return avro_to_arrow(kind, seen)
+
+
+def _avro_name(schema) -> str:
+    return json.dumps([s if isinstance(s, str) else s.get("name", s.get("type")) for s in schema])
+
+
+class JsonSchemaDecoder(SchemaDecoder):
+    """JSON text checked against the Arrow type the JSON Schema maps to (types strictly, as format json)."""
+
+    kind_name = "JSON"
+
+    def __init__(self, schema: dict):
+        self.arrow_type = json_schema_to_arrow(schema, schema, set())
+        self._convert = _json_converter(self.arrow_type)
+
+    def decode(self, payload: bytes) -> Any:
+        try:
+            value = json.loads(payload)
+        except UnicodeDecodeError:
+            raise ValueError("value is not UTF-8") from None
+        return self._convert(value, "value")
+
+
+def json_schema_to_arrow(node: dict, root: dict, refs: set[str]) -> pa.DataType:
+    if "$ref" in node:
+        ref = node["$ref"]
+        if not ref.startswith("#/") or ref in refs:
+            raise UnusableSchema(f"JSON Schema $ref {ref!r} is external or recursive (only local, non-recursive refs)")
+        target = root
+        for part in ref[2:].split("/"):
+            target = target[part]
+        return json_schema_to_arrow(target, root, refs | {ref})
+    for combinator in ("oneOf", "anyOf"):
+        if combinator in node:
+            branches = [b for b in node[combinator] if b.get("type") != "null"]
+            if len(branches) != 1:
+                raise UnusableSchema(
+                    f"JSON Schema {combinator} with several non-null branches cannot be one Delta column"
+                )
+            return json_schema_to_arrow(branches[0], root, refs)
+    kind = node.get("type")
+    if isinstance(kind, list):
+        kinds = [k for k in kind if k != "null"]
+        if len(kinds) != 1:
+            raise UnusableSchema(
+                f"JSON Schema type {kind} has several non-null types, which a Delta column cannot hold"
+            )
+        kind = kinds[0]
+    if kind == "object":
+        props = node.get("properties")
+        if not props and isinstance(node.get("additionalProperties"), dict):
+            return pa.map_(pa.string(), json_schema_to_arrow(node["additionalProperties"], root, refs))
+        return pa.struct([pa.field(k, json_schema_to_arrow(v, root, refs)) for k, v in (props or {}).items()])
+    if kind == "array":
+        return pa.list_(json_schema_to_arrow(node.get("items", {"type": "string"}), root, refs))
+    if kind == "string":
+        return {"date-time": TIMESTAMP, "date": pa.date32(), "byte": pa.binary()}.get(
+            node.get("format", ""), pa.string()
+        )
+    if kind == "integer":
+        return pa.int64()
+    if kind == "number":
+        return pa.float64()
+    if kind == "boolean":
+        return pa.bool_()
+    raise UnusableSchema(f"JSON Schema type {kind!r} has no Delta column type (give each property a type)")
+
+
+def _json_converter(t: pa.DataType) -> Callable[[Any, str], Any]:
+    """A function checking (and converting, for dates and times) a decoded JSON value against `t`."""
+    from offsetlake.formats.values import coerce  # the json format's strict coercions, one definition
+
+    if pa.types.is_struct(t):
+        fields = [(t.field(i).name, _json_converter(t.field(i).type)) for i in range(t.num_fields)]
+
+        def struct(value, where):
+            if value is None:
+                return None
+            if not isinstance(value, dict):
+                raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
+            return {name: convert(value.get(name), f"{where}.{name}") for name, convert in fields}
+
+        return struct
+    if pa.types.is_list(t):
+        item = _json_converter(t.value_type)
+
+        def array(value, where):
+            if value is None:
+                return None
+            if not isinstance(value, list):
+                raise ValueError(f"{where}: expected an array, got {type(value).__name__}")
+            return [item(v, f"{where}[{i}]") for i, v in enumerate(value)]
+
+        return array
+    if pa.types.is_map(t):
+        item = _json_converter(t.item_type)
+
+        def mapping(value, where):
+            if value is None:
+                return None
+            if not isinstance(value, dict):
+                raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
+            return [(k, item(v, f"{where}.{k}")) for k, v in value.items()]
+
+        return mapping
+    name = {
+        pa.string(): "string",
+        pa.int64(): "long",
+        pa.float64(): "double",
+        pa.bool_(): "boolean",
+        TIMESTAMP: "timestamp",
+        pa.date32(): "date",
+        pa.binary(): "binary",
+    }[t]
+
+    def scalar(value, where):
+        if value is None:
+            return None
+        try:
+            return coerce(value, name)
+        except (TypeError, ValueError, OverflowError) as err:
+            raise ValueError(f"{where}: {err}") from None
+
+    return scalar
+
+
+class ProtobufDecoder(SchemaDecoder):
+    """A message type built from the registry's descriptor (no generated code), read field by field.
+
+    proto3 fields without presence read as their default when unset (as every Protobuf reader does);
+    message fields and `optional` fields are null when unset."""
+
+    kind_name = "Protobuf"
+
+    def __init__(self, descriptor):
+        from google.protobuf.message_factory import GetMessageClass
+
+        self._cls = GetMessageClass(descriptor)
+        self.arrow_type = proto_to_arrow(descriptor, set())
+        self._convert = _proto_converter(descriptor)
+
+    def decode(self, payload: bytes) -> Any:
+        from google.protobuf.message import DecodeError
+
+        try:
+            message = self._cls.FromString(payload)
+        except DecodeError as err:
+            raise ValueError(f"not a valid Protobuf message: {err}") from None
+        return self._convert(message)
+
+
+_WRAPPERS = {
+    "google.protobuf.DoubleValue": pa.float64(),
+    "google.protobuf.FloatValue": pa.float32(),
+    "google.protobuf.Int64Value": pa.int64(),
+    "google.protobuf.UInt64Value": pa.decimal128(20, 0),
+    "google.protobuf.Int32Value": pa.int32(),
+    "google.protobuf.UInt32Value": pa.int64(),
+    "google.protobuf.BoolValue": pa.bool_(),
+    "google.protobuf.StringValue": pa.string(),
+    "google.protobuf.BytesValue": pa.binary(),
+}
+
+
+def _proto_scalar(field) -> pa.DataType:
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    return {
+        F.TYPE_DOUBLE: pa.float64(),
+        F.TYPE_FLOAT: pa.float32(),
+        F.TYPE_INT64: pa.int64(),
+        F.TYPE_SINT64: pa.int64(),
+        F.TYPE_SFIXED64: pa.int64(),
+        F.TYPE_UINT64: pa.decimal128(20, 0),
+        F.TYPE_FIXED64: pa.decimal128(20, 0),
+        F.TYPE_INT32: pa.int32(),
+        F.TYPE_SINT32: pa.int32(),
+        F.TYPE_SFIXED32: pa.int32(),
+        F.TYPE_UINT32: pa.int64(),
+        F.TYPE_FIXED32: pa.int64(),
+        F.TYPE_BOOL: pa.bool_(),
+        F.TYPE_STRING: pa.string(),
+        F.TYPE_BYTES: pa.binary(),
+        F.TYPE_ENUM: pa.string(),
+    }[field.type]
+
+
+def _is_repeated(field) -> bool:
+    return field.is_repeated
+
+
+def proto_to_arrow(descriptor, seen: set[str]) -> pa.DataType:
+    name = descriptor.full_name
+    if name == "google.protobuf.Timestamp":
+        return TIMESTAMP
+    if name == "google.type.Date":
+        return pa.date32()
+    if name in _WRAPPERS:
+        return _WRAPPERS[name]
+    if name in seen:
+        raise UnusableSchema(f"Protobuf message {name!r} is recursive, which a Delta table cannot hold")
+    if name in ("google.protobuf.Any", "google.protobuf.Struct", "google.protobuf.Value"):
+        raise UnusableSchema(f"Protobuf {name} has no fixed shape, which a Delta column needs")
+    inner = seen | {name}
+    return pa.struct([pa.field(f.name, _proto_field_type(f, inner)) for f in descriptor.fields])
+
+
+def _proto_field_type(field, seen: set[str]) -> pa.DataType:
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        key, value = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
+        return pa.map_(_proto_scalar(key), _proto_value_type(value, seen))
+    element = _proto_value_type(field, seen)
+    return pa.list_(element) if _is_repeated(field) else element
+
+
+def _proto_value_type(field, seen: set[str]) -> pa.DataType:
+    return proto_to_arrow(field.message_type, seen) if field.message_type is not None else _proto_scalar(field)
+
+
+def _proto_converter(descriptor) -> Callable[[Any], Any]:
+    name = descriptor.full_name
+    if name == "google.protobuf.Timestamp":
+        return lambda m: dt.datetime.fromtimestamp(m.seconds, dt.UTC) + dt.timedelta(microseconds=m.nanos // 1000)
+    if name == "google.type.Date":
+        return lambda m: dt.date(m.year, m.month, m.day) if m.year else None
+    if name in _WRAPPERS:
+        return lambda m: m.value
+    fields = [
+        (
+            f.name,
+            _proto_field_converter(f),
+            f.message_type is not None and not _is_repeated(f),
+            f.has_presence and not _is_repeated(f),
+        )
+        for f in descriptor.fields
+    ]
+
+    def message(m):
+        out = {}
+        for fname, convert, _is_message, has_presence in fields:
+            if has_presence and not m.HasField(fname):
+                out[fname] = None
+            else:
+                out[fname] = convert(getattr(m, fname))
+        return out
+
+    return message
+
+
+def _proto_field_converter(field) -> Callable[[Any], Any]:
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        value_field = field.message_type.fields_by_name["value"]
+        value = _proto_value_converter(value_field)
+        return lambda m: [(k, value(v)) for k, v in m.items()]
+    value = _proto_value_converter(field)
+    if _is_repeated(field):
+        return lambda items: [value(v) for v in items]
+    return value
+
+
+def _proto_value_converter(field) -> Callable[[Any], Any]:
+    if field.message_type is not None:
+        return _proto_converter(field.message_type)
+    if field.enum_type is not None:
+        enum = field.enum_type
+
+        def enum_name(number):
+            found = enum.values_by_number.get(number)
+            return found.name if found is not None else str(number)  # an enum value newer than the schema
+
+        return enum_name
+    return lambda v: v
+
+
+# ---- building decoders from the registry, cached per process ------------------------------------
+
+
+class Decoders:
+    """The decoders one pipeline side (value or key) needs, built once per schema id in this process."""
+
+    def __init__(self, kind: str, settings: RegistrySettings | None, schema_file: str | None = None, key: bool = False):
+        self.kind = kind  # avro | protobuf | json_schema
+        self.key = key
+        self.settings = settings
+        self._schema_type = {"avro": "AVRO", "protobuf": "PROTOBUF", "json_schema": "JSON"}[kind]
+        self._file = (
+            _labelled(_record(AvroDecoder(_schema_file(schema_file))), f"schema file {schema_file}")
+            if schema_file
+            else None
+        )
+        self._cache: dict[tuple, SchemaDecoder | UnusableSchema] = {}
+
+    @staticmethod
+    @functools.lru_cache(maxsize=16)
+    def shared(
+        kind: str, settings: RegistrySettings | None, schema_file: str | None = None, key: bool = False
+    ) -> Decoders:
+        """One per pipeline side per process (a Spark worker keeps its schemas from task to task)."""
+        return Decoders(kind, settings, schema_file, key)
+
+    def file_type(self) -> pa.DataType:
+        """The record type of the schema file (format avro without a registry)."""
+        assert self._file is not None, "a pipeline with a schema_file"
+        return self._file.arrow_type
+
+    def decoder(self, schema_id, guid, indexes: tuple) -> SchemaDecoder:
+        """The decoder for a framed record; raises UnusableSchema (cached too) or RegistryError (not cached)."""
+        key = (schema_id, guid, indexes)
+        found = self._cache.get(key)
+        if found is None:
+            label = f"schema id {schema_id}" if guid is None else f"schema GUID {guid}"
+            try:
+                found = _labelled(self._build(schema_id, guid, indexes), label)
+            except UnusableSchema as err:
+                found = UnusableSchema(f"{label}: {err}")
+            self._cache[key] = found
+        if isinstance(found, UnusableSchema):
+            raise found
+        return found
+
+    def split(self, data: bytes | None):
+        """(decoder, payload) for one raw value that `framed_groups` did not read."""
+        if self._file is not None:
+            if data is None:
+                raise ValueError("value is null (tombstone)")
+            return self._file, data
+        schema_id, guid, indexes, payload = split_frame(data, self._schema_type)
+        return self.decoder(schema_id, guid, indexes), payload
+
+    def framed_groups(self, values: pa.Array) -> tuple[dict[int, np.ndarray], np.ndarray]:
+        """The usual frame read for all values at once: ({schema id: positions}, positions of the others,
+        which `split` reads one by one). Protobuf (message indexes follow the id) always goes one by one."""
+        import pyarrow.compute as pc
+
+        if self._file is not None or self.kind == "protobuf" or len(values) == 0:
+            return {}, np.arange(len(values))
+        usual = pc.and_(
+            pc.greater_equal(pc.binary_length(values), 5),
+            pc.equal(pc.binary_slice(values, 0, 1), pa.scalar(b"\x00", pa.binary())),
+        )
+        usual = usual.fill_null(False).to_numpy(zero_copy_only=False)
+        framed = np.nonzero(usual)[0]
+        ids_bytes = pc.binary_slice(values.take(pa.array(framed)), 1, 5).cast(pa.binary(4))
+        ids = np.frombuffer(ids_bytes.buffers()[1], dtype=">u4")[ids_bytes.offset : ids_bytes.offset + len(framed)]
+        groups = {int(i): framed[ids == i] for i in np.unique(ids)}
+        return groups, np.nonzero(~usual)[0]
+
+    def _build(self, schema_id, guid, indexes: tuple) -> SchemaDecoder:
+        registry = registry_for(self.settings)
+        fmt = "serialized" if self.kind == "protobuf" else None
+        schema = registry.schema_by_id(schema_id, guid, fmt=fmt)
+        return decoder_for(registry, self.kind, schema, indexes, record=not self.key)
+
+
+def _schema_file(path: str):
+    from offsetlake.errors import ConfigError
+
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"format.schema_file {path}: {err}") from None
+
+
+class _Record(SchemaDecoder):
+    """A schema that is not a record (an Avro "string", a JSON Schema array) becomes one column, `value`."""
+
+    def __init__(self, inner: SchemaDecoder):
+        self._inner = inner
+        self.kind_name = inner.kind_name
+        self.arrow_type = pa.struct([pa.field("value", inner.arrow_type)])
+
+    def decode(self, payload: bytes) -> Any:
+        return {"value": self._inner.decode(payload)}
+
+
+def _labelled(decoder: SchemaDecoder, label: str) -> SchemaDecoder:
+    decoder.label = label  # names the schema in quarantine reasons
+    return decoder
+
+
+def decoder_for(registry: Registry, kind: str, schema, indexes: tuple = (0,), record: bool = True) -> SchemaDecoder:
+    """A decoder for a registry `Schema` (with its references resolved through `registry`); `record`: a
+    non-record schema is wrapped as one field `value` (the value side; a key stays a scalar column)."""
+    decoder = _decoder_for(registry, kind, schema, indexes)
+    return _record(decoder) if record else decoder
+
+
+def _record(decoder: SchemaDecoder) -> SchemaDecoder:
+    return decoder if pa.types.is_struct(decoder.arrow_type) else _Record(decoder)
+
+
+def _decoder_for(registry: Registry, kind: str, schema, indexes: tuple) -> SchemaDecoder:
+    """A decoder for a registry `Schema` (with its references resolved through `registry`)."""
+    if kind == "avro":
+        named: dict = {}
+        _avro_references(registry, schema, named)
+        return AvroDecoder(json.loads(schema.schema_str), named)
+    if kind == "json_schema":
+        return JsonSchemaDecoder(json.loads(schema.schema_str))
+    return ProtobufDecoder(_proto_message(registry, schema, indexes or (0,)))
+
+
+def _avro_references(registry: Registry, schema, named: dict) -> None:
+    import fastavro
+
+    for ref in schema.references or []:
+        referenced = registry.version(ref.subject, ref.version)
+        _avro_references(registry, referenced.schema, named)
+        fastavro.parse_schema(_plain_logical_types(json.loads(referenced.schema.schema_str)), named_schemas=named)
+
+
+def _proto_message(registry: Registry, schema, indexes: tuple):
+    from google.protobuf.descriptor_pool import DescriptorPool
+
+    pool = DescriptorPool()
+    _proto_well_known(pool)
+    files = _proto_files(registry, schema)
+    for file_proto in files:
+        try:
+            pool.FindFileByName(file_proto.name)  # a well-known type, or a file two references share
+        except KeyError:
+            pool.Add(file_proto)
+    file_proto = files[-1]
+    path, message = [], None
+    scope = file_proto.message_type
+    for index in indexes:
+        if index >= len(scope):
+            raise UnusableSchema(f"message index {list(indexes)} is not in the schema")
+        message = scope[index]
+        path.append(message.name)
+        scope = message.nested_type
+    return pool.FindMessageTypeByName(".".join([file_proto.package, *path] if file_proto.package else path))
+
+
+# ---- Protobuf schemas as the registry returns them ------------------------------------------------
+# Confluent's registry answers `format=serialized` with a base64 FileDescriptorProto, which is what
+# offsetlake asks for. Karapace (measured, 3.16) answers with the `.proto` source whatever the format,
+# and Apicurio's and Redpanda's Confluent-compatible APIs may too. Source is compiled here with protoc
+# from the grpcio-tools wheel (Google's own compiler, so every construct of the language parses as the
+# producer's did; a pure-Python parser would be a second grammar to trust), once per schema per process.
+MAIN_PROTO = "offsetlake_schema.proto"  # the name the schema itself gets; its imports keep their names
+
+
+def _proto_files(registry: Registry, schema) -> list:
+    """The schema's FileDescriptorProto and every file it imports, dependencies first (the schema last)."""
+    sources: dict[str, str] = {}  # file name -> .proto source
+    compiled: dict[str, Any] = {}  # file name -> FileDescriptorProto (the registry sent descriptors)
+    _proto_sources(registry, schema, MAIN_PROTO, sources, compiled)
+    if not sources:
+        return list(compiled.values())  # references are read before the file that imports them
+    return _compile_proto(sources, compiled)
+
+
+def _proto_sources(registry: Registry, schema, name: str, sources: dict, compiled: dict) -> None:
+    for ref in schema.references or []:
+        if ref.name.startswith(("google/protobuf/", "google/type/")) or ref.name in sources or ref.name in compiled:
+            continue  # well-known types come with protobuf (and protoc); a shared import is read once
+        referenced = registry.version(ref.subject, ref.version, fmt="serialized")
+        _proto_sources(registry, referenced.schema, ref.name, sources, compiled)
+    descriptor = _file_proto(schema.schema_str)
+    if descriptor is None:
+        sources[name] = schema.schema_str
+    else:
+        compiled[name] = descriptor
+
+
+def _file_proto(schema_str: str):
+    """The FileDescriptorProto a base64 schema holds; None for anything else (`.proto` source)."""
+    from google.protobuf import descriptor_pb2
+
+    proto = descriptor_pb2.FileDescriptorProto()
+    try:
+        proto.ParseFromString(base64.b64decode(schema_str, validate=True))
+    except Exception:
+        return None
+    return proto if proto.name or proto.message_type else None
+
+
+def _compile_proto(sources: dict[str, str], compiled: dict) -> list:
+    """protoc over the sources (imports resolved among them, then among the `compiled` descriptors, then
+    the well-known types protoc ships); UnusableSchema with protoc's first error line when it refuses."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from importlib import resources
+
+    from google.protobuf import descriptor_pb2
+
+    with tempfile.TemporaryDirectory(prefix="offsetlake-proto-") as work:
+        for name, text in sources.items():
+            path = os.path.join(work, "src", name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+        out = os.path.join(work, "schema.pb")
+        args = [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{os.path.join(work, 'src')}",
+            f"-I{resources.files('grpc_tools') / '_proto'}",
+            "--include_imports",
+            f"--descriptor_set_out={out}",
+        ]
+        if compiled:
+            given = os.path.join(work, "given.pb")
+            with open(given, "wb") as given_file:
+                given_file.write(descriptor_pb2.FileDescriptorSet(file=list(compiled.values())).SerializeToString())
+            args.append(f"--descriptor_set_in={given}")
+        done = subprocess.run([*args, *sources], capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            first = next((line for line in done.stderr.splitlines() if line.strip()), f"exit {done.returncode}")
+            raise UnusableSchema(f"the registry's Protobuf schema does not compile: {_short(first)}")
+        with open(out, "rb") as out_file:
+            files = list(descriptor_pb2.FileDescriptorSet.FromString(out_file.read()).file)
+    # protoc writes dependencies first; the schema itself goes last, whichever form it came in.
+    main = compiled.get(MAIN_PROTO) or next(f for f in files if f.name == MAIN_PROTO)
+    return [*(f for f in files if f.name != MAIN_PROTO), main]
+
+
+def _proto_well_known(pool) -> None:
+    from google.protobuf import any_pb2, duration_pb2, empty_pb2, struct_pb2, timestamp_pb2, wrappers_pb2
+
+    for module in (any_pb2, duration_pb2, empty_pb2, struct_pb2, timestamp_pb2, wrappers_pb2):
+        pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+    try:
+        from google.type import date_pb2
+
+        pool.AddSerializedFile(date_pb2.DESCRIPTOR.serialized_pb)
+    except ImportError:
+        pass
+
+
+def latest_arrow_type(settings: RegistrySettings, kind: str, topic: str, key: bool = False) -> pa.DataType:
+    """The Arrow type of the subject's latest schema: what a new table is created with."""
+    registry = registry_for(settings)
+    fmt = "serialized" if kind == "protobuf" else None
+    registered = registry.latest(settings.subject(topic, key), fmt=fmt)
+    return decoder_for(registry, kind, registered.schema, record=not key).arrow_type

@@ -1,0 +1,237 @@
+"""Audit: compare the table with Kafka row by row, and check the ledger. Repair: backfill what audit found.
+
+Kafka is read under read_committed over each partition's range (default: from
+the log start to the ledger's committed end), and every offset it returns must
+be in the table exactly once, or in the quarantine. Rows Kafka does not return
+(aborted records, offsets of another topic incarnation) are "unexpected".
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from deltalake.exceptions import TableNotFoundError
+
+from offsetlake.config import PipelineConfig
+from offsetlake.errors import OffsetlakeError, TableError
+from offsetlake.kafka import TP, KafkaCluster
+from offsetlake.protocol.ledger import pipeline_history, read_ledger
+from offsetlake.protocol.metadata import HistoryEntry, unflat_offsets
+from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.read.reader import read_range
+from offsetlake.table import open_table, query
+
+
+@dataclass
+class PartitionAudit:
+    topic: str
+    partition: int
+    start: int
+    end: int
+    kafka_records: int = 0
+    table_rows: int = 0
+    quarantined: int = 0
+    missing: list[int] = field(default_factory=list)
+    skipped: int = 0  # records an operator reset (or on_data_loss: skip) chose to leave out
+    duplicated: list[int] = field(default_factory=list)
+    unexpected: list[int] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.duplicated or self.unexpected)
+
+    def problem_ranges(self) -> list[OffsetRange]:
+        """Contiguous spans covering every offset with a problem (what a backfill must rewrite)."""
+        offsets = sorted(set(self.missing) | set(self.duplicated) | set(self.unexpected))
+        spans: list[list[int]] = []
+        for o in offsets:
+            if spans and o == spans[-1][1]:
+                spans[-1][1] = o + 1
+            else:
+                spans.append([o, o + 1])
+        return [OffsetRange(self.topic, self.partition, lo, hi) for lo, hi in spans]
+
+
+@dataclass
+class AuditReport:
+    pipeline: str
+    partitions: list[PartitionAudit]
+    continuity: list[str] = field(default_factory=list)
+    sanity: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(p.ok for p in self.partitions) and not self.continuity and not self.sanity
+
+    def problem_count(self) -> int:
+        return sum(len(p.missing) + len(p.duplicated) + len(p.unexpected) for p in self.partitions)
+
+    def repair_ranges(self) -> list[OffsetRange]:
+        return [r for p in self.partitions for r in p.problem_ranges()]
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["ok"] = self.ok
+        for p in out["partitions"]:  # offsets can be many: report counts and the first few
+            for key in ("missing", "duplicated", "unexpected"):
+                p[f"{key}_count"] = len(p[key])
+                p[key] = p[key][:20]
+        return out
+
+    def format(self) -> str:
+        lines = [
+            f"{'topic':<24} {'part':>4} {'range':>19} {'kafka':>8} {'rows':>8} {'quar.':>6} "
+            f"{'missing':>8} {'dup':>6} {'unexp':>6}"
+        ]
+        for p in self.partitions:
+            lines.append(
+                f"{p.topic:<24} {p.partition:>4} {f'[{p.start}, {p.end})':>19} {p.kafka_records:>8} "
+                f"{p.table_rows:>8} {p.quarantined:>6} {len(p.missing):>8} {len(p.duplicated):>6} "
+                f"{len(p.unexpected):>6}"
+            )
+        lines += [f"ledger: {issue}" for issue in self.continuity + self.sanity]
+        lines.append(
+            "audit: OK, every record exactly once"
+            if self.ok
+            else "audit: PROBLEMS FOUND (offsetlake repair fixes rows)"
+        )
+        return "\n".join(lines)
+
+
+def audit(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> AuditReport:
+    cluster = KafkaCluster(cfg.kafka)
+    tps = cluster.partitions(cfg.topics)
+    table = open_table(cfg.table_path)
+    ledger = read_ledger(table, cfg.name, tps)
+    if ranges is None:
+        log_starts = cluster.start_offsets(tps)
+        ranges = [
+            OffsetRange(t, p, log_starts[(t, p)], max(log_starts[(t, p)], ledger.offsets.get((t, p), 0)))
+            for t, p in tps
+        ]
+    table_rows = _lineage_counts(cfg.table_path)
+    quarantined = _lineage_counts(cfg.quarantine_path, missing_ok=True)
+    history = pipeline_history(table, cfg.name)
+    skipped = skipped_ranges(history)
+    report = AuditReport(cfg.name, [_audit_partition(cfg, r, table_rows, quarantined, skipped) for r in ranges])
+    report.continuity = continuity_issues(history)
+    report.sanity = sanity_issues(ledger.offsets, cluster.end_offsets(tps, cfg.kafka.isolation_level))
+    return report
+
+
+def _lineage_counts(uri: str, missing_ok: bool = False) -> dict[TP, Counter]:
+    try:
+        lineage = query(uri, "SELECT kafka_topic, kafka_partition, kafka_offset FROM t")
+    except (TableError, TableNotFoundError):
+        if missing_ok:
+            return {}
+        raise
+    out: dict[TP, Counter] = {}
+    grouped = lineage.group_by(["kafka_topic", "kafka_partition", "kafka_offset"]).aggregate([([], "count_all")])
+    for topic, partition, offset, n in zip(*(grouped.column(i).to_pylist() for i in range(4))):
+        out.setdefault((topic, partition), Counter())[offset] = n
+    return out
+
+
+def _kafka_offsets(cfg: PipelineConfig, rng: OffsetRange) -> list[int]:
+    offsets: list[int] = []
+    for batch in read_range(cfg.kafka, f"{cfg.consumer_group}.audit", rng, cfg.batch.read_timeout_seconds):
+        offsets.extend(batch.column("kafka_offset").to_pylist())
+    return offsets
+
+
+def skipped_ranges(history: list[HistoryEntry]) -> dict[TP, list[tuple[int, int]]]:
+    """Offsets the ledger jumped over on purpose: forward resets and losses recorded with on_data_loss: skip."""
+    out: dict[TP, list[tuple[int, int]]] = {}
+    for h in history:
+        if h.meta.kind == "reset":
+            before = unflat_offsets(h.meta.from_)
+            for tp, to in unflat_offsets(h.meta.offsets).items():
+                if tp in before and to > before[tp]:
+                    out.setdefault(tp, []).append((before[tp], to))
+        for t, parts in h.meta.lost.items():
+            for p, (lo, hi) in parts.items():
+                out.setdefault((t, int(p)), []).append((lo, hi))
+    return out
+
+
+def _audit_partition(
+    cfg: PipelineConfig, rng: OffsetRange, table_rows: dict, quarantined: dict, skipped: dict
+) -> PartitionAudit:
+    kafka = set(_kafka_offsets(cfg, rng))
+    rows = {o: n for o, n in table_rows.get((rng.topic, rng.partition), Counter()).items() if rng.start <= o < rng.end}
+    bad = {o: n for o, n in quarantined.get((rng.topic, rng.partition), Counter()).items() if rng.start <= o < rng.end}
+    seen = Counter(rows) + Counter(bad)
+    spans = skipped.get((rng.topic, rng.partition), [])
+    absent = kafka - set(seen)
+    excused = {o for o in absent if any(lo <= o < hi for lo, hi in spans)}
+    return PartitionAudit(
+        rng.topic,
+        rng.partition,
+        rng.start,
+        rng.end,
+        kafka_records=len(kafka),
+        table_rows=sum(rows.values()),
+        quarantined=sum(bad.values()),
+        missing=sorted(absent - excused),
+        skipped=len(excused),
+        duplicated=sorted(o for o, n in seen.items() if n > 1 and o in kafka),
+        unexpected=sorted(o for o in seen if o not in kafka),
+    )
+
+
+def continuity_issues(history: list[HistoryEntry]) -> list[str]:
+    """Each ingest must start where the ledger stood (previous end, a reset, a rewind or recorded loss)."""
+    expected: dict[tuple[str, str], int] = {}
+    issues = []
+    for h in history:
+        meta = h.meta
+        if not meta.sets_ledger():
+            continue
+        if meta.kind in ("reset", "restore") or meta.rewind:
+            positions = meta.offsets or (meta.rewind.to if meta.rewind else {})
+            expected = {(t, p): o for t, parts in positions.items() for p, o in parts.items()}
+        for t, parts in meta.lost.items():
+            for p, (_lo, hi) in parts.items():
+                expected[(t, p)] = hi
+        for t, parts in meta.ranges.items():
+            for p, (start, end) in parts.items():
+                want = expected.get((t, p))
+                if want is not None and start != want:
+                    what = "gap" if start > want else "overlap"
+                    issues.append(
+                        f"batch {meta.batch} (version {h.version}): {t}[{p}] starts at {start} "
+                        f"but the ledger stood at {want} ({what})"
+                    )
+                expected[(t, p)] = end
+    return issues
+
+
+def sanity_issues(committed: dict[TP, int], ends: dict[TP, int]) -> list[str]:
+    return [
+        f"{t}[{p}]: ledger at {committed[(t, p)]} is past Kafka's end {ends[(t, p)]}: the topic was "
+        f"recreated or truncated"
+        for (t, p) in sorted(committed)
+        if (t, p) in ends and committed[(t, p)] > ends[(t, p)]
+    ]
+
+
+def repair(spark, cfg: PipelineConfig, run=None, dry_run: bool = False, report: AuditReport | None = None):
+    """Audit (unless `report` is one just made), then backfill every span with a problem.
+    Returns (audit before, backfill result or None)."""
+    import msgspec
+
+    from offsetlake.operations.backfill import backfill
+    from offsetlake.protocol.metadata import Run
+
+    report = report or audit(cfg)
+    ranges = report.repair_ranges()
+    if not ranges:
+        return report, None
+    try:
+        return report, backfill(
+            spark, cfg, ranges, msgspec.structs.replace(run or Run.here(), via="repair"), dry_run=dry_run
+        )
+    except OffsetlakeError as err:
+        raise OffsetlakeError(f"repair could not backfill what audit found: {err}") from None

@@ -1,0 +1,249 @@
+"""Operator actions: clean up orphaned files, vacuum, checkpoint; reset the ledger, restore the table with its
+ledger."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties
+
+from offsetlake.config import PipelineConfig
+from offsetlake.errors import ConfigError
+from offsetlake.files import from_delta_path, open_filesystem
+from offsetlake.formats.records import table_schema
+from offsetlake.kafka import TP, KafkaCluster
+from offsetlake.protocol.commit import Change, Committed, commit, new_attempt_id
+from offsetlake.protocol.ledger import ledger_at, read_ledger, txn_actions
+from offsetlake.protocol.metadata import CommitMetadata, Run, flat_offsets
+from offsetlake.table import open_table
+
+DEFAULT_CLEANUP_AGE_SECONDS = 3600  # older than any batch in flight: a batch writes and commits within minutes
+
+
+@dataclass
+class CleanupResult:
+    table: str
+    deleted: list[str]
+    kept_recent: int
+    dry_run: bool
+
+    def summary(self) -> str:
+        verb = "would delete" if self.dry_run else "deleted"
+        return (
+            f"{self.table}: {verb} {len(self.deleted)} orphaned files; kept {self.kept_recent} unreferenced "
+            f"files younger than the safety window (a batch may still be writing them)"
+        )
+
+
+def referenced_files(uri: str) -> set[str]:
+    """Every data file any commit still in the log (or its checkpoint) adds: time travel may need it."""
+    fs, root = open_filesystem(uri)
+    log_dir = f"{root.rstrip('/')}/_delta_log"
+    paths: set[str] = set()
+    for info in fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True)):
+        if info.base_name.endswith(".json") and info.base_name[:20].isdigit():
+            with fs.open_input_stream(info.path) as stream:
+                for line in stream.read().decode().splitlines():
+                    action = json.loads(line) if line.strip() else {}
+                    for kind in ("add", "remove"):
+                        if kind in action:
+                            paths.add(from_delta_path(action[kind]["path"]))
+        elif ".checkpoint" in info.base_name and info.base_name.endswith(".parquet"):
+            adds = pq.read_table(info.path, filesystem=fs, columns=["add"]).column("add").to_pylist()
+            paths.update(from_delta_path(a["path"]) for a in adds if a)
+    return paths
+
+
+def cleanup(uri: str, older_than_seconds: int = DEFAULT_CLEANUP_AGE_SECONDS, dry_run: bool = False) -> CleanupResult:
+    """Delete files under the table that no commit references and that are older than the window."""
+    if older_than_seconds < 60:
+        raise ConfigError(
+            "cleanup safety window must be at least 60 seconds: younger files may belong to a batch in flight"
+        )
+    open_table(uri)  # fail clearly if there is no table here
+    fs, root = open_filesystem(uri)
+    prefix = root.rstrip("/") + "/"
+    referenced = referenced_files(uri)
+    cutoff = time.time() - older_than_seconds
+    deleted, recent = [], 0
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        rel = info.path.removeprefix(prefix)
+        if info.type != pafs.FileType.File or rel.startswith("_delta_log/") or not rel.endswith(".parquet"):
+            continue
+        if rel in referenced:
+            continue
+        if info.mtime and info.mtime.timestamp() > cutoff:
+            recent += 1
+            continue
+        if not dry_run:
+            fs.delete_file(info.path)
+        deleted.append(rel)
+    return CleanupResult(uri, sorted(deleted), recent, dry_run)
+
+
+MIN_VACUUM_RETENTION_HOURS = DEFAULT_CLEANUP_AGE_SECONDS // 3600  # never below the clean-up safety window
+
+
+@dataclass
+class VacuumResult:
+    table: str
+    deleted: list[str]
+    retention_hours: int
+    dry_run: bool
+
+    def summary(self) -> str:
+        verb = "would delete" if self.dry_run else "deleted"
+        return (
+            f"{self.table}: {verb} {len(self.deleted)} data files that no version of the last "
+            f"{self.retention_hours} h needs"
+        )
+
+
+def vacuum(
+    uri: str, pipeline: str, retention_hours: int | None = None, dry_run: bool = False, run: Run | None = None
+) -> VacuumResult:
+    """Delete data files that no version inside the retention needs.
+
+    A file stays while the current version uses it, while its removal is younger than the
+    retention (time travel and RESTORE to any version inside it still work), and while it was
+    written less than the retention ago (an attempt in flight). Everything else under the
+    table goes: delta-rs' "full" vacuum. The "lite" one reads only the tombstones, and a
+    checkpoint drops tombstones older than delta.deletedFileRetentionDuration, so it would
+    miss every file removed before the newest checkpoint (a stream checkpoints every few
+    minutes): the table would keep them forever. The retention defaults to the table's
+    delta.deletedFileRetentionDuration and is never below the clean-up safety window.
+    """
+    table = open_table(uri)
+    hours = retention_hours if retention_hours is not None else _deleted_file_retention_hours(table)
+    if hours < MIN_VACUUM_RETENTION_HOURS:
+        raise ConfigError(
+            f"vacuum retention {hours} h is below the clean-up safety window of "
+            f"{MIN_VACUUM_RETENTION_HOURS} h: a batch in flight or a RESTORE could lose its files"
+        )
+    meta = CommitMetadata(pipeline, "vacuum", attempt=new_attempt_id(), run=run or Run.here())
+    deleted = table.vacuum(
+        retention_hours=hours,
+        dry_run=dry_run,
+        enforce_retention_duration=False,
+        full=True,
+        commit_properties=CommitProperties(custom_metadata={"userMetadata": meta.to_json()}),
+    )
+    return VacuumResult(uri, sorted(deleted), hours, dry_run)
+
+
+def _deleted_file_retention_hours(table) -> int:
+    """The table's delta.deletedFileRetentionDuration ("interval 168 hours", "interval 7 days"), in hours."""
+    text = table.metadata().configuration.get("delta.deletedFileRetentionDuration") or "interval 7 days"
+    parts = text.split()
+    number, unit = int(parts[-2]), parts[-1].rstrip("s")
+    return int(number * {"week": 168, "day": 24, "hour": 1, "minute": 1 / 60, "second": 1 / 3600}.get(unit, 24))
+
+
+def checkpoint(uri: str) -> int:
+    """Write a Delta checkpoint of the latest version, then remove commit files older than the table's
+    log retention that the checkpoint covers. The ledger (txn actions) is part of the checkpoint."""
+    table = open_table(uri)
+    table.create_checkpoint()
+    table.cleanup_metadata()
+    return table.version()
+
+
+def parse_offsets(text: str) -> dict[TP, int]:
+    """`topic:partition=offset[,...]` from the command line."""
+    out: dict[TP, int] = {}
+    for item in (text or "").split(","):
+        where, _, offset = item.strip().rpartition("=")
+        topic, _, partition = where.rpartition(":")
+        if not (topic and partition.isdigit() and offset.isdigit()):
+            raise ConfigError(f"bad offset {item.strip()!r}: expected topic:partition=offset, e.g. events:0=1200")
+        out[(topic, int(partition))] = int(offset)
+    return out
+
+
+def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run: Run | None = None) -> int:
+    """Move the ledger to `offsets` as a `reset` commit (no data). Returns the table version."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ConfigError("reset needs a reason (it is recorded in the table history)")
+    cluster = KafkaCluster(cfg.kafka)
+    tps = cluster.partitions(cfg.topics)
+    starts, ends = cluster.start_offsets(tps), cluster.end_offsets(tps, cfg.kafka.isolation_level)
+    for tp, offset in offsets.items():
+        if tp not in starts:
+            raise ConfigError(f"unknown partition {tp[0]}[{tp[1]}] for pipeline {cfg.name!r}")
+        if not starts[tp] <= offset <= ends[tp]:
+            raise ConfigError(
+                f"offset {offset} for {tp[0]}[{tp[1]}] is outside what Kafka holds [{starts[tp]}, {ends[tp]}]"
+            )
+    schema = table_schema(cfg)
+    attempt, run = new_attempt_id(), run or Run.here()
+
+    def decide(table) -> Change:
+        ledger = read_ledger(table, cfg.name, tps)
+        new, batch = {**ledger.offsets, **offsets}, ledger.next_batch()
+        metadata = CommitMetadata(
+            cfg.name,
+            "reset",
+            batch=batch,
+            attempt=attempt,
+            reason=reason[:500],
+            from_=flat_offsets(ledger.offsets),
+            offsets=flat_offsets(new),
+            run=run,
+        )
+        return Change(
+            metadata, txns=txn_actions(cfg.name, batch, new), schema=schema, partition_by=cfg.table.partition_by
+        )
+
+    outcome = commit(
+        cfg.table_path,
+        decide,
+        "reset",
+        open_=lambda uri: open_table(
+            uri, schema, cfg.table.partition_by, cfg.name, properties=cfg.maintenance.table_properties()
+        ),
+    )
+    assert isinstance(outcome, Committed)  # decide() always writes
+    return outcome.version
+
+
+def restore(cfg: PipelineConfig, version: int, run: Run | None = None) -> int:
+    """Delta RESTORE to `version` and, in the same commit, the ledger as it was at that version.
+
+    Committed with no automatic retry, like every commit: a batch committed meanwhile would
+    otherwise be rebased under the restore, its rows kept while the ledger goes back to
+    `version`, and the next ingest would read them again. We decide again instead.
+    """
+    cluster = KafkaCluster(cfg.kafka)
+    tps = cluster.partitions(cfg.topics)
+    attempt, run = new_attempt_id(), run or Run.here()
+
+    def decide(table) -> Change:
+        if not 0 <= version < table.version():
+            raise ConfigError(
+                f"version {version} is not an earlier version of {cfg.table_path} (now {table.version()})"
+            )
+        current = read_ledger(table, cfg.name, tps)
+        then = ledger_at(cfg.table_path, cfg.name, tps, version)
+        # Partitions the ledger did not know at that version start again from their earliest offset.
+        offsets = {**cluster.start_offsets(tps), **then.offsets}
+        batch = current.next_batch()
+        metadata = CommitMetadata(
+            cfg.name,
+            "restore",
+            batch=batch,
+            attempt=attempt,
+            restored_version=version,
+            from_=flat_offsets(current.offsets),
+            offsets=flat_offsets(offsets),
+            run=run,
+        )
+        return Change(metadata, txns=txn_actions(cfg.name, batch, offsets), restore_version=version)
+
+    outcome = commit(cfg.table_path, decide, "restore")
+    assert isinstance(outcome, Committed)  # decide() always writes
+    return outcome.version

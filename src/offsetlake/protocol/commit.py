@@ -1,0 +1,254 @@
+"""The one commit path: every change offsetlake makes to a Delta table goes through `commit()`.
+
+Ingest, quarantine, backfill, reset and restore (and maintenance and upserts to come)
+each say only *what* to write, given a snapshot of the table. How it is written is
+decided here, once:
+
+1. Decide against one snapshot. `commit` opens the table and hands that snapshot to
+   the caller's `decide`, which reads the ledger from it and returns either the
+   `Change` to make or a `Settled` saying why nothing must be written.
+2. A write is refused exactly when `decide` refuses it. For a batch that is
+   `verdict`: the ledger's batch number is at or past ours (a retry, a duplicate
+   run, or a zombie that woke after its retry succeeded), or the ledger's offsets
+   moved since we planned. Nothing is committed and the attempt's files go.
+3. Commit without rebase (`max_commit_retries=0`): the data, the `txn` actions (the
+   ledger) and `userMetadata` in one Delta commit, made against the exact snapshot
+   we decided on. If anyone committed after that snapshot, Delta's put-if-absent of
+   the next log entry fails us, and we go back to 1. Check-then-commit is atomic.
+4. After `MAX_ATTEMPTS` conflicts: `CommitConflictError`, one line, nothing written.
+5. Any other error while committing leaves us unsure whether the commit landed (an
+   object store that times out after the write): we look for this attempt's id in
+   the newest commits before reporting failure, so clean-up never deletes a
+   committed file.
+6. A change that adds columns (`Change.evolve`: a registry record with a newer
+   schema) must carry the table's new schema in the same commit. delta-rs writes a
+   metaData action only through `write_deltalake(schema_mode="merge")`, which writes
+   its own data files, so the attempt's files are read back and written through it
+   (with the same txn actions, userMetadata and no rebase); the attempt's own files
+   then go like any unreferenced file. Only the batch that brings a new column pays.
+
+Files are written before the commit under names that carry the attempt id;
+`attempt_files` removes the ones no landed commit references.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+import msgspec
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction
+
+from offsetlake.errors import CommitConflictError, OffsetlakeError
+from offsetlake.files import DataFile, read_file
+from offsetlake.protocol.ledger import Ledger
+from offsetlake.protocol.metadata import CommitMetadata
+from offsetlake.protocol.planning import BatchPlan
+from offsetlake.table import delete_attempt_files, delete_files, open_table
+
+log = logging.getLogger("offsetlake.protocol.commit")
+MAX_ATTEMPTS = 50  # conflicts with unrelated commits (OPTIMIZE, another writer); each retry decides again
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one commit writes, decided against one snapshot."""
+
+    metadata: CommitMetadata  # must carry the attempt id (see step 5 above)
+    actions: Sequence[AddAction | RemoveAction] = field(default_factory=list)
+    txns: list[Transaction] = field(default_factory=list)  # the ledger: Delta `txn` actions
+    schema: pa.Schema | None = None
+    partition_by: list[str] = field(default_factory=list)
+    restore_version: int | None = None  # a Delta RESTORE to this version instead of a write
+    evolve: bool = False  # `schema` adds columns to the table: written with them in this commit (step 6)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Nothing to write: why."""
+
+    status: str  # already_committed | superseded | nothing_to_do
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Committed:
+    version: int
+    change: Change
+    status: str = "committed"
+    rewritten: frozenset[str] | None = None  # an evolving change: the files written in its place
+
+    def added_paths(self) -> set[str]:
+        """The files this commit references: clean-up must keep them."""
+        if self.rewritten is not None:
+            return set(self.rewritten)
+        return {a.path for a in self.change.actions if isinstance(a, AddAction)}
+
+
+Decide = Callable[[DeltaTable], "Change | Settled"]
+
+
+def commit(
+    uri: str,
+    decide: Decide,
+    what: str,
+    open_: Callable[[str], DeltaTable] = open_table,
+    snapshot: DeltaTable | None = None,
+) -> Committed | Settled:
+    """Open -> decide -> commit without rebase; on a conflict, all again. See the module docstring.
+
+    `snapshot`: a table object the caller has just loaded, used for the first decision instead of
+    loading again (if it is stale, the commit fails on the conflict and the next try loads)."""
+    for conflicts in range(MAX_ATTEMPTS):
+        table, snapshot = snapshot or open_(uri), None
+        change = decide(table)
+        if isinstance(change, Settled):
+            return change
+        if conflicts:  # recorded in the commit itself: a metric of contention (the Airflow view shows it)
+            change = replace(change, metadata=msgspec.structs.replace(change.metadata, conflicts=conflicts))
+        try:
+            if change.evolve:
+                return _apply_evolving(uri, table, change)
+            return Committed(_apply(table, change), change)
+        except CommitFailedError:
+            log.info("%s: another commit landed first; deciding again", what)
+        except Exception:
+            version = _landed_version(uri, change.metadata.attempt)
+            if version is None:
+                raise
+            return Committed(version, change)
+    raise CommitConflictError(what, MAX_ATTEMPTS)
+
+
+def _properties(change: Change) -> CommitProperties:
+    """userMetadata, the ledger's txn actions, and no rebase: a commit lands on the snapshot decided on."""
+    return CommitProperties(
+        custom_metadata={"userMetadata": change.metadata.to_json()},
+        max_commit_retries=0,
+        app_transactions=change.txns or None,
+    )
+
+
+def _apply(table: DeltaTable, change: Change) -> int:
+    properties = _properties(change)
+    if change.restore_version is not None:
+        table.restore(change.restore_version, commit_properties=properties)
+        return table.version()  # restore, unlike a write transaction, moves the table object on
+    assert change.schema is not None, "a write names the table's schema"  # every writer's Change does
+    table.create_write_transaction(
+        list(change.actions),
+        mode="append",
+        schema=change.schema,
+        partition_by=change.partition_by or None,
+        commit_properties=properties,
+    )
+    # No rebase: a successful commit is exactly the version after the snapshot we decided on.
+    return table.version() + 1
+
+
+def _apply_evolving(uri: str, table: DeltaTable, change: Change) -> Committed:
+    """Step 6: the change's files written again through write_deltalake with the wider schema."""
+    if any(not isinstance(a, AddAction) for a in change.actions):
+        raise OffsetlakeError(
+            f"{change.metadata.kind} would add columns to the table while removing rows; "
+            f"ingest the records that bring the columns first"
+        )
+    before = _file_paths(table)
+    schema = change.schema
+    assert schema is not None, "an evolving write names its wider schema"
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for action in change.actions:
+            rows = read_file(uri, action.path)
+            for column in change.partition_by:
+                value = pa.array([(action.partition_values or {}).get(column)] * rows.num_rows, pa.string())
+                rows = rows.append_column(column, value.cast(schema.field(column).type))
+            yield from _conform(rows, schema).to_batches()
+
+    decided_on = table.version()
+    write_deltalake(
+        table,
+        pa.RecordBatchReader.from_batches(schema, batches()),
+        mode="append",
+        schema_mode="merge",
+        partition_by=change.partition_by or None,
+        commit_properties=_properties(change),
+    )
+    version = decided_on + 1  # no rebase, as in _apply
+    return Committed(version, change, rewritten=frozenset(_file_paths(DeltaTable(uri, version=version)) - before))
+
+
+def _file_paths(table: DeltaTable) -> set[str]:
+    return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+
+
+def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`rows` with exactly `schema`'s columns, in its order: columns it lacks are null."""
+    columns = [
+        rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _landed_version(uri: str, attempt: str | None) -> int | None:
+    """The version of this attempt's commit if it landed after all, else None."""
+    if not attempt:
+        return None
+    for entry in DeltaTable(uri).history(limit=MAX_ATTEMPTS):
+        meta = CommitMetadata.parse(entry.get("userMetadata"))
+        if meta is not None and meta.attempt == attempt:
+            return int(entry["version"])
+    return None
+
+
+def new_attempt_id() -> str:
+    """Names one attempt's files and commits, so clean-up and crash checks can find them."""
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass
+class AttemptFiles:
+    """The files one attempt wrote (`written`) and those a landed commit references (`kept`), per table."""
+
+    written: dict[str, set[str]]
+    kept: dict[str, set[str]]
+
+
+@contextmanager
+def attempt_files(attempt: str, *uris: str) -> Iterator[AttemptFiles]:
+    """On the way out, delete the attempt's files under each table except the `kept` ones.
+
+    Normally that is exactly the `written` files not kept: a few deletes, whatever the table's
+    size. After an error we may not know every file (a Spark job that failed half-way), so the
+    table is searched for the attempt's id. Files a failed Spark task attempt wrote inside a job
+    that then succeeded are never reported to the driver: `offsetlake cleanup` removes those."""
+    files = AttemptFiles({uri: set() for uri in uris}, {uri: set() for uri in uris})
+    try:
+        yield files
+    except BaseException:
+        for uri in uris:
+            delete_attempt_files(uri, attempt, keep=files.kept[uri])
+        raise
+    for uri in uris:
+        delete_files(uri, files.written[uri] - files.kept[uri])
+
+
+def add_actions(files: list[DataFile]) -> list[AddAction]:
+    return [AddAction(f.path, f.size, f.partition_values, f.modification_time, True, f.stats) for f in files]
+
+
+def verdict(ledger: Ledger, plan: BatchPlan) -> Settled | None:
+    """None when the plan may still commit against this ledger; otherwise why it must not."""
+    if ledger.batch is not None and ledger.batch >= plan.batch:
+        return Settled("already_committed", f"batch {plan.batch} is already committed (ledger at batch {ledger.batch})")
+    seen = {tp: ledger.offsets.get(tp) for tp in plan.starts}
+    if seen != plan.ledger_offsets:
+        return Settled("superseded", "the ledger moved since this batch was planned")
+    return None

@@ -1,0 +1,91 @@
+"""Bad records go to the pipeline's quarantine table, committed once per offset, before the batch commit.
+
+The quarantine commit carries its own per-partition `txn` offsets
+(`offsetlake:P:quarantine:<topic>:<partition>` = end of what is quarantined), so
+a retry after a crash between the quarantine commit and the batch commit adds
+only what is not quarantined yet, and no record is ever quarantined twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from offsetlake.files import DataFile, from_delta_path, read_file, write_file
+from offsetlake.formats.records import QUARANTINE_SCHEMA
+from offsetlake.protocol.commit import AttemptFiles, Change, Committed, Settled, add_actions, commit
+from offsetlake.protocol.ledger import quarantine_app_id, txn_actions
+from offsetlake.protocol.metadata import CommitMetadata, Run
+from offsetlake.protocol.planning import BatchPlan
+from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.table import open_table
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    range: OffsetRange  # the task range the file holds rows of
+    file: DataFile
+
+
+def commit_quarantine(
+    plan: BatchPlan,
+    bad: list[WrittenFile],
+    uri: str,
+    attempt: str,
+    run: Run,
+    files: AttemptFiles,
+    properties: dict[str, str] | None = None,
+) -> None:
+    """Commit the bad records of `plan` not quarantined yet; what it writes and commits goes into `files`.
+
+    An attempt with no bad records commits nothing here: reading the same offsets again gives
+    the same records, so no retry of it can have any to quarantine either."""
+    if not plan.ranges or not bad:
+        return
+
+    def decide(table: DeltaTable) -> Change | Settled:
+        covered = {
+            (r.topic, r.partition): table.transaction_version(quarantine_app_id(plan.pipeline, r.topic, r.partition))
+            for r in plan.ranges
+        }
+        if all(done is not None and done >= plan.ends[tp] for tp, done in covered.items()):
+            return Settled("already_committed", f"batch {plan.batch}: its bad records are quarantined already")
+        adds = [f for w in bad if (f := _uncovered_part(uri, w, covered[(w.range.topic, w.range.partition)], attempt))]
+        files.written[uri] |= {f.path for f in adds}
+        return Change(
+            CommitMetadata(plan.pipeline, "quarantine", batch=plan.batch, attempt=attempt, run=run),
+            actions=add_actions(adds),
+            schema=QUARANTINE_SCHEMA,
+            txns=txn_actions(
+                plan.pipeline,
+                None,
+                {tp: max(plan.ends[tp], covered[tp] or 0) for tp in covered},
+                prefix=quarantine_app_id,
+            ),
+        )
+
+    outcome = commit(
+        uri,
+        decide,
+        f"batch {plan.batch} quarantine",
+        open_=lambda u: open_table(u, QUARANTINE_SCHEMA, properties=properties),
+    )
+    if isinstance(outcome, Committed):
+        files.kept[uri] |= outcome.added_paths()
+
+
+def _uncovered_part(uri: str, written: WrittenFile, covered_to: int | None, attempt: str) -> DataFile | None:
+    """The file, or a rewrite of its rows at or past `covered_to`, or None if all were quarantined before."""
+    rng = written.range
+    if covered_to is None or covered_to <= rng.start:
+        return written.file
+    if covered_to >= rng.end:
+        return None
+    rows = read_file(uri, written.file.path)
+    rows = rows.filter(pc.greater_equal(rows["kafka_offset"], covered_to))
+    if rows.num_rows == 0:
+        return None
+    name = from_delta_path(written.file.path).replace(".parquet", f"-from{covered_to}.parquet")
+    return write_file(uri, name, rows, {})

@@ -1,0 +1,253 @@
+"""Read exactly one offset range [start, end) of one partition. Runs in Spark executors.
+
+Offsets are not dense: transaction markers occupy offsets, aborted records are
+skipped under read_committed and compacted topics have holes. So a range is
+complete when the consumer's *position* reaches `end`, never when some number
+of records has arrived; anything at or past `end` belongs to the next batch.
+No group subscription and no commits: the Delta table is the only ledger.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Iterator
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaError as _KErr
+
+from offsetlake.config import KafkaSettings
+from offsetlake.errors import DataLossError, KafkaError
+from offsetlake.kafka import client_settings, librdkafka_log
+from offsetlake.protocol.ranges import OffsetRange
+
+log = logging.getLogger("offsetlake.read.reader")
+
+MESSAGE_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("kafka_topic", pa.string()),
+        ("kafka_partition", pa.int32()),
+        ("kafka_offset", pa.int64()),
+        ("kafka_timestamp", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+# With format.include_headers: every header, in order, duplicates kept (Kafka allows them).
+HEADERS_FIELD = pa.field("headers", pa.map_(pa.string(), pa.binary()))
+
+
+def message_schema(headers: bool) -> pa.Schema:
+    return MESSAGE_SCHEMA.append(HEADERS_FIELD) if headers else MESSAGE_SCHEMA
+
+
+_LOST = {_KErr._AUTO_OFFSET_RESET, _KErr.OFFSET_OUT_OF_RANGE}
+_FATAL = {
+    _KErr.UNKNOWN_TOPIC_OR_PART,
+    _KErr._UNKNOWN_TOPIC,
+    _KErr._UNKNOWN_PARTITION,
+    _KErr.TOPIC_AUTHORIZATION_FAILED,
+    _KErr._AUTHENTICATION,
+    _KErr.SASL_AUTHENTICATION_FAILED,
+}
+
+
+# ---- fetch sizing ------------------------------------------------------------------------------------
+# A reader reads one partition, so its per-partition limit is its whole fetch. librdkafka's default
+# `max.partition.fetch.bytes` is 1 MiB: on Apache Kafka, which honours it, a reader then gets ~1 MiB per round
+# trip. Measured on Apache Kafka 4.1 (1M records of ~110 B, 4 partitions, 2 cores): `read_range` of one 250k
+# range 119k rec/s with the default, 362k-469k rec/s with 50 MiB; `offsetlake ingest` (raw) 213k-224k ->
+# 866k-1,120k rec/s, JSON 210k -> 740k-774k rec/s. noida-db ignores both limits and answers with the
+# partition's whole tail, so nothing on the embedded broker shows the effect (docs/speed.md).
+FETCH_BYTES = 50 * 1024 * 1024  # one response: fetch.max.bytes = max.partition.fetch.bytes
+# librdkafka keeps fetching ahead while a partition's queue holds less than this (and fewer than
+# queued.min.messages); a fetch in flight may overshoot it by one response. So what one reader holds in
+# librdkafka is at most QUEUE_BYTES + FETCH_BYTES, whatever the backlog (on Apache Kafka; see below).
+QUEUE_BYTES = 64 * 1024 * 1024
+# noida-db 0.2.3 ignores fetch.max.bytes and answers with the partition's whole tail (a 140 MB response
+# was measured for 1M records); librdkafka's 100 MB default then rejects every response and the read
+# stalls. On Apache Kafka a response never exceeds FETCH_BYTES (plus one record batch, which the
+# broker sends whole when it alone is larger: Kafka's message.max.bytes bounds that).
+RECEIVE_BYTES = 1_000_000_000
+
+
+def reader_memory_bound(max_records_per_task: int, record_bytes: int) -> int:
+    """What one reader holds at most, in bytes, on a broker that honours fetch limits: librdkafka's queue,
+    one fetch response in flight, and one range as Arrow (`record_bytes` each, lineage columns included).
+    A task holds two readers at once (it fetches the next range while writing the current one), but only
+    one range as Arrow (tasks.run_tasks_in_order), so a task's bound is this plus QUEUE_BYTES + FETCH_BYTES."""
+    return QUEUE_BYTES + FETCH_BYTES + max_records_per_task * record_bytes
+
+
+def reader_settings(settings: KafkaSettings, group: str) -> dict:
+    return client_settings(
+        settings,
+        **{
+            "group.id": group,  # required by librdkafka; never joined or committed
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "error",  # a missing offset is data loss, never a silent jump
+            "enable.partition.eof": True,
+            "isolation.level": settings.isolation_level,
+            "queued.max.messages.kbytes": QUEUE_BYTES // 1024,
+            "fetch.max.bytes": FETCH_BYTES,
+            "max.partition.fetch.bytes": FETCH_BYTES,
+            "receive.message.max.bytes": RECEIVE_BYTES,
+        },
+    )
+
+
+def read_range(
+    settings: KafkaSettings,
+    group: str,
+    rng: OffsetRange,
+    stall_seconds: float,
+    chunk: int = 20_000,
+    headers: bool = False,
+) -> Iterator[pa.RecordBatch]:
+    """Yield the records of `rng` as Arrow batches (`message_schema(headers)`), in offset order."""
+    with RangeReader(settings, group, rng, stall_seconds, chunk, headers) as reader:
+        yield from reader
+
+
+class RangeReader:
+    """The reader of one range, fetching from the moment it is made: librdkafka's threads fetch and parse
+    while the caller does other work (a task converts and writes one range while the next is fetched).
+    Iterate it once for the batches; close it (or use it as a context manager) in any case."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        group: str,
+        rng: OffsetRange,
+        stall_seconds: float,
+        chunk: int = 20_000,
+        headers: bool = False,
+    ):
+        self.settings, self.rng, self.stall_seconds, self.chunk, self.headers = (
+            settings,
+            rng,
+            stall_seconds,
+            chunk,
+            headers,
+        )
+        self._consumer = None
+        if rng.size <= 0:
+            return
+        # In an executor nobody configured logging: librdkafka's own lines would reach stderr, one a second
+        # per consumer while a broker is away. The reader logs each distinct error once instead (below).
+        librdkafka_log.setLevel(logging.CRITICAL)
+        self._consumer = Consumer(reader_settings(settings, group))
+        try:
+            self._consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
+        except KafkaException as err:
+            self.close()
+            raise _read_failed(rng, err) from None
+
+    def __enter__(self) -> RangeReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        if self._consumer is None:
+            return
+        try:
+            yield from self._batches(self._consumer)
+        except KafkaException as err:
+            raise _read_failed(self.rng, err) from None
+        finally:
+            self.close()
+
+    def _batches(self, consumer) -> Iterator[pa.RecordBatch]:
+        rng, settings, stall_seconds = self.rng, self.settings, self.stall_seconds
+        # A broker restarting or a leader moving shows as transient errors that librdkafka retries on its
+        # own; while they last, the read may wait up to kafka.retry_seconds instead of the stall limit.
+        transient: set[str] = set()
+        position, last_progress = rng.start, time.monotonic()
+        while position < rng.end:
+            # consume() waits for num_messages or the timeout: asking for no more than the range can
+            # still hold, with a short timeout, keeps the last call of a small range from idling.
+            messages = consumer.consume(num_messages=min(self.chunk, rng.end - position), timeout=0.1)
+            if any(m.error() is not None for m in messages):  # rare: the readable end, a broker away
+                for msg in messages:
+                    err = msg.error()
+                    if err is None:
+                        continue
+                    position = max(position, _handle_error(err, msg, rng, position))
+                    if err.code() != _KErr._PARTITION_EOF and err.str() not in transient:
+                        transient.add(err.str())
+                        log.warning(
+                            "read of %s: %s; waiting for the broker (up to %s s)",
+                            rng,
+                            err.str(),
+                            max(stall_seconds, settings.retry_seconds),
+                        )
+                messages = [m for m in messages if m.error() is None]
+            if messages:
+                # One column at a time, not one record at a time: the per-record Python work is what
+                # bounds a reader (offsets ascend within a partition, so `end` cuts the list once).
+                offsets = [m.offset() for m in messages]
+                cut = bisect.bisect_left(offsets, rng.end)
+                if cut < len(offsets):  # the rest belongs to the next batch
+                    messages, offsets, position = messages[:cut], offsets[:cut], rng.end
+                else:
+                    position = max(position, offsets[-1] + 1)
+                if offsets:
+                    last_progress = time.monotonic()
+                    transient.clear()
+                    yield _to_batch(messages, offsets, rng, self.headers)
+            elif position < rng.end:
+                # Markers and aborted records move the position without yielding anything.
+                fetched = consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset
+                if fetched > position:
+                    position, last_progress = fetched, time.monotonic()
+            limit = max(stall_seconds, settings.retry_seconds) if transient else stall_seconds
+            if position < rng.end and time.monotonic() - last_progress > limit:
+                raise KafkaError(
+                    f"read of {rng} stalled at offset {position} for {limit:.0f}s "
+                    f"(broker at {settings.bootstrap_servers} unreachable or topic truncated)"
+                )
+
+
+def _read_failed(rng: OffsetRange, err: KafkaException) -> KafkaError:
+    return KafkaError(f"read of {rng} failed: {err.args[0].str() if err.args else err}")
+
+
+def _handle_error(err, msg, rng: OffsetRange, position: int) -> int:
+    code = err.code()
+    if code == _KErr._PARTITION_EOF:
+        return msg.offset()  # the end of what is readable now (LSO or high watermark)
+    if code in _LOST:
+        raise DataLossError(
+            f"records lost: {rng.topic}[{rng.partition}] offsets from {position} are no "
+            f"longer in Kafka (retention or truncation) while reading {rng}"
+        )
+    if code in _FATAL or err.fatal():
+        raise KafkaError(f"read of {rng} failed: {err.str()}")
+    return position  # transient (broker restart, leader change): librdkafka retries
+
+
+def _to_batch(messages: list, offsets: list[int], rng: OffsetRange, headers: bool) -> pa.RecordBatch:
+    n = len(offsets)
+    keys = [m.key() for m in messages]
+    stamps = [m.timestamp() for m in messages]
+    arrays = [
+        pa.nulls(n, pa.binary()) if keys.count(None) == n else pa.array(keys, pa.binary()),
+        pa.array([m.value() for m in messages], pa.binary()),
+        pa.repeat(pa.scalar(rng.topic, pa.string()), n),
+        pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
+        pa.array(offsets, pa.int64()),
+        pa.array([ts if kind and ts >= 0 else None for kind, ts in stamps], pa.timestamp("ms", tz="UTC")),
+    ]
+    if headers:  # every header, in order: [(name, bytes | None)]
+        arrays.append(pa.array([m.headers() or [] for m in messages], HEADERS_FIELD.type))
+    return pa.record_batch(arrays, schema=message_schema(headers))

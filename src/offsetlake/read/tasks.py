@@ -1,0 +1,230 @@
+"""The Spark side of a batch: one task per offset range, each reads, converts and writes its files.
+
+Tasks run in Spark's Python workers (forked), so nothing here touches delta-rs.
+Each returns a small description of what it wrote; the driver commits those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.abc
+import importlib.machinery
+import sys
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from offsetlake import faults
+from offsetlake.config import PipelineConfig
+from offsetlake.files import DataFile, attempt_file_name, write_files
+from offsetlake.formats.evolution import schema_from_text, schema_to_text
+from offsetlake.formats.records import convert
+from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.read.reader import RangeReader, message_schema
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    cfg: PipelineConfig
+    batch: int
+    attempt: str
+    tasks: tuple[OffsetRange, ...]
+    fault_settings: dict
+    columns: pa.Schema | None = None  # the table's schema when planned (registry formats may add columns)
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off while a task runs. A task makes millions of short-lived
+    objects (one Kafka message each, then bytes, ints, tuples) and none in cycles; the collector would
+    scan them again and again as they are made: a quarter of a reader's time, measured."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        if in_spark_worker():
+            freeze_long_lived_objects()
+
+
+_frozen = False
+
+
+def freeze_long_lived_objects() -> None:
+    """Once per Python worker, after its first task: move what the worker holds by then (the modules the
+    task imported, their classes and functions) out of the collector's sight. Spark's reused workers
+    collect after every task (pyspark/daemon.py), before taking the next one, and that full collection
+    walked all of it: 50-120 ms between two tasks of one worker, measured with py-spy; under 1 ms
+    frozen. Later tasks' objects are collected as usual. No collection first: it would cost the first
+    batch 25-80 ms, and a task leaves no cyclic garbage behind (gc.collect() found 0 objects after
+    one), so what is frozen by mistake is at most the imports' few cycles, once per worker."""
+    global _frozen
+    if not _frozen:
+        gc.freeze()
+        _frozen = True
+
+
+@contextlib.contextmanager
+def pandas_left_out():
+    """pandas unimportable while a task runs, in a worker that has not imported it.
+
+    pyarrow checks the inputs it converts for pandas objects (`pa.array` and `pa.scalar` without a
+    type, a compute function given a Python number), and where pandas is installed (pyspark brings
+    it) its first check imports it: 0.37 s in each Python worker, on the first task of every session,
+    where nothing a task does uses pandas. py-spy showed it as a third of a worker's first task.
+    While `import pandas` raises ImportError, pyarrow takes the inputs for what they are and goes on
+    (pandas-shim.pxi). After the task the import works again: a later job in the worker that wants
+    pandas (`to_pandas`, pyspark's pandas UDFs) imports it then."""
+    if "pandas" in sys.modules:
+        yield
+        return
+    sys.meta_path.insert(0, _NO_PANDAS)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(_NO_PANDAS)
+
+
+class _PandasNotFound:
+    """An import finder under which `import pandas` raises ImportError while it is on sys.meta_path.
+
+    It finds pandas (`importlib.util.find_spec` answers as it would without it: polars asks that when
+    it is first imported and keeps the answer) and fails only when the module would be executed, so
+    nothing but the import itself sees the difference, and a failed import leaves no trace in
+    sys.modules."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != "pandas":  # its submodules import it first
+            return None
+        return importlib.machinery.ModuleSpec(name, _NotLoaded())
+
+
+class _NotLoaded(importlib.abc.Loader):
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        raise ImportError(f"{module.__name__} is left out while an offsetlake task runs", name=module.__name__)
+
+
+_NO_PANDAS = _PandasNotFound()
+
+
+def spark_task_context():
+    """The running Spark task's context; None outside a Spark task (a driver, a test)."""
+    from pyspark import TaskContext as SparkTaskContext
+
+    return SparkTaskContext.get()
+
+
+def in_spark_worker() -> bool:
+    return spark_task_context() is not None
+
+
+def run_tasks_in_order(ctx: TaskContext, indexes: list[int]) -> list[dict]:
+    """Run the tasks `indexes` one after another in this Spark task. The next task's range is opened
+    (librdkafka starts fetching and parsing it in its own threads) before the current one is converted
+    and written: a task's first records take a fifth to a third of it to arrive, mostly the broker's
+    time, and that wait now overlaps with work. At most two ranges are held at a time, one as Arrow
+    and the next in librdkafka's queue."""
+    out: list[dict] = []
+    with collector_paused(), pandas_left_out():
+        reader: RangeReader | None = open_range(ctx, indexes[0])
+        try:
+            for position, index in enumerate(indexes):
+                assert reader is not None  # opened for this index by the iteration before
+                messages = read_all(ctx, reader)
+                reader = open_range(ctx, indexes[position + 1]) if position + 1 < len(indexes) else None
+                out += convert_and_write(ctx, index, messages)
+                del messages  # before the next range is read: one range as Arrow at a time
+        finally:
+            if reader is not None:
+                reader.close()
+    return out
+
+
+def open_range(ctx: TaskContext, index: int) -> RangeReader:
+    cfg = ctx.cfg
+    return RangeReader(
+        cfg.kafka,
+        f"{cfg.consumer_group}.reader",
+        ctx.tasks[index],
+        cfg.batch.read_timeout_seconds,
+        headers=cfg.format.include_headers,
+    )
+
+
+def read_all(ctx: TaskContext, reader: RangeReader) -> pa.Table:
+    messages = pa.Table.from_batches(list(reader), schema=message_schema(ctx.cfg.format.include_headers))
+    faults.hit("after_read", ctx.fault_settings)
+    return messages
+
+
+def convert_and_write(ctx: TaskContext, index: int, messages: pa.Table) -> list[dict]:
+    cfg = ctx.cfg
+    rows, bad = convert(cfg, messages, ctx.columns)
+    task_attempt = spark_task_attempt()
+
+    def name(part: int) -> str:
+        return attempt_file_name(ctx.batch, ctx.attempt, index, task_attempt, part)
+
+    # What the task read and wrote, one dict each; kind: read (record count) | schema (of the rows) |
+    # data and quarantine (a DataFile as JSON, its row count).
+    out = [
+        {"task": index, "kind": "read", "file": None, "records": messages.num_rows},
+        {"task": index, "kind": "schema", "file": schema_to_text(rows.schema), "records": 0},
+    ]
+    for kind, uri, table, partition_by in (
+        ("data", cfg.table_path, rows, cfg.table.partition_by),
+        ("quarantine", cfg.quarantine_path, bad, []),
+    ):
+        for f in write_files(uri, table, partition_by, name):
+            out.append({"task": index, "kind": kind, "file": f.to_json(), "records": f.num_records})
+    faults.hit("after_task_write", ctx.fault_settings)  # its files are on disk, not yet reported
+    return out
+
+
+def spark_task_attempt() -> int:
+    """Spark's id of the running task attempt, unique within the application (0 outside Spark)."""
+    context = spark_task_context()
+    return context.taskAttemptId() if context is not None else 0
+
+
+def task_function(ctx: TaskContext, slots: list[list[int]]):
+    """The function given to mapPartitionsWithIndex over one partition per slot: the partition's index
+    is the slot's, and the slot lists the tasks it runs in order (planning.assign_slots). A plain RDD
+    job, not a DataFrame one: the first job of a session then skips Spark SQL's code generation and
+    Arrow's JVM side, about 2 s of every spark-submit's first batch."""
+
+    def run(slot: int, _rows) -> list[dict]:
+        return run_tasks_in_order(ctx, slots[slot])
+
+    return run
+
+
+@dataclass
+class TaskResults:
+    read: dict[int, int]  # records read, per task
+    data: list[tuple[int, DataFile]]  # (task, file)
+    quarantine: list[tuple[int, DataFile]]
+    schemas: list[pa.Schema]  # of the rows each task wrote (registry formats: may add columns)
+    job: tuple[float, float] | None = None  # epoch seconds the Spark job was submitted and ended
+
+
+def parse_results(rows) -> TaskResults:
+    """What the tasks read and wrote, from their collected results."""
+    read, data, quarantine, schemas = {}, [], [], []
+    for row in rows:
+        if row["kind"] == "read":
+            read[row["task"]] = row["records"]
+        elif row["kind"] == "schema":
+            schemas.append(schema_from_text(row["file"]))
+        elif row["kind"] == "data":
+            data.append((row["task"], DataFile.from_json(row["file"])))
+        else:
+            quarantine.append((row["task"], DataFile.from_json(row["file"])))
+    return TaskResults(read, data, quarantine, schemas)

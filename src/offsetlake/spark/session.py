@@ -1,0 +1,171 @@
+"""Spark session and settings for offsetlake jobs.
+
+Under spark-submit the master and resources come from spark-submit (and, from
+Airflow, from the `spark_default` connection); run from the CLI or tests the
+master is `local[*]` (or OFFSETLAKE_SPARK_MASTER). The driver binds to loopback
+only when the master is local: on a cluster executors must reach the driver, so
+its address is Spark's own choice (SPARK_LOCAL_IP, else the host name's address).
+The UI is off unless asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from offsetlake.spark import jvm_archive
+
+DEFAULTS_FILE = "include/spark-defaults.conf"
+DEFAULTS = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.python.worker.reuse": "true",
+    # Workers that do not re-read pyspark.zip before every task (see offsetlake/spark/daemon.py).
+    "spark.python.daemon.module": "offsetlake.spark.daemon",
+    # The JVM and its Python workers talk over Unix domain sockets instead of loopback TCP, where each
+    # task's worker waited ~40 ms for its (empty) input before the task's function ran: a small write
+    # held back by Nagle's algorithm until the delayed ACK. 50 -> 10 ms per task, measured.
+    "spark.python.unix.domain.socket.enabled": "true",
+    "spark.log.level": "WARN",
+}
+LOOPBACK = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+# The driver JVM compiles with C1 only. A session started 0.9 s sooner and its first job took 0.5 s
+# instead of 0.67 s (spark-submit of a job that does nothing, medians of 4, 2 cores): C2 spends the
+# first seconds compiling what start-up runs once. The driver schedules tasks and passes their small
+# results; the records never go through it (Python workers read Kafka and write Parquet), so it has
+# no hot loop for C2 to pay back, in a batch or in an hour-long stream (`make bench` measures both).
+# Executors on a cluster keep their JVM's default.
+DRIVER_JIT = "-XX:TieredStopAtLevel=1"
+
+
+def is_local(master: str) -> bool:
+    return master.startswith("local")
+
+
+def spark_conf(master: str) -> dict[str, str]:
+    """Settings for a job on `master`: ours, include/spark-defaults.conf, loopback bindings if local, and
+    the driver JVM's options: its class archive when this machine has one (offsetlake/spark/jvm_archive.py) and
+    C1 only (DRIVER_JIT), before any driver options of spark-defaults.conf (the JVM keeps the last)."""
+    conf = {**DEFAULTS, **read_defaults(), **(LOOPBACK if is_local(master) else {})}
+    key = "spark.driver.extraJavaOptions"
+    conf[key] = f"{jvm_archive.driver_java_options()} {DRIVER_JIT} {conf.get(key, '')}".strip()
+    return conf
+
+
+def build_session(app_name: str, master: str | None = None, extra_conf: dict | None = None):
+    # Python workers must run this interpreter: it is the one with offsetlake and its dependencies.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if not under_spark_submit() or master:  # spark-submit already set master and conf
+        master = master or os.environ.get("OFFSETLAKE_SPARK_MASTER", "local[*]")
+        builder = builder.master(master)
+        for key, value in spark_conf(master).items():
+            builder = builder.config(key, value)
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def under_spark_submit() -> bool:
+    """True in a driver that spark-submit started: its JVM is already running."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+class LazySession:
+    """A Spark session started on first use: a run with nothing to read never starts a JVM.
+
+    `offsetlake ingest` on an up-to-date pipeline then answers in about a second
+    instead of the JVM's start-up time, and a job killed while planning costs as little.
+    Under spark-submit the JVM runs already, and `start_early` starts the session in the
+    background while the driver plans (Kafka, the Delta log), so the two overlap.
+    """
+
+    def __init__(self, app_name: str, master: str | None = None):
+        self.app_name, self.master = app_name, master
+        self.ready_at: float | None = None  # epoch seconds the session was up
+        self._session = None
+        self._starting: threading.Thread | None = None
+
+    def start_early(self) -> None:
+        """Under spark-submit, start the session in a background thread now (elsewhere: nothing; the
+        first `get` starts it). PySpark leaves SIGINT alone when its context starts off the main thread."""
+        if not under_spark_submit() or self._session is not None or self._starting is not None:
+            return
+        self._starting = threading.Thread(target=self._start, name="offsetlake-spark-start", daemon=True)
+        self._starting.start()
+
+    def _start(self) -> None:
+        try:
+            self._session = build_session(self.app_name, self.master)
+            self.ready_at = time.time()
+        except Exception:  # noqa: BLE001 - get() starts it again in the caller's thread, which sees the error
+            pass
+
+    def _join(self) -> None:
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+
+    def get(self):
+        self._join()
+        if self._session is None:
+            self._session = build_session(self.app_name, self.master)
+            self.ready_at = time.time()
+        return self._session
+
+    def stop(self) -> None:
+        self._join()
+        if self._session is not None:
+            self._session.stop()
+            self._session = None
+
+
+def process_started(pid: int | str = "self") -> float | None:
+    """Epoch seconds at which process `pid` started, to the kernel's clock tick (Linux /proc); None
+    where that cannot be read."""
+    try:
+        since_boot = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return time.time() - uptime + since_boot / os.sysconf("SC_CLK_TCK")
+
+
+def startup_report(session_ready: float | None, first_job: tuple[float, float] | None) -> str | None:
+    """Under spark-submit (client mode: this driver's parent is spark-submit's JVM), where a run's first
+    seconds went, counted from that JVM's start: a line for the task log. None elsewhere."""
+    jvm = process_started(os.getppid()) if under_spark_submit() else None
+    driver = process_started()
+    if jvm is None or driver is None or session_ready is None:
+        return None
+    marks = [f"Python driver {driver - jvm:.2f}", f"Spark session ready {session_ready - jvm:.2f}"]
+    if first_job:
+        marks.append(f"first Spark job {first_job[0] - jvm:.2f} to {first_job[1] - jvm:.2f}")
+    return "start-up, seconds after spark-submit's JVM started: " + ", ".join(marks)
+
+
+def session_of(spark):
+    """The SparkSession behind `spark`, which may be a LazySession."""
+    return spark.get() if isinstance(spark, LazySession) else spark
+
+
+def read_defaults() -> dict[str, str]:
+    """include/spark-defaults.conf, in spark-defaults format (key whitespace value)."""
+    home = Path(os.environ.get("OFFSETLAKE_HOME", os.getcwd()))
+    path = home / DEFAULTS_FILE
+    if not path.is_file():
+        return {}
+    conf = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition(" ")
+            conf[key] = value.strip()
+    return conf
