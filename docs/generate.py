@@ -134,7 +134,7 @@ def cli_page() -> str:
         "",
     ]
     for name, command in sub.choices.items():
-        lines += [f"## `offsetlake {name}`", "", f"{helps.get(name, '')}.", ""]
+        lines += [f"## `offsetlake {name}`", "", _text(command.description or f"{helps.get(name, '')}."), ""]
         options = [a for a in command._actions if a.dest != "help"]
         if options:
             lines += ["| option | meaning | default |", "|---|---|---|"]

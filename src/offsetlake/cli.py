@@ -75,13 +75,48 @@ def _add_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", help="Spark master (default local[*]; under spark-submit, spark-submit's)")
 
 
+# What each command does, in full: its --help, and the generated CLI reference (docs/reference/cli.md).
+DESCRIPTIONS = {
+    "status": "Per partition: committed offset (the ledger), log start, end offset (the LSO under read_committed), "
+    "lag.",
+    "history": "The pipeline's commits: version, batch, kind, rows, quarantined, exact ranges; rewinds and recorded "
+    "data loss.",
+    "show": "Row count and the newest rows.",
+    "ingest": "Catch up to the end offsets taken now, in as many batches as batch.max_records_per_batch needs.",
+    "stream": "The same batches in a loop in one Spark session; SIGTERM or Ctrl-C stops it between batches. A broker "
+    "restart shorter than kafka.retry_seconds is waited out (each retry logged once), not failed on; one warning at "
+    "start when its log and deleted-file windows outgrow its rate.",
+    "backfill": "Re-read offset ranges (or a time window) and replace their rows in one commit. Refused past the "
+    "ledger's end or below Kafka's log start; the ledger's end is checked again when it commits, so a restore or "
+    "reset that moved the ledger back meanwhile refuses it.",
+    "audit": "Compare the rows with Kafka under read_committed (missing, duplicated, unexpected), and check the "
+    "ledger's continuity; exit 1 if anything is wrong.",
+    "repair": "Audit, backfill every damaged span, audit again.",
+    "cleanup": "Delete files no commit references (killed attempts) older than --older-than seconds, so in-flight "
+    "batches are safe.",
+    "reset": "Move the ledger to the given offsets, recorded as a reset commit with the reason.",
+    "restore": "Delta RESTORE to a version and, in the same commit, the ledger as of that version.",
+    "recover": "What the recovery DAG runs: an optional reset, the audit, an optional repair and cleanup; exit 1 if "
+    "problems remain.",
+    "optimize": "Compact small files of the table and its quarantine (dataChange=false; the ledger is untouched).",
+    "vacuum": "Delete data files removed longer ago than the retention (never below 1 hour).",
+    "checkpoint": "Write a Delta checkpoint, then remove commit files past the table's log retention.",
+    "maintain": "What the maintenance DAG runs: optimize, vacuum and checkpoint, each on request, for the table and "
+    "its quarantine.",
+    "produce": "Demo events through an idempotent and a transactional producer, with a share of aborted "
+    "transactions and, on request, records the schema rejects.",
+    "schema": "Print the pipeline file's JSON Schema, generated from the models that read it.",
+    "broker": "The embedded noida-db broker on 127.0.0.1 (demo and tests).",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="offsetlake", description="Kafka to Delta Lake, exactly once.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def command(name, help_text):
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=DESCRIPTIONS[name])
         p.add_argument("--pipeline", required=True, help="pipeline name (include/pipelines/NAME.yaml)")
         p.add_argument("--pipelines-dir", help="folder of pipeline YAML files (default: include/pipelines)")
         return p
@@ -195,9 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="format avro: demo event schema 1, or 2 (adds a field 'country')",
     )
 
-    sub.add_parser("schema", help="print the pipeline file's JSON Schema (for editors and validators)")
+    sub.add_parser(
+        "schema",
+        help="print the pipeline file's JSON Schema (for editors and validators)",
+        description=DESCRIPTIONS["schema"],
+    )
 
-    b = sub.add_parser("broker", help="the embedded noida-db broker (demo and tests)")
+    b = sub.add_parser(
+        "broker", help="the embedded noida-db broker (demo and tests)", description=DESCRIPTIONS["broker"]
+    )
     b.add_argument("action", choices=["start", "stop"], help="start or stop it")
     b.add_argument("--data-dir", default=".offsetlake/broker", help="where it keeps its log")
     b.add_argument("--port", type=_positive_int, default=19092, help="its port on 127.0.0.1")
