@@ -118,6 +118,9 @@ class Sent:
     headers: list
     bad: str | None  # the reason the producer made it bad (a fragment the quarantine's error must hold)
     outcome: str = "in doubt"  # committed | aborted | in doubt (its transaction's end was not seen)
+    transaction: str | None = None
+    sent_at: float = 0.0  # wall clock: when it was produced, and when its transaction ended (for reports)
+    ended_at: float = 0.0
 
 
 class Journal:
@@ -134,7 +137,9 @@ class Journal:
         value = record.get("value")
         if bad is None and value in BAD_VALUES:
             bad = BAD_REASON[value]
-        sent = Sent(record.get("key"), value, _headers(record.get("headers")), bad)
+        sent = Sent(
+            record.get("key"), value, _headers(record.get("headers")), bad, transaction=transaction, sent_at=time.time()
+        )
 
         def delivered(err, msg) -> None:
             if err is not None:
@@ -152,6 +157,7 @@ class Journal:
         with self._lock:
             for sent in self._open.pop(transaction, []):
                 sent.outcome = "committed" if committed else "aborted"
+                sent.ended_at = time.time()
 
     def add(self, where: Offset, sent: Sent) -> None:
         """Record a record as placed (the meta-test states a producer's record this way)."""
@@ -512,7 +518,7 @@ def _check_producers(findings: Findings, journaled: dict[Offset, Sent], kafka, r
             continue
         findings.journaled += 1
         if record is None:
-            findings.add(PRODUCER_LOST, where, f"committed with value {_short(sent.value)!r}")
+            findings.add(PRODUCER_LOST, where, f"committed with value {_short(sent.value)!r} ({_when(sent)})")
             continue
         if (sent.key, sent.value, sent.headers) != (record.key, record.value, list(record.headers)):
             findings.add(
@@ -531,6 +537,15 @@ def _check_producers(findings: Findings, journaled: dict[Offset, Sent], kafka, r
                 findings.add(
                     QUARANTINE_WRONG, where, f"quarantined as {quarantine[where][0]['error']!r}, made bad as {reason!r}"
                 )
+
+
+def _when(sent: Sent) -> str:
+    """When a record was sent and its transaction ended, for a report beside the harness's event times."""
+    clock = time.strftime("%H:%M:%S", time.localtime(sent.sent_at)) + f".{int(sent.sent_at % 1 * 1000):03d}"
+    if sent.transaction is None:
+        return f"sent {clock} outside a transaction"
+    ended = time.strftime("%H:%M:%S", time.localtime(sent.ended_at)) + f".{int(sent.ended_at % 1 * 1000):03d}"
+    return f"sent {clock} in transaction {sent.transaction[:8]}, ended {ended}"
 
 
 def _short(value: bytes | None) -> bytes | None:

@@ -476,9 +476,11 @@ class Chaos:
                 self.broker_restarts += 1
             down = time.monotonic()
             self.workload.broker_stopping()
+            self.log(f"broker stopping at {_clock()}")
             embedded_broker.stop(self.broker.pid)
             time.sleep(rng.uniform(0.2, 3.0))
             self.broker = embedded_broker.start(self.broker.data_dir, port=self.broker.port)
+            self.log(f"broker back at {_clock()}")
             with self.lock:
                 self.broker_restarts += 1  # jobs started while it was down may fail too
             self.workload.broker_restarted()
@@ -861,6 +863,11 @@ class Chaos:
         embedded_broker.stop(self.broker.pid)
         if self.registry is not None:
             embedded_registry.stop(self.registry.pid)
+
+
+def _clock() -> str:
+    now = time.time()
+    return time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
 
 
 def _print(*args) -> None:
