@@ -63,6 +63,16 @@ def bootstrap(broker) -> str:
 
 
 @pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """An S3-protocol server (moto's) on 127.0.0.1 with one bucket, for tables on object storage."""
+    from hosts import S3Server
+
+    server = S3Server.start(tmp_path_factory.mktemp("s3"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def spark():
     from offsetlake.spark.session import build_session
 

@@ -391,3 +391,75 @@ def _popen(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
         return subprocess.Popen(
             cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
+
+
+@dataclass
+class S3Server:
+    """moto's S3 server (`python -m moto.server`, from PyPI: what LocalStack's S3 runs on) on 127.0.0.1, in
+    memory, one bucket. The tests rely on its conditional writes (PutObject with If-None-Match answers 412
+    when the key exists: the put-if-absent of a Delta commit) and on listing in key order."""
+
+    pid: int
+    port: int
+    log: Path
+    bucket: str = "lake"
+    access_key: str = "offsetlake"
+    secret_key: str = "s3cret-object-store-key"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def storage_options(self, **extra: str) -> dict[str, str]:
+        """A table's storage_options for this server, put-if-absent by S3 conditional writes."""
+        return {
+            "AWS_ENDPOINT_URL": self.url,
+            "AWS_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_ALLOW_HTTP": "true",
+            "conditional_put": "etag",
+            **extra,
+        }
+
+    def client(self):
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+        )
+
+    def keys(self, prefix: str) -> list[str]:
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+    @staticmethod
+    def start(work: Path) -> S3Server:
+        port = free_port()
+        log = work / "s3.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        server = S3Server(proc.pid, port, log)
+        wait_for(server._accepts, "moto's S3 server accepting connections", 60, proc, log)
+        server.client().create_bucket(Bucket=server.bucket)
+        return server
+
+    def _accepts(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), 0.5).close()
+            return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        processes.stop(self.pid, timeout=20)

@@ -35,8 +35,10 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
+from deltalake import DeltaTable
 
 from offsetlake.config import HEADERS_COLUMN, KEY_COLUMN, LINEAGE_COLUMNS, UNKNOWN_FIELDS_COLUMN, KafkaSettings
+from offsetlake.files import storage_options
 from offsetlake.kafka import KafkaCluster
 from offsetlake.local.producer import BAD_VALUES
 from offsetlake.protocol.ledger import read_ledger
@@ -445,7 +447,7 @@ def _by_offset(rows: list[dict]) -> dict[Offset, list[dict]]:
 
 
 def _quarantine_rows(cfg) -> dict[Offset, list[dict]]:
-    if not (Path(cfg.quarantine_path) / "_delta_log").is_dir():
+    if not DeltaTable.is_deltatable(cfg.quarantine_path, storage_options(cfg.quarantine_path)):
         return {}
     return _by_offset(query(cfg.quarantine_path, "SELECT * FROM t").to_pylist())
 

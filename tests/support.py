@@ -18,6 +18,7 @@ from deltalake import DeltaTable
 
 import oracle
 from offsetlake.config import load_pipeline
+from offsetlake.files import storage_options
 from offsetlake.local import broker as embedded_broker
 from offsetlake.local import producer as demo_producer
 from offsetlake.protocol.ledger import pipeline_history
@@ -153,7 +154,7 @@ def table_lineage(uri: str) -> list[tuple[str, int, int]]:
 
 
 def quarantine_lineage(cfg) -> list[tuple[str, int, int]]:
-    if not (Path(cfg.quarantine_path) / "_delta_log").is_dir():
+    if not DeltaTable.is_deltatable(cfg.quarantine_path, storage_options(cfg.quarantine_path)):
         return []
     return table_lineage(cfg.quarantine_path)
 
@@ -265,9 +266,10 @@ def data_files_on_disk(table_path: str) -> set[str]:
 
 def pipeline_commits(cfg) -> list[HistoryEntry]:
     """The pipeline's commits, oldest first ([] before the table exists; any other error is raised)."""
-    if not DeltaTable.is_deltatable(cfg.table_path):
+    options = storage_options(cfg.table_path)
+    if not DeltaTable.is_deltatable(cfg.table_path, options):
         return []
-    return pipeline_history(DeltaTable(cfg.table_path), cfg.name)
+    return pipeline_history(DeltaTable(cfg.table_path, storage_options=options), cfg.name)
 
 
 def assert_quarantine_accounts_for_the_rest(cfg) -> int:

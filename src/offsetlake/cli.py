@@ -527,7 +527,13 @@ def _tables(cfg: PipelineConfig) -> list[str]:
     """What maintenance runs on: the table, and its quarantine table once one exists."""
     from deltalake import DeltaTable
 
-    return [cfg.table_path] + ([cfg.quarantine_path] if DeltaTable.is_deltatable(cfg.quarantine_path) else [])
+    from offsetlake.files import storage_options
+
+    return [cfg.table_path] + (
+        [cfg.quarantine_path]
+        if DeltaTable.is_deltatable(cfg.quarantine_path, storage_options(cfg.quarantine_path))
+        else []
+    )
 
 
 def cmd_recover(args) -> int:

@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from offsetlake import files
 from offsetlake.errors import ConfigError
 
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -243,11 +244,40 @@ class RecordFormat(_Strict):
         return [*([KEY_COLUMN] if self.key else []), *([HEADERS_COLUMN] if self.include_headers else [])]
 
 
+# A commit is safe only if the store writes the next log entry only when it is absent. On S3 that is
+# S3's conditional writes (If-None-Match) or delta-rs' DynamoDB locking; without either, two writers
+# racing for a version can both "succeed" and one commit is lost. So an s3:// table needs one of them.
+S3_SCHEMES = ("s3://", "s3a://")
+PUT_IF_ABSENT = {"conditional_put": "etag", "aws_conditional_put": "etag", "aws_s3_locking_provider": "dynamodb"}
+
+
 class TableSettings(_Strict):
     path: StrictStr
-    """The Delta table's location; a relative path is relative to the project."""
+    """The Delta table's location: a local path (relative to the project) or an object-store URI
+    (`s3://bucket/prefix`; delta-rs' other schemes by the same keys, untested)."""
     partition_by: list[StrictStr] = Field(default_factory=list)
     """Partition columns (columns of the table)."""
+    storage_options: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    """delta-rs/object_store settings for every reader and writer of this table: `AWS_ENDPOINT_URL`,
+    `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` (as `${ENV}` references; never printed),
+    `AWS_ALLOW_HTTP`. An `s3://` table needs put-if-absent commits: `conditional_put: etag` (S3's
+    conditional writes) or `AWS_S3_LOCKING_PROVIDER: dynamodb`."""
+
+    @model_validator(mode="after")
+    def _safe_commits_on_s3(self):
+        if self.path.startswith(S3_SCHEMES):
+            given = {k.lower(): v.lower() for k, v in self.storage_options.items()}
+            if not any(given.get(key) == value for key, value in PUT_IF_ABSENT.items()):
+                raise ValueError(
+                    f"table {self.path!r} is on S3 but its storage_options give no put-if-absent commit: set "
+                    f"conditional_put: etag (S3 conditional writes) or AWS_S3_LOCKING_PROVIDER: dynamodb; "
+                    f"without one, two writers can both commit the same version and one is lost"
+                )
+        return self
+
+    def __repr_args__(self):
+        for key, value in super().__repr_args__():
+            yield key, (redact_client(value) if key == "storage_options" else value)
 
 
 class BatchSettings(_Strict):
@@ -449,9 +479,17 @@ def parse_pipeline(raw: Any, source: str, base_dir: Path | None = None) -> Pipel
         cfg = PipelineConfig.model_validate(resolved)
     except ValidationError as err:
         raise ConfigError(_error_line(source, err)) from None
-    if base_dir is None:
-        return cfg
-    return _absolute_paths(cfg, base_dir)
+    if base_dir is not None:
+        cfg = _absolute_paths(cfg, base_dir)
+    register_storage(cfg)
+    return cfg
+
+
+def register_storage(cfg: PipelineConfig) -> None:
+    """Give files.py the storage options of the pipeline's table and quarantine (the default quarantine
+    beside the table takes the table's)."""
+    files.register_storage(cfg.table_path, cfg.table.storage_options)
+    files.register_storage(cfg.quarantine_path, (cfg.quarantine or cfg.table).storage_options)
 
 
 def _absolute_paths(cfg: PipelineConfig, base_dir: Path) -> PipelineConfig:

@@ -59,8 +59,46 @@ def attempt_file_name(batch: int, attempt: str, task: int, task_attempt: int, pa
     return f"part-{batch:08d}-{attempt}-t{task:05d}-a{task_attempt}-{part:03d}.zstd.parquet"
 
 
+# Object-store settings per table location (a pipeline's `table.storage_options`): registered when a
+# pipeline is loaded (config.parse_pipeline) and at the start of each Spark task (read/tasks.py), and read
+# by every delta-rs and pyarrow call on that location, so that no signature has to carry them.
+_STORAGE: dict[str, dict[str, str]] = {}
+
+
+def register_storage(uri: str, options: dict[str, str]) -> None:
+    if options:
+        _STORAGE[uri.rstrip("/")] = dict(options)
+
+
+def storage_options(uri: str) -> dict[str, str] | None:
+    """The options registered for `uri` or the table it lies in (None: the store's defaults)."""
+    uri = uri.rstrip("/")
+    for prefix in sorted(_STORAGE, key=len, reverse=True):
+        if uri == prefix or uri.startswith(prefix + "/"):
+            return _STORAGE[prefix]
+    return None
+
+
 def open_filesystem(table_uri: str) -> tuple[pafs.FileSystem, str]:
-    return pafs.FileSystem.from_uri(table_uri)
+    """pyarrow's file system for a table and the table's root path in it, with the table's storage options
+    (S3: endpoint, region, credentials, plain HTTP) when it has any."""
+    options = storage_options(table_uri)
+    if not options or not table_uri.startswith(("s3://", "s3a://")):
+        return pafs.FileSystem.from_uri(table_uri)
+    given = {k.lower(): v for k, v in options.items()}
+    endpoint = given.get("aws_endpoint_url") or given.get("aws_endpoint") or given.get("endpoint")
+    settings: dict[str, str] = {}
+    if endpoint:
+        scheme, _, host = endpoint.rpartition("://")
+        settings.update(endpoint_override=host, scheme=scheme or "https")
+    fs = pafs.S3FileSystem(
+        access_key=given.get("aws_access_key_id"),
+        secret_key=given.get("aws_secret_access_key"),
+        session_token=given.get("aws_session_token"),
+        region=given.get("aws_region") or given.get("region") or "us-east-1",
+        **settings,
+    )
+    return fs, table_uri.split("://", 1)[1].rstrip("/")
 
 
 def write_files(table_uri: str, table: pa.Table, partition_by: list[str], name_for_part) -> list[DataFile]:

@@ -14,7 +14,7 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from offsetlake.errors import TableError, TableMissing
-from offsetlake.files import from_delta_path, open_filesystem, plain_types, to_delta_path
+from offsetlake.files import from_delta_path, open_filesystem, plain_types, storage_options, to_delta_path
 from offsetlake.formats.evolution import same_type
 
 # Delta would drop `txn` actions older than this at a checkpoint: the ledger would be forgotten.
@@ -31,7 +31,7 @@ def open_table(
 ) -> DeltaTable:
     """Open the table and check it; create it (empty, version 0, with `properties`) when asked and none exists."""
     try:
-        table = DeltaTable(uri)
+        table = DeltaTable(uri, storage_options=storage_options(uri))
     except TableNotFoundError:
         if schema is None or not create:
             raise TableMissing(f"no Delta table at {uri}") from None
@@ -53,7 +53,13 @@ def _create(
 ) -> DeltaTable:
     try:
         return DeltaTable.create(
-            uri, schema, mode="ignore", partition_by=partition_by or None, name=name, configuration=properties or None
+            uri,
+            schema,
+            mode="ignore",
+            partition_by=partition_by or None,
+            name=name,
+            configuration=properties or None,
+            storage_options=storage_options(uri),
         )
     except (OSError, DeltaError) as err:  # not writable, not a directory, no such bucket...
         raise TableError(f"cannot create Delta table at {uri}: {err}") from None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from offsetlake.files import storage_options
 from offsetlake.protocol.metadata import CommitMetadata
 
 MAX_VERSIONS_PER_EVENT = 200  # after a long pause of the watcher, a backlog comes as several events
@@ -37,7 +38,7 @@ class TableCommit:
 def table_version(path: str) -> int | None:
     """The table's current version; None while there is no table."""
     try:
-        return DeltaTable(path).version()
+        return DeltaTable(path, storage_options=storage_options(path)).version()
     except TableNotFoundError:
         return None
 
@@ -46,7 +47,7 @@ def commits_after(path: str, version: int) -> list[TableCommit]:
     """Every commit of the table after `version`, oldest first (any writer's); [] while there is no table.
     A table now older than `version` was deleted and created again: all its commits are new."""
     try:
-        table = DeltaTable(path)
+        table = DeltaTable(path, storage_options=storage_options(path))
     except TableNotFoundError:
         return []
     newest = table.version()

@@ -46,7 +46,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
 from offsetlake.errors import CommitConflictError, OffsetlakeError
-from offsetlake.files import DataFile, read_file
+from offsetlake.files import DataFile, read_file, storage_options
 from offsetlake.protocol.ledger import Ledger
 from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.protocol.planning import BatchPlan
@@ -181,7 +181,12 @@ def _apply_evolving(uri: str, table: DeltaTable, change: Change) -> Committed:
         commit_properties=_properties(change),
     )
     version = decided_on + 1  # no rebase, as in _apply
-    return Committed(version, change, rewritten=frozenset(_file_paths(DeltaTable(uri, version=version)) - before))
+    after = DeltaTable(uri, version=version, storage_options=storage_options(uri))
+    return Committed(
+        version,
+        change,
+        rewritten=frozenset(_file_paths(after) - before),
+    )
 
 
 def _file_paths(table: DeltaTable) -> set[str]:
@@ -201,7 +206,7 @@ def _landed_version(uri: str, attempt: str | None) -> int | None:
     """The version of this attempt's commit if it landed after all, else None."""
     if not attempt:
         return None
-    for entry in DeltaTable(uri).history(limit=MAX_ATTEMPTS):
+    for entry in DeltaTable(uri, storage_options=storage_options(uri)).history(limit=MAX_ATTEMPTS):
         meta = CommitMetadata.parse(entry.get("userMetadata"))
         if meta is not None and meta.attempt == attempt:
             return int(entry["version"])

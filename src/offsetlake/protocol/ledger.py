@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow.fs as pafs
 from deltalake import DeltaTable, Transaction
 
-from offsetlake.files import open_filesystem
+from offsetlake.files import open_filesystem, storage_options
 from offsetlake.kafka import TP
 from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, Rewind, flat_offsets
 
@@ -101,7 +101,7 @@ def _read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
 
 def ledger_at(uri: str, pipeline: str, tps: list[TP], version: int, depth: int = 1) -> Ledger:
     """The ledger as of `version`, following RESTOREs that version itself had not recorded."""
-    table = DeltaTable(uri, version=version)
+    table = DeltaTable(uri, version=version, storage_options=storage_options(uri))
     state = _txn_state(table, pipeline, tps)
     if depth >= MAX_RESTORE_CHAIN:
         return state
@@ -159,10 +159,10 @@ def _latest_history(table: DeltaTable, limit: int | None) -> tuple[list[Commit],
     if not _commit_after(table):  # checked after the read: the read saw no commit past `table`'s version
         return entries, limit is None or len(entries) < limit
     uri = table.table_uri
-    current = DeltaTable(uri)
+    current = DeltaTable(uri, storage_options=storage_options(uri))
     for _ in range(MAX_HISTORY_READS):
         entries = current.history(limit)
-        latest = DeltaTable(uri)
+        latest = DeltaTable(uri, storage_options=storage_options(uri))
         if latest.version() == current.version():
             break
         current = latest
@@ -214,7 +214,7 @@ def _restored_version(history: list[Commit], entry: Commit, uri: str | None = No
         return bool(h["version"] < entry["version"] and h["timestamp"] <= target_ms)
 
     if uri is not None and not any(before_target(h) for h in history):
-        history = commit_history(DeltaTable(uri), until=before_target)
+        history = commit_history(DeltaTable(uri, storage_options=storage_options(uri)), until=before_target)
     candidates = [h["version"] for h in history if before_target(h)]
     return int(max(candidates)) if candidates else 0
 

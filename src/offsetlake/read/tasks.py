@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from offsetlake import faults
-from offsetlake.config import PipelineConfig
+from offsetlake.config import PipelineConfig, register_storage
 from offsetlake.files import DataFile, attempt_file_name, write_files
 from offsetlake.formats.evolution import schema_from_text, schema_to_text
 from offsetlake.formats.records import convert
@@ -131,6 +131,7 @@ def run_tasks_in_order(ctx: TaskContext, indexes: list[int]) -> list[dict]:
     and written: a task's first records take a fifth to a third of it to arrive, mostly the broker's
     time, and that wait now overlaps with work. At most two ranges are held at a time, one as Arrow
     and the next in librdkafka's queue."""
+    register_storage(ctx.cfg)  # an executor unpickles the pipeline; its tables' storage options go with it
     out: list[dict] = []
     with collector_paused(), pandas_left_out():
         reader: RangeReader | None = open_range(ctx, indexes[0])

@@ -1,0 +1,141 @@
+"""Tables on object storage: a pipeline whose table and quarantine are on an S3-protocol server (moto's, on
+loopback), ingested by Spark tasks that write their Parquet files over S3 and committed by delta-rs with
+put-if-absent, checked row by row by the oracle; maintenance on the S3 table; the commit refused where
+the store's put-if-absent is not configured; the store's own refusal of a second put of a log entry."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from offsetlake.batch import ingest
+from offsetlake.formats.records import table_schema
+from offsetlake.operations.compaction import optimize
+from offsetlake.operations.maintenance import checkpoint, vacuum
+from support import (
+    assert_exactly_once,
+    assert_one_line_failure,
+    ingest_process,
+    produce,
+    run_cli,
+    wait_while_running,
+    write_pipeline,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def s3_pipeline(pipeline, s3, partitions: int = 2, **storage):
+    prefix = f"s3://{s3.bucket}/{uuid.uuid4().hex[:8]}"
+    options = s3.storage_options(**storage)
+    return pipeline(
+        partitions=partitions,
+        table={"path": f"{prefix}/table", "storage_options": options},
+        quarantine={"path": f"{prefix}/quarantine", "storage_options": options},
+    ), prefix
+
+
+def test_a_pipeline_on_s3_lands_exactly_once_and_keeps_its_maintenance(spark, pipeline, s3):
+    (cfg, topic), prefix = s3_pipeline(pipeline, s3)
+    produce(cfg.kafka, topic, 600, seed=28, bad_share=0.03)
+    ingest(spark, cfg)
+    produce(cfg.kafka, topic, 400, seed=29)
+    ingest(spark, cfg)
+
+    keys = s3.keys(prefix.split("/", 3)[3])
+    assert any(k.endswith(".parquet") and "/table/" in k for k in keys)  # the executors wrote over S3
+    assert any("/table/_delta_log/00000000000000000002.json" in k for k in keys)
+    assert any("/quarantine/_delta_log/" in k for k in keys)
+    rows = assert_exactly_once(cfg)  # values and the quarantine, read back over S3
+
+    compacted = optimize(cfg.table_path, cfg.name, table_schema(cfg), cfg.table.partition_by, 128)
+    assert compacted.files_removed >= 2
+    checkpoint(cfg.table_path)
+    vacuum(cfg.table_path, cfg.name, retention_hours=1)
+    assert assert_exactly_once(cfg) == rows
+    assert any(
+        "/table/_delta_log/" in k and k.endswith(".checkpoint.parquet") for k in s3.keys(prefix.split("/", 3)[3])
+    )
+
+
+def test_an_s3_table_without_put_if_absent_is_refused_in_one_line_and_nothing_is_written(pipeline, s3, pipelines_dir):
+    prefix = f"s3://{s3.bucket}/{uuid.uuid4().hex[:8]}"
+    options = {k: v for k, v in s3.storage_options().items() if k != "conditional_put"}
+    name = write_pipeline(
+        pipelines_dir, "127.0.0.1:1", ["t"], pipelines_dir, table={"path": f"{prefix}/t", "storage_options": options}
+    )
+    failed = run_cli("ingest", "--pipeline", name, "--pipelines-dir", str(pipelines_dir))
+
+    assert_one_line_failure(failed, f"{prefix}/t", "put-if-absent", "conditional_put: etag")
+    assert s3.keys(prefix.split("/", 3)[3]) == []
+    assert s3.secret_key not in failed.stderr
+
+
+def test_a_zombie_on_an_s3_table_stands_down_when_another_writer_committed_its_batch(
+    pipeline, s3, pipelines_dir, tmp_path
+):
+    """A zombie decides its commit on version 0 and freezes; another writer commits the batch as version
+    1; the released zombie's commit is refused (delta-rs sees version 1 on S3) and it stands down."""
+    (cfg, topic), prefix = s3_pipeline(pipeline, s3)
+    produce(cfg.kafka, topic, 300, seed=30)
+    faults = tmp_path / "zombie"
+    faults.mkdir()
+    zombie = ingest_process(
+        cfg, pipelines_dir, env={"OFFSETLAKE_FAULT": "before_commit:pause", "OFFSETLAKE_FAULT_DIR": str(faults)}
+    )
+    wait_while_running(lambda: (faults / "before_commit.reached").exists(), zombie)
+
+    other = run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir))
+    assert other.returncode == 0, other.stderr
+    (faults / "before_commit.release").touch()
+    out, err = zombie.communicate(timeout=300)
+
+    assert zombie.returncode == 0, err
+    assert "already committed" in out, out
+    assert_exactly_once(cfg)
+
+
+def test_the_store_refuses_the_second_put_of_a_log_entry_when_two_commits_race(s3):
+    """The property every commit rests on, at the store: two writers that both read version N put N+1 at
+    once; S3 keeps the first and answers the second 412 (in the server's log), whichever delta-rs saw."""
+    import threading
+
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+    from deltalake.exceptions import CommitFailedError
+
+    uri = f"s3://{s3.bucket}/{uuid.uuid4().hex[:8]}/race"
+    options = s3.storage_options()
+    rows = pa.table({"n": pa.array([0], pa.int64())})
+    write_deltalake(uri, rows, storage_options=options)
+    refused_before = s3.log.read_text().count('" 412 ')
+    outcomes = []
+    for round_ in range(20):
+        tables = [DeltaTable(uri, storage_options=options) for _ in range(2)]
+        start = threading.Barrier(2)
+
+        def commit(table, n=round_, start=start):
+            start.wait()
+            try:
+                write_deltalake(
+                    table,
+                    pa.table({"n": pa.array([n], pa.int64())}),
+                    mode="append",
+                    commit_properties=None,
+                    storage_options=options,
+                )
+                outcomes.append("committed")
+            except CommitFailedError:
+                outcomes.append("refused")
+
+        threads = [threading.Thread(target=commit, args=(t,)) for t in tables]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        if s3.log.read_text().count('" 412 ') > refused_before:
+            break
+    final = DeltaTable(uri, storage_options=options)
+    assert final.version() == outcomes.count("committed")  # every commit that succeeded is one version
+    assert s3.log.read_text().count('" 412 ') > refused_before, "the store never refused a second put"
