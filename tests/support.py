@@ -51,10 +51,12 @@ class RestartableBroker:
         return self.current.bootstrap_servers
 
     def stop(self) -> None:
+        JOURNAL.broker_stopping()  # what it acknowledged around the stop is in doubt (oracle.Journal)
         embedded_broker.stop(self.current.pid)
 
     def start(self) -> None:
         self.current = embedded_broker.start(self.data_dir, port=self.current.port)
+        JOURNAL.broker_back()
 
     def restart_in_background(self, down_seconds: float) -> threading.Thread:
         """Stop now; start again after `down_seconds`, in a thread (join it)."""
@@ -227,6 +229,17 @@ def assert_one_line_failure(proc, *fragments):
     assert lines[0].startswith("offsetlake: error: ")
     for fragment in fragments:
         assert fragment in lines[0]
+
+
+def assert_job_failed_in_one_line(proc, *fragments):
+    """A job that started Spark (whose start-up notes go to stderr first) failed: its last line is
+    offsetlake's one-line error holding `fragments`, and no traceback was printed."""
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("offsetlake: error: "), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in last, last
 
 
 def ingest_process(cfg, pipelines_dir: Path, env: dict | None = None) -> subprocess.Popen:

@@ -9,7 +9,9 @@ Every record is told to a journal (the oracle's producer-side truth): where
 the broker put it, and whether its transaction committed or aborted. A
 transaction whose end raised, or that was open while the broker restarted
 (noida-db aborts it, and a later commit_transaction still succeeds), stays
-"in doubt": only Kafka decides it.
+"in doubt": only Kafka decides it; so does any record whose life overlaps a
+broker restart (the journal's outage windows: noida-db may lose what it
+acknowledged in the moment around its SIGTERM).
 
 Both survive a broker restart: on any error the transactional producer is
 abandoned and a new one starts under a fresh transactional id. A fresh id is
@@ -83,12 +85,14 @@ class Workload:
     def broker_stopping(self) -> None:
         """Called before the broker is stopped: a transaction open now may be aborted by the broker, even
         if its producer's commit_transaction succeeds later (noida-db), so its commit is in doubt."""
+        self.journal.broker_stopping()
         with self._lock:
             self._epoch += 1
 
     def broker_restarted(self) -> None:
         with self._lock:
             self._epoch += 1
+        self.journal.broker_back()
 
     def _send(self, producer: Producer, rng: random.Random, transaction: str | None) -> None:
         """Produce the next record, told to the journal (as part of `transaction`, or on its own)."""
