@@ -54,9 +54,11 @@ docs: $(STAMP)
 demo: $(STAMP) jvm-archive
 	$(BIN)/python -m offsetlake.local.demo up
 
-# Throughput next to the raw Kafka read rate, in one run (not part of make test).
+# Throughput next to the raw Kafka read rate, in one run; then the object-storage lines (an S3 table next to
+# a local one, and HTTP requests per batch on a new and a 1,000-commit S3 table). Not part of make test.
 bench: $(STAMP) jvm-archive
 	$(BIN)/python tests/benchmarks/bench_ingest.py $(BENCH_ARGS)
+	$(BIN)/python tests/benchmarks/bench_object_storage.py $(BENCH_S3_ARGS)
 
 # 20,000 small commits: is a batch on a year-old table as cheap as on a new one? (not part of make test)
 soak: $(STAMP) jvm-archive

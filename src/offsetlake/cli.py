@@ -558,10 +558,15 @@ def cmd_recover(args) -> int:
 
 
 def _check_reachable(cfg: PipelineConfig) -> None:
-    """Fail in a second if Kafka or the topics are not there: before a Spark session starts (from a
-    terminal), or while one starts in the background (under spark-submit: LazySession.start_early)."""
+    """Fail in seconds if the table's object store, Kafka or the topics are not there: before a Spark
+    session starts (from a terminal), or while one starts in the background (under spark-submit:
+    LazySession.start_early)."""
     from offsetlake.kafka import KafkaCluster
+    from offsetlake.table import check_store
 
+    check_store(cfg.table_path)
+    if cfg.quarantine_path != cfg.table_path:
+        check_store(cfg.quarantine_path, "quarantine")
     KafkaCluster(cfg.kafka).partitions(cfg.topics)
     if cfg.format.registry is not None:
         from offsetlake.formats.registry import registry_for

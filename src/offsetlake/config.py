@@ -262,6 +262,14 @@ class TableSettings(_Strict):
     `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` (as `${ENV}` references; never printed),
     `AWS_ALLOW_HTTP`. An `s3://` table needs put-if-absent commits: `conditional_put: etag` (S3's
     conditional writes) or `AWS_S3_LOCKING_PROVIDER: dynamodb`."""
+    connection: StrictStr | None = None
+    """An Airflow connection of the amazon provider's type `aws` (e.g. `aws_default`) to take the credentials
+    from, resolved where the task runs: login and password as the access key and secret, extra
+    `region_name`, `endpoint_url` and `aws_session_token`. Keys given in `storage_options` win."""
+    retry_seconds: StrictInt = Field(default=120, ge=0)
+    """How long a retriable object-store error (503 SlowDown, a timeout, an endpoint restarting) is retried,
+    with backoff, by every reader and writer of the table (delta-rs' `retry_timeout`, and the executors'
+    Parquet writes); past it the job fails in one line and nothing is half-written. Local tables ignore it."""
 
     @model_validator(mode="after")
     def _safe_commits_on_s3(self):
@@ -488,8 +496,19 @@ def parse_pipeline(raw: Any, source: str, base_dir: Path | None = None) -> Pipel
 def register_storage(cfg: PipelineConfig) -> None:
     """Give files.py the storage options of the pipeline's table and quarantine (the default quarantine
     beside the table takes the table's)."""
-    files.register_storage(cfg.table_path, cfg.table.storage_options)
-    files.register_storage(cfg.quarantine_path, (cfg.quarantine or cfg.table).storage_options)
+    files.register_storage(cfg.table_path, effective_storage_options(cfg.table))
+    files.register_storage(cfg.quarantine_path, effective_storage_options(cfg.quarantine or cfg.table))
+
+
+def effective_storage_options(table: TableSettings) -> dict[str, str]:
+    """What every reader and writer of an object-store table is given: the pipeline's storage options, with
+    `retry_seconds` as delta-rs' retry bound (object_store stops after 10 retries, ~3 s, by default: too
+    short for a store that answers 503 SlowDown for a while). Local tables get none."""
+    if "://" not in table.path or table.path.startswith("file://"):
+        return dict(table.storage_options)
+    given = {k.lower() for k in table.storage_options}
+    retry = {"retry_timeout": f"{table.retry_seconds}s", "max_retries": str(max(table.retry_seconds, 1) * 4)}
+    return {**{k: v for k, v in retry.items() if k not in given}, **table.storage_options}
 
 
 def _absolute_paths(cfg: PipelineConfig, base_dir: Path) -> PipelineConfig:

@@ -1,4 +1,5 @@
-"""Credentials from Airflow connections: `kafka.connection` and `format.registry.connection`.
+"""Credentials from Airflow connections: `kafka.connection`, `format.registry.connection` and
+`table.connection` (and the quarantine's).
 
 Airflow users keep Kafka and registry credentials in Airflow connections (the metadata database or a
 secrets backend), not in environment variables of every worker. A pipeline names them; they are read
@@ -27,7 +28,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from offsetlake.config import RESERVED_CLIENT_KEYS, PipelineConfig
+from offsetlake.config import RESERVED_CLIENT_KEYS, PipelineConfig, register_storage
 from offsetlake.errors import ConfigError
 
 CONNECTIONS_FILE_ENV = "OFFSETLAKE_CONNECTIONS_FILE"
@@ -36,8 +37,9 @@ CONNECTIONS_FILE_ENV = "OFFSETLAKE_CONNECTIONS_FILE"
 def connection_ids(cfg: PipelineConfig) -> list[str]:
     """The Airflow connections the pipeline names, Kafka's first."""
     registry = cfg.format.registry
-    ids = [cfg.kafka.connection, registry.connection if registry else None]
-    return [i for i in ids if i]
+    tables = [cfg.table.connection, cfg.quarantine.connection if cfg.quarantine else None]
+    ids = [cfg.kafka.connection, registry.connection if registry else None, *tables]
+    return list(dict.fromkeys(i for i in ids if i))
 
 
 def fetch_from_airflow(conn_id: str) -> dict[str, Any]:
@@ -105,7 +107,13 @@ def resolve_connections(cfg: PipelineConfig, given: dict[str, dict[str, Any]] | 
     registry = cfg.format.registry
     if registry is not None and registry.connection:
         update["format"] = cfg.format.model_copy(update={"registry": _registry(registry, conns[registry.connection])})
-    return cfg.model_copy(update=update)
+    for key in ("table", "quarantine"):
+        table = getattr(cfg, key)
+        if table is not None and table.connection:
+            update[key] = _object_store(table, conns[table.connection])
+    resolved = cfg.model_copy(update=update)
+    register_storage(resolved)  # every delta-rs and pyarrow call on the tables now takes the credentials
+    return resolved
 
 
 def _kafka(cfg: PipelineConfig, conn: dict[str, Any]):
@@ -122,6 +130,29 @@ def _kafka(cfg: PipelineConfig, conn: dict[str, Any]):
     return cfg.kafka.model_copy(
         update={"bootstrap_servers": str(bootstrap), "client": {**settings, **cfg.kafka.client}}
     )
+
+
+def _object_store(table, conn: dict[str, Any]):
+    """The amazon provider's `aws` connection: login and password are the access key and secret; extra
+    `region_name`, `endpoint_url` (also as `service_config.s3.endpoint_url`) and `aws_session_token`. An
+    `http://` endpoint (an S3-compatible store on premises) is allowed plain HTTP. The pipeline's own
+    storage_options win, so a connection can be shared by pipelines that differ in a setting."""
+    extra = conn.get("extra") or {}
+    s3_config = (extra.get("service_config") or {}).get("s3") or {}
+    endpoint = extra.get("endpoint_url") or s3_config.get("endpoint_url") or conn.get("host")
+    found = {
+        "AWS_ACCESS_KEY_ID": conn.get("login"),
+        "AWS_SECRET_ACCESS_KEY": conn.get("password"),
+        "AWS_SESSION_TOKEN": extra.get("aws_session_token"),
+        "AWS_REGION": extra.get("region_name"),
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ALLOW_HTTP": "true" if str(endpoint or "").startswith("http://") else None,
+    }
+    if not found["AWS_ACCESS_KEY_ID"] and not found["AWS_SESSION_TOKEN"]:
+        raise ConfigError(f"Airflow connection {table.connection!r} has no login (the access key id) for {table.path}")
+    given = {k.lower() for k in table.storage_options}
+    options = {k: str(v) for k, v in found.items() if v and k.lower() not in given}
+    return table.model_copy(update={"storage_options": {**options, **table.storage_options}})
 
 
 def _registry(registry, conn: dict[str, Any]):

@@ -1,5 +1,7 @@
 """Errors a user can act on. Each message is one line that names what was wrong."""
 
+import re
+
 
 class OffsetlakeError(Exception):
     """Base class: the CLI prints str(err) on one line and exits non-zero."""
@@ -34,9 +36,13 @@ class StorageError(OffsetlakeError):
     """A data file could not be written where the table lives: a full disk, a quota, permissions."""
 
 
+_DECORATION = re.compile(r"\x1b\[[0-9;]*m|↳")  # delta-rs colours its nested causes and marks each with an arrow
+
+
 def one_line(text: object) -> str:
     """Messages from libraries (delta-rs, librdkafka, Spark) may span lines; a terminal or task log gets one."""
-    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+    plain = _DECORATION.sub("", str(text))
+    return "; ".join(line.strip() for line in plain.splitlines() if line.strip())
 
 
 class CommitConflictError(OffsetlakeError):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
+import time
 from dataclasses import asdict, dataclass
 from urllib.parse import quote, unquote
 
@@ -115,16 +117,24 @@ def write_files(table_uri: str, table: pa.Table, partition_by: list[str], name_f
 
 
 def write_file(table_uri: str, rel_path: str, data: pa.Table, partition_values: dict) -> DataFile:
-    """Write one Parquet file (data without partition columns) at `rel_path` under the table."""
+    """Write one Parquet file (data without partition columns) at `rel_path` under the table. On an object
+    store a retriable error is retried until the table's retry bound; a local error fails at once."""
     fs, root = open_filesystem(table_uri)
     full = f"{root.rstrip('/')}/{rel_path}"
-    try:
-        fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
-        pq.write_table(data, full, filesystem=fs, compression="zstd", compression_level=1)
-    except OSError as err:  # a full disk, a quota, permissions: name the path, leave no partial file
-        _delete_quietly(fs, full)
-        raise StorageError(f"cannot write {full}: {_os_reason(err)}") from None
-    info = fs.get_file_info(full)
+    deadline = time.monotonic() + retry_seconds(table_uri)
+    pause = 0.5
+    while True:
+        try:
+            fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
+            pq.write_table(data, full, filesystem=fs, compression="zstd", compression_level=1)
+            info = fs.get_file_info(full)
+            break
+        except OSError as err:  # a full disk, a quota, permissions, a store away: name the path
+            _delete_quietly(fs, full)
+            if not _retriable(err) or time.monotonic() + pause > deadline:
+                raise StorageError(f"cannot write {full}: {_os_reason(err)}") from None
+            time.sleep(pause)
+            pause = min(pause * 2, 10.0)
     return DataFile(
         path=to_delta_path(rel_path),
         size=info.size,
@@ -133,6 +143,28 @@ def write_file(table_uri: str, rel_path: str, data: pa.Table, partition_values: 
         stats=delta_stats(data),
         num_records=data.num_rows,
     )
+
+
+def retry_seconds(uri: str) -> float:
+    """The retry bound registered for an object-store table (its delta-rs `retry_timeout`); 0 locally."""
+    timeout = (storage_options(uri) or {}).get("retry_timeout", "0s")
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", timeout)
+    if not match:
+        return 0.0
+    return float(match.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[match.group(2) or "s"]
+
+
+# What an object store answers when it will not say yes now but may soon: throttling, a server error, a
+# connection refused or reset, a timeout. Not retried: access denied, no such bucket, a full local disk.
+_RETRIABLE = re.compile(
+    r"HTTP response code: (5\d\d|429)|SlowDown|ServiceUnavailable|InternalError|curlCode: (6|7|28|52|55|56)|"
+    r"Couldn't connect|Connection refused|Connection reset|timed out|Timeout",
+    re.IGNORECASE,
+)
+
+
+def _retriable(err: OSError) -> bool:
+    return bool(_RETRIABLE.search(str(err)))
 
 
 def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:

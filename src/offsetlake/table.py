@@ -6,6 +6,7 @@ Python workers are forked: DeltaTable objects live on the driver only.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Set as AbstractSet
 
 import pyarrow as pa
@@ -13,7 +14,7 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from offsetlake.errors import TableError, TableMissing
+from offsetlake.errors import StorageError, TableError, TableMissing, one_line
 from offsetlake.files import from_delta_path, open_filesystem, plain_types, storage_options, to_delta_path
 from offsetlake.formats.evolution import same_type
 
@@ -46,6 +47,37 @@ def open_table(
     if schema is not None:
         check_schema(uri, table, schema, partition_by or [])
     return table
+
+
+def is_object_store(uri: str) -> bool:
+    return "://" in uri and not uri.startswith("file://")
+
+
+def check_store(uri: str, what: str = "table") -> None:
+    """Fail in one line, in seconds, if an object-store location cannot be listed (a wrong endpoint, bucket,
+    region or credential): before a Spark session starts and before anything is written. The same
+    client as every commit (delta-rs), with few retries: a store that is away is not a store that is wrong."""
+    if not is_object_store(uri):
+        return
+    options = {**(storage_options(uri) or {}), "max_retries": "2", "retry_timeout": "5s"}
+    try:
+        DeltaTable.is_deltatable(uri, options)
+    except OSError as err:
+        raise StorageError(f"{what} {uri}: the object store refused to list it: {store_refusal(err)}") from None
+
+
+def store_refusal(err: Exception) -> str:
+    """delta-rs' nested object-store error, as the one reason a user can act on."""
+    text = one_line(err)
+    status = re.search(r"\b([45]\d\d) ([A-Z][A-Za-z ]*[a-z])", text)
+    if status:
+        code = status.group(1)
+        hint = {"404": "no such bucket", "403": "access denied: check the credentials", "301": "wrong region"}
+        return f"{code} {status.group(2)}" + (f" ({hint[code]})" if code in hint else "")
+    endpoint = re.search(r"(https?://[^/\s]+)", text)
+    if re.search(r"error sending request|connect|dns error|timed out", text, re.IGNORECASE):
+        return f"cannot reach the endpoint {endpoint.group(1) if endpoint else ''}".rstrip()
+    return text[:300]
 
 
 def _create(

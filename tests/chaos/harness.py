@@ -20,6 +20,14 @@ idempotent and transactional producers (aborted and long-open transactions,
   vacuum              `offsetlake vacuum` (1 h retention) while an ingest runs
   checkpoint          a checkpoint and log clean-up (the table keeps 1 minute of log) while an ingest runs
 
+With `storage="s3"` the table and quarantine live on an S3 server (moto's, on
+loopback) behind a fault proxy (tests/store_faults.py), and three kinds join:
+
+  store 503 during ingest       every request answered 503 SlowDown for 1-6 s while an ingest runs
+  store away during ingest      the endpoint refuses connections for 1-4 s (a store restarting:
+                                moto keeps its data in memory, so the proxy goes away instead)
+  commit answer lost            the next commit's log entry is stored and its answer dropped
+
 After every fault the table is checked for duplicated offsets (before a
 restore could erase the evidence, the full check below runs too). At the end
 the producers stop, one clean ingest catches up, and every (topic, partition,
@@ -62,6 +70,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError  # noqa: E402
 
 import oracle  # noqa: E402
 from offsetlake.errors import TableError  # noqa: E402
+from offsetlake.files import open_filesystem, storage_options  # noqa: E402
 from offsetlake.formats.records import table_schema  # noqa: E402
 from offsetlake.kafka import KafkaCluster  # noqa: E402
 from offsetlake.local import broker as embedded_broker  # noqa: E402
@@ -94,6 +103,14 @@ KINDS = {
     "vacuum during ingest": 1,
     "checkpoint during ingest": 1,
 }
+# Object storage's own faults, in a run whose table is on S3 (storage="s3").
+S3_KINDS = {"store 503 during ingest": 2, "store away during ingest": 2, "commit answer lost": 2}
+
+
+def kinds_for(storage: str) -> dict[str, int]:
+    return {**KINDS, **(S3_KINDS if storage == "s3" else {})}
+
+
 LOG_RETENTION = "interval 1 minutes"  # so that checkpoints really remove commit files during the run
 JOB_TIMEOUT = 300
 MAX_TRIES_PER_FAULT = 10  # draws per fault asked for, before a run gives up on a kind it cannot reach
@@ -329,15 +346,15 @@ class Schedule:
     """Every kind once, in a seeded order (a kind that could not happen yet comes back later),
     then kinds drawn by weight."""
 
-    def __init__(self, rng: random.Random):
-        self.rng = rng
-        self.uncovered = list(KINDS)
+    def __init__(self, rng: random.Random, kinds: dict[str, int] = KINDS):
+        self.rng, self.kinds = rng, kinds
+        self.uncovered = list(kinds)
         rng.shuffle(self.uncovered)
 
     def next(self) -> str:
         if self.uncovered:
             return self.uncovered.pop(0)
-        return self.rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+        return self.rng.choices(list(self.kinds), weights=list(self.kinds.values()))[0]
 
     def not_reached(self, kind: str, covered: bool) -> None:
         if not covered:
@@ -345,8 +362,11 @@ class Schedule:
 
 
 class Chaos:
-    def __init__(self, workdir: Path, seed: int, log, lanes: int = 2, record_format: str = "json"):
+    def __init__(
+        self, workdir: Path, seed: int, log, lanes: int = 2, record_format: str = "json", storage: str = "local"
+    ):
         self.workdir, self.seed, self.log, self.lanes = workdir, seed, log, lanes
+        self.kinds = kinds_for(storage)
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.stillness = Stillness()
@@ -378,6 +398,21 @@ class Chaos:
             if self.registry
             else {}
         )
+        # S3 mode: the table and quarantine on moto's S3 server, reached through the fault proxy.
+        self.s3 = self.proxy = None
+        tables: dict = {}
+        if storage == "s3":
+            from hosts import S3Server
+            from store_faults import StoreProxy
+
+            self.s3 = S3Server.start(workdir)
+            self.proxy = StoreProxy(self.s3.port)
+            options = self.s3.storage_options(AWS_ENDPOINT_URL=self.proxy.url)
+            lake = f"s3://{self.s3.bucket}/chaos_{seed}"
+            tables = {
+                "table": {"path": f"{lake}/table", "storage_options": options},
+                "quarantine": {"path": f"{lake}/quarantine", "storage_options": options},
+            }
         name = write_pipeline(
             self.pipelines,
             self.broker.bootstrap_servers,
@@ -386,6 +421,7 @@ class Chaos:
             name=f"chaos_{seed}",
             batch={"max_records_per_batch": 4000, "max_records_per_task": 1500, "read_timeout_seconds": 30},
             **avro,
+            **tables,
         )
         self.cfg = load(self.pipelines, name)
         self.journal = oracle.Journal()  # what the workload's producers committed and aborted
@@ -613,9 +649,9 @@ class Chaos:
 
     def restore(self, rng: random.Random, how: str) -> bool:
         """(The lane has just checked the table row by row: a restore could erase a duplicate.)"""
-        if not Path(self.cfg.table_path, "_delta_log").is_dir():
+        if not self.table_exists():
             return False
-        version = DeltaTable(self.cfg.table_path).version()
+        version = self.delta_table().version()
         # Version 0 is the empty table, version 1 the first batch; older than the last checkpoint, the
         # log may no longer hold a version (the checkpoint fault cleans it up), so no RESTORE can reach it.
         lowest = max(1, version - 6, self.last_checkpoint())
@@ -635,7 +671,7 @@ class Chaos:
                     return
                 for _ in range(10):  # an operator re-runs a RESTORE that lost a race with a commit
                     try:
-                        DeltaTable(self.cfg.table_path).restore(target)
+                        self.delta_table().restore(target)
                         reached.append(True)
                         return
                     except CommitFailedError:
@@ -654,15 +690,48 @@ class Chaos:
     def cleanup_during_ingest(self, rng: random.Random) -> bool:
         def clean():
             cleanup(self.cfg.table_path, 60)
-            if Path(self.cfg.quarantine_path, "_delta_log").is_dir():
+            if self.table_exists(self.cfg.quarantine_path):
                 cleanup(self.cfg.quarantine_path, 60)
 
         self.alongside_a_job(rng, clean)
         return True
 
+    def table_exists(self, path: str | None = None) -> bool:
+        path = path or self.cfg.table_path
+        return DeltaTable.is_deltatable(path, storage_options(path))
+
+    def delta_table(self) -> DeltaTable:
+        return DeltaTable(self.cfg.table_path, storage_options=storage_options(self.cfg.table_path))
+
     def last_checkpoint(self) -> int:
-        marker = Path(self.cfg.table_path, "_delta_log", "_last_checkpoint")
-        return json.loads(marker.read_text())["version"] if marker.exists() else 0
+        fs, root = open_filesystem(self.cfg.table_path)
+        try:
+            with fs.open_input_stream(f"{root}/_delta_log/_last_checkpoint") as marker:
+                return json.loads(marker.read())["version"]
+        except FileNotFoundError:
+            return 0
+
+    # -- object storage's faults (storage="s3") ------------------------------------------------------
+
+    def store_refusing(self, rng: random.Random, away: bool) -> bool:
+        """The store answers 503 (or is gone) for a few seconds while an ingest runs: the ingest rides it
+        out within table.retry_seconds (or, past a planning step, fails and leaves nothing half-written)."""
+        job = self.start("ingest")
+        time.sleep(rng.uniform(0.5, 5.0))
+        if away:
+            self.proxy.away_for(rng.uniform(1, 4))
+        else:
+            self.proxy.refuse_for(rng.uniform(1, 6))
+        self.finish(job)
+        return True
+
+    def commit_answer_lost(self, rng: random.Random) -> bool:
+        """The next commit's log entry is stored and its answer dropped; the writer must know it landed."""
+        before = self.proxy.seen["lost commit responses"]
+        self.proxy.lose_next_commit_response()
+        self.finish(self.start("ingest"))
+        # Nothing to commit: not reached, and the fault stays armed for whichever commit comes next.
+        return self.proxy.seen["lost commit responses"] > before
 
     def compact(self) -> None:
         cfg = self.cfg
@@ -671,7 +740,7 @@ class Chaos:
     def optimize_during(self, rng: random.Random, command: str) -> bool:
         """Compaction commits beside a job that commits too: both must land exactly once, or stand down."""
         args = self.job_args(rng, command, stream_seconds=rng.uniform(5, 15))
-        if args is None or not Path(self.cfg.table_path, "_delta_log").is_dir():
+        if args is None or not self.table_exists():
             return False
         job = self.start(command, *args)
         time.sleep(rng.uniform(0.5, 6.0))
@@ -680,7 +749,7 @@ class Chaos:
         return True
 
     def vacuum_during_ingest(self, rng: random.Random) -> bool:
-        if not Path(self.cfg.table_path, "_delta_log").is_dir():
+        if not self.table_exists():
             return False
         self.alongside_a_job(rng, lambda: vacuum(self.cfg.table_path, self.cfg.name, retention_hours=1))
         return True
@@ -688,15 +757,13 @@ class Chaos:
     def checkpoint_during_ingest(self, rng: random.Random) -> bool:
         """A checkpoint, then log clean-up: commit files older than the table's (short) log retention and
         older than the checkpoint are deleted while an ingest reads the ledger and commits."""
-        if not Path(self.cfg.table_path, "_delta_log").is_dir():
+        if not self.table_exists():
             return False
 
         def checkpoint_now():
             for _ in range(10):  # the property change is a commit: it can lose a race with a batch
                 try:
-                    DeltaTable(self.cfg.table_path).alter.set_table_properties(
-                        {"delta.logRetentionDuration": LOG_RETENTION}
-                    )
+                    self.delta_table().alter.set_table_properties({"delta.logRetentionDuration": LOG_RETENTION})
                     break
                 except CommitFailedError:
                     time.sleep(0.2)
@@ -724,12 +791,15 @@ class Chaos:
             "cleanup during ingest": self.cleanup_during_ingest,
             "vacuum during ingest": self.vacuum_during_ingest,
             "checkpoint during ingest": self.checkpoint_during_ingest,
+            "store 503 during ingest": lambda rng: self.store_refusing(rng, away=False),
+            "store away during ingest": lambda rng: self.store_refusing(rng, away=True),
+            "commit answer lost": self.commit_answer_lost,
         }[kind](rng)
 
     # -- checks --------------------------------------------------------------------------------------
 
     def check_duplicates(self, when: str) -> None:
-        if not Path(self.cfg.table_path, "_delta_log").is_dir():
+        if not self.table_exists():
             return
         rows = table_lineage(self.cfg.table_path)
         twice = [k for k, n in collections.Counter(rows).items() if n > 1]
@@ -744,7 +814,7 @@ class Chaos:
 
     def verify(self, when: str) -> None:
         """Row by row against Kafka read_committed, below the ledger's end (it need not be caught up)."""
-        if not Path(self.cfg.table_path, "_delta_log").is_dir():
+        if not self.table_exists():
             return
         self.tally(ledger_offsets(self.cfg))
         s = self.summary
@@ -787,7 +857,7 @@ class Chaos:
         if ledger != lso:
             raise ChaosFailure(f"after the final ingest the ledger {ledger} is not at the LSO {lso}")
         self.tally(ledger)
-        self.summary.columns = [f.name for f in DeltaTable(self.cfg.table_path).schema().fields]
+        self.summary.columns = [f.name for f in self.delta_table().schema().fields]
         # Counted from what the jobs printed: the table's history is cut short by the log clean-up the
         # checkpoint fault runs (one minute of log), and restores rewind batch numbers.
         self.summary.batches = sum(
@@ -841,7 +911,7 @@ class Chaos:
         self.workload.start()
         time.sleep(2)
         errors: list[BaseException] = []
-        schedule = Schedule(self.rng)
+        schedule = Schedule(self.rng, self.kinds)
         try:
             lanes = [
                 threading.Thread(target=self.lane, args=(n, schedule, faults, errors), name=f"lane-{n}")
@@ -863,6 +933,10 @@ class Chaos:
         embedded_broker.stop(self.broker.pid)
         if self.registry is not None:
             embedded_registry.stop(self.registry.pid)
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.s3 is not None:
+            self.s3.stop()
 
 
 def _clock() -> str:
@@ -881,18 +955,21 @@ def run(
     log=_print,
     lanes: int = 2,
     record_format: str = "json",
+    storage: str = "local",
 ) -> Summary:
     seed = random.randrange(1_000_000) if seed is None else seed
     workdir = Path(workdir or tempfile.mkdtemp(prefix="offsetlake-chaos-"))
-    log(f"chaos: seed {seed}, {faults} faults, {record_format} records, work in {workdir}")
+    log(f"chaos: seed {seed}, {faults} faults, {record_format} records, {storage} table, work in {workdir}")
     logging.getLogger("offsetlake.librdkafka").setLevel(logging.CRITICAL)  # a restarting broker is expected
-    chaos = Chaos(workdir, seed, log, lanes, record_format)
+    workdir.mkdir(parents=True, exist_ok=True)
+    chaos = Chaos(workdir, seed, log, lanes, record_format, storage)
     try:
         summary = chaos.run(faults)
     except ChaosFailure as err:
         log(chaos.summary.table())
         raise ChaosFailure(
-            f"{err} -- replay: make chaos CHAOS_ARGS='--seed {seed} --faults {faults} --format {record_format}'"
+            f"{err} -- replay: make chaos CHAOS_ARGS='--seed {seed} --faults {faults} --format {record_format} "
+            f"--storage {storage}'"
         ) from None
     finally:
         chaos.close()
@@ -914,10 +991,18 @@ def main(argv: list[str] | None = None) -> int:
         default="json",
         help="the records: JSON, or Avro through a Schema Registry with a schema change mid-run",
     )
+    parser.add_argument(
+        "--storage",
+        choices=["local", "s3"],
+        default="local",
+        help="the table on local disk, or on an S3 server behind a fault proxy (adds the store's faults)",
+    )
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="offsetlake-chaos-"))
     try:
-        summary = run(args.faults, args.seed, workdir, lanes=args.lanes, record_format=args.format)
+        summary = run(
+            args.faults, args.seed, workdir, lanes=args.lanes, record_format=args.format, storage=args.storage
+        )
     except ChaosFailure as err:
         print(f"CHAOS FAILED: {err}", file=sys.stderr)
         print(f"logs kept in {workdir}", file=sys.stderr)

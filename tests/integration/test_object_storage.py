@@ -15,6 +15,7 @@ from offsetlake.operations.compaction import optimize
 from offsetlake.operations.maintenance import checkpoint, vacuum
 from support import (
     assert_exactly_once,
+    assert_job_failed_in_one_line,
     assert_one_line_failure,
     ingest_process,
     produce,
@@ -26,14 +27,28 @@ from support import (
 pytestmark = pytest.mark.slow
 
 
-def s3_pipeline(pipeline, s3, partitions: int = 2, **storage):
+def s3_pipeline(pipeline, s3, partitions: int = 2, retry_seconds: int = 120, **storage):
     prefix = f"s3://{s3.bucket}/{uuid.uuid4().hex[:8]}"
     options = s3.storage_options(**storage)
     return pipeline(
         partitions=partitions,
-        table={"path": f"{prefix}/table", "storage_options": options},
-        quarantine={"path": f"{prefix}/quarantine", "storage_options": options},
+        table={"path": f"{prefix}/table", "storage_options": options, "retry_seconds": retry_seconds},
+        quarantine={"path": f"{prefix}/quarantine", "storage_options": options, "retry_seconds": retry_seconds},
     ), prefix
+
+
+@pytest.fixture
+def proxy(s3):
+    """The S3 server behind a proxy that injects the store's faults (tests/store_faults.py)."""
+    from store_faults import StoreProxy
+
+    proxy = StoreProxy(s3.port)
+    yield proxy
+    proxy.stop()
+
+
+def data_files(s3, prefix: str) -> set[str]:
+    return {k for k in s3.keys(prefix.split("/", 3)[3] + "/table/") if k.endswith(".parquet") and "_delta_log" not in k}
 
 
 def test_a_pipeline_on_s3_lands_exactly_once_and_keeps_its_maintenance(spark, pipeline, s3):
@@ -139,3 +154,112 @@ def test_the_store_refuses_the_second_put_of_a_log_entry_when_two_commits_race(s
     final = DeltaTable(uri, storage_options=options)
     assert final.version() == outcomes.count("committed")  # every commit that succeeded is one version
     assert s3.log.read_text().count('" 412 ') > refused_before, "the store never refused a second put"
+
+
+def test_a_commit_whose_answer_the_store_lost_is_known_as_landed_and_keeps_its_files(spark, pipeline, s3, proxy):
+    """The store writes the log entry and the connection drops before its answer: the client's retry of
+    the put meets its own entry (412). The commit path finds its attempt id in the log, counts the batch
+    committed once, and keeps the files that commit references (taking it for another writer's commit
+    would have deleted them)."""
+    from offsetlake.operations.status import history
+
+    (cfg, topic), _ = s3_pipeline(pipeline, s3, AWS_ENDPOINT_URL=proxy.url)
+    produce(cfg.kafka, topic, 500, seed=31)
+    ingest(spark, cfg)  # the table exists: the lost answer is a batch's commit
+    produce(cfg.kafka, topic, 300, seed=32)
+    proxy.lose_next_commit_response()
+    results = ingest(spark, cfg)
+
+    assert proxy.seen["lost commit responses"] == 1
+    assert [r.status for r in results][0] == "committed"
+    ingests = [h.meta.batch for h in history(cfg, 20) if h.meta.kind == "ingest"]
+    assert sorted(ingests) == sorted(set(ingests))  # each batch committed once
+    assert_exactly_once(cfg)
+
+
+def test_a_store_answering_503_for_seconds_is_ridden_out(spark, pipeline, s3, proxy):
+    (cfg, topic), _ = s3_pipeline(pipeline, s3, AWS_ENDPOINT_URL=proxy.url)
+    produce(cfg.kafka, topic, 400, seed=33)
+    proxy.refuse_for(4)
+    ingest(spark, cfg)
+
+    assert proxy.seen["refused"] > 0
+    assert_exactly_once(cfg)
+
+
+def test_past_retry_seconds_a_refused_commit_fails_in_one_line_and_leaves_nothing_half_written(
+    pipeline, s3, proxy, pipelines_dir
+):
+    (cfg, topic), prefix = s3_pipeline(pipeline, s3, retry_seconds=3, AWS_ENDPOINT_URL=proxy.url)
+    produce(cfg.kafka, topic, 300, seed=34)
+    run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir), check=True)
+    committed = data_files(s3, prefix)
+    produce(cfg.kafka, topic, 200, seed=35)
+    proxy.refuse_commits_for(600)
+
+    failed = run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir))
+
+    assert_job_failed_in_one_line(failed, "did not land", "503 Service Unavailable", cfg.table_path)
+    assert proxy.seen["refused commits"] > 0
+    assert data_files(s3, prefix) == committed  # the attempt's Parquet files went with it
+    proxy.refuse_commits_for(0)
+    run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir), check=True)
+    assert_exactly_once(cfg)
+
+
+@pytest.mark.parametrize(
+    "where, expected",
+    [("endpoint", "cannot reach the endpoint http://127.0.0.1:"), ("bucket", "404 Not Found (no such bucket)")],
+)
+def test_a_wrong_endpoint_or_bucket_is_one_line_naming_the_table_before_spark_starts(
+    bootstrap, s3, pipelines_dir, where, expected
+):
+    from hosts import free_port
+
+    prefix = f"s3://{'no-such-bucket' if where == 'bucket' else s3.bucket}/{uuid.uuid4().hex[:8]}"
+    options = s3.storage_options(
+        **({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"} if where == "endpoint" else {})
+    )
+    name = write_pipeline(
+        pipelines_dir,
+        bootstrap,
+        ["t"],
+        pipelines_dir,
+        table={"path": f"{prefix}/t", "storage_options": options},
+    )
+    failed = run_cli("ingest", "--pipeline", name, "--pipelines-dir", str(pipelines_dir))
+
+    assert_one_line_failure(failed, f"table {prefix}/t: the object store refused to list it", expected)
+    assert "Spark" not in failed.stderr and "JAVA" not in failed.stdout
+    assert s3.secret_key not in failed.stderr
+    assert s3.keys(prefix.split("/", 3)[3]) == []
+
+
+def test_credentials_from_an_airflow_aws_connection_reach_every_writer(spark, pipeline, s3):
+    """`table.connection` names an amazon-provider connection; its login, password and extra give the
+    credentials, endpoint and region (here handed over as the operator hands them to its job)."""
+    from offsetlake.connections import resolve_connections
+
+    prefix = f"s3://{s3.bucket}/{uuid.uuid4().hex[:8]}"
+    cfg, topic = pipeline(
+        table={"path": f"{prefix}/table", "storage_options": {"conditional_put": "etag"}, "connection": "lake"},
+        quarantine={
+            "path": f"{prefix}/quarantine",
+            "storage_options": {"conditional_put": "etag"},
+            "connection": "lake",
+        },
+    )
+    connection = {
+        "conn_type": "aws",
+        "login": s3.access_key,
+        "password": s3.secret_key,
+        "extra": {"region_name": "us-east-1", "endpoint_url": s3.url},
+    }
+    cfg = resolve_connections(cfg, {"lake": connection})
+    produce(cfg.kafka, topic, 300, seed=36, bad_share=0.05)
+    ingest(spark, cfg)
+
+    assert s3.secret_key not in repr(cfg)
+    assert any(k.endswith(".parquet") for k in s3.keys(prefix.split("/", 3)[3] + "/table/"))
+    assert any("/quarantine/_delta_log/" in k for k in s3.keys(prefix.split("/", 3)[3]))
+    assert_exactly_once(cfg)

@@ -14,8 +14,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 
-from offsetlake.errors import CommitConflictError
+from offsetlake.errors import CommitConflictError, StorageError
 from offsetlake.files import write_file
 from offsetlake.protocol import commit as commit_module
 from offsetlake.protocol.commit import (
@@ -218,9 +219,26 @@ def test_an_error_before_anything_landed_is_raised(table, monkeypatch):
         raise OSError("no space left on device")
 
     monkeypatch.setattr(commit_module, "_apply", fail)
-    with pytest.raises(OSError, match="no space"):
+    with pytest.raises(StorageError, match="^batch 1: the commit to .* did not land: no space left on device$"):
         commit(table, ingest_change(table, plan(1, 0, 5, None), new_attempt_id(), []), "batch 1")
     assert DeltaTable(table).version() == 0
+
+
+def test_a_conflict_with_our_own_landed_commit_is_our_commit(table, monkeypatch):
+    """An object store lost the answer to our put; the client's retry met our own log entry and reported a
+    conflict. That is our commit (found by its attempt id), not another writer's: deciding again would
+    settle as `already_committed` and the caller would delete the files the commit references."""
+    apply = commit_module._apply
+
+    def lands_then_conflicts(snapshot, change):
+        apply(snapshot, change)
+        raise CommitFailedError("Version 1 already exists")
+
+    monkeypatch.setattr(commit_module, "_apply", lands_then_conflicts)
+    outcome = commit(table, ingest_change(table, plan(1, 0, 5, None), new_attempt_id(), []), "batch 1")
+
+    assert isinstance(outcome, Committed) and outcome.version == 1
+    assert DeltaTable(table).version() == 1
 
 
 def files_on_disk(table: str) -> list[str]:

@@ -110,3 +110,66 @@ def test_connections_read_already_are_used_as_given(monkeypatch):
     )
     assert cfg.kafka.client_config()["sasl.password"] == "pw-kafka"
     assert cfg.format.registry.password.get_secret_value() == "pw-registry"
+
+
+AWS = {
+    "conn_type": "aws",
+    "host": None,
+    "port": None,
+    "schema": None,
+    "login": "AKIA-lake",
+    "password": "pw-s3",
+    "extra": {"region_name": "eu-west-1", "service_config": {"s3": {"endpoint_url": "http://minio.internal:9000"}}},
+}
+
+
+def test_an_aws_connection_gives_the_tables_credentials_endpoint_and_region_and_the_pipeline_wins():
+    from offsetlake.files import storage_options
+
+    table = {
+        "path": "s3://lake/p",
+        "connection": "aws_lake",
+        "storage_options": {"conditional_put": "etag", "AWS_REGION": "us-east-2"},
+    }
+    cfg = parse_pipeline(
+        {
+            "name": "p",
+            "topics": ["t"],
+            "table": table,
+            "kafka": {"bootstrap_servers": "k:9092"},
+            "format": {"type": "raw"},
+        },
+        "p.yaml",
+    )
+    assert connection_ids(cfg) == ["aws_lake"]
+
+    resolved = resolve_connections(cfg, {"aws_lake": AWS})
+
+    assert resolved.table.storage_options == {
+        "AWS_ACCESS_KEY_ID": "AKIA-lake",
+        "AWS_SECRET_ACCESS_KEY": "pw-s3",
+        "AWS_ENDPOINT_URL": "http://minio.internal:9000",
+        "AWS_ALLOW_HTTP": "true",
+        "conditional_put": "etag",
+        "AWS_REGION": "us-east-2",  # the pipeline's own setting wins over the connection's region
+    }
+    # registered for every reader and writer of the table and its default quarantine, with the retry bound
+    assert storage_options("s3://lake/p")["AWS_SECRET_ACCESS_KEY"] == "pw-s3"
+    assert storage_options("s3://lake/p_quarantine")["retry_timeout"] == "120s"
+    assert "pw-s3" not in repr(resolved)
+
+
+def test_an_aws_connection_without_an_access_key_is_one_line():
+    table = {"path": "s3://lake/p", "connection": "aws_lake", "storage_options": {"conditional_put": "etag"}}
+    cfg = parse_pipeline(
+        {
+            "name": "p",
+            "topics": ["t"],
+            "table": table,
+            "kafka": {"bootstrap_servers": "k:9092"},
+            "format": {"type": "raw"},
+        },
+        "p.yaml",
+    )
+    with pytest.raises(ConfigError, match="'aws_lake' has no login .* s3://lake/p"):
+        resolve_connections(cfg, {"aws_lake": {**AWS, "login": None}})

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 
 from offsetlake.config import PipelineConfig
+from offsetlake.errors import one_line
 from offsetlake.operations.changes import commits_after, table_version
 from offsetlake.operations.status import PartitionStatus, history, status
 from offsetlake.protocol.metadata import HistoryEntry
@@ -49,10 +50,14 @@ class Snapshot:
 def snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
     """Lag, the newest `limit` commits (none for `limit=0`) and the table's version."""
     partitions, commits, version, errors = [], [], None, []
-    try:
-        from offsetlake.connections import resolve_connections
+    from offsetlake.connections import resolve_connections
 
-        partitions = status(resolve_connections(cfg))  # kafka.connection: read where the view runs
+    try:
+        cfg = resolve_connections(cfg)  # kafka.connection, table.connection: read where the view runs
+    except Exception as err:  # noqa: BLE001 - shown on the page, one line
+        return Snapshot(cfg, [], [], None, f"connections: {_line(err)}")
+    try:
+        partitions = status(cfg)
     except Exception as err:  # noqa: BLE001 - shown on the page, one line
         errors.append(f"Kafka: {_line(err)}")
     try:
@@ -64,7 +69,7 @@ def snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
 
 
 def _line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+    return (one_line(err) or type(err).__name__)[:300]
 
 
 @dataclass

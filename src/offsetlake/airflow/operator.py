@@ -119,11 +119,12 @@ class OffsetlakeOperator(SparkSubmitOperator):
         self.conf = {**spark_conf(self._master()), **(self.conf or {})}
         started = dt.datetime.now(dt.UTC)
         from offsetlake.config import load_pipeline
-        from offsetlake.connections import read_connections
+        from offsetlake.connections import read_connections, resolve_connections
 
         cfg = load_pipeline(self.pipeline)
         connections = read_connections(cfg)  # once, here: through Airflow's API and its secrets backends
-        submitted = not self._up_to_date(cfg, connections)
+        cfg = resolve_connections(cfg, connections)  # this process reads the table too (table.connection)
+        submitted = not self._up_to_date(cfg)
         if submitted:
             with self._handed_to_the_job(connections):
                 super().execute(context)
@@ -171,17 +172,15 @@ class OffsetlakeOperator(SparkSubmitOperator):
             self.env_vars = previous
             shutil.rmtree(directory, ignore_errors=True)
 
-    def _up_to_date(self, cfg: PipelineConfig, connections: dict[str, dict]) -> bool:
+    def _up_to_date(self, cfg: PipelineConfig) -> bool:
         """An ingest with nothing new to read submits no Spark job: it answers in a second or two
         instead of a JVM's start. Anything unclear (no table yet, Kafka unreachable) goes to the job,
         which decides and words the error (and Airflow retries it)."""
         if self.command != "ingest":
             return False
         from offsetlake.batch import nothing_to_ingest  # Kafka and Delta: only in the process that runs the task
-        from offsetlake.connections import resolve_connections
 
         try:
-            cfg = resolve_connections(cfg, connections)
             # Asked once, without kafka.retry_seconds of retries: in an outage the job retries, not this check too.
             once = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"retry_seconds": 0})})
             if nothing_to_ingest(once):

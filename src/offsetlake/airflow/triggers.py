@@ -56,6 +56,7 @@ class TableChangeTrigger(BaseEventTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from offsetlake.operations.changes import announcements, commits_after, table_version
 
+        await asyncio.to_thread(self._load_storage)
         announced = await self._load_cursor()
         if announced is None:
             announced = await asyncio.to_thread(table_version, self.table)
@@ -79,6 +80,18 @@ class TableChangeTrigger(BaseEventTrigger):
                 announced = commits[-1].version
                 await self._store_cursor(announced)
             await asyncio.sleep(self.poll_seconds)
+
+    def _load_storage(self) -> None:
+        """The triggerer is a process of its own: the table's storage options (and table.connection's
+        credentials) are registered here by loading the pipeline. A pipeline that cannot be loaded now
+        leaves the table on the store's defaults (a local table needs none); each poll says what fails."""
+        from offsetlake.config import load_pipeline
+        from offsetlake.connections import resolve_connections
+
+        try:
+            resolve_connections(load_pipeline(self.pipeline))
+        except Exception as err:  # noqa: BLE001 - the watcher keeps running; the poll's error names the table
+            log.warning("offsetlake %s: pipeline not loaded in the triggerer (%s)", self.pipeline, err)
 
     async def _load_cursor(self) -> int | None:
         if self.asset_state_store is None:

@@ -16,10 +16,12 @@ decided here, once:
    we decided on. If anyone committed after that snapshot, Delta's put-if-absent of
    the next log entry fails us, and we go back to 1. Check-then-commit is atomic.
 4. After `MAX_ATTEMPTS` conflicts: `CommitConflictError`, one line, nothing written.
-5. Any other error while committing leaves us unsure whether the commit landed (an
-   object store that times out after the write): we look for this attempt's id in
-   the newest commits before reporting failure, so clean-up never deletes a
-   committed file.
+5. Any error while committing leaves us unsure whether the commit landed: an object
+   store that times out after the write, or one whose answer was lost after the write
+   landed, so that the client's retry of the put meets its own log entry and reports a
+   conflict. We look for this attempt's id in the newest commits before reporting
+   failure or deciding again, so a landed commit is never taken for another writer's
+   and clean-up never deletes a committed file.
 6. A change that adds columns (`Change.evolve`: a registry record with a newer
    schema) must carry the table's new schema in the same commit. delta-rs writes a
    metaData action only through `write_deltalake(schema_mode="merge")`, which writes
@@ -45,12 +47,12 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
-from offsetlake.errors import CommitConflictError, OffsetlakeError
+from offsetlake.errors import CommitConflictError, OffsetlakeError, StorageError
 from offsetlake.files import DataFile, read_file, storage_options
 from offsetlake.protocol.ledger import Ledger
 from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.protocol.planning import BatchPlan
-from offsetlake.table import delete_attempt_files, delete_files, open_table
+from offsetlake.table import delete_attempt_files, delete_files, open_table, store_refusal
 
 log = logging.getLogger("offsetlake.protocol.commit")
 MAX_ATTEMPTS = 50  # conflicts with unrelated commits (OPTIMIZE, another writer); each retry decides again
@@ -117,7 +119,17 @@ def commit(
                 return _apply_evolving(uri, table, change)
             return Committed(_apply(table, change), change)
         except CommitFailedError:
+            # The log entry was there already: another writer's, or our own whose answer the store lost
+            # (the write landed, the connection dropped, the client's retry met its own put: step 5).
+            version = _landed_version(uri, change.metadata.attempt)
+            if version is not None:
+                return Committed(version, change)
             log.info("%s: another commit landed first; deciding again", what)
+        except OSError as err:  # the object store, past its retries: one line, after the did-it-land check
+            version = _landed_version(uri, change.metadata.attempt)
+            if version is None:
+                raise StorageError(f"{what}: the commit to {uri} did not land: {store_refusal(err)}") from None
+            return Committed(version, change)
         except Exception:
             version = _landed_version(uri, change.metadata.attempt)
             if version is None:
