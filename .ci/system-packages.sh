@@ -5,6 +5,7 @@
 #   initdb      postgresql                Airflow's metadata database in the Airflow tests (one server per session) and the cross-host test
 #   ip          iproute2                  network namespaces: the cross-host test's separate hosts
 #   chromium    chromium                  the offsetlake view's browser test (Playwright drives it)
+#   redis-server redis-server             Celery's broker in the nothing-shared cross-host test
 set -euo pipefail
 
 has_postgres() { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }
@@ -14,6 +15,7 @@ command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 has_postgres || missing+=(postgresql)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v chromium >/dev/null || missing+=(chromium)
+command -v redis-server >/dev/null || missing+=(redis-server)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" != 0 ]; then

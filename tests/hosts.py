@@ -12,6 +12,8 @@ import glob
 import json
 import os
 import pwd
+import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -44,8 +46,15 @@ class Host:
     name: str  # the network namespace
     address: str
 
-    def command(self, *args: str) -> list[str]:
-        """`args` run inside this host's network namespace (ip netns exec execs: the PID is the command's)."""
+    def command(self, *args: str, hide: tuple[Path, ...] = ()) -> list[str]:
+        """`args` run inside this host's network namespace (ip netns exec execs: the PID is the command's).
+
+        `hide`: directories of the other hosts, each covered by an empty tmpfs in a mount namespace of the
+        command's own, so that it cannot use them: what it needs of another host it must get over the
+        network. (unshare and sh exec too: the PID stays the command's.)"""
+        if hide:
+            mounts = " && ".join(f"mount -t tmpfs -o size=1m offsetlake-hidden {shlex.quote(str(p))}" for p in hide)
+            args = ("unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts} && exec "$@"', "sh", *args)
         return ["ip", "netns", "exec", self.name, *args] if self.name else list(args)
 
 
@@ -143,8 +152,15 @@ class Postgres:
     def url(self) -> str:
         return f"postgresql+psycopg2://{self.user}@127.0.0.1:{self.port}/{self.database}"
 
+    address: str = "127.0.0.1"  # where other hosts reach it (the network's root address, when given)
+
+    @property
+    def network_url(self) -> str:
+        return f"postgresql+psycopg2://{self.user}@{self.address}:{self.port}/{self.database}"
+
     @staticmethod
-    def start() -> Postgres:
+    def start(network: PrivateNetwork | None = None) -> Postgres:
+        """On 127.0.0.1; with `network`, also on the network's root address, trusting its hosts."""
         bin_dir = _postgres_bin()
         require(bin_dir is not None, "PostgreSQL (initdb, postgres)", "apt-get install postgresql")
         # The server refuses to run as root: it runs as the postgres (or nobody) user, in a directory it owns.
@@ -164,6 +180,11 @@ class Postgres:
             preexec_fn=demote,
         )
         assert init.returncode == 0, init.stderr[-2000:]
+        listen = "127.0.0.1"
+        if network is not None:
+            listen += f",{network.root_address}"
+            with open(data / "pg_hba.conf", "a") as hba:
+                hba.write(f"host all all {network.subnet}.0/24 trust\n")
         port = free_port()
         log = root / "postgres.log"
         with open(log, "ab") as out:
@@ -177,7 +198,7 @@ class Postgres:
                     "-k",
                     str(sockets),
                     "-c",
-                    "listen_addresses=127.0.0.1",
+                    f"listen_addresses={listen}",
                     "-c",
                     "fsync=off",
                 ],
@@ -187,7 +208,7 @@ class Postgres:
                 preexec_fn=demote,
                 start_new_session=True,
             )
-        server = Postgres(proc.pid, port, root)
+        server = Postgres(proc.pid, port, root, address=network.root_address if network else "127.0.0.1")
         wait_for(server._accepts, "PostgreSQL accepting connections", 60, proc, log)
         server._create_database()
         return server
@@ -279,7 +300,10 @@ class SparkStandalone:
         port: int = 7077,
         ui_port: int = 18080,
         worker_ui_port: int = 18081,
+        hide: tuple[Path, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> SparkStandalone:
+        """`hide`: the other hosts' directories (see Host.command); `env`: the host's own (HOME...)."""
         spark_class = Path(sys.executable).parent / "spark-class"
         require(spark_class.exists(), "spark-class", "pip install pyspark (requirements.txt)")
         work = root / "spark-work"
@@ -290,6 +314,7 @@ class SparkStandalone:
             "SPARK_LOG_DIR": str(root),
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_NO_DAEMONIZE": "1",
+            **(env or {}),
         }
         master_log, worker_log = root / "spark-master.log", root / "spark-worker.log"
         master = _popen(
@@ -302,6 +327,7 @@ class SparkStandalone:
                 str(port),
                 "--webui-port",
                 str(ui_port),
+                hide=hide,
             ),
             env,
             master_log,
@@ -323,6 +349,7 @@ class SparkStandalone:
                 str(worker_ui_port),
                 "--work-dir",
                 str(work),
+                hide=hide,
             ),
             env,
             worker_log,
@@ -405,10 +432,11 @@ class S3Server:
     bucket: str = "lake"
     access_key: str = "offsetlake"
     secret_key: str = "s3cret-object-store-key"
+    address: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
 
     def storage_options(self, **extra: str) -> dict[str, str]:
         """A table's storage_options for this server, put-if-absent by S3 conditional writes."""
@@ -438,28 +466,75 @@ class S3Server:
         return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
     @staticmethod
-    def start(work: Path) -> S3Server:
-        port = free_port()
+    def start(work: Path, host: Host = LOOPBACK, hide: tuple[Path, ...] = ()) -> S3Server:
+        """On 127.0.0.1, or on a test host's address inside its namespace."""
+        port = free_port() if host is LOOPBACK else 9000
         log = work / "s3.log"
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                host.command(sys.executable, "-m", "moto.server", "-H", host.address, "-p", str(port), hide=hide),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        server = S3Server(proc.pid, port, log)
+        server = S3Server(proc.pid, port, log, address=host.address)
         wait_for(server._accepts, "moto's S3 server accepting connections", 60, proc, log)
         server.client().create_bucket(Bucket=server.bucket)
         return server
 
     def _accepts(self) -> bool:
         try:
-            socket.create_connection(("127.0.0.1", self.port), 0.5).close()
+            socket.create_connection((self.address, self.port), 0.5).close()
             return True
         except OSError:
             return False
 
     def stop(self) -> None:
         processes.stop(self.pid, timeout=20)
+
+
+@dataclass
+class Redis:
+    """redis-server (Debian's redis-server package) on a given address, in memory: Celery's broker."""
+
+    pid: int
+    address: str
+    port: int
+    password: str
+
+    @property
+    def url(self) -> str:
+        return f"redis://:{self.password}@{self.address}:{self.port}/0"
+
+    @staticmethod
+    def start(address: str, work: Path) -> Redis:
+        binary = shutil.which("redis-server")
+        require(binary is not None, "redis-server", "apt-get install redis-server (.ci/system-packages.sh)")
+        port = free_port(address)
+        password = secrets.token_urlsafe(16)  # Redis refuses other hosts without one (protected mode)
+        log = work / "redis.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [binary, "--bind", address, "--port", str(port), "--save", "", "--appendonly", "no"]
+                + ["--requirepass", password],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=work,
+            )
+        server = Redis(proc.pid, address, port, password)
+        wait_for(lambda: _connects(address, port), "redis-server accepting connections", 30, proc, log)
+        return server
+
+    def stop(self) -> None:
+        processes.stop(self.pid, timeout=20)
+
+
+def _connects(address: str, port: int) -> bool:
+    try:
+        socket.create_connection((address, port), 0.5).close()
+        return True
+    except OSError:
+        return False

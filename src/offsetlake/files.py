@@ -157,7 +157,7 @@ def retry_seconds(uri: str) -> float:
 # What an object store answers when it will not say yes now but may soon: throttling, a server error, a
 # connection refused or reset, a timeout. Not retried: access denied, no such bucket, a full local disk.
 _RETRIABLE = re.compile(
-    r"HTTP response code: (5\d\d|429)|SlowDown|ServiceUnavailable|InternalError|curlCode: (6|7|28|52|55|56)|"
+    r"HTTP (response code:|status) (5\d\d|429)|SlowDown|ServiceUnavailable|InternalError|curlCode: (6|7|28|52|55|56)|"
     r"Couldn't connect|Connection refused|Connection reset|timed out|Timeout",
     re.IGNORECASE,
 )

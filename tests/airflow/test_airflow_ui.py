@@ -157,7 +157,7 @@ def test_a_downstream_dag_starts_within_minutes_of_a_stream_commit(ui):
     # Every commit from the first one announced on is announced, once.
     announced = sorted(
         v
-        for e in api.get("/api/v2/assets/events?limit=100")["asset_events"]
+        for e in api.events("limit=100")
         if e["extra"].get("payload", {}).get("pipeline") == cfg.name
         for v in e["extra"]["payload"]["versions"]
     )

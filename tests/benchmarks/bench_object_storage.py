@@ -149,6 +149,8 @@ def main(argv=None) -> int:
             f"ingest into S3 {s3_rate:,.0f} rec/s vs local {local_rate:,.0f} rec/s: {share:.0%} "
             f"(target: at least 80%) -> {'met' if share >= 0.8 else 'NOT met'}"
         )
+        if not args.commits:  # --commits 0: the ingest line only
+            return 0
         new, old = request_growth(s3, args.commits, log)
         growth = old / new - 1
         log(

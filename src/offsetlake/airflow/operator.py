@@ -136,7 +136,7 @@ class OffsetlakeOperator(SparkSubmitOperator):
         retried = ti.try_number > 1
         run_started = getattr(context.get("dag_run"), "start_date", None)
         since = int(((run_started or started) if retried else started).timestamp() * 1000) - CLOCK_SKEW_MS
-        result = commits_of_task_try(self.pipeline, ti.dag_id, ti.run_id, None if retried else ti.try_number, since)
+        result = commits_of_task_try(cfg, ti.dag_id, ti.run_id, None if retried else ti.try_number, since)
         self._committed = result
         return {**result, "submitted": submitted}
 

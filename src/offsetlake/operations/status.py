@@ -88,17 +88,21 @@ def ranges_text(ranges: dict) -> str:
 
 
 def commits_of_task_try(
-    pipeline: str, dag_id: str, run_id: str, try_number: int | None, started_ms: int | None = None
+    pipeline: str | PipelineConfig, dag_id: str, run_id: str, try_number: int | None, started_ms: int | None = None
 ) -> dict:
     """What one Airflow task try committed to the pipeline's table, read back from the table history
     (newest first, no further back than `started_ms`, when the try started).
 
     JSON-ready (it travels as XCom): the versions, kinds, rows, and the ranges merged per
     partition from the lowest start to the highest end (consecutive ingest batches tile them).
+
+    `pipeline`: its name, or the pipeline as the task resolved it (its Airflow connections applied: loading
+    it again by name would register the table's storage options without the connection's credentials).
     """
     from offsetlake.config import load_pipeline
 
-    cfg = load_pipeline(pipeline)
+    cfg = load_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
+    pipeline = cfg.name
     try:
         entries = pipeline_history(open_table(cfg.table_path), pipeline, since_ms=started_ms)
     except Exception as err:
