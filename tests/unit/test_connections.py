@@ -123,6 +123,17 @@ AWS = {
 }
 
 
+def table_pipeline(table: dict):
+    doc = {
+        "name": "p",
+        "topics": ["t"],
+        "table": table,
+        "kafka": {"bootstrap_servers": "k:9092"},
+        "format": {"type": "raw"},
+    }
+    return parse_pipeline(doc, "p.yaml")
+
+
 def test_an_aws_connection_gives_the_tables_credentials_endpoint_and_region_and_the_pipeline_wins():
     from offsetlake.files import storage_options
 
@@ -131,16 +142,7 @@ def test_an_aws_connection_gives_the_tables_credentials_endpoint_and_region_and_
         "connection": "aws_lake",
         "storage_options": {"conditional_put": "etag", "AWS_REGION": "us-east-2"},
     }
-    cfg = parse_pipeline(
-        {
-            "name": "p",
-            "topics": ["t"],
-            "table": table,
-            "kafka": {"bootstrap_servers": "k:9092"},
-            "format": {"type": "raw"},
-        },
-        "p.yaml",
-    )
+    cfg = table_pipeline(table)
     assert connection_ids(cfg) == ["aws_lake"]
 
     resolved = resolve_connections(cfg, {"aws_lake": AWS})
@@ -161,15 +163,6 @@ def test_an_aws_connection_gives_the_tables_credentials_endpoint_and_region_and_
 
 def test_an_aws_connection_without_an_access_key_is_one_line():
     table = {"path": "s3://lake/p", "connection": "aws_lake", "storage_options": {"conditional_put": "etag"}}
-    cfg = parse_pipeline(
-        {
-            "name": "p",
-            "topics": ["t"],
-            "table": table,
-            "kafka": {"bootstrap_servers": "k:9092"},
-            "format": {"type": "raw"},
-        },
-        "p.yaml",
-    )
+    cfg = table_pipeline(table)
     with pytest.raises(ConfigError, match="'aws_lake' has no login .* s3://lake/p"):
         resolve_connections(cfg, {"aws_lake": {**AWS, "login": None}})
