@@ -53,8 +53,7 @@ class ProxyServer:
     def start(self) -> None:
         """Listen (again, on the same port after a stop: the endpoint comes back)."""
         handler = type("Handler", (_Forward,), {"proxy": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), handler)
-        self._server.daemon_threads = True
+        self._server = _QuietServer(("127.0.0.1", self.port), handler)
         self.port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, daemon=True, name="store-proxy").start()
 
@@ -124,6 +123,15 @@ class ProxyServer:
                     self.seen["lost commit responses"] += 1
                     return "lose"
             return "forward"
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that closed its connection before sending a request (a retry, a killed job) is not news."""
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
 
 
 class _Forward(BaseHTTPRequestHandler):

@@ -14,7 +14,9 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
@@ -26,6 +28,7 @@ from offsetlake.errors import StorageError, one_line
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 STRING_STATS_MAX = 32  # longer strings get no min/max: a truncated max would be wrong for skipping
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -121,20 +124,20 @@ def write_file(table_uri: str, rel_path: str, data: pa.Table, partition_values: 
     store a retriable error is retried until the table's retry bound; a local error fails at once."""
     fs, root = open_filesystem(table_uri)
     full = f"{root.rstrip('/')}/{rel_path}"
-    deadline = time.monotonic() + retry_seconds(table_uri)
-    pause = 0.5
-    while True:
+
+    def write() -> pafs.FileInfo:
         try:
             fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
             pq.write_table(data, full, filesystem=fs, compression="zstd", compression_level=1)
-            info = fs.get_file_info(full)
-            break
-        except OSError as err:  # a full disk, a quota, permissions, a store away: name the path
-            _delete_quietly(fs, full)
-            if not _retriable(err) or time.monotonic() + pause > deadline:
-                raise StorageError(f"cannot write {full}: {_os_reason(err)}") from None
-            time.sleep(pause)
-            pause = min(pause * 2, 10.0)
+            return fs.get_file_info(full)
+        except OSError:
+            _delete_quietly(fs, full)  # no half-written file is left for the next attempt to trip on
+            raise
+
+    try:
+        info = retrying(table_uri, write)
+    except OSError as err:  # a full disk, a quota, permissions, a store away too long: name the path
+        raise StorageError(f"cannot write {full}: {_os_reason(err)}") from None
     return DataFile(
         path=to_delta_path(rel_path),
         size=info.size,
@@ -143,6 +146,24 @@ def write_file(table_uri: str, rel_path: str, data: pa.Table, partition_values: 
         stats=delta_stats(data),
         num_records=data.num_rows,
     )
+
+
+def retrying(table_uri: str, call: Callable[[], T]) -> T:
+    """`call()` -- pyarrow on the table's store -- asked again while the store gives an answer that may change
+    soon (a 503, throttling, refused or reset connections), until the table's retry bound: the same bound
+    delta-rs gets as `retry_timeout`, so the driver's own reads and the executors' writes ride out the same
+    outage its commits do. Other errors, and every error on a local table (bound 0), are raised at once.
+    `call` must be safe to repeat (a read, a listing, an idempotent delete, a write of a unique name)."""
+    deadline = time.monotonic() + retry_seconds(table_uri)
+    pause = 0.5
+    while True:
+        try:
+            return call()
+        except OSError as err:
+            if not _retriable(err) or time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 10.0)
 
 
 def retry_seconds(uri: str) -> float:
@@ -156,15 +177,26 @@ def retry_seconds(uri: str) -> float:
 
 # What an object store answers when it will not say yes now but may soon: throttling, a server error, a
 # connection refused or reset, a timeout. Not retried: access denied, no such bucket, a full local disk.
+# pyarrow names the AWS SDK's error kind (`AWS Error SLOW_DOWN during CreateMultipartUpload operation`), often
+# without the HTTP status; S3 and delta-rs use the XML codes (SlowDown).
 _RETRIABLE = re.compile(
-    r"HTTP (response code:|status) (5\d\d|429)|SlowDown|ServiceUnavailable|InternalError|curlCode: (6|7|28|52|55|56)|"
-    r"Couldn't connect|Connection refused|Connection reset|timed out|Timeout",
+    r"HTTP (response code:|status) (5\d\d|429)|SLOW_?DOWN|SERVICE_?UNAVAILABLE|INTERNAL_?(ERROR|FAILURE)|"
+    r"THROTTLING|REQUEST_?TIMEOUT|NETWORK_CONNECTION|curlCode: (6|7|28|52|55|56)|"
+    r"Couldn't connect|Could not connect|Connection refused|Connection reset|timed out|Timeout",
     re.IGNORECASE,
 )
 
 
 def _retriable(err: OSError) -> bool:
     return bool(_RETRIABLE.search(str(err)))
+
+
+def delete_if_there(fs: pafs.FileSystem, path: str) -> None:
+    """Delete `path`; already gone is fine (an earlier try whose answer the store lost may have deleted it)."""
+    try:
+        fs.delete_file(path)
+    except FileNotFoundError:
+        pass
 
 
 def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
@@ -182,9 +214,8 @@ def _os_reason(err: OSError) -> str:
 
 def read_file(table_uri: str, delta_path: str, columns: list[str] | None = None) -> pa.Table:
     fs, root = open_filesystem(table_uri)
-    return plain_types(
-        pq.read_table(f"{root.rstrip('/')}/{from_delta_path(delta_path)}", filesystem=fs, columns=columns)
-    )
+    path = f"{root.rstrip('/')}/{from_delta_path(delta_path)}"
+    return plain_types(retrying(table_uri, lambda: pq.read_table(path, filesystem=fs, columns=columns)))
 
 
 def plain_types(table: pa.Table) -> pa.Table:

@@ -15,7 +15,15 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from offsetlake.errors import StorageError, TableError, TableMissing, one_line
-from offsetlake.files import from_delta_path, open_filesystem, plain_types, storage_options, to_delta_path
+from offsetlake.files import (
+    delete_if_there,
+    from_delta_path,
+    open_filesystem,
+    plain_types,
+    retrying,
+    storage_options,
+    to_delta_path,
+)
 from offsetlake.formats.evolution import same_type
 
 # Delta would drop `txn` actions older than this at a checkpoint: the ledger would be forgotten.
@@ -122,26 +130,27 @@ def check_schema(uri: str, table: DeltaTable, expected: pa.Schema, partition_by:
 def delete_attempt_files(uri: str, attempt: str, keep: AbstractSet[str] = frozenset()) -> int:
     """Remove the files this attempt wrote (its id is in each name) except the committed ones in `keep`."""
     fs, root = open_filesystem(uri)
-    selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
-    removed = 0
     prefix = root.rstrip("/") + "/"
-    for info in fs.get_file_info(selector):
-        if info.type != pafs.FileType.File or f"-{attempt}-" not in info.base_name or "_delta_log" in info.path:
-            continue
-        if to_delta_path(info.path.removeprefix(prefix)) not in keep:
-            fs.delete_file(info.path)
-            removed += 1
-    return removed
+
+    def delete() -> int:  # listed and deleted again as a whole if the store fails: deleting is idempotent
+        removed = 0
+        for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
+            if info.type != pafs.FileType.File or f"-{attempt}-" not in info.base_name or "_delta_log" in info.path:
+                continue
+            if to_delta_path(info.path.removeprefix(prefix)) not in keep:
+                delete_if_there(fs, info.path)
+                removed += 1
+        return removed
+
+    return retrying(uri, delete)
 
 
 def delete_files(uri: str, paths: set[str]) -> None:
     """Delete these files (Delta paths, relative to the table) if they exist."""
     fs, root = open_filesystem(uri)
     for path in paths:
-        try:
-            fs.delete_file(f"{root.rstrip('/')}/{from_delta_path(path)}")
-        except FileNotFoundError:
-            pass
+        full = f"{root.rstrip('/')}/{from_delta_path(path)}"
+        retrying(uri, lambda: delete_if_there(fs, full))  # noqa: B023 -- called at once, within the loop
 
 
 def query(uri: str, sql: str) -> pa.Table:

@@ -227,7 +227,8 @@ class Summary:
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.duplicated or self.unexpected or self.wrong) and self.audit_ok
+        wrong_rows = self.missing or self.duplicated or self.unexpected or self.wrong
+        return not wrong_rows and self.audit_ok and not self.job_failures
 
     def table(self) -> str:
         width = max(len(k) for k in [*self.faults, "duplicated (offsets twice)"]) + 2
@@ -253,6 +254,7 @@ class Summary:
         lines += [
             f"{'offsetlake audit':<{width}}{'ok' if self.audit_ok else 'FAILED':>8}",
             f"{'job failures (not injected)':<{width}}{len(self.job_failures):>8}",
+            *(f"  {failure}" for failure in self.job_failures),
             f"{'ingest/backfill failures excused by a broker restart':<{width}}{self.excused:>8}",
         ]
         if self.streams:
@@ -1009,10 +1011,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not summary.ok:
         print(
-            f"CHAOS FAILED: seed {summary.seed}: audit failed -- replay: make chaos "
-            f"CHAOS_ARGS='--seed {summary.seed} --faults {args.faults}'",
+            f"CHAOS FAILED: seed {summary.seed}: the audit failed or a job failed with no fault to explain it "
+            f"(see the summary) -- replay: make chaos CHAOS_ARGS='--seed {summary.seed} --faults {args.faults} "
+            f"--format {args.format} --storage {args.storage}'",
             file=sys.stderr,
         )
+        print(f"logs kept in {workdir}", file=sys.stderr)
         return 1
     if not args.keep and not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -1,11 +1,13 @@
-"""Which object-store errors an executor's Parquet write retries (pure logic; the retries themselves
-against a store answering 503 are in integration/test_object_storage.py and the S3 chaos run)."""
+"""Which object-store errors the driver's and executors' pyarrow calls retry, and for how long (pure logic;
+the retries themselves against a store answering 503 or away are in integration/test_object_storage.py and
+the S3 chaos run)."""
 
 from __future__ import annotations
 
 import pytest
 
-from offsetlake.files import _retriable, register_storage, retry_seconds
+from offsetlake import files
+from offsetlake.files import _retriable, register_storage, retry_seconds, retrying
 
 
 @pytest.mark.parametrize(
@@ -15,6 +17,14 @@ from offsetlake.files import _retriable, register_storage, retry_seconds
         ("When testing for existence of bucket 'lake': AWS Error UNKNOWN (HTTP status 503) during HeadBucket", True),
         ("AWS Error SLOW_DOWN during PutObject operation: HTTP response code: 503", True),
         ("AWS Error NETWORK_CONNECTION during PutObject operation: curlCode: 7, Couldn't connect to server", True),
+        ("AWS Error NETWORK_CONNECTION during HeadObject operation: curlCode: 7, Could not connect to server", True),
+        # pyarrow names the SDK's error kind and not the status (found by the S3 chaos run, seed 893277)
+        (
+            "When initiating multiple part upload for key 'part-0.parquet' in bucket 'lake': AWS Error SLOW_DOWN "
+            "during CreateMultipartUpload operation: Please reduce your request rate.",
+            True,
+        ),
+        ("AWS Error SERVICE_UNAVAILABLE during GetObject operation", True),
         # a refusal that waiting does not change: at once
         ("AWS Error ACCESS_DENIED during PutObject operation: HTTP response code: 403", False),
         ("Error writing bytes to file. Detail: [errno 28] No space left on device", False),
@@ -28,3 +38,48 @@ def test_the_retry_bound_is_the_tables_registered_retry_timeout():
     register_storage("s3://bucket/retry-table", {"retry_timeout": "90s"})
     assert retry_seconds("s3://bucket/retry-table/part-1.parquet") == 90
     assert retry_seconds("/local/table") == 0
+
+
+class _Store:
+    """Answers `failures` errors with `message`, then "ok"."""
+
+    def __init__(self, failures: int, message: str) -> None:
+        self.failures, self.message, self.calls = failures, message, 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise OSError(self.message)
+        return "ok"
+
+
+@pytest.fixture
+def no_sleep(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(files.time, "sleep", slept.append)
+    return slept
+
+
+def test_a_store_away_for_a_while_is_asked_again_with_growing_pauses(no_sleep):
+    register_storage("s3://bucket/away-table", {"retry_timeout": "60s"})
+    store = _Store(3, "curlCode: 7, Could not connect to server")
+    assert retrying("s3://bucket/away-table", store) == "ok"
+    assert store.calls == 4 and no_sleep == [0.5, 1.0, 2.0]
+
+
+def test_a_store_away_past_the_bound_raises_its_own_error(no_sleep):
+    register_storage("s3://bucket/bounded-table", {"retry_timeout": "3s"})
+    store = _Store(100, "AWS Error UNKNOWN (HTTP status 503) during HeadObject")
+    with pytest.raises(OSError, match="HTTP status 503"):
+        retrying("s3://bucket/bounded-table", store)
+    assert no_sleep == [0.5, 1.0, 2.0]  # the next pause (4 s) would pass the 3 s bound
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/denied-table", "/local/table"])
+def test_a_refusal_or_a_local_error_is_raised_at_once(uri, no_sleep):
+    register_storage("s3://bucket/denied-table", {"retry_timeout": "60s"})
+    message = "HTTP response code: 403" if uri.startswith("s3") else "curlCode: 7, Could not connect"
+    store = _Store(1, message)
+    with pytest.raises(OSError):
+        retrying(uri, store)
+    assert store.calls == 1 and no_sleep == []

@@ -13,7 +13,7 @@ from deltalake import CommitProperties
 
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import ConfigError
-from offsetlake.files import from_delta_path, open_filesystem
+from offsetlake.files import delete_if_there, from_delta_path, open_filesystem, retrying
 from offsetlake.formats.records import table_schema
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.protocol.commit import Change, Committed, commit, new_attempt_id
@@ -43,19 +43,23 @@ def referenced_files(uri: str) -> set[str]:
     """Every data file any commit still in the log (or its checkpoint) adds: time travel may need it."""
     fs, root = open_filesystem(uri)
     log_dir = f"{root.rstrip('/')}/_delta_log"
-    paths: set[str] = set()
-    for info in fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True)):
-        if info.base_name.endswith(".json") and info.base_name[:20].isdigit():
-            with fs.open_input_stream(info.path) as stream:
-                for line in stream.read().decode().splitlines():
-                    action = json.loads(line) if line.strip() else {}
-                    for kind in ("add", "remove"):
-                        if kind in action:
-                            paths.add(from_delta_path(action[kind]["path"]))
-        elif ".checkpoint" in info.base_name and info.base_name.endswith(".parquet"):
-            adds = pq.read_table(info.path, filesystem=fs, columns=["add"]).column("add").to_pylist()
-            paths.update(from_delta_path(a["path"]) for a in adds if a)
-    return paths
+
+    def read_log() -> set[str]:  # read again as a whole if the store fails part way
+        paths: set[str] = set()
+        for info in fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True)):
+            if info.base_name.endswith(".json") and info.base_name[:20].isdigit():
+                with fs.open_input_stream(info.path) as stream:
+                    for line in stream.read().decode().splitlines():
+                        action = json.loads(line) if line.strip() else {}
+                        for kind in ("add", "remove"):
+                            if kind in action:
+                                paths.add(from_delta_path(action[kind]["path"]))
+            elif ".checkpoint" in info.base_name and info.base_name.endswith(".parquet"):
+                adds = pq.read_table(info.path, filesystem=fs, columns=["add"]).column("add").to_pylist()
+                paths.update(from_delta_path(a["path"]) for a in adds if a)
+        return paths
+
+    return retrying(uri, read_log)
 
 
 def cleanup(uri: str, older_than_seconds: int = DEFAULT_CLEANUP_AGE_SECONDS, dry_run: bool = False) -> CleanupResult:
@@ -70,7 +74,7 @@ def cleanup(uri: str, older_than_seconds: int = DEFAULT_CLEANUP_AGE_SECONDS, dry
     referenced = referenced_files(uri)
     cutoff = time.time() - older_than_seconds
     deleted, recent = [], 0
-    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+    for info in retrying(uri, lambda: fs.get_file_info(pafs.FileSelector(root, recursive=True))):
         rel = info.path.removeprefix(prefix)
         if info.type != pafs.FileType.File or rel.startswith("_delta_log/") or not rel.endswith(".parquet"):
             continue
@@ -80,7 +84,7 @@ def cleanup(uri: str, older_than_seconds: int = DEFAULT_CLEANUP_AGE_SECONDS, dry
             recent += 1
             continue
         if not dry_run:
-            fs.delete_file(info.path)
+            retrying(uri, lambda: delete_if_there(fs, info.path))  # noqa: B023 -- called at once
         deleted.append(rel)
     return CleanupResult(uri, sorted(deleted), recent, dry_run)
 

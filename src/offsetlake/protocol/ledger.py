@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow.fs as pafs
 from deltalake import DeltaTable, Transaction
 
-from offsetlake.files import open_filesystem, storage_options
+from offsetlake.files import open_filesystem, retrying, storage_options
 from offsetlake.kafka import TP
 from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, Rewind, flat_offsets
 
@@ -172,7 +172,8 @@ def _latest_history(table: DeltaTable, limit: int | None) -> tuple[list[Commit],
 def _commit_after(table: DeltaTable) -> bool:
     """Is there a commit file after `table`'s version? One metadata request, not a table load."""
     fs, root = open_filesystem(table.table_uri)
-    info = fs.get_file_info(f"{root.rstrip('/')}/_delta_log/{table.version() + 1:020d}.json")
+    path = f"{root.rstrip('/')}/_delta_log/{table.version() + 1:020d}.json"
+    info = retrying(table.table_uri, lambda: fs.get_file_info(path))
     return bool(info.type != pafs.FileType.NotFound)
 
 
