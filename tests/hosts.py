@@ -466,10 +466,16 @@ class S3Server:
         return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
     @staticmethod
-    def start(work: Path, host: Host = LOOPBACK, hide: tuple[Path, ...] = ()) -> S3Server:
-        """On 127.0.0.1, or on a test host's address inside its namespace."""
+    def start(
+        work: Path, host: Host = LOOPBACK, hide: tuple[Path, ...] = (), checks_credentials: bool = False
+    ) -> S3Server:
+        """On 127.0.0.1, or on a test host's address inside its namespace. moto accepts any credentials
+        unless `checks_credentials`: then only the key of an IAM user it made (S3's 403 for any other)."""
         port = free_port() if host is LOOPBACK else 9000
         log = work / "s3.log"
+        env = dict(os.environ)
+        if checks_credentials:  # moto checks requests after this many: the bucket and the IAM user's set-up
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(1 + len(IAM_SETUP))
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 host.command(sys.executable, "-m", "moto.server", "-H", host.address, "-p", str(port), hide=hide),
@@ -477,11 +483,29 @@ class S3Server:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=env,
             )
         server = S3Server(proc.pid, port, log, address=host.address)
         wait_for(server._accepts, "moto's S3 server accepting connections", 60, proc, log)
         server.client().create_bucket(Bucket=server.bucket)
+        if checks_credentials:
+            server.access_key, server.secret_key = server._iam_user()
         return server
+
+    def _iam_user(self) -> tuple[str, str]:
+        """An IAM user allowed every S3 action, and its access key (moto's IAM, on the same port)."""
+        import boto3
+
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.url,
+            aws_access_key_id="setup",
+            aws_secret_access_key="setup",
+            region_name="us-east-1",
+        )
+        for action, args in IAM_SETUP:
+            answer = getattr(iam, action)(**args)
+        return answer["AccessKey"]["AccessKeyId"], answer["AccessKey"]["SecretAccessKey"]
 
     def _accepts(self) -> bool:
         try:
@@ -492,6 +516,22 @@ class S3Server:
 
     def stop(self) -> None:
         processes.stop(self.pid, timeout=20)
+
+
+IAM_SETUP = [
+    ("create_user", {"UserName": "offsetlake"}),
+    (
+        "put_user_policy",
+        {
+            "UserName": "offsetlake",
+            "PolicyName": "lake",
+            "PolicyDocument": json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+            ),
+        },
+    ),
+    ("create_access_key", {"UserName": "offsetlake"}),
+]
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """A proxy in front of the S3 server that injects the faults object storage has: a store that answers 503
 for a while, an endpoint that is gone (the proxy stops listening, as a restarting server), and a commit
-whose response is lost after the write landed (the log entry is stored, the client hears nothing).
+whose response is lost after the write landed (the log entry is stored, the client hears nothing), alone or
+followed by the endpoint going away (a store restarting between writing and answering).
 
 It runs as a process of its own on 127.0.0.1 (delta-rs holds the GIL in some calls, so a proxy thread in
 the test process would wait for the very request it should answer), started by the test and stopped by
@@ -41,6 +42,7 @@ class ProxyServer:
         self.seen: Counter = Counter()  # requests, refused, commits, lost commit responses
         self._refuse_until = self._refuse_commits_until = 0.0
         self._lose_commits = 0
+        self._away_after_lost = 0.0
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self.port = port
@@ -85,7 +87,7 @@ class ProxyServer:
         elif verb == "refuse_commits":
             self.refuse_commits_for(args["seconds"])
         elif verb == "lose_commit_response":
-            self.lose_next_commit_response(int(args.get("count", 1)))
+            self.lose_next_commit_response(int(args.get("count", 1)), args.get("away", 0.0))
         elif verb == "away":
             self.away_for(args["seconds"])
         return dict(self.seen)
@@ -101,11 +103,13 @@ class ProxyServer:
         with self._lock:
             self._refuse_commits_until = time.monotonic() + seconds
 
-    def lose_next_commit_response(self, count: int = 1) -> None:
+    def lose_next_commit_response(self, count: int = 1, away: float = 0.0) -> None:
         """The next `count` puts of a log entry are stored upstream, and then the client's connection is
-        closed without an answer: the writer cannot know its commit landed."""
+        closed without an answer: the writer cannot know its commit landed. With `away`, the endpoint is
+        then gone for that many seconds: a store that restarted after writing and before answering."""
         with self._lock:
             self._lose_commits += count
+            self._away_after_lost = away
 
     def _decide(self, method: str, path: str) -> str:
         with self._lock:
@@ -173,6 +177,8 @@ class _Forward(BaseHTTPRequestHandler):
         if action == "lose":
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)  # the write landed; the writer hears nothing
+            if self.proxy._away_after_lost:
+                self.proxy.away_for(self.proxy._away_after_lost)
             return
         self.send_response(status)
         for key, value in headers:
@@ -250,8 +256,8 @@ class StoreProxy:
     def refuse_commits_for(self, seconds: float) -> None:
         self._control("refuse_commits", seconds=seconds)
 
-    def lose_next_commit_response(self, count: int = 1) -> None:
-        self._control("lose_commit_response", count=count)
+    def lose_next_commit_response(self, count: int = 1, away: float = 0.0) -> None:
+        self._control("lose_commit_response", count=count, away=away)
 
     def away_for(self, seconds: float) -> None:
         self._control("away", seconds=seconds)

@@ -245,10 +245,14 @@ class RecordFormat(_Strict):
 
 
 # A commit is safe only if the store writes the next log entry only when it is absent. On S3 that is
-# S3's conditional writes (If-None-Match) or delta-rs' DynamoDB locking; without either, two writers
-# racing for a version can both "succeed" and one commit is lost. So an s3:// table needs one of them.
+# S3's conditional writes (If-None-Match); without them two writers racing for a version can both
+# "succeed" and one commit is lost. So an s3:// table must say it has them. deltalake 1.6.6 happens to send
+# If-None-Match by default, but its maintainers call that accidental (delta-io/delta-rs#4464): the setting
+# keeps the safety from resting on a default. delta-rs' DynamoDB lock, the other way, is gone from it:
+# with `AWS_S3_LOCKING_PROVIDER: dynamodb` it logs "no longer supports S3DynamoDBLogStores" and writes
+# without the lock (measured: no item in the lock table), so that setting is refused, not trusted.
 S3_SCHEMES = ("s3://", "s3a://")
-PUT_IF_ABSENT = {"conditional_put": "etag", "aws_conditional_put": "etag", "aws_s3_locking_provider": "dynamodb"}
+PUT_IF_ABSENT = {"conditional_put": "etag", "aws_conditional_put": "etag"}
 
 
 class TableSettings(_Strict):
@@ -261,7 +265,8 @@ class TableSettings(_Strict):
     """delta-rs/object_store settings for every reader and writer of this table: `AWS_ENDPOINT_URL`,
     `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` (as `${ENV}` references; never printed),
     `AWS_ALLOW_HTTP`. An `s3://` table needs put-if-absent commits: `conditional_put: etag` (S3's
-    conditional writes) or `AWS_S3_LOCKING_PROVIDER: dynamodb`."""
+    conditional writes; AWS S3 and most compatible stores have them). The DynamoDB lock is refused:
+    delta-rs 1.x no longer has it."""
     connection: StrictStr | None = None
     """An Airflow connection of the amazon provider's type `aws` (e.g. `aws_default`) to take the credentials
     from, resolved where the task runs: login and password as the access key and secret, extra
@@ -275,11 +280,17 @@ class TableSettings(_Strict):
     def _safe_commits_on_s3(self):
         if self.path.startswith(S3_SCHEMES):
             given = {k.lower(): v.lower() for k, v in self.storage_options.items()}
+            if "aws_s3_locking_provider" in given:
+                raise ValueError(
+                    f"table {self.path!r}: AWS_S3_LOCKING_PROVIDER (the DynamoDB lock) is not supported by "
+                    f"delta-rs 1.x, which would write without it; use conditional_put: etag (S3 conditional "
+                    f"writes) instead"
+                )
             if not any(given.get(key) == value for key, value in PUT_IF_ABSENT.items()):
                 raise ValueError(
                     f"table {self.path!r} is on S3 but its storage_options give no put-if-absent commit: set "
-                    f"conditional_put: etag (S3 conditional writes) or AWS_S3_LOCKING_PROVIDER: dynamodb; "
-                    f"without one, two writers can both commit the same version and one is lost"
+                    f"conditional_put: etag (S3 conditional writes); without it, two writers can both commit "
+                    f"the same version and one is lost"
                 )
         return self
 

@@ -97,6 +97,9 @@ def open_filesystem(table_uri: str) -> tuple[pafs.FileSystem, str]:
         scheme, _, host = endpoint.rpartition("://")
         settings.update(endpoint_override=host, scheme=scheme or "https")
     fs = pafs.S3FileSystem(
+        # A file is sent when it is closed: one PutObject for a data file, not the three requests of a
+        # multipart upload (CreateMultipartUpload, UploadPart, Complete) that an eager open starts.
+        allow_delayed_open=True,
         access_key=given.get("aws_access_key_id"),
         secret_key=given.get("aws_secret_access_key"),
         session_token=given.get("aws_session_token"),
@@ -127,7 +130,8 @@ def write_file(table_uri: str, rel_path: str, data: pa.Table, partition_values: 
 
     def write() -> pafs.FileInfo:
         try:
-            fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
+            if fs.type_name == "local":  # an object store has no directories: creating one costs 3 requests
+                fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
             pq.write_table(data, full, filesystem=fs, compression="zstd", compression_level=1)
             return fs.get_file_info(full)
         except OSError:

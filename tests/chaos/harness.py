@@ -26,7 +26,8 @@ loopback) behind a fault proxy (tests/store_faults.py), and three kinds join:
   store 503 during ingest       every request answered 503 SlowDown for 1-6 s while an ingest runs
   store away during ingest      the endpoint refuses connections for 1-4 s (a store restarting:
                                 moto keeps its data in memory, so the proxy goes away instead)
-  commit answer lost            the next commit's log entry is stored and its answer dropped
+  store restart at commit       the next commit's log entry is stored, its answer dropped, and the
+                                endpoint gone for 1-4 s: a store restarting between writing and answering
 
 After every fault the table is checked for duplicated offsets (before a
 restore could erase the evidence, the full check below runs too). At the end
@@ -70,7 +71,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError  # noqa: E402
 
 import oracle  # noqa: E402
 from offsetlake.errors import TableError  # noqa: E402
-from offsetlake.files import open_filesystem, storage_options  # noqa: E402
+from offsetlake.files import open_filesystem, retrying, storage_options  # noqa: E402
 from offsetlake.formats.records import table_schema  # noqa: E402
 from offsetlake.kafka import KafkaCluster  # noqa: E402
 from offsetlake.local import broker as embedded_broker  # noqa: E402
@@ -104,7 +105,7 @@ KINDS = {
     "checkpoint during ingest": 1,
 }
 # Object storage's own faults, in a run whose table is on S3 (storage="s3").
-S3_KINDS = {"store 503 during ingest": 2, "store away during ingest": 2, "commit answer lost": 2}
+S3_KINDS = {"store 503 during ingest": 2, "store away during ingest": 2, "store restart at commit": 2}
 
 
 def kinds_for(storage: str) -> dict[str, int]:
@@ -707,9 +708,13 @@ class Chaos:
 
     def last_checkpoint(self) -> int:
         fs, root = open_filesystem(self.cfg.table_path)
-        try:
+
+        def read() -> int:
             with fs.open_input_stream(f"{root}/_delta_log/_last_checkpoint") as marker:
                 return json.loads(marker.read())["version"]
+
+        try:
+            return retrying(self.cfg.table_path, read)  # another lane's fault may have the store away
         except FileNotFoundError:
             return 0
 
@@ -727,10 +732,11 @@ class Chaos:
         self.finish(job)
         return True
 
-    def commit_answer_lost(self, rng: random.Random) -> bool:
-        """The next commit's log entry is stored and its answer dropped; the writer must know it landed."""
+    def store_restart_at_commit(self, rng: random.Random) -> bool:
+        """The next commit's log entry is stored, its answer dropped, and the store away for a few seconds:
+        the writer must ride out the outage and then know its commit landed."""
         before = self.proxy.seen["lost commit responses"]
-        self.proxy.lose_next_commit_response()
+        self.proxy.lose_next_commit_response(away=rng.uniform(1, 4))
         self.finish(self.start("ingest"))
         # Nothing to commit: not reached, and the fault stays armed for whichever commit comes next.
         return self.proxy.seen["lost commit responses"] > before
@@ -795,7 +801,7 @@ class Chaos:
             "checkpoint during ingest": self.checkpoint_during_ingest,
             "store 503 during ingest": lambda rng: self.store_refusing(rng, away=False),
             "store away during ingest": lambda rng: self.store_refusing(rng, away=True),
-            "commit answer lost": self.commit_answer_lost,
+            "store restart at commit": self.store_restart_at_commit,
         }[kind](rng)
 
     # -- checks --------------------------------------------------------------------------------------

@@ -10,9 +10,11 @@ import uuid
 import pytest
 
 from offsetlake.batch import ingest
+from offsetlake.files import register_storage
 from offsetlake.formats.records import table_schema
 from offsetlake.operations.compaction import optimize
 from offsetlake.operations.maintenance import checkpoint, vacuum
+from offsetlake.table import check_store
 from support import (
     assert_exactly_once,
     assert_job_failed_in_one_line,
@@ -74,15 +76,60 @@ def test_a_pipeline_on_s3_lands_exactly_once_and_keeps_its_maintenance(spark, pi
     )
 
 
-def test_an_s3_table_without_put_if_absent_is_refused_in_one_line_and_nothing_is_written(pipeline, s3, pipelines_dir):
-    prefix = f"s3://{s3.bucket}/{uuid.uuid4().hex[:8]}"
+def test_delta_rs_writes_past_the_dynamodb_lock_which_is_why_a_pipeline_may_not_name_it(s3):
+    """deltalake 1.6.6 dropped its S3DynamoDbLogStore (delta-io/delta-rs#4464): given
+    `AWS_S3_LOCKING_PROVIDER: dynamodb` and a ready lock table (moto's DynamoDB, on the S3 server's port), it
+    commits without ever claiming a version there. A pipeline naming the lock is therefore refused (below);
+    if a later delta-rs claims versions again, this test says so."""
+    import boto3
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    lock_table = f"delta_log_{uuid.uuid4().hex[:8]}"
+    dynamodb = boto3.client(
+        "dynamodb",
+        endpoint_url=s3.url,
+        aws_access_key_id=s3.access_key,
+        aws_secret_access_key=s3.secret_key,
+        region_name="us-east-1",
+    )
+    keys = [("tablePath", "HASH"), ("fileName", "RANGE")]  # the schema the lock store documented
+    dynamodb.create_table(
+        TableName=lock_table,
+        AttributeDefinitions=[{"AttributeName": name, "AttributeType": "S"} for name, _ in keys],
+        KeySchema=[{"AttributeName": name, "KeyType": kind} for name, kind in keys],
+        BillingMode="PAY_PER_REQUEST",
+    )
     options = {k: v for k, v in s3.storage_options().items() if k != "conditional_put"}
+    options |= {"AWS_S3_LOCKING_PROVIDER": "dynamodb", "DELTA_DYNAMO_TABLE_NAME": lock_table}
+    options |= {"AWS_ENDPOINT_URL_DYNAMODB": s3.url}
+    prefix = uuid.uuid4().hex[:8]
+    for n in range(3):
+        write_deltalake(f"s3://{s3.bucket}/{prefix}/t", pa.table({"n": [n]}), mode="append", storage_options=options)
+
+    assert any(k.endswith("00000000000000000002.json") for k in s3.keys(prefix))  # three commits landed
+    assert dynamodb.scan(TableName=lock_table)["Items"] == []  # and not one was claimed in the lock table
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ({}, ("put-if-absent", "conditional_put: etag")),
+        ({"AWS_S3_LOCKING_PROVIDER": "dynamodb"}, ("AWS_S3_LOCKING_PROVIDER", "not supported", "conditional_put")),
+    ],
+    ids=["nothing", "dynamodb lock"],
+)
+def test_an_s3_table_without_put_if_absent_is_refused_in_one_line_and_nothing_is_written(
+    pipeline, s3, pipelines_dir, given, expected
+):
+    prefix = f"s3://{s3.bucket}/{uuid.uuid4().hex[:8]}"
+    options = {k: v for k, v in s3.storage_options().items() if k != "conditional_put"} | given
     name = write_pipeline(
         pipelines_dir, "127.0.0.1:1", ["t"], pipelines_dir, table={"path": f"{prefix}/t", "storage_options": options}
     )
     failed = run_cli("ingest", "--pipeline", name, "--pipelines-dir", str(pipelines_dir))
 
-    assert_one_line_failure(failed, f"{prefix}/t", "put-if-absent", "conditional_put: etag")
+    assert_one_line_failure(failed, f"{prefix}/t", *expected)
     assert s3.keys(prefix.split("/", 3)[3]) == []
     assert s3.secret_key not in failed.stderr
 
@@ -233,6 +280,41 @@ def test_a_wrong_endpoint_or_bucket_is_one_line_naming_the_table_before_spark_st
     assert "Spark" not in failed.stderr and "JAVA" not in failed.stdout
     assert s3.secret_key not in failed.stderr
     assert s3.keys(prefix.split("/", 3)[3]) == []
+
+
+@pytest.fixture(scope="module")
+def guarded_s3(tmp_path_factory):
+    """A second S3 server that, unlike the session's, checks credentials: only its IAM user's key is let in."""
+    from hosts import S3Server
+
+    server = S3Server.start(tmp_path_factory.mktemp("guarded-s3"), checks_credentials=True)
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("wrong", ["secret", "access key"])
+def test_a_wrong_credential_is_one_line_naming_the_table_before_spark_starts(
+    bootstrap, guarded_s3, pipelines_dir, wrong
+):
+    prefix = f"s3://{guarded_s3.bucket}/{uuid.uuid4().hex[:8]}"
+    right = guarded_s3.storage_options()
+    register_storage(f"{prefix}/t", right)
+    check_store(f"{prefix}/t")  # the right key lists the (empty) location: the server lets it in
+    wrong_key = "AKIAWRONGKEY00000000" if wrong == "access key" else right["AWS_ACCESS_KEY_ID"]
+    options = guarded_s3.storage_options(AWS_ACCESS_KEY_ID=wrong_key, AWS_SECRET_ACCESS_KEY="not-the-secret")
+    name = write_pipeline(
+        pipelines_dir, bootstrap, ["t"], pipelines_dir, table={"path": f"{prefix}/t", "storage_options": options}
+    )
+
+    failed = run_cli("ingest", "--pipeline", name, "--pipelines-dir", str(pipelines_dir))
+
+    assert_one_line_failure(
+        failed,
+        f"table {prefix}/t: the object store refused to list it",
+        "403 Forbidden (access denied: check the credentials)",
+    )
+    assert "Spark" not in failed.stderr and "not-the-secret" not in failed.stderr
+    assert guarded_s3.keys(prefix.split("/", 3)[3]) == []
 
 
 def test_credentials_from_an_airflow_aws_connection_reach_every_writer(spark, pipeline, s3):
