@@ -141,6 +141,9 @@ class _QuietServer(ThreadingHTTPServer):
 class _Forward(BaseHTTPRequestHandler):
     proxy: ProxyServer
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; with Nagle's algorithm the second waits for the client's
+    # delayed ACK of the first: 45 ms on every request (measured: 48 ms per GET through the proxy, 3 direct).
+    disable_nagle_algorithm = True
 
     def log_message(self, *args) -> None:  # quiet: the counts say what happened
         pass
