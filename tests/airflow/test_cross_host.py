@@ -10,13 +10,13 @@ directories of its own that no other host can see.
   result backend), Redis (Celery's broker) and Airflow's api-server, scheduler (CeleryExecutor),
   dag-processor and triggerer.
 
-Nothing shared: the worker, the Spark processes and the store run in mount namespaces of their own in
-which every other host's directory is an empty tmpfs (`Host.command(hide=...)`), each host has its own
-HOME (so its own JVM archive cache), and the worker has its own AIRFLOW_HOME and its own copy of the
-pipelines. The table's credentials come from an Airflow connection (`table.connection`) kept in the
-metadata database, read where each task runs. The ingest, stream, backfill and recovery DAGs run, the
-table is checked row by row against Kafka over S3, and the Airflow view and metrics show the S3 table's
-lag.
+Nothing shared: the worker, the Spark processes, the store and the scheduler's Airflow components run
+in mount namespaces of their own in which every other host's directory is an empty tmpfs
+(`Host.command(hide=...)`), each host has its own HOME (so its own JVM archive cache), and the worker
+has its own AIRFLOW_HOME and its own copy of the pipelines. The table's credentials come from an
+Airflow connection (`table.connection`) kept in the metadata database, read where each task runs. The
+ingest, stream, backfill and recovery DAGs run, the table is checked row by row against Kafka over S3,
+and the Airflow view and metrics show the S3 table's lag.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import urllib.request
 
 import pytest
 
-from hosts import Postgres, PrivateNetwork, Redis, S3Server, SparkStandalone, free_port, wait_for
+from hosts import Host, Postgres, PrivateNetwork, Redis, S3Server, SparkStandalone, free_port, wait_for
 from offsetlake.local import broker as embedded_broker
 from offsetlake.local import processes, stack
 from offsetlake.table import query
@@ -127,7 +127,10 @@ def test_the_dags_run_across_hosts_that_share_nothing_but_the_network(network, t
             host=network.root_address,
             extra={**celery, "HOME": str(places["root"] / "home")},
         )
-        stack.start(env)
+        # The scheduler's host has its walls too: its api-server (the view, the metrics), scheduler,
+        # dag-processor and triggerer see none of the other hosts' directories.
+        root_host = Host("", network.root_address)
+        stack.start(env, wrap=lambda command: root_host.command(*command, hide=hide_all_but("root")))
         api = stack.Api(env["AIRFLOW__API__BASE_URL"], stack.USER, stack.password(home))
         _create_connection(api, store)
         worker = _start_worker(worker_host, places, env, celery, hide_all_but("worker"))

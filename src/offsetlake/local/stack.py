@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -99,17 +100,23 @@ def _airflow(*args: str) -> list[str]:
     return [sys.executable, "-m", "airflow", *args]
 
 
-def start(env: dict[str, str], timeout: float = 180) -> dict[str, int]:
-    """Migrate the DB, start the four components, wait until the API answers. Returns {component: pid}."""
+Wrap = Callable[[list[str]], list[str]]
+
+
+def start(env: dict[str, str], timeout: float = 180, wrap: Wrap | None = None) -> dict[str, int]:
+    """Migrate the DB, start the four components, wait until the API answers. Returns {component: pid}.
+
+    `wrap`: turns each component's command line into the one to run (a test host's namespaces, say); the
+    wrapper must exec the command so that the pid stays the component's."""
     migrate = subprocess.run(_airflow("db", "migrate"), env=env, capture_output=True, text=True, timeout=900)
     if migrate.returncode != 0:
         raise OffsetlakeError(f"airflow db migrate failed: {migrate.stderr.strip().splitlines()[-1:]}")
-    pids = {component: start_component(env, component) for component in COMPONENTS}
+    pids = {component: start_component(env, component, wrap) for component in COMPONENTS}
     wait_healthy(env["AIRFLOW__API__BASE_URL"], timeout)
     return pids
 
 
-def start_component(env: dict[str, str], component: str) -> int:
+def start_component(env: dict[str, str], component: str, wrap: Wrap | None = None) -> int:
     """One component in its own process group, its pid in <AIRFLOW_HOME>/<component>.pid. Returns the pid."""
     home = Path(env["AIRFLOW_HOME"])
     args = (
@@ -118,8 +125,9 @@ def start_component(env: dict[str, str], component: str) -> int:
         else (component,)
     )
     with open(home / f"{component}.log", "ab") as log:
+        command = _airflow(*args)
         proc = subprocess.Popen(
-            _airflow(*args),
+            wrap(command) if wrap else command,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
