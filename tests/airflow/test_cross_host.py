@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -130,10 +131,14 @@ def test_the_dags_run_across_hosts_that_share_nothing_but_the_network(network, t
         # The scheduler's host has its walls too: its api-server (the view, the metrics), scheduler,
         # dag-processor and triggerer see none of the other hosts' directories.
         root_host = Host("", network.root_address)
-        stack.start(env, wrap=lambda command: root_host.command(*command, hide=hide_all_but("root")))
+        pids = stack.start(env, wrap=lambda command: root_host.command(*command, hide=hide_all_but("root")))
         api = stack.Api(env["AIRFLOW__API__BASE_URL"], stack.USER, stack.password(home))
         _create_connection(api, store)
         worker = _start_worker(worker_host, places, env, celery, hide_all_but("worker"))
+        # The walls hold for them too: through its own mount namespace the scheduler sees the worker's
+        # directory (which holds the worker's AIRFLOW_HOME by now) empty.
+        assert list(places["worker"].iterdir())
+        assert not list(Path(f"/proc/{pids['scheduler']}/root{places['worker']}").iterdir())
 
         ingest_id = f"offsetlake__{name}__ingest"
         api.wait_for_dag(ingest_id)
