@@ -602,3 +602,143 @@ def assert_exactly_once(cfg, caught_up: bool = True, **options) -> int:
     findings = check(cfg, offsets, **options)
     assert findings.ok, f"the oracle found, in {cfg.table_path}:\n{findings.report()}"
     return findings.table_rows
+
+
+# -- upsert mode ------------------------------------------------------------------------------------------
+
+KEY_IN_TWO_PLACES = "keys the fold finds in two partitions (the test's data, not the table)"
+
+
+def check_upserts(
+    cfg, until: dict | None = None, *, journal: Journal = JOURNAL, registry=None, protobuf: dict | None = None
+) -> Findings:
+    """Upsert mode (`write.mode: upsert`): the table must be the fold of what Kafka returns under
+    read_committed below `until` (default the ledger's end): per key, the last record (Kafka's order in its
+    partition, or the greatest `write.order_by`), deleted by a later tombstone, every column the record's
+    own as this module decodes it, the lineage columns naming that record. The quarantine is checked both
+    ways as in append mode, and Kafka against what the producers recorded."""
+    until = ledger_offsets(cfg) if until is None else until
+    findings = Findings()
+    kafka: dict[Offset, KafkaRecord] = {}
+    for topic in cfg.topics:
+        parts = {p: o for (t, p), o in until.items() if t == topic}
+        kafka.update(read_committed(cfg.kafka.bootstrap_servers, topic, parts, cfg.kafka.client))
+    findings.kafka_records = len(kafka)
+    table = query(cfg.table_path, "SELECT * FROM t")
+    quarantine = _quarantine_rows(cfg)
+    findings.quarantined = sum(len(v) for v in quarantine.values())
+    findings.table_rows = table.num_rows
+
+    expected = _fold(findings, cfg, kafka, quarantine, Decoder(cfg, registry, protobuf), table.schema)
+    _check_against_fold(findings, cfg, table.to_pylist(), expected)
+    _check_quarantine(findings, quarantine, {w: True for w in kafka if w not in quarantine}, kafka, cfg)
+    for topic in cfg.topics:
+        _check_producers(findings, journal.of_topic(topic), kafka, {}, quarantine, until, cfg)
+    return findings
+
+
+def upsert_key(row: dict, key: list[str]) -> str:
+    """A row's key as a hashable value (a struct key is a dict)."""
+    return json.dumps([row.get(c) for c in key], sort_keys=True, default=repr)
+
+
+def _fold(findings: Findings, cfg, kafka, quarantine, decoder: Decoder, schema: pa.Schema) -> dict[str, tuple]:
+    """{key: (offset, row)} of the records that stand: the fold of every record not quarantined."""
+    write = cfg.write
+    latest: dict[str, tuple[Offset, dict | None]] = {}
+    for where in sorted(kafka):
+        if where in quarantine:
+            continue
+        record = kafka[where]
+        if record.value is None:  # a tombstone
+            if write.deletes == "ignore":
+                continue
+            row = {}
+            if cfg.format.type == "raw":
+                row["key"] = record.key
+            if cfg.format.key is not None:
+                row[KEY_COLUMN] = decoder._key(record.key, schema.field(KEY_COLUMN).type)
+            deleted = True
+        else:
+            try:
+                row = decoder.row(record, schema)
+            except Exception as err:  # noqa: BLE001 - the record is bad: it must be in the quarantine
+                findings.add(BAD_NOT_QUARANTINED, where, f"the oracle cannot decode it ({err}), not quarantined")
+                continue
+            deleted = False
+        if any(row.get(c) is None for c in write.required):
+            findings.add(BAD_NOT_QUARANTINED, where, f"a null in {write.required}, not quarantined")
+            continue
+        key = upsert_key(row, write.key)
+        known = latest.get(key)
+        if known is not None and write.order_by is None and known[0][:2] != where[:2]:
+            findings.add(KEY_IN_TWO_PLACES, where, f"key {key} also at {_where(known[0])}")
+        if known is not None and write.order_by is not None and known[1] is not None:
+            if row[write.order_by] < known[1][write.order_by]:
+                continue
+        latest[key] = (where, None if deleted else row)
+    return {k: v for k, v in latest.items() if v[1] is not None}
+
+
+def _check_against_fold(findings: Findings, cfg, rows: list[dict], expected: dict[str, tuple]) -> None:
+    by_key = collections.defaultdict(list)
+    for row in rows:
+        by_key[upsert_key(row, cfg.write.key)].append(row)
+    for key, found in by_key.items():
+        where = (found[0]["kafka_topic"], found[0]["kafka_partition"], found[0]["kafka_offset"])
+        if len(found) > 1:
+            findings.add(DUPLICATED, where, f"{len(found)} rows for key {key}")
+        if key not in expected:
+            findings.add(UNEXPECTED, where, f"a row for key {key}, which the fold deletes or never saw")
+            continue
+        want_at, want = expected[key]
+        if where != want_at:
+            findings.add(
+                WRONG_VALUE, where, f"key {key} holds the record at {_where(where)}, the fold's is {_where(want_at)}"
+            )
+            continue
+        for column, value in want.items():
+            have = found[0].get(column)
+            if column == UNKNOWN_FIELDS_COLUMN:
+                have = None if have is None else json.loads(have)
+            if have != value:
+                findings.add(WRONG_VALUE, where, f"key {key}: column {column!r} is {have!r}, its record's is {value!r}")
+                break
+    for key, (want_at, _) in expected.items():
+        if key not in by_key:
+            findings.add(MISSING, want_at, f"key {key} is not in the table")
+
+
+def change_feed_state(cfg) -> list[dict]:
+    """The table as its change data feed replays it, from its creation: inserts and post-images set a
+    key's row, deletes remove it. Each row's columns as the table's (the feed's own left out)."""
+    table = DeltaTable(cfg.table_path, storage_options=storage_options(cfg.table_path))
+    changes = pa.table(table.load_cdf(starting_version=0)).to_pylist()
+    state: dict[str, dict] = {}
+    order = {"delete": 0, "update_preimage": 0, "insert": 1, "update_postimage": 1}
+    for change in sorted(changes, key=lambda c: (c["_commit_version"], order[c["_change_type"]])):
+        kind = change.pop("_change_type")
+        change.pop("_commit_version"), change.pop("_commit_timestamp")
+        key = upsert_key(change, cfg.write.key)
+        if kind in ("delete", "update_preimage"):
+            state.pop(key, None)
+        else:
+            state[key] = change
+    return sorted(state.values(), key=lambda r: upsert_key(r, cfg.write.key))
+
+
+def assert_upserts_exactly_once(cfg, caught_up: bool = True, **options) -> int:
+    """`check_upserts` below the ledger's end (at Kafka's LSO when `caught_up`), and the change data feed
+    replaying to the same table. Returns the table's row count."""
+    offsets = ledger_offsets(cfg)
+    if caught_up:
+        cluster = KafkaCluster(cfg.kafka)
+        lso = cluster.end_offsets(cluster.partitions(cfg.topics), "read_committed")
+        behind = {tp: (offsets.get(tp), end) for tp, end in lso.items() if offsets.get(tp, 0) != end}
+        assert not behind, f"ledger is not at the LSO: {behind}"
+    findings = check_upserts(cfg, offsets, **options)
+    assert findings.ok, f"the upsert oracle found, in {cfg.table_path}:\n{findings.report()}"
+    if cfg.write.change_data_feed:
+        table = sorted(query(cfg.table_path, "SELECT * FROM t").to_pylist(), key=lambda r: upsert_key(r, cfg.write.key))
+        assert change_feed_state(cfg) == table, "the change data feed does not replay to the table"
+    return findings.table_rows

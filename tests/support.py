@@ -262,6 +262,18 @@ def ingest_process(cfg, pipelines_dir: Path, env: dict | None = None) -> subproc
     )
 
 
+def wait_for_fault(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    """Wait until a job paused at a fault point says so (its `<point>.reached` file); fail if it exits first."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"job exited ({proc.returncode}) before reaching {path.name}: {proc.stderr.read()[-2000:]}"
+            )
+        assert time.monotonic() < deadline, f"job never reached {path.name}"
+        time.sleep(0.2)
+
+
 def wait_while_running(condition, proc: subprocess.Popen, timeout: float = 240) -> None:
     """Wait until `condition()` holds; fail naming the process's last words if it exits first."""
     deadline = time.monotonic() + timeout

@@ -39,6 +39,7 @@ from offsetlake.protocol.metadata import CommitMetadata, Records, Run, flat_offs
 from offsetlake.protocol.planning import BatchPlan, apply_data_loss, assign_slots, cap_ends, split_ranges, start_offsets
 from offsetlake.protocol.quarantine import WrittenFile, commit_quarantine
 from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.protocol.upsert import Merge, latest_per_key, read_staging
 from offsetlake.read.tasks import TaskContext, TaskResults, parse_results, task_function
 from offsetlake.spark.session import is_local, session_of
 from offsetlake.table import open_table
@@ -58,6 +59,7 @@ class BatchResult:
     message: str = ""
     files: set[str] = field(default_factory=set)  # data files the commit added
     spark_job: tuple[float, float] | None = None  # epoch seconds its Spark job was submitted and ended
+    merged: dict[str, int] | None = None  # upsert mode: the MERGE's rows inserted, updated, deleted
 
     def summary(self) -> str:
         if self.status == "up_to_date":
@@ -65,8 +67,11 @@ class BatchResult:
         if self.status != "committed":
             return f"batch {self.batch}: {self.status} ({self.message}); nothing written"
         span = sum(r.size for r in self.ranges)
+        rows = f"{self.records} rows"
+        if self.merged is not None:
+            rows += " merged ({inserted} inserted, {updated} updated, {deleted} deleted)".format(**self.merged)
         return (
-            f"batch {self.batch}: committed table version {self.version}: {self.records} rows, "
+            f"batch {self.batch}: committed table version {self.version}: {rows}, "
             f"{self.quarantined} quarantined, {span} offsets in {len(self.ranges)} ranges"
         )
 
@@ -148,9 +153,7 @@ def open_pipeline_table(cfg: PipelineConfig):
             f"table.partition_by column {missing[0]!r} is not a column of the table "
             f"(the registry's latest schema has no such field)"
         )
-    return open_table(
-        cfg.table_path, schema, cfg.table.partition_by, cfg.name, properties=cfg.maintenance.table_properties()
-    )
+    return open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name, properties=cfg.table_properties())
 
 
 def table_columns(table) -> pa.Schema:
@@ -209,6 +212,12 @@ def commit_batch(
         seconds=None if began is None else round(time.monotonic() - began, 3),
     )
     schema = table_schema(cfg)
+    merge = None
+    if cfg.write.upsert:  # before the quarantine commits: a batch whose keys cannot be ordered writes nothing
+        columns = table_columns(snapshot if snapshot is not None else open_table(cfg.table_path))
+        rows_read = read_staging(cfg.table_path, [w.file for w in written.data], cfg.table.partition_by, columns)
+        winners = latest_per_key(rows_read, cfg.write.key, cfg.write.order_by, plan.batch)
+        merge = Merge(winners, cfg.write.key, cfg.write.order_by)
 
     def decide(table) -> Change | Settled:
         refused = verdict(read_ledger(table, cfg.name, list(plan.starts)), plan)
@@ -221,18 +230,21 @@ def commit_batch(
         wider = evolved_schema(table, written)
         return Change(
             metadata,
-            add_actions([w.file for w in written.data]),
+            [] if merge else add_actions([w.file for w in written.data]),
             txn_actions(cfg.name, plan.batch, plan.ends),
             wider or schema,
             cfg.table.partition_by,
             evolve=wider is not None,
+            merge=merge,
         )
 
     outcome = commit(cfg.table_path, decide, f"batch {plan.batch}", snapshot=snapshot)
     if not isinstance(outcome, Committed):
         return BatchResult(outcome.status, plan.batch, None, plan.ranges, rows, quarantined, outcome.reason)
     files.kept[cfg.table_path] = added = outcome.added_paths()
-    return BatchResult("committed", plan.batch, outcome.version, plan.ranges, rows, quarantined, files=added)
+    return BatchResult(
+        "committed", plan.batch, outcome.version, plan.ranges, rows, quarantined, files=added, merged=outcome.merged
+    )
 
 
 def batch_metadata(plan: BatchPlan, attempt: str, records: Records, run: Run) -> CommitMetadata:

@@ -53,6 +53,9 @@ HEADERS_COLUMN = "kafka_headers"  # format.include_headers: map<string, binary>,
 # Formats in the Confluent wire format (magic byte 0, 4-byte schema id, payload): the table's payload
 # columns come from the registry and grow when a record arrives with a newer schema (docs/usage/registry-formats.md).
 REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
+# Upsert mode: true on a row that deletes its key (a tombstone). Only in the batch's staging files, never
+# in the table: the MERGE reads it.
+DELETED_COLUMN = "_offsetlake_deleted"
 UNKNOWN_FIELDS_COLUMN = "_unknown_fields"  # unknown_fields: keep -> JSON text of the undeclared fields
 DEFAULT_MAX_VALUE_BYTES = 1_048_576  # Kafka's own default message size limit
 
@@ -309,6 +312,52 @@ class BatchSettings(_Strict):
     """A task that makes no progress this long fails."""
 
 
+class WriteSettings(_Strict):
+    """How a batch changes the table. See docs/concepts/write-modes.md."""
+
+    mode: Literal["append", "upsert"] = "append"
+    """`append`: every record is a new row. `upsert`: the table holds the latest row per `key`; a batch is
+    one Delta MERGE committed with its offsets, the record with the highest offset per key winning."""
+    key: list[StrictStr] = Field(default_factory=list)
+    """Upsert only: the columns that identify a row (payload columns, `kafka_key` or raw's `key`)."""
+    order_by: StrictStr | None = None
+    """Upsert only: a column (an event time, a source LSN) whose greatest value wins, within a batch and
+    across batches, so that one key may arrive in several partitions. Without it a key must keep to one
+    partition (Kafka's default partitioner does); a batch holding a key in two partitions fails, naming
+    it: the order of two partitions is not Kafka's to give. A record whose order_by is null is
+    quarantined."""
+    deletes: Literal["tombstone", "ignore"] = "tombstone"
+    """Upsert only: a record whose value is null (a tombstone) deletes its key (`tombstone`), or is
+    skipped (`ignore`). A tombstone has no order_by value: with order_by, deletes must be `ignore`."""
+    change_data_feed: StrictBool = True
+    """Upsert only: the table is created with Delta's change data feed, so each MERGE records its inserts,
+    updates and deletes for `table_changes` / `load_cdf`."""
+
+    @model_validator(mode="after")
+    def _key_for_upsert(self):
+        if self.mode == "upsert" and not self.key:
+            raise ValueError("write.mode 'upsert' needs write.key: the columns that identify a row")
+        if self.mode == "append" and (self.key or self.order_by):
+            raise ValueError("write.key and write.order_by are for write.mode 'upsert'")
+        if len(set(self.key)) != len(self.key):
+            raise ValueError("write.key lists a column twice")
+        if self.order_by and self.deletes == "tombstone" and self.mode == "upsert":
+            raise ValueError(
+                "write.order_by with write.deletes 'tombstone': a tombstone has no value to order by; "
+                "set write.deletes: ignore"
+            )
+        return self
+
+    @property
+    def upsert(self) -> bool:
+        return self.mode == "upsert"
+
+    @property
+    def required(self) -> list[str]:
+        """The columns a row cannot be upserted without."""
+        return [*self.key, *([self.order_by] if self.order_by else [])]
+
+
 class MaintenanceSettings(_Strict):
     """How the table stays cheap to read and to commit to, however old it gets. See docs/operations/maintenance.md."""
 
@@ -387,6 +436,8 @@ class PipelineConfig(_Strict):
     """How a record becomes a row."""
     batch: BatchSettings = Field(default_factory=BatchSettings)
     """How a backlog is cut into batches and tasks."""
+    write: WriteSettings = Field(default_factory=WriteSettings)
+    """Append every record, or keep the latest row per key (upsert)."""
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     """First batch only. Partitions added later always start at their earliest offset."""
     on_data_loss: Literal["fail", "skip"] = "fail"
@@ -418,6 +469,11 @@ class PipelineConfig(_Strict):
         for col in self.maintenance.zorder_by:
             if col not in self.data_columns() and not self.format.evolves:
                 raise ValueError(f"maintenance.zorder_by column {col!r} is not a data column of the table")
+        for col in [*self.write.key, *([self.write.order_by] if self.write.order_by else [])]:
+            if col not in columns and not self.format.evolves:
+                raise ValueError(f"write column {col!r} is not a column of the table")
+        if set(self.write.key) & set(LINEAGE_COLUMNS):
+            raise ValueError("write.key names a Kafka lineage column: a key is the record's own (kafka_key, say)")
         if len(set(self.topics)) != len(self.topics):
             raise ValueError("topics lists a topic twice")
         if self.mode == "stream" and "schedule" in self.model_fields_set and self.schedule is not None:
@@ -440,6 +496,18 @@ class PipelineConfig(_Strict):
     def data_columns(self) -> list[str]:
         """The columns that are not partition columns: what optimize may z-order by."""
         return [c for c in self.column_names() if c not in self.table.partition_by]
+
+    def refuse_in_upsert_mode(self, operation: str, why: str) -> None:
+        """One line, before anything runs, for an operation not defined on an upsert table yet."""
+        if self.write.upsert:
+            raise ConfigError(f"pipeline {self.name} writes in upsert mode (write.mode): {operation} {why}")
+
+    def table_properties(self) -> dict[str, str]:
+        """The Delta properties of the pipeline's table when offsetlake creates it."""
+        properties = self.maintenance.table_properties()
+        if self.write.upsert and self.write.change_data_feed:
+            properties["delta.enableChangeDataFeed"] = "true"
+        return properties
 
     @property
     def table_path(self) -> str:

@@ -53,3 +53,7 @@ class CommitConflictError(OffsetlakeError):
             f"{what}: gave up after {attempts} commit conflicts with concurrent writers; "
             f"nothing was written, run it again"
         )
+
+
+class UpsertKeyError(OffsetlakeError):
+    """Upsert mode: a batch cannot say which record of a key wins (the key in two partitions, no order)."""

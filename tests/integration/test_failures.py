@@ -11,8 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
@@ -29,6 +27,7 @@ from support import (
     produce,
     spark_submit,
     table_lineage,
+    wait_for_fault,
     wait_while_running,
 )
 
@@ -83,7 +82,7 @@ def test_zombie_attempt_finds_its_batch_committed_and_writes_nothing(
     zombie = ingest_process(
         cfg, pipelines_dir, {"OFFSETLAKE_FAULT": f"{pause_at}:pause", "OFFSETLAKE_FAULT_DIR": str(fault_dir)}
     )
-    _wait_for(fault_dir / f"{pause_at}.reached", zombie)
+    wait_for_fault(fault_dir / f"{pause_at}.reached", zombie)
     zombie_files = data_files_on_disk(cfg.table_path)
     assert zombie_files, "the zombie should have written its files before pausing"
 
@@ -98,17 +97,6 @@ def test_zombie_attempt_finds_its_batch_committed_and_writes_nothing(
     assert not zombie_files & data_files_on_disk(cfg.table_path)  # and removed its own files
     assert data_files_on_disk(cfg.table_path) == committed_files(cfg.table_path)
     assert_exactly_once(cfg)
-
-
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"job exited ({proc.returncode}) before reaching {path.name}: {proc.stderr.read()[-2000:]}"
-            )
-        assert time.monotonic() < deadline, f"job never reached {path.name}"
-        time.sleep(0.2)
 
 
 def test_stream_ingests_as_records_arrive_and_stops_on_sigterm(pipeline, pipelines_dir, bootstrap):

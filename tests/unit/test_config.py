@@ -86,6 +86,16 @@ def test_a_valid_pipeline_gets_defaults():
         (lambda d: d.update(mode="stream", schedule="@hourly"), "in mode 'stream' the stream DAG runs all the time"),
         (lambda d: d.update(airflow={"retry_delay_seconds": "soon"}), "key 'airflow.retry_delay_seconds'"),
         (lambda d: d.update(airflow={"retry": 3}), "unknown key 'airflow.retry'"),
+        (lambda d: d.update(write={"mode": "merge"}), "key 'write.mode'"),
+        (lambda d: d.update(write={"mode": "upsert"}), "needs write.key"),
+        (lambda d: d.update(write={"mode": "upsert", "key": ["nope"]}), "write column 'nope' is not a column"),
+        (lambda d: d.update(write={"mode": "upsert", "key": ["kafka_offset"]}), "names a Kafka lineage column"),
+        (lambda d: d.update(write={"mode": "upsert", "key": ["id", "id"]}), "lists a column twice"),
+        (lambda d: d.update(write={"key": ["id"]}), "are for write.mode 'upsert'"),
+        (
+            lambda d: d.update(write={"mode": "upsert", "key": ["id"], "order_by": "id"}),
+            "a tombstone has no value to order by",
+        ),
     ],
 )
 def test_mistakes_name_the_key(mutate, expected):

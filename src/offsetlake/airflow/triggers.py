@@ -6,7 +6,8 @@ itself: this trigger runs in Airflow's triggerer (event-driven scheduling, an `A
 table's Asset, see `dags.table_asset`), looks at the Delta log every `poll_seconds`, and yields one
 event per run of consecutive commits of one kind (`offsetlake.operations.changes.announcements`). Airflow
 records it as an Asset event whose `extra["payload"]` is {pipeline, table, kind, versions, ranges,
-rows, quarantined}, and starts the DAGs scheduled on the Asset.
+rows, quarantined} (and, for upsert batches, the rows inserted, updated and deleted), and starts the
+DAGs scheduled on the Asset.
 
 Where it left off (the last version announced) is kept in the Asset's state store, so a restarted
 triggerer goes on from there: no commit is skipped and none announced twice, unless the triggerer

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from offsetlake.config import (
+    DELETED_COLUMN,
     HEADERS_COLUMN,
     KEY_COLUMN,
     LINEAGE_COLUMNS,
@@ -140,6 +141,11 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
         quarantines.append(_quarantine_rows(messages.take(pa.array(rows, pa.int64())), list(errors)))
         keep = pa.array([i for i in range(messages.num_rows) if i not in bad_keys], pa.int64())
         messages, key_values = messages.take(keep), key_values.take(keep)
+    tombstones = None
+    if cfg.write.upsert and cfg.format.type != "raw":  # raw keeps a null value as it is: marked below
+        messages, key_values, tombstones = _split_tombstones(messages, key_values)
+        if cfg.write.deletes == "ignore":
+            tombstones = None
     if cfg.format.type == "raw":
         payload, good = pa.table({"key": messages.column("key"), "value": messages.column("value")}), None
     elif cfg.format.type == "json":
@@ -156,12 +162,64 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
         extra.append((pa.field(HEADERS_COLUMN, HEADERS_TYPE), kept.column("headers")))
     fields = [*payload.schema, *(f for f, _ in extra), *LINEAGE_SCHEMA]
     table = pa.Table.from_arrays([*payload.columns, *(a for _, a in extra), *_lineage(kept)], schema=pa.schema(fields))
+    if cfg.write.upsert:
+        table, no_key = _upsert_rows(cfg, table, kept, tombstones)
+        quarantines.append(no_key)
     if oversized is not None:
         quarantines.append(oversized)
     quarantine = pa.concat_tables(quarantines) if quarantines else QUARANTINE_SCHEMA.empty_table()
     if len(quarantines) > 1:
         quarantine = quarantine.sort_by([("kafka_partition", "ascending"), ("kafka_offset", "ascending")])
     return table, quarantine
+
+
+def _split_tombstones(messages: pa.Table, key_values):
+    """(messages with a value, their keys, (tombstone messages, their keys) or None)."""
+    null = pc.is_null(messages.column("value"))
+    if not pc.any(null).as_py():
+        return messages, key_values, None
+    live = pc.invert(null)
+    keys = (lambda m: None) if key_values is None else key_values.filter
+    return messages.filter(live), keys(live), (messages.filter(null), keys(null))
+
+
+def _upsert_rows(cfg: PipelineConfig, rows: pa.Table, kept: pa.Table, tombstones) -> tuple[pa.Table, pa.Table]:
+    """Upsert mode: the rows with DELETED_COLUMN (a tombstone: its key, its lineage, no payload), and the
+    quarantine rows of records whose key has a null column (they could never be found again)."""
+    deleted = [False] * rows.num_rows
+    if cfg.format.type == "raw" and cfg.write.deletes == "tombstone":
+        deleted = pc.is_null(rows.column("value")).to_pylist()
+    elif cfg.format.type == "raw":  # deletes: ignore
+        live = pc.is_valid(rows.column("value"))
+        rows, kept, deleted = rows.filter(live), kept.filter(live), [False] * pc.sum(live).as_py()
+    if tombstones is not None:
+        messages, key_values = tombstones
+        columns = [
+            key_values
+            if f.name == KEY_COLUMN
+            else messages.column(f.name).cast(f.type)
+            if f.name in LINEAGE_COLUMNS
+            else pa.nulls(messages.num_rows, f.type)
+            for f in rows.schema
+        ]
+        rows = pa.concat_tables([rows, pa.Table.from_arrays(columns, schema=rows.schema)])
+        kept = pa.concat_tables([kept, messages])
+        deleted += [True] * messages.num_rows
+    rows = rows.append_column(pa.field(DELETED_COLUMN, pa.bool_()), pa.array(deleted, pa.bool_()))
+    required = cfg.write.required
+    no_key = functools.reduce(pc.or_, [pc.is_null(rows.column(c)) for c in required])
+    if not pc.any(no_key).as_py():
+        return rows, QUARANTINE_SCHEMA.empty_table()
+    bad = rows.filter(no_key)
+    nulls = {c: pc.is_null(bad.column(c)).to_pylist() for c in required}
+
+    def error(i: int) -> str:
+        column = next(c for c in required if nulls[c][i])
+        return f"write.{'key' if column in cfg.write.key else 'order_by'} column {column!r} is null"
+
+    return rows.filter(pc.invert(no_key)), _quarantine_rows(
+        kept.filter(no_key), [error(i) for i in range(bad.num_rows)]
+    )
 
 
 def _split_oversized(messages: pa.Table, limit: int) -> tuple[pa.Table, pa.Table | None]:

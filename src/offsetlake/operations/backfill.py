@@ -135,6 +135,9 @@ def check_within_ledger(r: OffsetRange, committed: dict[TP, int], moved: bool = 
 def backfill(
     spark, cfg: PipelineConfig, ranges: list[OffsetRange], run: Run | None = None, dry_run: bool = False
 ) -> BackfillResult:
+    cfg.refuse_in_upsert_mode(
+        "backfill", "is not defined for it yet: an upsert table keeps one row per key, not one per offset"
+    )
     cluster = KafkaCluster(cfg.kafka)
     schema = table_schema(cfg)
     table = open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name, create=False)

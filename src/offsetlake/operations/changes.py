@@ -27,6 +27,7 @@ class TableCommit:
     timestamp: int  # epoch ms
     operation: str | None
     meta: CommitMetadata | None  # None: not an offsetlake commit
+    merged: dict[str, int] | None = None  # a MERGE (upsert mode): its rows inserted, updated, deleted
 
     @property
     def kind(self) -> str:
@@ -58,12 +59,27 @@ def commits_after(path: str, version: int) -> list[TableCommit]:
     entries = table.history(limit=newest - version)
     commits = [
         TableCommit(
-            e["version"], e.get("timestamp", 0), e.get("operation"), CommitMetadata.parse(e.get("userMetadata"))
+            e["version"],
+            e.get("timestamp", 0),
+            e.get("operation"),
+            CommitMetadata.parse(e.get("userMetadata")),
+            merge_counts(e),
         )
         for e in entries
         if e.get("version", -1) > version
     ]
     return sorted(commits, key=lambda c: c.version)
+
+
+MERGE_COUNTS = ("inserted", "updated", "deleted")
+
+
+def merge_counts(entry: dict) -> dict[str, int] | None:
+    """A MERGE commit's rows inserted, updated and deleted, from the metrics Delta keeps in its commitInfo."""
+    if entry.get("operation") != "MERGE":
+        return None
+    metrics = entry.get("operationMetrics") or {}
+    return {k: int(metrics.get(f"num_target_rows_{k}", 0)) for k in MERGE_COUNTS}
 
 
 def announcements(pipeline: str, table: str, commits: list[TableCommit]) -> list[dict]:
@@ -88,6 +104,9 @@ def announcements(pipeline: str, table: str, commits: list[TableCommit]) -> list
             continue
         last["rows"] += commit.meta.records.rows
         last["quarantined"] += commit.meta.records.quarantined
+        if commit.merged is not None:  # upsert mode: what the batches did to the table's rows
+            for count in MERGE_COUNTS:
+                last[count] = last.get(count, 0) + commit.merged[count]
         merge_ranges(last["ranges"], commit.meta.ranges)
     return events
 

@@ -207,9 +207,7 @@ def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run: Run | N
         cfg.table_path,
         decide,
         "reset",
-        open_=lambda uri: open_table(
-            uri, schema, cfg.table.partition_by, cfg.name, properties=cfg.maintenance.table_properties()
-        ),
+        open_=lambda uri: open_table(uri, schema, cfg.table.partition_by, cfg.name, properties=cfg.table_properties()),
     )
     assert isinstance(outcome, Committed)  # decide() always writes
     return outcome.version

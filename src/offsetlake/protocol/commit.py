@@ -22,7 +22,9 @@ decided here, once:
    conflict. We look for this attempt's id in the newest commits before reporting
    failure or deciding again, so a landed commit is never taken for another writer's
    and clean-up never deletes a committed file.
-6. A change that adds columns (`Change.evolve`: a registry record with a newer
+6. An upsert (`Change.merge`) is a delta-rs MERGE with the same commit properties (txn actions,
+   userMetadata, no rebase): delta-rs writes its files and the commit in one call. See upsert.py.
+7. A change that adds columns (`Change.evolve`: a registry record with a newer
    schema) must carry the table's new schema in the same commit. delta-rs writes a
    metaData action only through `write_deltalake(schema_mode="merge")`, which writes
    its own data files, so the attempt's files are read back and written through it
@@ -47,11 +49,13 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
+from offsetlake.config import DELETED_COLUMN
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StorageError
 from offsetlake.files import DataFile, read_file, storage_options
 from offsetlake.protocol.ledger import Ledger
 from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.protocol.planning import BatchPlan
+from offsetlake.protocol.upsert import Merge
 from offsetlake.table import delete_attempt_files, delete_files, open_table, store_refusal
 
 log = logging.getLogger("offsetlake.protocol.commit")
@@ -68,7 +72,8 @@ class Change:
     schema: pa.Schema | None = None
     partition_by: list[str] = field(default_factory=list)
     restore_version: int | None = None  # a Delta RESTORE to this version instead of a write
-    evolve: bool = False  # `schema` adds columns to the table: written with them in this commit (step 6)
+    evolve: bool = False  # `schema` adds columns to the table: written with them in this commit (step 7)
+    merge: Merge | None = None  # an upsert: this MERGE instead of `actions` (step 6)
 
 
 @dataclass(frozen=True)
@@ -85,9 +90,12 @@ class Committed:
     change: Change
     status: str = "committed"
     rewritten: frozenset[str] | None = None  # an evolving change: the files written in its place
+    merged: dict[str, int] | None = None  # an upsert: the MERGE's rows inserted, updated, deleted
 
     def added_paths(self) -> set[str]:
-        """The files this commit references: clean-up must keep them."""
+        """The files this commit references: clean-up must keep them (an upsert's are delta-rs' own)."""
+        if self.change.merge is not None:
+            return set()
         if self.rewritten is not None:
             return set(self.rewritten)
         return {a.path for a in self.change.actions if isinstance(a, AddAction)}
@@ -115,6 +123,8 @@ def commit(
         if conflicts:  # recorded in the commit itself: a metric of contention (the Airflow view shows it)
             change = replace(change, metadata=msgspec.structs.replace(change.metadata, conflicts=conflicts))
         try:
+            if change.merge is not None:
+                return _apply_merge(table, change, change.merge)
             if change.evolve:
                 return _apply_evolving(uri, table, change)
             return Committed(_apply(table, change), change)
@@ -164,8 +174,30 @@ def _apply(table: DeltaTable, change: Change) -> int:
     return table.version() + 1
 
 
+def _apply_merge(table: DeltaTable, change: Change, merge: Merge) -> Committed:
+    """Step 6: upsert the rows, delete the keys of the deleting ones; new columns (`evolve`) join the table."""
+    decided_on = table.version()
+    keep = [DELETED_COLUMN]
+    metrics = (
+        table.merge(
+            merge.source,
+            merge.predicate(),
+            source_alias="s",
+            target_alias="t",
+            merge_schema=change.evolve,
+            commit_properties=_properties(change),
+        )
+        .when_matched_delete(f"s.{DELETED_COLUMN}")
+        .when_matched_update_all(merge.updates(), except_cols=keep)
+        .when_not_matched_insert_all(f"NOT s.{DELETED_COLUMN}", except_cols=keep)
+        .execute()
+    )
+    counts = {k: int(metrics.get(f"num_target_rows_{k}", 0)) for k in ("inserted", "updated", "deleted")}
+    return Committed(decided_on + 1, change, merged=counts)  # no rebase, as in _apply
+
+
 def _apply_evolving(uri: str, table: DeltaTable, change: Change) -> Committed:
-    """Step 6: the change's files written again through write_deltalake with the wider schema."""
+    """Step 7: the change's files written again through write_deltalake with the wider schema."""
     if any(not isinstance(a, AddAction) for a in change.actions):
         raise OffsetlakeError(
             f"{change.metadata.kind} would add columns to the table while removing rows; "

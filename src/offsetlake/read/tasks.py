@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from offsetlake import faults
-from offsetlake.config import PipelineConfig, register_storage
+from offsetlake.config import DELETED_COLUMN, PipelineConfig, register_storage
 from offsetlake.files import DataFile, attempt_file_name, write_files
 from offsetlake.formats.evolution import schema_from_text, schema_to_text
 from offsetlake.formats.records import convert
@@ -177,7 +177,7 @@ def convert_and_write(ctx: TaskContext, index: int, messages: pa.Table) -> list[
     # data and quarantine (a DataFile as JSON, its row count).
     out = [
         {"task": index, "kind": "read", "file": None, "records": messages.num_rows},
-        {"task": index, "kind": "schema", "file": schema_to_text(rows.schema), "records": 0},
+        {"task": index, "kind": "schema", "file": schema_to_text(_table_columns(rows.schema)), "records": 0},
     ]
     for kind, uri, table, partition_by in (
         ("data", cfg.table_path, rows, cfg.table.partition_by),
@@ -187,6 +187,12 @@ def convert_and_write(ctx: TaskContext, index: int, messages: pa.Table) -> list[
             out.append({"task": index, "kind": kind, "file": f.to_json(), "records": f.num_records})
     faults.hit("after_task_write", ctx.fault_settings)  # its files are on disk, not yet reported
     return out
+
+
+def _table_columns(schema: pa.Schema) -> pa.Schema:
+    """The columns the rows bring to the table (an upsert's deleted marker is the MERGE's, not a column)."""
+    index = schema.get_field_index(DELETED_COLUMN)
+    return schema if index < 0 else schema.remove(index)
 
 
 def spark_task_attempt() -> int:

@@ -1,0 +1,114 @@
+"""Upsert mode: a batch is one Delta MERGE keyed on `write.key`, committed with its offsets.
+
+The Spark tasks write the batch's rows as staging files under the table (named by the attempt, as
+every batch's files are), each row marked as an upsert or a delete (`DELETED_COLUMN`: a tombstone).
+The driver reads them back, keeps one row per key and hands that to `commit()` as a `Merge`: delta-rs
+writes the MERGE's files and commits them with the `txn` actions and userMetadata, without rebase,
+exactly like an append. The staging files are never referenced by a commit, so the attempt's clean-up
+deletes them: a retry, a duplicate run or a zombie applies a batch at most once because the ledger
+decides, not because MERGE is idempotent (it is not: an old batch applied again after newer ones would
+bring back the values they replaced).
+
+Which row wins, per key:
+- within one partition, the highest offset (Kafka's order);
+- a key in two partitions (or topics) of one batch has no order Kafka can give: the batch fails,
+  naming the key, unless `write.order_by` names a column whose greatest value wins (ties: the higher
+  offset).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import polars as pl
+import pyarrow as pa
+
+from offsetlake.config import DELETED_COLUMN
+from offsetlake.errors import UpsertKeyError
+from offsetlake.files import DataFile, read_file
+
+
+@dataclass(frozen=True)
+class Merge:
+    """What a MERGE commit applies: one row per key, DELETED_COLUMN saying which delete their key."""
+
+    source: pa.Table
+    key: list[str]
+    order_by: str | None = None
+
+    def predicate(self) -> str:
+        return " AND ".join(f"t.{_quoted(c)} = s.{_quoted(c)}" for c in self.key)
+
+    def updates(self) -> str:
+        """When a matched row is replaced: always, or with order_by when the new value is not older (so the
+        greatest wins across batches too; ties go to the later batch)."""
+        live = f"NOT s.{DELETED_COLUMN}"
+        if self.order_by is None:
+            return live
+        column = _quoted(self.order_by)
+        return f"{live} AND (t.{column} IS NULL OR s.{column} >= t.{column})"
+
+    @property
+    def deletes(self) -> int:
+        return int(pa.compute.sum(self.source.column(DELETED_COLUMN)).as_py() or 0)
+
+
+def _quoted(column: str) -> str:
+    """A SQL identifier for DataFusion, which would lower-case an unquoted one."""
+    return '"' + column.replace('"', '""') + '"'
+
+
+def read_staging(uri: str, files: Sequence[DataFile], partition_by: Sequence[str], types: pa.Schema) -> pa.Table:
+    """The batch's rows from its staging files, partition columns put back (a partitioned file holds
+    them in its path only), in one schema (the files of tasks that saw different writer schemas differ)."""
+    tables = []
+    for f in files:
+        rows = read_file(uri, f.path)
+        for column in partition_by:
+            value = pa.array([(f.partition_values or {}).get(column)] * rows.num_rows, pa.string())
+            rows = rows.append_column(column, value.cast(types.field(column).type))
+        tables.append(rows)
+    if not tables:
+        return pa.schema([*types, pa.field(DELETED_COLUMN, pa.bool_())]).empty_table()
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def latest_per_key(rows: pa.Table, key: Sequence[str], order_by: str | None, batch: int | None = None) -> pa.Table:
+    """One row per key: the winner as the module docstring says, in the rows' order."""
+    if rows.num_rows == 0:
+        return rows
+    lineage = ["kafka_topic", "kafka_partition", "kafka_offset"]
+    columns = list(dict.fromkeys([*key, *lineage, *([order_by] if order_by else [])]))
+    frame = pl.from_arrow(rows.select(columns))
+    assert isinstance(frame, pl.DataFrame)
+    frame = frame.with_row_index("_row")
+    if order_by is None:
+        _refuse_keys_in_two_partitions(frame, list(key), batch)
+    ordering = [*([order_by] if order_by else []), "kafka_offset"]
+    winners = frame.sort(ordering, nulls_last=False).unique(subset=list(key), keep="last").sort("_row")
+    return rows.take(winners.get_column("_row").to_arrow())
+
+
+def _refuse_keys_in_two_partitions(frame: pl.DataFrame, key: list[str], batch: int | None) -> None:
+    spread = (
+        frame.group_by(key)
+        .agg(pl.struct("kafka_topic", "kafka_partition").unique().sort().alias("places"))
+        .filter(pl.col("places").list.len() > 1)
+    )
+    if spread.height == 0:
+        return
+    first = spread.row(0, named=True)
+    places = " and ".join(f"{p['kafka_topic']}[{p['kafka_partition']}]" for p in first["places"][:2])
+    value = ", ".join(f"{c}={_shown(first[c])}" for c in key)
+    where = f"batch {batch}" if batch is not None else "the batch"
+    raise UpsertKeyError(
+        f"{where}: key {value} arrives in {places} ({spread.height} such keys): Kafka orders a key within "
+        f"one partition only; set write.order_by to a column whose greatest value wins (an event time, a "
+        f"source LSN), or produce each key to one partition"
+    )
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,241 @@
+"""Upsert mode (`write.mode: upsert`): a keyed table that is the current state of its topic.
+
+Every check is the upsert oracle's (`oracle.check_upserts`): the table is the fold of what Kafka returns
+under read_committed below the ledger (the last record per key, tombstones deleting), value by value,
+the quarantine checked both ways, Kafka against what the producers recorded; and the change data feed
+replays to the same table.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import signal
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+import oracle
+from offsetlake.batch import ingest
+from offsetlake.errors import ConfigError, UpsertKeyError
+from offsetlake.operations.backfill import backfill
+from offsetlake.operations.changes import announcements, commits_after
+from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.table import committed_files
+from oracle import assert_upserts_exactly_once
+from support import (
+    JournaledProducer,
+    create_topic,
+    data_files_on_disk,
+    ingest_process,
+    load,
+    pipeline_commits,
+    produce,
+    unique,
+    wait_for_fault,
+    write_pipeline,
+)
+
+pytestmark = pytest.mark.slow
+KEYS = 40  # few keys, many records: most records update or delete a key the table holds
+
+
+def keyed_event(rng: random.Random, seq: int) -> tuple[bytes, bytes | None]:
+    """A user's latest state, or (one in seven) a tombstone deleting the user."""
+    user = rng.randrange(1, KEYS + 1)
+    if rng.random() < 1 / 7:
+        return str(user).encode(), None
+    event = {"event_id": f"e{seq}", "user_id": user, "action": rng.choice(["view", "buy"]), "seq": seq}
+    event["amount"] = round(rng.uniform(0, 500), 2)
+    return str(user).encode(), json.dumps(event).encode()
+
+
+# The name offsetlake.files.attempt_file_name gives a task's file: in upsert mode, a staging file.
+STAGING = re.compile(r"part-\d{8}-[0-9a-f]{16}-t\d{5}-a\d+-\d{3}\.zstd\.parquet$")
+
+
+def staging_files(cfg) -> list[str]:
+    return sorted(f for f in data_files_on_disk(cfg.table_path) if STAGING.search(f))
+
+
+UPSERT = {"format": {"key": {"type": "string"}}, "write": {"mode": "upsert", "key": ["kafka_key"]}}
+
+
+def test_updates_deletes_and_reinserts_across_batches_fold_exactly(spark, pipeline):
+    cfg, topic = pipeline(partitions=3, batch={"max_records_per_batch": 400, "max_records_per_task": 150}, **UPSERT)
+    produce(
+        cfg.kafka,
+        topic,
+        1500,
+        transactional_share=0.5,
+        abort_share=0.25,
+        seed=3,
+        make_record=keyed_event,
+        bad_share=0.02,
+    )
+    no_key = JournaledProducer(cfg.kafka.bootstrap_servers)
+    for seq in range(3):  # a record without a key can never be found again: quarantined, with why
+        no_key.produce(topic, json.dumps({"event_id": f"n{seq}", "user_id": 1}).encode(), bad="write.key column")
+    no_key.flush()
+
+    first = [r for r in ingest(spark, cfg) if r.status == "committed"]
+    assert len(first) >= 4, "several batches, so updates and deletes cross batch boundaries"
+    assert_upserts_exactly_once(cfg)
+    produce(cfg.kafka, topic, 700, transactional_share=0.5, abort_share=0.25, seed=4, make_record=keyed_event)
+    second = [r for r in ingest(spark, cfg) if r.status == "committed"]
+    rows = assert_upserts_exactly_once(cfg)
+
+    assert 0 < rows <= KEYS
+    table = DeltaTable(cfg.table_path)
+    assert table.metadata().configuration.get("delta.enableChangeDataFeed") == "true"
+    merged = [r.merged for r in first + second]
+    assert all(m is not None for m in merged)
+    assert sum(m["updated"] for m in merged) > 0 and sum(m["deleted"] for m in merged) > 0
+    # The Asset events say what the MERGEs did, as the batches reported it.
+    events = announcements(cfg.name, cfg.table_path, commits_after(cfg.table_path, 0))
+    ingests = [e for e in events if e["kind"] == "ingest"]
+    for count in ("inserted", "updated", "deleted"):
+        assert sum(e[count] for e in ingests) == sum(m[count] for m in merged)
+    # The staging files went (the tasks' files, named by their attempt): the table holds the MERGEs' own.
+    assert staging_files(cfg) == [] and committed_files(cfg.table_path)
+
+
+def test_a_key_in_two_partitions_fails_the_batch_in_one_line_unless_order_by_decides(
+    spark, bootstrap, pipelines_dir, lake
+):
+    topic = unique("t")
+    create_topic(bootstrap, topic, 2)
+    producer = JournaledProducer(bootstrap)
+    sends = [("a", 0, 5), ("a", 1, 9), ("b", 0, 1), ("a", 0, 7), ("b", 1, 3)]  # (key, partition, seq)
+    for key, partition, seq in sends:
+        value = {"event_id": f"{key}{seq}", "user_id": 1, "seq": seq}
+        producer.produce(topic, json.dumps(value).encode(), key=key.encode(), partition=partition)
+    producer.flush()
+
+    strict = load(pipelines_dir, write_pipeline(pipelines_dir, bootstrap, [topic], lake, **UPSERT))
+    with pytest.raises(UpsertKeyError) as refused:
+        ingest(spark, strict)
+    message = str(refused.value)
+    assert "\n" not in message and "key kafka_key='a'" in message and "write.order_by" in message, message
+    assert pipeline_commits(strict) == []  # nothing written, the quarantine's commit included
+    assert not DeltaTable.is_deltatable(strict.quarantine_path)
+
+    ordered = {"write": {**UPSERT["write"], "order_by": "seq", "deletes": "ignore"}}
+    cfg = load(pipelines_dir, write_pipeline(pipelines_dir, bootstrap, [topic], lake, **{**UPSERT, **ordered}))
+    ingest(spark, cfg)
+    assert_upserts_exactly_once(cfg)
+    assert _seq_of(cfg, "a") == 9 and _seq_of(cfg, "b") == 3
+    # Across batches too: an older value arriving later does not replace a newer one.
+    producer.produce(topic, json.dumps({"event_id": "a6", "user_id": 1, "seq": 6}).encode(), key=b"a", partition=0)
+    producer.produce(topic, json.dumps({"event_id": "b4", "user_id": 1, "seq": 4}).encode(), key=b"b", partition=0)
+    producer.flush()
+    ingest(spark, cfg)
+    assert_upserts_exactly_once(cfg)
+    assert _seq_of(cfg, "a") == 9 and _seq_of(cfg, "b") == 4
+
+
+def _seq_of(cfg, key: str) -> int:
+    (row,) = [r for r in DeltaTable(cfg.table_path).to_pyarrow_table().to_pylist() if r["kafka_key"] == key]
+    return row["seq"]
+
+
+@pytest.mark.parametrize("point", ["before_commit", "after_commit"])
+def test_an_upsert_job_killed_at_its_commit_then_rerun_folds_exactly(spark, pipeline, pipelines_dir, point):
+    cfg, topic = pipeline(partitions=2, **UPSERT)
+    produce(cfg.kafka, topic, 800, transactional_share=0.5, abort_share=0.2, seed=5, make_record=keyed_event)
+    ingest(spark, cfg)
+    produce(cfg.kafka, topic, 400, transactional_share=0.5, abort_share=0.2, seed=6, make_record=keyed_event)
+    job = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": f"{point}:exit"})
+    job.communicate(timeout=300)
+    assert job.returncode == -signal.SIGKILL, f"the job was not killed at {point}"
+    assert len(pipeline_commits(cfg)) == (2 if point == "after_commit" else 1)
+
+    results = ingest(spark, cfg)
+
+    assert [r.status for r in results if r.status == "committed"] == ([] if point == "after_commit" else ["committed"])
+    assert_upserts_exactly_once(cfg)
+
+
+def test_an_upsert_zombie_finds_its_batch_committed_and_merges_nothing(spark, pipeline, pipelines_dir, tmp_path):
+    cfg, topic = pipeline(partitions=2, **UPSERT)
+    produce(cfg.kafka, topic, 600, transactional_share=0.5, abort_share=0.2, seed=7, make_record=keyed_event)
+    fault_dir = tmp_path / "faults"
+    zombie = ingest_process(
+        cfg, pipelines_dir, {"OFFSETLAKE_FAULT": "before_commit:pause", "OFFSETLAKE_FAULT_DIR": str(fault_dir)}
+    )
+    wait_for_fault(fault_dir / "before_commit.reached", zombie)
+
+    ingest(spark, cfg)  # the retry commits the batch
+    version = DeltaTable(cfg.table_path).version()
+    (fault_dir / "before_commit.release").touch()
+    out, err = zombie.communicate(timeout=300)
+
+    assert zombie.returncode == 0, err
+    assert "batch 1: already_committed" in out
+    assert DeltaTable(cfg.table_path).version() == version
+    assert staging_files(cfg) == []
+    assert_upserts_exactly_once(cfg)
+
+
+def test_backfill_and_audit_of_an_upsert_table_are_refused_in_one_line(spark, pipeline):
+    cfg, topic = pipeline(partitions=1, **UPSERT)
+    produce(cfg.kafka, topic, 50, transactional_share=0, make_record=keyed_event)
+    ingest(spark, cfg)
+    version = DeltaTable(cfg.table_path).version()
+    with pytest.raises(ConfigError, match="upsert mode .*backfill is not defined"):
+        backfill(spark, cfg, [OffsetRange(topic, 0, 0, 10)])
+    from offsetlake.operations.audit import audit
+
+    with pytest.raises(ConfigError, match="upsert mode .*audit"):
+        audit(cfg)
+    assert DeltaTable(cfg.table_path).version() == version
+
+
+def test_the_upsert_oracle_fails_each_corruption_naming_its_offset(spark, pipeline, tmp_path):
+    """The upsert oracle proved: copies of a real upsert table, each corrupted one way, must each fail with a
+    finding of its kind naming the offset of the row (or of the record the fold expects)."""
+    from test_oracle import copy_of
+
+    cfg, topic = pipeline(partitions=2, **UPSERT)
+    produce(
+        cfg.kafka, topic, 400, transactional_share=0.5, abort_share=0.2, seed=8, make_record=keyed_event, bad_share=0.05
+    )
+    ingest(spark, cfg)
+    assert oracle.check_upserts(cfg).ok
+    rows = sorted(DeltaTable(cfg.table_path).to_pyarrow_table().to_pylist(), key=lambda r: r["kafka_key"])
+    a, b, c = rows[0], rows[1], rows[2]
+
+    def where(row) -> tuple:
+        return (row["kafka_topic"], row["kafka_partition"], row["kafka_offset"])
+
+    def key_is(row) -> str:
+        return f"kafka_key = '{row['kafka_key']}'"
+
+    corruptions = {
+        "a field changed": (
+            lambda t: DeltaTable(t).update(predicate=key_is(a), updates={"amount": "amount + 0.01"}),
+            (oracle.WRONG_VALUE, where(a)),
+        ),
+        "an older record of the key": (
+            lambda t: DeltaTable(t).update(predicate=key_is(b), updates={"kafka_offset": "kafka_offset - 1"}),
+            (oracle.WRONG_VALUE, (*where(b)[:2], where(b)[2] - 1)),
+        ),
+        "a key twice": (
+            lambda t: write_deltalake(
+                t,
+                DeltaTable(t)
+                .to_pyarrow_table()
+                .filter(pa.compute.equal(pa.compute.field("kafka_key"), c["kafka_key"])),
+                mode="append",
+            ),
+            (oracle.DUPLICATED, where(c)),
+        ),
+        "a key removed": (lambda t: DeltaTable(t).delete(key_is(a)), (oracle.MISSING, where(a))),
+    }
+    for name, (corrupt, (kind, offset)) in corruptions.items():
+        bad = copy_of(cfg, tmp_path, name.replace(" ", "_"))
+        corrupt(bad.table_path)
+        findings = oracle.check_upserts(bad)
+        assert offset in [w for w, _ in findings.kinds.get(kind, [])], f"{name}: {findings.report()}"

@@ -1,0 +1,105 @@
+"""Upsert mode's pure logic: which row of a key wins in a batch, tombstones and null keys in a task's rows,
+and the MERGE's conditions."""
+
+import pyarrow as pa
+import pytest
+
+from offsetlake.config import DELETED_COLUMN, parse_pipeline
+from offsetlake.errors import UpsertKeyError
+from offsetlake.formats.records import convert
+from offsetlake.protocol.upsert import Merge, latest_per_key
+from offsetlake.read.reader import MESSAGE_SCHEMA
+
+
+def batch_rows(rows: list[tuple]) -> pa.Table:
+    """(key, partition, offset, seq, deleted) per row."""
+    key, partition, offset, seq, deleted = zip(*rows)
+    return pa.table(
+        {
+            "k": pa.array(key, pa.string()),
+            "seq": pa.array(seq, pa.int64()),
+            "kafka_topic": pa.array(["t"] * len(rows)),
+            "kafka_partition": pa.array(partition, pa.int32()),
+            "kafka_offset": pa.array(offset, pa.int64()),
+            DELETED_COLUMN: pa.array(deleted, pa.bool_()),
+        }
+    )
+
+
+def test_the_highest_offset_of_a_key_wins_within_its_partition():
+    rows = batch_rows([("a", 0, 5, 1, False), ("b", 0, 6, 2, False), ("a", 0, 9, 3, True), ("b", 0, 7, 4, False)])
+    winners = latest_per_key(rows, ["k"], None)
+    assert winners.select(["k", "kafka_offset", DELETED_COLUMN]).to_pylist() == [
+        {"k": "a", "kafka_offset": 9, DELETED_COLUMN: True},
+        {"k": "b", "kafka_offset": 7, DELETED_COLUMN: False},
+    ]
+    assert winners.column_names == rows.column_names  # every column of the winner, not only the key
+
+
+def test_a_key_in_two_partitions_is_refused_naming_it():
+    rows = batch_rows([("a", 0, 5, 1, False), ("a", 1, 2, 2, False), ("b", 0, 6, 1, False)])
+    with pytest.raises(UpsertKeyError) as err:
+        latest_per_key(rows, ["k"], None, batch=4)
+    message = str(err.value)
+    assert message.startswith("batch 4: key k='a' arrives in t[0] and t[1] (1 such keys)"), message
+    assert "write.order_by" in message and "\n" not in message
+
+
+def test_with_order_by_the_greatest_value_wins_across_partitions():
+    rows = batch_rows([("a", 0, 5, 7, False), ("a", 1, 2, 9, False), ("a", 0, 8, 3, False)])
+    (winner,) = latest_per_key(rows, ["k"], "seq").to_pylist()
+    assert (winner["kafka_partition"], winner["kafka_offset"], winner["seq"]) == (1, 2, 9)
+
+
+def test_a_merge_matches_on_every_key_column_quoted_and_orders_only_with_order_by():
+    merge = Merge(pa.table({"x": [1]}), ["userId", "region"])
+    assert merge.predicate() == 't."userId" = s."userId" AND t."region" = s."region"'
+    assert merge.updates() == f"NOT s.{DELETED_COLUMN}"
+    ordered = Merge(pa.table({"x": [1]}), ["id"], order_by="lsn")
+    assert ordered.updates() == f'NOT s.{DELETED_COLUMN} AND (t."lsn" IS NULL OR s."lsn" >= t."lsn")'
+
+
+def pipeline(**write):
+    return parse_pipeline(
+        {
+            "name": "p",
+            "topics": ["t"],
+            "kafka": {"bootstrap_servers": "x:1"},
+            "table": {"path": "/tmp/x"},
+            "format": {"type": "json", "schema": [{"name": "id", "type": "long"}], "key": {"type": "string"}},
+            "write": {"mode": "upsert", "key": ["kafka_key"], **write},
+        },
+        "p.yaml",
+    )
+
+
+def messages(records: list[tuple[bytes | None, bytes | None]]) -> pa.Table:
+    n = len(records)
+    return pa.Table.from_arrays(
+        [
+            pa.array([k for k, _ in records], pa.binary()),
+            pa.array([v for _, v in records], pa.binary()),
+            pa.array(["t"] * n),
+            pa.array([0] * n, pa.int32()),
+            pa.array(range(10, 10 + n), pa.int64()),
+            pa.array([1_700_000_000_000] * n, pa.timestamp("ms", tz="UTC")),
+        ],
+        schema=MESSAGE_SCHEMA,
+    )
+
+
+def test_a_tombstone_is_a_deleting_row_and_a_record_without_key_is_quarantined():
+    rows, bad = convert(pipeline(), messages([(b"a", b'{"id": 1}'), (b"a", None), (None, b'{"id": 2}')]))
+    assert rows.select(["kafka_key", "id", "kafka_offset", DELETED_COLUMN]).to_pylist() == [
+        {"kafka_key": "a", "id": 1, "kafka_offset": 10, DELETED_COLUMN: False},
+        {"kafka_key": "a", "id": None, "kafka_offset": 11, DELETED_COLUMN: True},
+    ]
+    assert bad.select(["kafka_offset", "value", "error"]).to_pylist() == [
+        {"kafka_offset": 12, "value": b'{"id": 2}', "error": "write.key column 'kafka_key' is null"}
+    ]
+
+
+def test_with_deletes_ignore_a_tombstone_is_no_row_at_all():
+    rows, bad = convert(pipeline(deletes="ignore"), messages([(b"a", None), (b"b", b'{"id": 3}')]))
+    assert rows.select(["kafka_key", DELETED_COLUMN]).to_pylist() == [{"kafka_key": "b", DELETED_COLUMN: False}]
+    assert bad.num_rows == 0
