@@ -60,6 +60,11 @@ def staging_files(cfg) -> list[str]:
     return sorted(f for f in data_files_on_disk(cfg.table_path) if STAGING.search(f))
 
 
+def new_key(seq: int) -> tuple[bytes, bytes]:
+    """A record of a key no other record has."""
+    return f"new{seq}".encode(), json.dumps({"event_id": f"n{seq}", "user_id": 10_000 + seq, "seq": seq}).encode()
+
+
 UPSERT = {"format": {"key": {"type": "string"}}, "write": {"mode": "upsert", "key": ["kafka_key"]}}
 
 
@@ -239,3 +244,65 @@ def test_the_upsert_oracle_fails_each_corruption_naming_its_offset(spark, pipeli
         corrupt(bad.table_path)
         findings = oracle.check_upserts(bad)
         assert offset in [w for w, _ in findings.kinds.get(kind, [])], f"{name}: {findings.report()}"
+
+
+def test_a_restore_rewinds_the_upserts_and_optimize_keeps_the_fold(spark, pipeline):
+    from offsetlake.formats.records import table_schema
+    from offsetlake.operations.compaction import optimize
+    from offsetlake.operations.maintenance import restore
+
+    cfg, topic = pipeline(partitions=2, batch={"max_records_per_batch": 200}, **UPSERT)
+    produce(cfg.kafka, topic, 300, transactional_share=0.5, abort_share=0.2, seed=9, make_record=keyed_event)
+    ingest(spark, cfg)
+    early = DeltaTable(cfg.table_path).version()
+    produce(cfg.kafka, topic, 300, transactional_share=0.5, abort_share=0.2, seed=10, make_record=keyed_event)
+    ingest(spark, cfg)
+
+    restore(cfg, early)  # the table and its ledger as they were: the later batches are undone
+    assert oracle.check_upserts(cfg).ok
+    again = [r for r in ingest(spark, cfg) if r.status == "committed"]  # and folded again from Kafka
+    assert again
+    assert_upserts_exactly_once(cfg)
+
+    # New keys only: a MERGE that matches nothing adds a file beside the table's (matches rewrite theirs).
+    produce(cfg.kafka, topic, 50, transactional_share=0, seed=11, make_record=lambda rng, seq: new_key(seq))
+    ingest(spark, cfg)
+    files_before = len(committed_files(cfg.table_path))
+    outcome = optimize(cfg.table_path, cfg.name, table_schema(cfg), [], 128)
+    assert outcome.version is not None and len(committed_files(cfg.table_path)) < files_before
+    assert_upserts_exactly_once(cfg)
+
+
+def test_avro_upserts_fold_and_a_new_field_lands_in_the_merge_of_its_offsets(spark, pipeline, schema_registry):
+    """Records written by confluent-kafka's AvroSerializer through the registry; version 2 of the schema
+    adds a field in the middle of the stream, and tombstones delete."""
+    from offsetlake.local.producer import avro_event_maker, registry_client
+
+    client = registry_client(schema_registry.url, schema_registry.user, schema_registry.password)
+    registry = {"url": schema_registry.url, "username": schema_registry.user, "password": schema_registry.password}
+    cfg, topic = pipeline(
+        partitions=2,
+        format={"type": "avro", "schema": [], "registry": registry, "key": {"type": "string"}},
+        write=UPSERT["write"],
+    )
+
+    def few_keys(version: int):
+        make = avro_event_maker(client, topic, version, headers=False)
+
+        def made(rng, seq):
+            _, value, _ = make(rng, seq)
+            return str(rng.randrange(1, 30)).encode(), None if rng.random() < 0.1 else value
+
+        return made
+
+    produce(cfg.kafka, topic, 300, abort_share=0.2, seed=12, make_record=few_keys(1))
+    ingest(spark, cfg)
+    first_version = DeltaTable(cfg.table_path).version()
+    produce(cfg.kafka, topic, 150, abort_share=0.2, seed=13, make_record=few_keys(1))
+    produce(cfg.kafka, topic, 150, abort_share=0.2, seed=14, make_record=few_keys(2))
+    results = [r for r in ingest(spark, cfg) if r.status == "committed"]
+
+    assert [r.version for r in results] == [first_version + 1]  # one MERGE, the new column in it
+    assert "country" in [f.name for f in DeltaTable(cfg.table_path).schema().fields]
+    assert "country" not in [f.name for f in DeltaTable(cfg.table_path, version=first_version).schema().fields]
+    assert_upserts_exactly_once(cfg, registry=client)
