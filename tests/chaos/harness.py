@@ -108,8 +108,14 @@ KINDS = {
 S3_KINDS = {"store 503 during ingest": 2, "store away during ingest": 2, "store restart at commit": 2}
 
 
-def kinds_for(storage: str) -> dict[str, int]:
-    return {**KINDS, **(S3_KINDS if storage == "s3" else {})}
+# Upsert mode has no backfill (it is refused on an upsert table in one line).
+UPSERT_LEFT_OUT = ("kill@random backfill", "optimize during backfill")
+UPSERT_KEYS = 300  # keys of the upsert mode's records: most records update or delete a key the table holds
+
+
+def kinds_for(storage: str, mode: str = "append") -> dict[str, int]:
+    kinds = {**KINDS, **(S3_KINDS if storage == "s3" else {})}
+    return {k: n for k, n in kinds.items() if mode == "append" or k not in UPSERT_LEFT_OUT}
 
 
 LOG_RETENTION = "interval 1 minutes"  # so that checkpoints really remove commit files during the run
@@ -204,6 +210,7 @@ class Summary:
     journaled: int = 0  # records whose producer saw how their transaction ended, checked against that
     findings: str = ""  # the oracle's report, naming offsets
     audit_ok: bool = False
+    audit_label: str = "offsetlake audit"  # upsert mode: the change feed replaying to the table instead
     seconds: float = 0.0
     produced: dict = field(default_factory=dict)
     examples: list = field(default_factory=list)
@@ -253,7 +260,7 @@ class Summary:
         width = max(width, *(len(k) + 2 for k, _ in rows))
         lines += [f"{k:<{width}}{v:>8}" for k, v in rows]
         lines += [
-            f"{'offsetlake audit':<{width}}{'ok' if self.audit_ok else 'FAILED':>8}",
+            f"{self.audit_label:<{width}}{'ok' if self.audit_ok else 'FAILED':>8}",
             f"{'job failures (not injected)':<{width}}{len(self.job_failures):>8}",
             *(f"  {failure}" for failure in self.job_failures),
             f"{'ingest/backfill failures excused by a broker restart':<{width}}{self.excused:>8}",
@@ -366,10 +373,18 @@ class Schedule:
 
 class Chaos:
     def __init__(
-        self, workdir: Path, seed: int, log, lanes: int = 2, record_format: str = "json", storage: str = "local"
+        self,
+        workdir: Path,
+        seed: int,
+        log,
+        lanes: int = 2,
+        record_format: str = "json",
+        storage: str = "local",
+        mode: str = "append",
     ):
         self.workdir, self.seed, self.log, self.lanes = workdir, seed, log, lanes
-        self.kinds = kinds_for(storage)
+        self.upsert = mode == "upsert"
+        self.kinds = kinds_for(storage, mode)
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.stillness = Stillness()
@@ -401,6 +416,12 @@ class Chaos:
             if self.registry
             else {}
         )
+        # Upsert mode: the table keeps the latest record per Kafka key (few keys, tombstones deleting them).
+        upsert = {}
+        if self.upsert:
+            upsert = {"write": {"mode": "upsert", "key": ["kafka_key"]}}
+            if not self.registry:
+                upsert["format"] = {"key": {"type": "string"}}
         # S3 mode: the table and quarantine on moto's S3 server, reached through the fault proxy.
         self.s3 = self.proxy = None
         tables: dict = {}
@@ -424,12 +445,18 @@ class Chaos:
             name=f"chaos_{seed}",
             batch={"max_records_per_batch": 4000, "max_records_per_task": 1500, "read_timeout_seconds": 30},
             **avro,
+            **upsert,
             **tables,
         )
         self.cfg = load(self.pipelines, name)
         self.journal = oracle.Journal()  # what the workload's producers committed and aborted
         self.workload = Workload(
-            self.cfg.kafka, self.topic, seed, self.journal, registry_url=self.registry.url if self.registry else None
+            self.cfg.kafka,
+            self.topic,
+            seed,
+            self.journal,
+            registry_url=self.registry.url if self.registry else None,
+            keys=UPSERT_KEYS if self.upsert else None,
         )
         self.jobs = 0
         self.tries = 0  # faults drawn, injected or not
@@ -836,7 +863,8 @@ class Chaos:
         """The oracle, values and producer-side truth included. The quarantine commit comes first, so a job
         killed before its table commit leaves the quarantine ahead of the ledger; the next batch skips those:
         they are counted once the ledger is there."""
-        found = oracle.check(self.cfg, until, quarantine_ahead=True, journal=self.journal)
+        check = oracle.check_upserts if self.upsert else oracle.check
+        found = check(self.cfg, until, quarantine_ahead=True, journal=self.journal)
         s = self.summary
         s.kafka_records, s.table_rows, s.quarantined = found.kafka_records, found.table_rows, found.quarantined
         s.journaled = found.journaled
@@ -849,6 +877,7 @@ class Chaos:
             oracle.GOOD_QUARANTINED,
             oracle.BAD_NOT_QUARANTINED,
             oracle.PRODUCER_DIFFERS,
+            oracle.KEY_IN_TWO_PLACES,
         )
         s.examples, s.findings = found.examples(), found.report()
 
@@ -871,7 +900,11 @@ class Chaos:
         self.summary.batches = sum(
             log.read_text(errors="replace").count(COMMITTED) for log in (self.workdir / "logs").glob("*.log")
         )
-        self.summary.audit_ok = audit(self.cfg).ok
+        if self.upsert:  # audit is refused on an upsert table: the change feed must replay to it instead
+            self.summary.audit_label = "change feed replays to the table"
+            self.summary.audit_ok = oracle.change_feed_replays(self.cfg)
+        else:
+            self.summary.audit_ok = audit(self.cfg).ok
 
     # -- the run ---------------------------------------------------------------------------------------
 
@@ -964,20 +997,21 @@ def run(
     lanes: int = 2,
     record_format: str = "json",
     storage: str = "local",
+    mode: str = "append",
 ) -> Summary:
     seed = random.randrange(1_000_000) if seed is None else seed
     workdir = Path(workdir or tempfile.mkdtemp(prefix="offsetlake-chaos-"))
-    log(f"chaos: seed {seed}, {faults} faults, {record_format} records, {storage} table, work in {workdir}")
+    log(f"chaos: seed {seed}, {faults} faults, {record_format} records, {storage} table, {mode}, work in {workdir}")
     logging.getLogger("offsetlake.librdkafka").setLevel(logging.CRITICAL)  # a restarting broker is expected
     workdir.mkdir(parents=True, exist_ok=True)
-    chaos = Chaos(workdir, seed, log, lanes, record_format, storage)
+    chaos = Chaos(workdir, seed, log, lanes, record_format, storage, mode)
     try:
         summary = chaos.run(faults)
     except ChaosFailure as err:
         log(chaos.summary.table())
         raise ChaosFailure(
             f"{err} -- replay: make chaos CHAOS_ARGS='--seed {seed} --faults {faults} --format {record_format} "
-            f"--storage {storage}'"
+            f"--storage {storage} --mode {mode}'"
         ) from None
     finally:
         chaos.close()
@@ -1005,11 +1039,23 @@ def main(argv: list[str] | None = None) -> int:
         default="local",
         help="the table on local disk, or on an S3 server behind a fault proxy (adds the store's faults)",
     )
+    parser.add_argument(
+        "--mode",
+        choices=["append", "upsert"],
+        default="append",
+        help="the table: every record a row, or the latest record per Kafka key (MERGE; no backfill faults)",
+    )
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="offsetlake-chaos-"))
     try:
         summary = run(
-            args.faults, args.seed, workdir, lanes=args.lanes, record_format=args.format, storage=args.storage
+            args.faults,
+            args.seed,
+            workdir,
+            lanes=args.lanes,
+            record_format=args.format,
+            storage=args.storage,
+            mode=args.mode,
         )
     except ChaosFailure as err:
         print(f"CHAOS FAILED: {err}", file=sys.stderr)
@@ -1019,7 +1065,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"CHAOS FAILED: seed {summary.seed}: the audit failed or a job failed with no fault to explain it "
             f"(see the summary) -- replay: make chaos CHAOS_ARGS='--seed {summary.seed} --faults {args.faults} "
-            f"--format {args.format} --storage {args.storage}'",
+            f"--format {args.format} --storage {args.storage} --mode {args.mode}'",
             file=sys.stderr,
         )
         print(f"logs kept in {workdir}", file=sys.stderr)

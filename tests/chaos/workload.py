@@ -40,6 +40,7 @@ from offsetlake.local.producer import Journal, demo_event, with_bad_records
 # adds; after them both versions mix and the column arrives mid-run, in the commit of its first record.
 EVOLVE_AT_SEQ = 1500
 
+TOMBSTONE_SHARE = 0.05
 CHUNK = 20
 TIMEOUT = 10
 # A fatal producer error after a broker restart can reach us as a SystemError chained to the
@@ -57,9 +58,11 @@ class Workload:
         journal: Journal,
         pause_seconds: float = 0.1,
         registry_url: str | None = None,
+        keys: int | None = None,
     ):
         self.settings, self.topic, self.pause, self.journal = settings, topic, pause_seconds, journal
         self.registry_url = registry_url  # avro mode: demo events in Avro through this registry
+        self.keys = keys  # upsert mode: records keyed 1..keys, one in twenty a tombstone
         self.stop_event = threading.Event()
         self.counts: Counter = Counter()
         self._generation = itertools.count()
@@ -100,6 +103,9 @@ class Workload:
         if make is None:
             make = self._makers.make = with_bad_records(self._maker(), 0.01)
         key, value, *headers = make(rng, next(self._seq))
+        if self.keys:  # the default partitioner keeps each key to one partition, as upsert mode expects
+            key = str(rng.randint(1, self.keys)).encode()
+            value = None if rng.random() < TOMBSTONE_SHARE else value
         record = {"key": key, "value": value, **({"headers": headers[0]} if headers and headers[0] else {})}
         producer.produce(self.topic, **record, on_delivery=self.journal.sent(self.topic, record, transaction))
 

@@ -9,9 +9,12 @@ replays to the same table.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import signal
+import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -22,6 +25,7 @@ from offsetlake.batch import ingest
 from offsetlake.errors import ConfigError, UpsertKeyError
 from offsetlake.operations.backfill import backfill
 from offsetlake.operations.changes import announcements, commits_after
+from offsetlake.operations.maintenance import cleanup
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.table import committed_files
 from oracle import assert_upserts_exactly_once
@@ -105,6 +109,12 @@ def test_updates_deletes_and_reinserts_across_batches_fold_exactly(spark, pipeli
         assert sum(e[count] for e in ingests) == sum(m[count] for m in merged)
     # The staging files went (the tasks' files, named by their attempt): the table holds the MERGEs' own.
     assert staging_files(cfg) == [] and committed_files(cfg.table_path)
+    # cleanup keeps what the change feed reads (the MERGEs' _change_data files), however old.
+    for path in Path(cfg.table_path).rglob("*.parquet"):
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    cleanup(cfg.table_path, 3600)
+    assert list(Path(cfg.table_path).glob("_change_data/*.parquet"))
+    assert_upserts_exactly_once(cfg)
 
 
 def test_a_key_in_two_partitions_fails_the_batch_in_one_line_unless_order_by_decides(

@@ -40,7 +40,8 @@ class CleanupResult:
 
 
 def referenced_files(uri: str) -> set[str]:
-    """Every data file any commit still in the log (or its checkpoint) adds: time travel may need it."""
+    """Every data file any commit still in the log (or its checkpoint) adds or removes (time travel may need
+    it), and the change data files (`cdc`) of an upsert table's MERGEs: the change feed reads them."""
     fs, root = open_filesystem(uri)
     log_dir = f"{root.rstrip('/')}/_delta_log"
 
@@ -51,7 +52,7 @@ def referenced_files(uri: str) -> set[str]:
                 with fs.open_input_stream(info.path) as stream:
                     for line in stream.read().decode().splitlines():
                         action = json.loads(line) if line.strip() else {}
-                        for kind in ("add", "remove"):
+                        for kind in ("add", "remove", "cdc"):
                             if kind in action:
                                 paths.add(from_delta_path(action[kind]["path"]))
             elif ".checkpoint" in info.base_name and info.base_name.endswith(".parquet"):
