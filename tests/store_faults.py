@@ -152,14 +152,21 @@ class _Forward(BaseHTTPRequestHandler):
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             chunks = []
             while True:
-                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                line = self.rfile.readline()
+                if not line:  # the client hung up mid-body (a killed job): as a reset connection
+                    raise ConnectionResetError("the client closed its connection inside a chunked body")
+                size = int(line.split(b";")[0].strip(), 16)
                 if size == 0:
                     while self.rfile.readline() not in (b"\r\n", b"\n", b""):
                         pass
                     return b"".join(chunks)
                 chunks.append(self.rfile.read(size))
                 self.rfile.readline()
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length)
+        if len(body) < length:
+            raise ConnectionResetError("the client closed its connection inside its body")
+        return body
 
     def _handle(self) -> None:
         try:
