@@ -222,6 +222,9 @@ class _Forward(BaseHTTPRequestHandler):
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
 
+CONTROL_PATIENCE = 30.0  # seconds: longer than any away window a fault sets (at most 4)
+
+
 class StoreProxy:
     """The test's handle on a proxy process in front of the S3 server on `upstream_port`."""
 
@@ -246,15 +249,24 @@ class StoreProxy:
 
     def _answers(self) -> bool:
         try:
-            self._control("seen")
-            return True
+            with urllib.request.urlopen(f"{self.url}{CONTROL}seen", timeout=10):
+                return True
         except OSError:
             return False
 
     def _control(self, verb: str, **args: float) -> Counter:
+        """One control request. The endpoint may be away (a fault another lane's commit set off, up to a few
+        seconds): asked again until CONTROL_PATIENCE passes, as a store's client would."""
         query = urllib.parse.urlencode(args)
-        with urllib.request.urlopen(f"{self.url}{CONTROL}{verb}?{query}", timeout=10) as answer:
-            return Counter(json.loads(answer.read()))
+        deadline = time.monotonic() + CONTROL_PATIENCE
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}{CONTROL}{verb}?{query}", timeout=10) as answer:
+                    return Counter(json.loads(answer.read()))
+            except OSError:  # URLError is one: connection refused while away
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
 
     @property
     def seen(self) -> Counter:
