@@ -7,6 +7,7 @@ Python workers are forked: DeltaTable objects live on the driver only.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Set as AbstractSet
 
 import pyarrow as pa
@@ -20,6 +21,7 @@ from offsetlake.files import (
     from_delta_path,
     open_filesystem,
     plain_types,
+    retry_seconds,
     retrying,
     storage_options,
     to_delta_path,
@@ -62,16 +64,28 @@ def is_object_store(uri: str) -> bool:
 
 
 def check_store(uri: str, what: str = "table") -> None:
-    """Fail in one line, in seconds, if an object-store location cannot be listed (a wrong endpoint, bucket,
-    region or credential): before a Spark session starts and before anything is written. The same
-    client as every commit (delta-rs), with few retries: a store that is away is not a store that is wrong."""
+    """Fail in one line if an object-store location cannot be listed, before a Spark session starts and
+    before anything is written. A refusal (a wrong bucket, region or credential: 3xx/4xx) fails at once.
+    An endpoint that does not answer, or answers 5xx, may be a wrong endpoint or a store restarting
+    (found by the S3 chaos run: a job started while the store was away for 2 s failed here); it is asked
+    again, with backoff, for the table's `retry_seconds` (as every other call on the table) before failing."""
     if not is_object_store(uri):
         return
     options = {**(storage_options(uri) or {}), "max_retries": "2", "retry_timeout": "5s"}
-    try:
-        DeltaTable.is_deltatable(uri, options)
-    except OSError as err:
-        raise StorageError(f"{what} {uri}: the object store refused to list it: {store_refusal(err)}") from None
+    bound = retry_seconds(uri)
+    deadline, pause = time.monotonic() + bound, 0.5
+    while True:
+        try:
+            DeltaTable.is_deltatable(uri, options)
+            return
+        except OSError as err:
+            reason = store_refusal(err)
+            refused = re.match(r"[34]\d\d ", reason) is not None
+            if refused or time.monotonic() + pause > deadline:
+                waited = "" if refused else f" (for {bound:.0f} s: table.retry_seconds)"
+                raise StorageError(f"{what} {uri}: the object store refused to list it: {reason}{waited}") from None
+            time.sleep(pause)
+            pause = min(pause * 2, 10.0)
 
 
 def store_refusal(err: Exception) -> str:

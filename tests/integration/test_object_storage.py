@@ -272,11 +272,14 @@ def test_a_wrong_endpoint_or_bucket_is_one_line_naming_the_table_before_spark_st
         bootstrap,
         ["t"],
         pipelines_dir,
-        table={"path": f"{prefix}/t", "storage_options": options},
+        # An endpoint that does not answer may be a store restarting: asked again for retry_seconds.
+        table={"path": f"{prefix}/t", "storage_options": options, "retry_seconds": 3},
     )
     failed = run_cli("ingest", "--pipeline", name, "--pipelines-dir", str(pipelines_dir))
 
     assert_one_line_failure(failed, f"table {prefix}/t: the object store refused to list it", expected)
+    if where == "endpoint":
+        assert "(for 3 s: table.retry_seconds)" in failed.stderr
     assert "Spark" not in failed.stderr and "JAVA" not in failed.stdout
     assert s3.secret_key not in failed.stderr
     assert s3.keys(prefix.split("/", 3)[3]) == []
