@@ -229,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="format avro: demo event schema 1, or 2 (adds a field 'country')",
     )
+    p.add_argument("--keys", type=_positive_int, help="key the records 1..KEYS (a keyed topic, for upsert mode)")
+    p.add_argument(
+        "--tombstone-share", type=_share, default=0.0, help="with --keys: share of records that delete their key"
+    )
 
     sub.add_parser(
         "schema",
@@ -575,7 +579,7 @@ def _check_reachable(cfg: PipelineConfig) -> None:
 
 
 def cmd_produce(args) -> int:
-    from offsetlake.local.producer import ensure_topic, produce
+    from offsetlake.local.producer import demo_event, ensure_topic, keyed, produce
 
     cfg = _pipeline(args)
     topic = args.topic or cfg.topics[0]
@@ -583,6 +587,10 @@ def cmd_produce(args) -> int:
         raise ConfigError(f"--topic {topic!r} is not one of pipeline {cfg.name!r}'s topics: {cfg.topics}")
     ensure_topic(cfg.kafka, topic, args.partitions)
     make_record = _demo_records(cfg, topic, args.schema_version)
+    if args.keys:
+        make_record = keyed(make_record or demo_event, args.keys, args.tombstone_share)
+    elif args.tombstone_share:
+        raise ConfigError("--tombstone-share needs --keys: a tombstone deletes a key")
     stop = threading.Event()
     if args.every:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -6,7 +6,9 @@ up:   broker on 127.0.0.1:19092, demo events (with aborted transactions and a fe
       (mode: stream) streaming from its stream DAG, whose first commit is awaited
       and reported as the table's history records it. Beside it, the Avro
       pipeline: a Schema Registry on 127.0.0.1:18081, events in Avro (schema 1,
-      then schema 2 with a field more) and one triggered run of its ingest DAG.
+      then schema 2 with a field more) and one triggered run of its ingest DAG. And the upsert
+      pipeline: events keyed by user (some deleting their user) and one triggered run of its
+      ingest DAG, whose table holds each user's latest event.
 down: everything above, stopped by its pid file.
 """
 
@@ -17,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from offsetlake.config import load_pipeline, project_home
@@ -25,6 +28,7 @@ from offsetlake.local import broker, processes, schema_registry, stack
 
 PIPELINE = "demo_events"
 AVRO_PIPELINE = "demo_avro"
+UPSERT_PIPELINE = "demo_users"
 REGISTRY_PORT = 18081
 UI_PORT = int(os.environ.get("OFFSETLAKE_DEMO_UI_PORT", "8080"))
 BROKER_PORT = 19092
@@ -89,6 +93,8 @@ def up() -> None:
     print(f"schema registry on {registry.url}; producing Avro events, schema 1 then schema 2 (adds 'country')")
     _cli("produce", "--pipeline", AVRO_PIPELINE, "--count", "5000", "--abort-share", "0.2", "--bad-share", "0.002")
     _cli("produce", "--pipeline", AVRO_PIPELINE, "--count", "2000", "--schema-version", "2")
+    print("producing events keyed by user (500 users, one in twenty a tombstone deleting its user)")
+    _cli("produce", "--pipeline", UPSERT_PIPELINE, "--count", "5000", "--keys", "500", "--tombstone-share", "0.05")
 
     home = base / "airflow"
     # The example consumer DAG (dags/offsetlake_examples.py) runs on every change of demo_events' table.
@@ -114,10 +120,16 @@ def up() -> None:
     api.wait_for_dag(avro_ingest)
     api.unpause(avro_ingest)  # mode: batch, hourly; and one run now
     api.trigger(avro_ingest)
+    upsert_ingest = f"offsetlake__{UPSERT_PIPELINE}__ingest"
+    api.wait_for_dag(upsert_ingest)
+    api.unpause(upsert_ingest)  # mode: batch, hourly; and one run now
+    api.trigger(upsert_ingest)
     committed = _wait_for_commits(cfg, dags["stream"], started_ms, timeout=300)
     api.unpause(dags["recovery"])  # its daily audit needs the table the stream made
     avro_cfg = load_pipeline(AVRO_PIPELINE)
     avro_committed = _wait_for_commits(avro_cfg, avro_ingest, started_ms, timeout=300)
+    upsert_cfg = load_pipeline(UPSERT_PIPELINE)
+    upsert_committed = _wait_for_commits(upsert_cfg, upsert_ingest, started_ms, timeout=300)
     events = _wait_for_asset_event(api, f"offsetlake.{PIPELINE}", timeout=120)
     _cli("status", "--pipeline", PIPELINE)
     _cli("history", "--pipeline", PIPELINE, "--limit", "5")
@@ -127,6 +139,7 @@ stream DAG:   {_describe(committed)}
 Asset events: {_describe_events(events)}; each starts {consumer}
 Avro:         {avro_ingest}: {_describe(avro_committed)}; columns {_columns(avro_cfg)}
               (schema registry {registry.url}; table {avro_cfg.table_path})
+Upsert:       {upsert_ingest}: {_describe(upsert_committed)}; {_current_state(upsert_cfg)}
 Airflow UI:   {base_url}   login: {stack.USER} / {stack.password(home)}
 offsetlake:   {base_url}/plugin/offsetlake (lag, commits, audit; also a tab on each DAG)
 metrics:      {base_url}/offsetlake/metrics (Prometheus)
@@ -140,10 +153,28 @@ stop it all:  make down""")
         raise OffsetlakeError(f"the stream DAG committed nothing within 300 s; see {home}/scheduler.log")
     if not avro_committed:
         raise OffsetlakeError(f"the Avro ingest DAG committed nothing within 300 s; see {home}/scheduler.log")
+    if not upsert_committed:
+        raise OffsetlakeError(f"the upsert ingest DAG committed nothing within 300 s; see {home}/scheduler.log")
     if not events:
         raise OffsetlakeError(
             f"no Asset event for {PIPELINE} within 120 s of its first commit; see {home}/triggerer.log"
         )
+
+
+def _current_state(cfg) -> str:
+    """What an upsert table holds now, and what its change feed recorded."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from offsetlake.table import query
+
+    users = query(cfg.table_path, "SELECT count(*) AS n FROM t").column("n")[0].as_py()
+    feed = pa.table(DeltaTable(cfg.table_path).load_cdf(starting_version=0, columns=["kafka_key", "_change_type"]))
+    kinds = Counter(feed.column("_change_type").to_pylist())
+    return (
+        f"{users} users now (one row each; change feed: {kinds['insert']} inserts, "
+        f"{kinds['update_postimage']} updates, {kinds['delete']} deletes; table {cfg.table_path})"
+    )
 
 
 def _columns(cfg) -> str:
@@ -218,11 +249,12 @@ def down() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     action = (argv or sys.argv[1:] or ["up"])[0]
-    try:
-        {"up": up, "down": down}[action]()
-    except KeyError:
+    run = {"up": up, "down": down}.get(action)
+    if run is None:
         print(f"offsetlake demo: unknown action {action!r} (up or down)", file=sys.stderr)
         return 2
+    try:
+        run()
     except (OffsetlakeError, subprocess.CalledProcessError) as err:
         print(f"offsetlake demo: error: {err}", file=sys.stderr)
         return 1

@@ -148,6 +148,18 @@ BAD_VALUES = (
 )
 
 
+def keyed(make_record, keys: int, tombstone_share: float = 0.0):
+    """A record maker whose records are keyed 1..`keys` (a keyed topic: most records update a key, for an
+    upsert pipeline), a `tombstone_share` of them tombstones (a null value: the key is deleted)."""
+
+    def make(rng: random.Random, seq: int):
+        _, value, *headers = make_record(rng, seq)
+        key = str(rng.randint(1, keys)).encode()
+        return (key, None if rng.random() < tombstone_share else value, *headers)
+
+    return make
+
+
 def with_bad_records(make_record, share: float):
     """A record maker that emits records the demo schema rejects, with probability `share`."""
 
