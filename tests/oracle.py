@@ -435,6 +435,26 @@ def ledger_offsets(cfg) -> dict:
     return read_ledger(open_table(cfg.table_path), cfg.name, tps).offsets
 
 
+def _kafka_below(cfg, until: dict) -> dict[Offset, KafkaRecord]:
+    """What Kafka returns under read_committed for every topic of the pipeline, below `until`."""
+    kafka: dict[Offset, KafkaRecord] = {}
+    for topic in cfg.topics:
+        parts = {p: o for (t, p), o in until.items() if t == topic}
+        kafka.update(read_committed(cfg.kafka.bootstrap_servers, topic, parts, cfg.kafka.client))
+    return kafka
+
+
+def _ledger_at_lso(cfg, caught_up: bool) -> dict:
+    """The ledger's offsets; with `caught_up`, failing unless they are Kafka's LSO."""
+    offsets = ledger_offsets(cfg)
+    if caught_up:
+        cluster = KafkaCluster(cfg.kafka)
+        lso = cluster.end_offsets(cluster.partitions(cfg.topics), "read_committed")
+        behind = {tp: (offsets.get(tp), end) for tp, end in lso.items() if offsets.get(tp, 0) != end}
+        assert not behind, f"ledger is not at the LSO: {behind}"
+    return offsets
+
+
 def check(
     cfg,
     until: dict | None = None,
@@ -446,29 +466,29 @@ def check(
 ) -> Findings:
     """Everything the oracle checks, below `until` ({(topic, partition): end}, default the ledger's).
     `quarantine_ahead`: quarantine rows at or past `until` are left out (a job killed between its quarantine
-    commit and its table commit leaves them ahead of the ledger; the next batch skips them)."""
+    commit and its table commit leaves them ahead of the ledger; the next batch skips them).
+
+    Upsert mode (`write.mode: upsert`): the table must be the fold of what Kafka returns instead (see
+    `_fold`); the quarantine and the producers are checked as in append mode."""
     until = ledger_offsets(cfg) if until is None else until
     findings = Findings()
-    kafka: dict[Offset, KafkaRecord] = {}
-    for topic in cfg.topics:
-        kafka.update(
-            read_committed(
-                cfg.kafka.bootstrap_servers,
-                topic,
-                {p: o for (t, p), o in until.items() if t == topic},
-                cfg.kafka.client,
-            )
-        )
+    kafka = _kafka_below(cfg, until)
     findings.kafka_records = len(kafka)
     table = query(cfg.table_path, "SELECT * FROM t")
-    rows = _by_offset(table.to_pylist())
-    findings.table_rows = sum(len(v) for v in rows.values())
+    findings.table_rows = table.num_rows
     quarantine = _quarantine_rows(cfg)
     if quarantine_ahead:
         quarantine = {k: v for k, v in quarantine.items() if k[2] < until.get(k[:2], 0)}
     findings.quarantined = sum(len(v) for v in quarantine.values())
 
-    _check_table(findings, rows, kafka, Decoder(cfg, registry, protobuf), table.schema)
+    decoder = Decoder(cfg, registry, protobuf)
+    if cfg.write.upsert:
+        expected = _fold(findings, cfg, kafka, quarantine, decoder, table.schema)
+        _check_against_fold(findings, cfg, table.to_pylist(), expected)
+        rows: dict = {w: True for w in kafka if w not in quarantine}  # every record accounted by the fold
+    else:
+        rows = _by_offset(table.to_pylist())
+        _check_table(findings, rows, kafka, decoder, table.schema)
     _check_quarantine(findings, quarantine, rows, kafka, cfg)
     for topic in cfg.topics:
         _check_producers(findings, journal.of_topic(topic), kafka, rows, quarantine, until, cfg)
@@ -593,56 +613,17 @@ def _short(value: bytes | None) -> bytes | None:
 def assert_exactly_once(cfg, caught_up: bool = True, **options) -> int:
     """The oracle's whole check, below the ledger's end (which, `caught_up`, must be Kafka's LSO): fails
     naming the offsets of each kind of finding. Returns the table's row count."""
-    offsets = ledger_offsets(cfg)
-    if caught_up:
-        cluster = KafkaCluster(cfg.kafka)
-        lso = cluster.end_offsets(cluster.partitions(cfg.topics), "read_committed")
-        behind = {tp: (offsets.get(tp), end) for tp, end in lso.items() if offsets.get(tp, 0) != end}
-        assert not behind, f"ledger is not at the LSO: {behind}"
+    offsets = _ledger_at_lso(cfg, caught_up)
     findings = check(cfg, offsets, **options)
     assert findings.ok, f"the oracle found, in {cfg.table_path}:\n{findings.report()}"
+    if cfg.write.upsert and cfg.write.change_data_feed:
+        assert change_feed_replays(cfg), "the change data feed does not replay to the table"
     return findings.table_rows
 
 
 # -- upsert mode ------------------------------------------------------------------------------------------
 
 KEY_IN_TWO_PLACES = "keys the fold finds in two partitions (the test's data, not the table)"
-
-
-def check_upserts(
-    cfg,
-    until: dict | None = None,
-    *,
-    quarantine_ahead: bool = False,
-    journal: Journal = JOURNAL,
-    registry=None,
-    protobuf: dict | None = None,
-) -> Findings:
-    """Upsert mode (`write.mode: upsert`): the table must be the fold of what Kafka returns under
-    read_committed below `until` (default the ledger's end): per key, the last record (Kafka's order in its
-    partition, or the greatest `write.order_by`), deleted by a later tombstone, every column the record's
-    own as this module decodes it, the lineage columns naming that record. The quarantine is checked both
-    ways as in append mode, and Kafka against what the producers recorded. `quarantine_ahead`: as `check`'s."""
-    until = ledger_offsets(cfg) if until is None else until
-    findings = Findings()
-    kafka: dict[Offset, KafkaRecord] = {}
-    for topic in cfg.topics:
-        parts = {p: o for (t, p), o in until.items() if t == topic}
-        kafka.update(read_committed(cfg.kafka.bootstrap_servers, topic, parts, cfg.kafka.client))
-    findings.kafka_records = len(kafka)
-    table = query(cfg.table_path, "SELECT * FROM t")
-    quarantine = _quarantine_rows(cfg)
-    if quarantine_ahead:
-        quarantine = {k: v for k, v in quarantine.items() if k[2] < until.get(k[:2], 0)}
-    findings.quarantined = sum(len(v) for v in quarantine.values())
-    findings.table_rows = table.num_rows
-
-    expected = _fold(findings, cfg, kafka, quarantine, Decoder(cfg, registry, protobuf), table.schema)
-    _check_against_fold(findings, cfg, table.to_pylist(), expected)
-    _check_quarantine(findings, quarantine, {w: True for w in kafka if w not in quarantine}, kafka, cfg)
-    for topic in cfg.topics:
-        _check_producers(findings, journal.of_topic(topic), kafka, {}, quarantine, until, cfg)
-    return findings
 
 
 def upsert_key(row: dict, key: list[str]) -> str:
@@ -761,19 +742,3 @@ def change_feed_replays(cfg) -> bool:
     """True when the change data feed, replayed from the table's creation, builds the table row by row."""
     table = sorted(query(cfg.table_path, "SELECT * FROM t").to_pylist(), key=lambda r: upsert_key(r, cfg.write.key))
     return change_feed_state(cfg) == table
-
-
-def assert_upserts_exactly_once(cfg, caught_up: bool = True, **options) -> int:
-    """`check_upserts` below the ledger's end (at Kafka's LSO when `caught_up`), and the change data feed
-    replaying to the same table. Returns the table's row count."""
-    offsets = ledger_offsets(cfg)
-    if caught_up:
-        cluster = KafkaCluster(cfg.kafka)
-        lso = cluster.end_offsets(cluster.partitions(cfg.topics), "read_committed")
-        behind = {tp: (offsets.get(tp), end) for tp, end in lso.items() if offsets.get(tp, 0) != end}
-        assert not behind, f"ledger is not at the LSO: {behind}"
-    findings = check_upserts(cfg, offsets, **options)
-    assert findings.ok, f"the upsert oracle found, in {cfg.table_path}:\n{findings.report()}"
-    if cfg.write.change_data_feed:
-        assert change_feed_replays(cfg), "the change data feed does not replay to the table"
-    return findings.table_rows

@@ -863,8 +863,7 @@ class Chaos:
         """The oracle, values and producer-side truth included. The quarantine commit comes first, so a job
         killed before its table commit leaves the quarantine ahead of the ledger; the next batch skips those:
         they are counted once the ledger is there."""
-        check = oracle.check_upserts if self.upsert else oracle.check
-        found = check(self.cfg, until, quarantine_ahead=True, journal=self.journal)
+        found = oracle.check(self.cfg, until, quarantine_ahead=True, journal=self.journal)
         s = self.summary
         s.kafka_records, s.table_rows, s.quarantined = found.kafka_records, found.table_rows, found.quarantined
         s.journaled = found.journaled

@@ -1,6 +1,6 @@
 """Upsert mode (`write.mode: upsert`): a keyed table that is the current state of its topic.
 
-Every check is the upsert oracle's (`oracle.check_upserts`): the table is the fold of what Kafka returns
+Every check is the upsert oracle's (`oracle.check`): the table is the fold of what Kafka returns
 under read_committed below the ledger (the last record per key, tombstones deleting), value by value,
 the quarantine checked both ways, Kafka against what the producers recorded; and the change data feed
 replays to the same table.
@@ -28,7 +28,7 @@ from offsetlake.operations.changes import announcements, commits_after
 from offsetlake.operations.maintenance import cleanup
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.table import committed_files
-from oracle import assert_upserts_exactly_once
+from oracle import assert_exactly_once
 from support import (
     JournaledProducer,
     create_topic,
@@ -91,10 +91,10 @@ def test_updates_deletes_and_reinserts_across_batches_fold_exactly(spark, pipeli
 
     first = [r for r in ingest(spark, cfg) if r.status == "committed"]
     assert len(first) >= 4, "several batches, so updates and deletes cross batch boundaries"
-    assert_upserts_exactly_once(cfg)
+    assert_exactly_once(cfg)
     produce(cfg.kafka, topic, 700, transactional_share=0.5, abort_share=0.25, seed=4, make_record=keyed_event)
     second = [r for r in ingest(spark, cfg) if r.status == "committed"]
-    rows = assert_upserts_exactly_once(cfg)
+    rows = assert_exactly_once(cfg)
 
     assert 0 < rows <= KEYS
     table = DeltaTable(cfg.table_path)
@@ -114,7 +114,7 @@ def test_updates_deletes_and_reinserts_across_batches_fold_exactly(spark, pipeli
         os.utime(path, (time.time() - 7200, time.time() - 7200))
     cleanup(cfg.table_path, 3600)
     assert list(Path(cfg.table_path).glob("_change_data/*.parquet"))
-    assert_upserts_exactly_once(cfg)
+    assert_exactly_once(cfg)
 
 
 def test_a_key_in_two_partitions_fails_the_batch_in_one_line_unless_order_by_decides(
@@ -140,14 +140,14 @@ def test_a_key_in_two_partitions_fails_the_batch_in_one_line_unless_order_by_dec
     ordered = {"write": {**UPSERT["write"], "order_by": "seq", "deletes": "ignore"}}
     cfg = load(pipelines_dir, write_pipeline(pipelines_dir, bootstrap, [topic], lake, **{**UPSERT, **ordered}))
     ingest(spark, cfg)
-    assert_upserts_exactly_once(cfg)
+    assert_exactly_once(cfg)
     assert _seq_of(cfg, "a") == 9 and _seq_of(cfg, "b") == 3
     # Across batches too: an older value arriving later does not replace a newer one.
     producer.produce(topic, json.dumps({"event_id": "a6", "user_id": 1, "seq": 6}).encode(), key=b"a", partition=0)
     producer.produce(topic, json.dumps({"event_id": "b4", "user_id": 1, "seq": 4}).encode(), key=b"b", partition=0)
     producer.flush()
     ingest(spark, cfg)
-    assert_upserts_exactly_once(cfg)
+    assert_exactly_once(cfg)
     assert _seq_of(cfg, "a") == 9 and _seq_of(cfg, "b") == 4
 
 
@@ -170,7 +170,7 @@ def test_an_upsert_job_killed_at_its_commit_then_rerun_folds_exactly(spark, pipe
     results = ingest(spark, cfg)
 
     assert [r.status for r in results if r.status == "committed"] == ([] if point == "after_commit" else ["committed"])
-    assert_upserts_exactly_once(cfg)
+    assert_exactly_once(cfg)
 
 
 def test_an_upsert_zombie_finds_its_batch_committed_and_merges_nothing(spark, pipeline, pipelines_dir, tmp_path):
@@ -191,7 +191,7 @@ def test_an_upsert_zombie_finds_its_batch_committed_and_merges_nothing(spark, pi
     assert "batch 1: already_committed" in out
     assert DeltaTable(cfg.table_path).version() == version
     assert staging_files(cfg) == []
-    assert_upserts_exactly_once(cfg)
+    assert_exactly_once(cfg)
 
 
 def test_backfill_and_audit_of_an_upsert_table_are_refused_in_one_line(spark, pipeline):
@@ -218,7 +218,7 @@ def test_the_upsert_oracle_fails_each_corruption_naming_its_offset(spark, pipeli
         cfg.kafka, topic, 400, transactional_share=0.5, abort_share=0.2, seed=8, make_record=keyed_event, bad_share=0.05
     )
     ingest(spark, cfg)
-    assert oracle.check_upserts(cfg).ok
+    assert oracle.check(cfg).ok
     rows = sorted(DeltaTable(cfg.table_path).to_pyarrow_table().to_pylist(), key=lambda r: r["kafka_key"])
     a, b, c = rows[0], rows[1], rows[2]
 
@@ -252,7 +252,7 @@ def test_the_upsert_oracle_fails_each_corruption_naming_its_offset(spark, pipeli
     for name, (corrupt, (kind, offset)) in corruptions.items():
         bad = copy_of(cfg, tmp_path, name.replace(" ", "_"))
         corrupt(bad.table_path)
-        findings = oracle.check_upserts(bad)
+        findings = oracle.check(bad)
         assert offset in [w for w, _ in findings.kinds.get(kind, [])], f"{name}: {findings.report()}"
 
 
@@ -269,10 +269,10 @@ def test_a_restore_rewinds_the_upserts_and_optimize_keeps_the_fold(spark, pipeli
     ingest(spark, cfg)
 
     restore(cfg, early)  # the table and its ledger as they were: the later batches are undone
-    assert oracle.check_upserts(cfg).ok
+    assert oracle.check(cfg).ok
     again = [r for r in ingest(spark, cfg) if r.status == "committed"]  # and folded again from Kafka
     assert again
-    assert_upserts_exactly_once(cfg)
+    assert_exactly_once(cfg)
 
     # New keys only: a MERGE that matches nothing adds a file beside the table's (matches rewrite theirs).
     produce(cfg.kafka, topic, 50, transactional_share=0, seed=11, make_record=lambda rng, seq: new_key(seq))
@@ -280,7 +280,7 @@ def test_a_restore_rewinds_the_upserts_and_optimize_keeps_the_fold(spark, pipeli
     files_before = len(committed_files(cfg.table_path))
     outcome = optimize(cfg.table_path, cfg.name, table_schema(cfg), [], 128)
     assert outcome.version is not None and len(committed_files(cfg.table_path)) < files_before
-    assert_upserts_exactly_once(cfg)
+    assert_exactly_once(cfg)
 
 
 def test_avro_upserts_fold_and_a_new_field_lands_in_the_merge_of_its_offsets(spark, pipeline, schema_registry):
@@ -315,4 +315,4 @@ def test_avro_upserts_fold_and_a_new_field_lands_in_the_merge_of_its_offsets(spa
     assert [r.version for r in results] == [first_version + 1]  # one MERGE, the new column in it
     assert "country" in [f.name for f in DeltaTable(cfg.table_path).schema().fields]
     assert "country" not in [f.name for f in DeltaTable(cfg.table_path, version=first_version).schema().fields]
-    assert_upserts_exactly_once(cfg, registry=client)
+    assert_exactly_once(cfg, registry=client)
