@@ -230,7 +230,7 @@ def commit_batch(
         wider = evolved_schema(table, written)
         return Change(
             metadata,
-            [] if merge else add_actions([w.file for w in written.data]),
+            [] if merge is not None else add_actions([w.file for w in written.data]),
             txn_actions(cfg.name, plan.batch, plan.ends),
             wider or schema,
             cfg.table.partition_by,
