@@ -20,13 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import polars as pl
 import pyarrow as pa
 
 from offsetlake.config import DELETED_COLUMN
 from offsetlake.errors import UpsertKeyError
 from offsetlake.files import DataFile, read_file
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,8 @@ def latest_per_key(rows: pa.Table, key: Sequence[str], order_by: str | None, bat
     """One row per key: the winner as the module docstring says, in the rows' order."""
     if rows.num_rows == 0:
         return rows
+    import polars as pl  # here: only upsert mode needs it (grouping by any key type, structs included)
+
     lineage = ["kafka_topic", "kafka_partition", "kafka_offset"]
     columns = list(dict.fromkeys([*key, *lineage, *([order_by] if order_by else [])]))
     frame = pl.from_arrow(rows.select(columns))
@@ -91,6 +96,8 @@ def latest_per_key(rows: pa.Table, key: Sequence[str], order_by: str | None, bat
 
 
 def _refuse_keys_in_two_partitions(frame: pl.DataFrame, key: list[str], batch: int | None) -> None:
+    import polars as pl
+
     spread = (
         frame.group_by(key)
         .agg(pl.struct("kafka_topic", "kafka_partition").unique().sort().alias("places"))
