@@ -99,7 +99,7 @@ def _refuse_keys_in_two_partitions(frame: pl.DataFrame, key: list[str], batch: i
     import polars as pl
 
     spread = (
-        frame.group_by(key)
+        frame.group_by(key, maintain_order=True)  # the first key the batch holds is the one named
         .agg(pl.struct("kafka_topic", "kafka_partition").unique().sort().alias("places"))
         .filter(pl.col("places").list.len() > 1)
     )
