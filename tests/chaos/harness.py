@@ -718,6 +718,9 @@ class Chaos:
         return bool(reached)
 
     def cleanup_during_ingest(self, rng: random.Random) -> bool:
+        if not self.table_exists():  # before the first batch made it there is nothing to clean (not reached)
+            return False
+
         def clean():
             cleanup(self.cfg.table_path, 60)
             if self.table_exists(self.cfg.quarantine_path):
