@@ -117,6 +117,30 @@ def test_updates_deletes_and_reinserts_across_batches_fold_exactly(spark, pipeli
     assert_exactly_once(cfg)
 
 
+def test_a_merge_reads_only_the_files_its_batch_key_range_can_touch(spark, pipeline):
+    """Keys that grow (an auto-increment id, as Debezium streams them) fill files with narrow key ranges;
+    a batch updating recent keys must rewrite those files only, not read the whole table."""
+    cfg, topic = pipeline(
+        partitions=1, batch={"max_records_per_batch": 100}, write={"mode": "upsert", "key": ["user_id"]}
+    )
+    producer = JournaledProducer(cfg.kafka.bootstrap_servers)
+    for user in range(400):
+        producer.produce(topic, json.dumps({"event_id": f"i{user}", "user_id": user, "seq": 0}).encode())
+    producer.flush()
+    ingest(spark, cfg)
+    files_before = len(committed_files(cfg.table_path))
+    for seq, user in enumerate(range(350, 360)):
+        producer.produce(topic, json.dumps({"event_id": f"u{user}", "user_id": user, "seq": seq + 1}).encode())
+    producer.flush()
+    ingest(spark, cfg)
+
+    metrics = DeltaTable(cfg.table_path).history(1)[0]["operationMetrics"]
+    assert metrics["num_target_rows_updated"] == 10
+    assert files_before >= 4 and metrics["num_target_files_scanned"] == 1, metrics
+    assert metrics["num_target_files_skipped_during_scan"] == files_before - 1
+    assert_exactly_once(cfg)
+
+
 def test_a_key_in_two_partitions_fails_the_batch_in_one_line_unless_order_by_decides(
     spark, bootstrap, pipelines_dir, lake
 ):

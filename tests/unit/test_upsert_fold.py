@@ -52,11 +52,32 @@ def test_with_order_by_the_greatest_value_wins_across_partitions():
 
 
 def test_a_merge_matches_on_every_key_column_quoted_and_orders_only_with_order_by():
-    merge = Merge(pa.table({"x": [1]}), ["userId", "region"])
+    merge = Merge(
+        pa.table({"userId": pa.array([], pa.int64()), "region": pa.array([], pa.string())}), ["userId", "region"]
+    )
     assert merge.predicate() == 't."userId" = s."userId" AND t."region" = s."region"'
     assert merge.updates() == f"NOT s.{DELETED_COLUMN}"
     ordered = Merge(pa.table({"x": [1]}), ["id"], order_by="lsn")
     assert ordered.updates() == f'NOT s.{DELETED_COLUMN} AND (t."lsn" IS NULL OR s."lsn" >= t."lsn")'
+
+
+def test_a_merge_bounds_integer_and_string_keys_by_the_batch_range_so_files_outside_it_are_pruned():
+    source = pa.table(
+        {
+            "id": pa.array([7, -3, 12], pa.int64()),
+            "name": ["b", "o'neil", "a"],
+            "at": pa.array([1.5, 0.5, 2.5], pa.float64()),
+        }
+    )
+    merge = Merge(source, ["id", "name", "at"])
+    assert merge.key_ranges() == {
+        "id": ("-3", "12"),
+        "name": ("'a'", "'o''neil'"),
+    }  # a float's text may not compare exactly
+    assert merge.predicate() == (
+        't."id" = s."id" AND t."name" = s."name" AND t."at" = s."at"'
+        ' AND t."id" >= -3 AND t."id" <= 12 AND t."name" >= \'a\' AND t."name" <= \'o\'\'neil\''
+    )
 
 
 def pipeline(**write):

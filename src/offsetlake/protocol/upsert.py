@@ -41,7 +41,29 @@ class Merge:
     order_by: str | None = None
 
     def predicate(self) -> str:
-        return " AND ".join(f"t.{_quoted(c)} = s.{_quoted(c)}" for c in self.key)
+        """The join on the key, and each key column's range in this batch: delta-rs (1.6) prunes target files
+        by their min/max statistics only for literal bounds in the predicate, not from the source, so without
+        them every MERGE reads the whole table (measured: 10 files scanned of 10 for a key in one)."""
+        join = [f"t.{_quoted(c)} = s.{_quoted(c)}" for c in self.key]
+        bounds = [
+            f"t.{_quoted(c)} >= {low} AND t.{_quoted(c)} <= {high}" for c, (low, high) in self.key_ranges().items()
+        ]
+        return " AND ".join([*join, *bounds])
+
+    def key_ranges(self) -> dict[str, tuple[str, str]]:
+        """Each key column's least and greatest value in the source, as SQL literals; only for integer and
+        string columns, whose literals compare exactly (a float's or a timestamp's text might not)."""
+        ranges = {}
+        for column in self.key:
+            values = self.source.column(column)
+            if self.source.num_rows == 0 or not (_is_integer(values.type) or _is_string(values.type)):
+                continue
+            bounds = pa.compute.min_max(values)
+            low, high = bounds["min"].as_py(), bounds["max"].as_py()
+            if low is None or high is None:
+                continue
+            ranges[column] = (_literal(low), _literal(high))
+        return ranges
 
     def updates(self) -> str:
         """When a matched row is replaced: always, or with order_by when the new value is not older (so the
@@ -55,6 +77,20 @@ class Merge:
     @property
     def deletes(self) -> int:
         return int(pa.compute.sum(self.source.column(DELETED_COLUMN)).as_py() or 0)
+
+
+def _is_integer(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(kind))
+
+
+def _is_string(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind))
+
+
+def _literal(value: int | str) -> str:
+    if isinstance(value, int):
+        return str(value)
+    return "'" + value.replace("'", "''") + "'"
 
 
 def _quoted(column: str) -> str:
