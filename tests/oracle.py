@@ -39,7 +39,15 @@ import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable, QueryBuilder
 
-from offsetlake.config import HEADERS_COLUMN, KEY_COLUMN, LINEAGE_COLUMNS, UNKNOWN_FIELDS_COLUMN, KafkaSettings
+from offsetlake.config import (
+    DEBEZIUM_OP_COLUMN,
+    DEBEZIUM_POSITION_COLUMN,
+    HEADERS_COLUMN,
+    KEY_COLUMN,
+    LINEAGE_COLUMNS,
+    UNKNOWN_FIELDS_COLUMN,
+    KafkaSettings,
+)
 from offsetlake.files import storage_options
 from offsetlake.kafka import KafkaCluster
 from offsetlake.local.producer import BAD_VALUES
@@ -246,6 +254,8 @@ class Decoder:
             row.update(key=record.key, value=record.value)
         else:
             fields = self._value(record.value)
+            if fmt.envelope == "debezium":
+                fields = debezium_row(fields, fmt.debezium.position)
             payload = [
                 f for f in schema if f.name not in {*LINEAGE_COLUMNS, KEY_COLUMN, HEADERS_COLUMN, UNKNOWN_FIELDS_COLUMN}
             ]
@@ -319,6 +329,18 @@ class Decoder:
                 )
             self._registry = SchemaRegistryClient(conf)
         return self._registry
+
+
+def debezium_row(event: dict, position: str) -> dict:
+    """What a Debezium change event makes of a row, as Debezium documents its envelope: `after` for c, r
+    and u, `before` for d, with the op and `source.<position>`."""
+    if set(event) == {"schema", "payload"}:
+        event = event["payload"]
+    op = event["op"]
+    assert op in ("c", "r", "u", "d"), f"op {op!r} changes no row"
+    row = event["before" if op == "d" else "after"]
+    assert isinstance(row, dict), f"op {op!r} without its row"
+    return {**row, DEBEZIUM_OP_COLUMN: op, DEBEZIUM_POSITION_COLUMN: event["source"][position]}
 
 
 def protobuf_fields(message) -> dict:
@@ -640,7 +662,7 @@ def _fold(findings: Findings, cfg, kafka, quarantine, decoder: Decoder, schema: 
             continue
         record = kafka[where]
         if record.value is None:  # a tombstone
-            if write.deletes == "ignore":
+            if write.deletes == "ignore" or cfg.format.envelope == "debezium":  # debezium: its `d` deleted
                 continue
             row = {}
             if cfg.format.type == "raw":
@@ -654,7 +676,9 @@ def _fold(findings: Findings, cfg, kafka, quarantine, decoder: Decoder, schema: 
             except Exception as err:  # noqa: BLE001 - the record is bad: it must be in the quarantine
                 findings.add(BAD_NOT_QUARANTINED, where, f"the oracle cannot decode it ({err}), not quarantined")
                 continue
-            deleted = False
+            deleted = row.get(DEBEZIUM_OP_COLUMN) == "d"
+            if deleted and write.deletes == "ignore":
+                continue
         if any(row.get(c) is None for c in write.required):
             findings.add(BAD_NOT_QUARANTINED, where, f"a null in {write.required}, not quarantined")
             continue

@@ -56,6 +56,10 @@ REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
 # Upsert mode: true on a row that deletes its key (a tombstone). Only in the batch's staging files, never
 # in the table: the MERGE reads it.
 DELETED_COLUMN = "_offsetlake_deleted"
+# format.envelope debezium: the event's `op` (c, r, u, d) and its position in the source's log.
+DEBEZIUM_OP_COLUMN = "_debezium_op"
+DEBEZIUM_POSITION_COLUMN = "_debezium_position"
+DEBEZIUM_COLUMNS = (DEBEZIUM_OP_COLUMN, DEBEZIUM_POSITION_COLUMN)
 UNKNOWN_FIELDS_COLUMN = "_unknown_fields"  # unknown_fields: keep -> JSON text of the undeclared fields
 DEFAULT_MAX_VALUE_BYTES = 1_048_576  # Kafka's own default message size limit
 
@@ -180,6 +184,16 @@ class KeyFormat(_Strict):
         return self
 
 
+class DebeziumSettings(_Strict):
+    """How a Debezium change event becomes a row (`format.envelope: debezium`)."""
+
+    position: StrictStr = Field(default="lsn", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """The field of the event's `source` kept as column `_debezium_position`: PostgreSQL `lsn`, SQL Server
+    `change_lsn`, Oracle `scn`, MySQL `pos`, MongoDB `ord`. An event whose `source` lacks it is quarantined."""
+    position_type: Literal[FIELD_TYPES] = "long"  # type: ignore[valid-type]
+    """`json` only: the position column's type (registry formats take the writer schema's)."""
+
+
 class RecordFormat(_Strict):
     type: Literal["json", "raw", "avro", "protobuf", "json_schema"]
     """`json` with a declared `schema`; `raw` (key and value kept as bytes); or `avro`, `protobuf`,
@@ -200,6 +214,14 @@ class RecordFormat(_Strict):
     """Keep the Kafka key as column `kafka_key` (not with `raw`, whose `key` column has it). None: not kept."""
     include_headers: StrictBool = False
     """Every header as `kafka_headers`, a map of string to binary, in order, repeated names kept."""
+    envelope: Literal["none", "debezium"] = "none"
+    """`debezium`: each value is a Debezium change event (JSON, with or without its `schema`/`payload`
+    wrapper, or any registry format). Ops `c`, `r` (snapshot), `u` upsert the row in `after`; `d` deletes the
+    row in `before` (its key columns suffice); the tombstone after a delete is skipped (the `d` before it
+    did the delete, or compaction removed every record of its key). Columns `_debezium_op` and
+    `_debezium_position` are added. Needs `write.mode: upsert`; `schema` (json) declares the row's fields."""
+    debezium: DebeziumSettings = Field(default_factory=DebeziumSettings)
+    """With `envelope: debezium`: which `source` field is the position."""
 
     @property
     def evolves(self) -> bool:
@@ -232,7 +254,14 @@ class RecordFormat(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"schema field {dupes[0]!r} is declared twice")
-        clash = sorted(set(names) & {*LINEAGE_COLUMNS, UNKNOWN_FIELDS_COLUMN, KEY_COLUMN, HEADERS_COLUMN})
+        if self.envelope == "debezium" and self.type == "raw":
+            raise ValueError("envelope 'debezium' needs a format that decodes values (json or a registry format)")
+        if self.envelope == "debezium" and self.schema_file is not None:
+            raise ValueError("envelope 'debezium' reads Debezium's schemas from the registry, not a schema_file")
+        if "debezium" in self.model_fields_set and self.envelope != "debezium":
+            raise ValueError("'debezium' settings are for envelope 'debezium'")
+        ours = {*LINEAGE_COLUMNS, UNKNOWN_FIELDS_COLUMN, KEY_COLUMN, HEADERS_COLUMN, *DEBEZIUM_COLUMNS}
+        clash = sorted(set(names) & ours)
         if clash:
             raise ValueError(f"schema field {clash[0]!r} clashes with a column offsetlake adds")
         if self.type != "json" and self.unknown_fields == "keep":
@@ -242,9 +271,18 @@ class RecordFormat(_Strict):
             )
         return self
 
+    @property
+    def debezium_envelope(self) -> bool:
+        return self.envelope == "debezium"
+
     def extra_columns(self) -> list[str]:
-        """Columns besides the payload and the lineage: the key and the headers, when asked for."""
-        return [*([KEY_COLUMN] if self.key else []), *([HEADERS_COLUMN] if self.include_headers else [])]
+        """Columns besides the payload and the lineage: a Debezium event's, the key and the headers, when
+        asked for."""
+        return [
+            *(DEBEZIUM_COLUMNS if self.debezium_envelope else ()),
+            *([KEY_COLUMN] if self.key else []),
+            *([HEADERS_COLUMN] if self.include_headers else []),
+        ]
 
 
 # A commit is safe only if the store writes the next log entry only when it is absent. On S3 that is
@@ -328,7 +366,9 @@ class WriteSettings(_Strict):
     quarantined."""
     deletes: Literal["tombstone", "ignore"] = "tombstone"
     """Upsert only: a record whose value is null (a tombstone) deletes its key (`tombstone`), or is
-    skipped (`ignore`). A tombstone has no order_by value: with order_by, deletes must be `ignore`."""
+    skipped (`ignore`). A tombstone has no order_by value: with order_by, deletes must be `ignore`. With
+    `format.envelope: debezium` the delete is the `d` event, which has its position (order_by may be
+    `_debezium_position`); `ignore` skips `d` events."""
     change_data_feed: StrictBool = True
     """Upsert only: the table is created with Delta's change data feed, so each MERGE records its inserts,
     updates and deletes for `table_changes` / `load_cdf`."""
@@ -341,11 +381,6 @@ class WriteSettings(_Strict):
             raise ValueError("write.key and write.order_by are for write.mode 'upsert'")
         if len(set(self.key)) != len(self.key):
             raise ValueError("write.key lists a column twice")
-        if self.order_by and self.deletes == "tombstone" and self.mode == "upsert":
-            raise ValueError(
-                "write.order_by with write.deletes 'tombstone': a tombstone has no value to order by; "
-                "set write.deletes: ignore"
-            )
         return self
 
     @property
@@ -472,6 +507,17 @@ class PipelineConfig(_Strict):
         for col in [*self.write.key, *([self.write.order_by] if self.write.order_by else [])]:
             if col not in columns and not self.format.evolves:
                 raise ValueError(f"write column {col!r} is not a column of the table")
+        write = self.write
+        if write.order_by and write.deletes == "tombstone" and write.upsert and not self.format.debezium_envelope:
+            raise ValueError(
+                "write.order_by with write.deletes 'tombstone': a tombstone has no value to order by; "
+                "set write.deletes: ignore (a Debezium delete event has its position: envelope debezium orders it)"
+            )
+        if self.format.debezium_envelope and not self.write.upsert:
+            raise ValueError(
+                "format.envelope 'debezium' needs write.mode 'upsert' (a change stream's table is its source "
+                "table's current state) with write.key naming the source table's key columns"
+            )
         if set(self.write.key) & set(LINEAGE_COLUMNS):
             raise ValueError("write.key names a Kafka lineage column: a key is the record's own (kafka_key, say)")
         if len(set(self.topics)) != len(self.topics):

@@ -96,6 +96,17 @@ def test_a_valid_pipeline_gets_defaults():
             lambda d: d.update(write={"mode": "upsert", "key": ["id"], "order_by": "id"}),
             "a tombstone has no value to order by",
         ),
+        (lambda d: d["format"].update(envelope="debezium"), "envelope 'debezium' needs write.mode 'upsert'"),
+        (lambda d: d["format"].update(envelope="dbz"), "key 'format.envelope'"),
+        (lambda d: d["format"].update(debezium={"position": "lsn"}), "'debezium' settings are for envelope"),
+        (
+            lambda d: d.update(format={"type": "raw", "envelope": "debezium"}),
+            "envelope 'debezium' needs a format that decodes values",
+        ),
+        (
+            lambda d: d["format"]["schema"].append({"name": "_debezium_op", "type": "string"}),
+            "schema field '_debezium_op' clashes with a column offsetlake adds",
+        ),
     ],
 )
 def test_mistakes_name_the_key(mutate, expected):
@@ -104,6 +115,15 @@ def test_mistakes_name_the_key(mutate, expected):
     message = error_for(doc)
     assert message.startswith("orders.yaml: ")
     assert expected in message
+
+
+def test_a_debezium_pipeline_adds_op_and_position_columns_and_may_order_deletes_by_position():
+    doc = base()
+    doc["format"].update(envelope="debezium", debezium={"position": "change_lsn", "position_type": "string"})
+    doc["write"] = {"mode": "upsert", "key": ["id"], "order_by": "_debezium_position"}
+    cfg = parse_pipeline(doc, "orders.yaml")
+    assert cfg.column_names()[-6:-4] == ["_debezium_op", "_debezium_position"]
+    assert cfg.format.debezium.position == "change_lsn"
 
 
 def test_env_references_are_resolved(monkeypatch):

@@ -119,6 +119,26 @@ def test_avro_constructs_a_delta_column_cannot_hold_are_named(schema, reason):
         AvroDecoder(schema)
 
 
+def test_an_avro_field_may_name_a_type_an_earlier_field_defined_as_debeziums_envelope_does():
+    value = {"type": "record", "name": "Value", "fields": [{"name": "id", "type": "long"}]}
+    kind = {"type": "enum", "name": "Kind", "symbols": ["A", "B"]}
+    envelope = {
+        "type": "record",
+        "name": "Envelope",
+        "namespace": "pg.public.t",
+        "fields": [
+            {"name": "before", "type": ["null", value]},
+            {"name": "after", "type": ["null", "Value"]},
+            {"name": "kind", "type": kind},
+            {"name": "kinds", "type": {"type": "array", "items": "Kind"}},
+        ],
+    }
+    row = pa.struct([pa.field("id", pa.int64())])
+    assert AvroDecoder(envelope).arrow_type == pa.struct(
+        [("before", row), ("after", row), ("kind", pa.string()), ("kinds", pa.list_(pa.string()))]
+    )
+
+
 def test_json_schema_maps_objects_arrays_maps_formats_refs_and_nullable_types():
     schema = {
         "type": "object",

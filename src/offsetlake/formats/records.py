@@ -25,6 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from offsetlake.config import (
+    DEBEZIUM_OP_COLUMN,
+    DEBEZIUM_POSITION_COLUMN,
     DELETED_COLUMN,
     HEADERS_COLUMN,
     KEY_COLUMN,
@@ -35,7 +37,7 @@ from offsetlake.config import (
     PipelineConfig,
     SchemaField,
 )
-from offsetlake.formats import arrow_json
+from offsetlake.formats import arrow_json, debezium
 from offsetlake.formats.evolution import Incompatible, merge_type
 from offsetlake.formats.values import INT32, INT64, check_unicode, coerce
 
@@ -86,6 +88,9 @@ def table_schema(cfg: PipelineConfig) -> pa.Schema:
         payload = []
     if fmt.unknown_fields == "keep":
         payload.append(pa.field(UNKNOWN_FIELDS_COLUMN, pa.string()))
+    if fmt.debezium_envelope and fmt.type == "json":  # registry formats: the registry's schema gives them
+        payload.append(pa.field(DEBEZIUM_OP_COLUMN, pa.string()))
+        payload.append(pa.field(DEBEZIUM_POSITION_COLUMN, ARROW_TYPES[fmt.debezium.position_type]))
     key_type = _fixed_key_type(fmt.key)
     extra = [pa.field(KEY_COLUMN, key_type)] if key_type is not None else []
     if fmt.include_headers:
@@ -103,7 +108,14 @@ def initial_table_schema(cfg: PipelineConfig) -> pa.Schema:
 
     fmt, topic = cfg.format, cfg.topics[0]
     assert fmt.registry is not None  # a format that evolves reads its schema from a registry
-    payload = _struct_fields(latest_arrow_type(fmt.registry, fmt.type, topic))
+    latest = latest_arrow_type(fmt.registry, fmt.type, topic)
+    if fmt.debezium_envelope:
+        try:
+            payload = debezium.table_columns(latest, fmt.debezium.position)
+        except debezium.NotAChangeEvent as err:
+            raise Incompatible(f"topic {topic}: {err}") from None
+    else:
+        payload = _struct_fields(latest)
     columns = [*payload, *fixed]
     if fmt.key is not None and fmt.key.type in REGISTRY_FORMATS:
         key = pa.field(KEY_COLUMN, latest_arrow_type(fmt.registry, fmt.key.type, topic, key=True))
@@ -144,16 +156,21 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
     tombstones = None
     if cfg.write.upsert and cfg.format.type != "raw":  # raw keeps a null value as it is: marked below
         messages, key_values, tombstones = _split_tombstones(messages, key_values)
-        if cfg.write.deletes == "ignore":
+        if cfg.write.deletes == "ignore" or cfg.format.debezium_envelope:  # debezium: the `d` before it deleted
             tombstones = None
     if cfg.format.type == "raw":
         payload, good = pa.table({"key": messages.column("key"), "value": messages.column("value")}), None
+    elif cfg.format.type == "json" and cfg.format.debezium_envelope:
+        payload, good, bad = _convert_debezium_json(cfg, messages)
+        quarantines.append(bad)
     elif cfg.format.type == "json":
         payload, good, bad = _convert_json(cfg, messages)
         quarantines.append(bad)
     else:
         payload, good, bad = _convert_registry(cfg, messages, columns)
         quarantines.append(bad)
+    if cfg.format.debezium_envelope and cfg.write.deletes == "ignore":
+        payload, good = _without_deletes(payload, good, messages.num_rows)
     kept = messages if good is None else messages.take(good)
     extra = []
     if key_type is not None:
@@ -187,7 +204,9 @@ def _upsert_rows(cfg: PipelineConfig, rows: pa.Table, kept: pa.Table, tombstones
     """Upsert mode: the rows with DELETED_COLUMN (a tombstone: its key, its lineage, no payload), and the
     quarantine rows of records whose key has a null column (they could never be found again)."""
     deleted = [False] * rows.num_rows
-    if cfg.format.type == "raw" and cfg.write.deletes == "tombstone":
+    if cfg.format.debezium_envelope:
+        deleted = debezium.deletes(rows).to_pylist()
+    elif cfg.format.type == "raw" and cfg.write.deletes == "tombstone":
         deleted = pc.is_null(rows.column("value")).to_pylist()
     elif cfg.format.type == "raw":  # deletes: ignore
         live = pc.is_valid(rows.column("value"))
@@ -220,6 +239,47 @@ def _upsert_rows(cfg: PipelineConfig, rows: pa.Table, kept: pa.Table, tombstones
     return rows.filter(pc.invert(no_key)), _quarantine_rows(
         kept.filter(no_key), [error(i) for i in range(bad.num_rows)]
     )
+
+
+def _without_deletes(payload: pa.Table, good: pa.Array | None, n: int) -> tuple[pa.Table, pa.Array]:
+    """`write.deletes: ignore` with Debezium: the `d` events' rows dropped (neither applied nor quarantined)."""
+    keep = pc.invert(debezium.deletes(payload))
+    positions = pa.array(np.arange(n), pa.int64()) if good is None else good
+    return payload.filter(keep), positions.filter(keep)
+
+
+def _convert_debezium_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa.Array | None, pa.Table]:
+    """JSON change events: each event's row goes through the declared schema as a plain JSON value would
+    (`_convert_json`), its op and position become columns; a quarantined event keeps its own value."""
+    settings = cfg.format.debezium
+    positions, rows, ops, at, errors = [], [], [], [], {}
+    for i, raw in enumerate(messages.column("value").to_pylist()):
+        try:
+            op, row, where = debezium.json_event(raw, settings.position, settings.position_type)
+        except debezium.NotAChangeEvent as err:
+            errors[i] = str(err)
+            continue
+        positions.append(i)
+        rows.append(row)
+        ops.append(op)
+        at.append(where)
+    events = messages.take(pa.array(positions, pa.int64()))
+    events = events.set_column(events.schema.get_field_index("value"), "value", pa.array(rows, pa.binary()))
+    payload, good, bad = _convert_json(cfg, events)
+    op_column = pa.array(ops, pa.string())
+    at_column = pa.array(at, ARROW_TYPES[settings.position_type])
+    if good is not None:
+        op_column, at_column = op_column.take(good), at_column.take(good)
+        bad_rows = sorted(set(range(events.num_rows)) - set(good.to_pylist()))
+        errors.update({positions[j]: e for j, e in zip(bad_rows, bad.column("error").to_pylist())})
+    payload = payload.append_column(pa.field(DEBEZIUM_OP_COLUMN, pa.string()), op_column)
+    payload = payload.append_column(pa.field(DEBEZIUM_POSITION_COLUMN, at_column.type), at_column)
+    kept = pa.array(positions, pa.int64()) if good is None else pa.array(positions, pa.int64()).take(good)
+    bad_positions = sorted(errors)
+    quarantine = _quarantine_rows(
+        messages.take(pa.array(bad_positions, pa.int64())), [errors[i] for i in bad_positions]
+    )
+    return payload, (None if not errors else kept), quarantine
 
 
 def _split_oversized(messages: pa.Table, limit: int) -> tuple[pa.Table, pa.Table | None]:
@@ -423,17 +483,36 @@ def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schem
     decoders = registry_decoders(cfg)
     fixed = {KEY_COLUMN, HEADERS_COLUMN, *LINEAGE_COLUMNS}
     current = [f for f in (columns if columns is not None else table_schema(cfg)) if f.name not in fixed]
-    values, merged, errors = _decode_side(
-        decoders, messages.column("value"), pa.struct(current), "value", nulls_allowed=False
-    )
+    envelope = cfg.format.debezium_envelope
+    position = cfg.format.debezium.position
+    table_type = debezium.envelope_type(current, position) if envelope else pa.struct(current)
+    values, merged, errors = _decode_side(decoders, messages.column("value"), table_type, "value", nulls_allowed=False)
     rows = pa.array([i for i in range(messages.num_rows) if i not in errors], pa.int64())
     payload = (
         pa.Table.from_struct_array(values.take(rows)) if len(rows) else pa.schema(_struct_fields(merged)).empty_table()
     )
     payload = payload.cast(pa.schema(_struct_fields(merged)))
+    if envelope:
+        payload, rows = _unwrap_events(payload, rows, errors, position, current)
     bad = sorted(errors)
     quarantine = _quarantine_rows(messages.take(pa.array(bad, pa.int64())), [errors[i] for i in bad])
     return payload, rows, quarantine
+
+
+def _unwrap_events(events: pa.Table, rows: pa.Array, errors: dict[int, str], position: str, current: list[pa.Field]):
+    """Registry change events as rows (`debezium.unwrap`); the positions of events that are no row's change
+    join `errors`."""
+    try:
+        payload, not_rows = debezium.unwrap(events, position)
+    except debezium.NotAChangeEvent as err:
+        errors.update(dict.fromkeys(rows.to_pylist(), str(err)))
+        return pa.schema(current).empty_table(), pa.array([], pa.int64())
+    if not not_rows:
+        return payload, rows
+    positions = rows.to_pylist()
+    errors.update({positions[j]: why for j, why in not_rows.items()})
+    keep = pa.array([j for j in range(len(positions)) if j not in not_rows], pa.int64())
+    return payload.take(keep), rows.take(keep)
 
 
 def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None):

@@ -355,11 +355,16 @@ _AVRO_PRIMITIVES = {
 }
 
 
-def avro_to_arrow(schema, seen: set[str]) -> pa.DataType:
-    """The Arrow type of a parsed Avro schema. Every column is nullable (a newer schema may drop a field)."""
+def avro_to_arrow(schema, seen: set[str], defined: dict[str, pa.DataType] | None = None) -> pa.DataType:
+    """The Arrow type of a parsed Avro schema. Every column is nullable (a newer schema may drop a field).
+    `defined`: the named types met so far, by full name: a later field may name one (Debezium's envelope
+    types `after` as the `Value` record `before` defines); one that names itself is recursive."""
+    defined = {} if defined is None else defined
     if isinstance(schema, str):
         if schema in _AVRO_PRIMITIVES:
             return _AVRO_PRIMITIVES[schema]
+        if schema in defined and schema not in seen:
+            return defined[schema]
         raise UnusableSchema(f"Avro type {schema!r} is recursive or unknown, which a Delta table cannot hold")
     if isinstance(schema, list):
         branches = [s for s in schema if s != "null"]
@@ -368,7 +373,7 @@ def avro_to_arrow(schema, seen: set[str]) -> pa.DataType:
                 f"Avro union {_avro_name(schema)} has several non-null branches, which a Delta "
                 f'column cannot hold (only ["null", T] unions are supported)'
             )
-        return avro_to_arrow(branches[0], seen)
+        return avro_to_arrow(branches[0], seen, defined)
     kind, logical = schema["type"], schema.get("logicalType")
     if logical == "date":
         return pa.date32()
@@ -384,16 +389,18 @@ def avro_to_arrow(schema, seen: set[str]) -> pa.DataType:
         if name in seen:
             raise UnusableSchema(f"Avro record {name!r} is recursive, which a Delta table cannot hold")
         inner = seen | {name}
-        return pa.struct([pa.field(f["name"], avro_to_arrow(f["type"], inner)) for f in schema["fields"]])
-    if kind == "enum":
-        return pa.string()
-    if kind == "fixed":
-        return pa.binary()
+        defined[name] = record = pa.struct(
+            [pa.field(f["name"], avro_to_arrow(f["type"], inner, defined)) for f in schema["fields"]]
+        )
+        return record
+    if kind in ("enum", "fixed"):
+        defined[schema.get("name")] = named = pa.string() if kind == "enum" else pa.binary()
+        return named
     if kind == "array":
-        return pa.list_(avro_to_arrow(schema["items"], seen))
+        return pa.list_(avro_to_arrow(schema["items"], seen, defined))
     if kind == "map":
-        return pa.map_(pa.string(), avro_to_arrow(schema["values"], seen))
-    return avro_to_arrow(kind, seen)
+        return pa.map_(pa.string(), avro_to_arrow(schema["values"], seen, defined))
+    return avro_to_arrow(kind, seen, defined)
 
 
 def _avro_name(schema) -> str:

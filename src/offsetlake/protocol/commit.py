@@ -187,7 +187,7 @@ def _apply_merge(table: DeltaTable, change: Change, merge: Merge) -> Committed:
             merge_schema=change.evolve,
             commit_properties=_properties(change),
         )
-        .when_matched_delete(f"s.{DELETED_COLUMN}")
+        .when_matched_delete(merge.deletions())
         .when_matched_update_all(merge.updates(), except_cols=keep)
         .when_not_matched_insert_all(f"NOT s.{DELETED_COLUMN}", except_cols=keep)
         .execute()

@@ -68,11 +68,17 @@ class Merge:
     def updates(self) -> str:
         """When a matched row is replaced: always, or with order_by when the new value is not older (so the
         greatest wins across batches too; ties go to the later batch)."""
-        live = f"NOT s.{DELETED_COLUMN}"
+        return self._not_older(f"NOT s.{DELETED_COLUMN}")
+
+    def deletions(self) -> str:
+        """When a matched row is deleted: as `updates` (a Debezium delete has its position to order by)."""
+        return self._not_older(f"s.{DELETED_COLUMN}")
+
+    def _not_older(self, condition: str) -> str:
         if self.order_by is None:
-            return live
+            return condition
         column = _quoted(self.order_by)
-        return f"{live} AND (t.{column} IS NULL OR s.{column} >= t.{column})"
+        return f"{condition} AND (t.{column} IS NULL OR s.{column} >= t.{column})"
 
     @property
     def deletes(self) -> int:

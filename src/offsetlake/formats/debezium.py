@@ -1,0 +1,125 @@
+"""Debezium change events (`format.envelope: debezium`): the row a change event carries, its op and position.
+
+A Debezium event is an envelope `{before, after, source, op, ts_ms, transaction}` (in JSON, with
+`schemas.enable` also wrapped as `{schema, payload}`). Ops `c` (insert), `r` (a snapshot read) and `u`
+(update) carry the row in `after`; `d` carries the deleted row in `before` (with PostgreSQL's default
+replica identity only its key columns, which is all a delete needs). The tombstone Debezium writes after a
+`d` (for log compaction) is skipped by `records.convert`: the `d` did the delete, and on a compacted topic
+where the `d` is gone every older record of its key is gone with it. `t` (truncate) and `m` (message)
+events change no row of the table: they are quarantined, saying so, so that nobody mistakes them for
+applied. The source position (`source.lsn`, `source.pos`...: `format.debezium.position`) is kept as
+column `_debezium_position`, so `write.order_by` can order one key's events across partitions.
+
+Runs in executors: no deltalake import here.
+"""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from offsetlake.config import DEBEZIUM_COLUMNS, DEBEZIUM_OP_COLUMN, DEBEZIUM_POSITION_COLUMN
+from offsetlake.formats.values import coerce
+
+ROW_OPS = ("c", "r", "u")
+DELETE_OP = "d"
+OPS = (*ROW_OPS, DELETE_OP)
+ENVELOPE_FIELDS = ("before", "after", "source", "op")
+
+
+class NotAChangeEvent(ValueError):
+    """The value is not a Debezium change event of a row (the message says why, in one line)."""
+
+
+def _op_error(op: object) -> NotAChangeEvent:
+    if op == "t":
+        return NotAChangeEvent("debezium: op 't' (a truncate) changes no row; truncate the table by hand if meant")
+    if op == "m":
+        return NotAChangeEvent("debezium: op 'm' (a logical decoding message) changes no row")
+    return NotAChangeEvent(f"debezium: op {op!r} is not one of {', '.join(OPS)}")
+
+
+def json_event(raw: bytes, position: str, position_type: str) -> tuple[str, bytes, object]:
+    """(op, the row as JSON, the source position) of one JSON change event."""
+    try:
+        event = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise NotAChangeEvent(f"value is not valid JSON ({err})") from None
+    if isinstance(event, dict) and set(event) == {"schema", "payload"}:  # the JSON converter's schemas.enable
+        event = event["payload"]
+    if not isinstance(event, dict) or "op" not in event:
+        raise NotAChangeEvent("debezium: value is not a change event (an object with 'op')")
+    op = event["op"]
+    if op not in OPS:
+        raise _op_error(op)
+    side = "before" if op == DELETE_OP else "after"
+    row = event.get(side)
+    if not isinstance(row, dict):
+        raise NotAChangeEvent(f"debezium: op {op!r} without an object in '{side}'")
+    source = event.get("source")
+    if not isinstance(source, dict) or position not in source:
+        raise NotAChangeEvent(f"debezium: source has no field {position!r} (format.debezium.position)")
+    try:
+        at = None if source[position] is None else coerce(source[position], position_type)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise NotAChangeEvent(f"debezium: source.{position}: {err}") from None
+    return op, msgspec.json.encode(row), at
+
+
+def envelope_type(current: list[pa.Field], position: str) -> pa.DataType:
+    """The type a table with `current` payload columns reads change events as: the row in `before` and
+    `after`, the position in `source`; what writers add merges in (evolution.merge_type)."""
+    row = pa.struct([f for f in current if f.name not in DEBEZIUM_COLUMNS])
+    fields = [pa.field("before", row), pa.field("after", row)]
+    at = next((f for f in current if f.name == DEBEZIUM_POSITION_COLUMN), None)
+    if at is not None:
+        fields.append(pa.field("source", pa.struct([pa.field(position, at.type)])))
+    return pa.struct(fields)
+
+
+def table_columns(event: pa.DataType, position: str) -> list[pa.Field]:
+    """A table's payload columns for events of type `event`: the row's, then op and position."""
+    if any(event.get_field_index(name) < 0 for name in ENVELOPE_FIELDS):
+        missing = [name for name in ENVELOPE_FIELDS if event.get_field_index(name) < 0]
+        raise NotAChangeEvent(f"debezium: the registry's schema is not a change event (no {missing[0]!r})")
+    row = event.field("after").type
+    source = event.field("source").type
+    if not pa.types.is_struct(source) or source.get_field_index(position) < 0:
+        raise NotAChangeEvent(f"debezium: the registry's source has no field {position!r} (format.debezium.position)")
+    return [
+        *(row.field(i).with_nullable(True) for i in range(row.num_fields)),
+        pa.field(DEBEZIUM_OP_COLUMN, pa.string()),
+        pa.field(DEBEZIUM_POSITION_COLUMN, source.field(position).type),
+    ]
+
+
+def unwrap(events: pa.Table, position: str) -> tuple[pa.Table, dict[int, str]]:
+    """Decoded change events (columns before, after, source, op...) as rows with op and position columns,
+    and {row: why} for the events that are not a row's change (their rows are left in, to be dropped).
+    Raises NotAChangeEvent when the events' schema is not Debezium's."""
+    columns = table_columns(pa.struct(list(events.schema)), position)
+    op = events.column("op").combine_chunks()
+    deleting = pc.fill_null(pc.equal(op, DELETE_OP), False)
+    row_type = events.schema.field("after").type
+    before = events.column("before").combine_chunks().cast(row_type)
+    after = events.column("after").combine_chunks()
+    row = pc.if_else(deleting, before, after)
+    at = events.column("source").combine_chunks()
+    at = pc.struct_field(at, position)
+    errors = {}
+    for i, (o, present) in enumerate(zip(op.to_pylist(), pc.is_valid(row).to_pylist())):
+        if o not in OPS:
+            errors[i] = str(_op_error(o))
+        elif not present:
+            errors[i] = f"debezium: op {o!r} without a row in '{'before' if o == DELETE_OP else 'after'}'"
+    rows = pa.Table.from_struct_array(row) if len(row) else pa.schema(list(row_type)).empty_table()
+    rows = rows.append_column(columns[-2], op.cast(pa.string())).append_column(columns[-1], at)
+    return rows.cast(pa.schema(columns)), errors
+
+
+def deletes(rows: pa.Table) -> pa.Array:
+    """Which rows are deletes."""
+    return pc.fill_null(pc.equal(rows.column(DEBEZIUM_OP_COLUMN), DELETE_OP), False).combine_chunks()
