@@ -154,7 +154,7 @@ class Journal:
     OUTAGE_MARGIN = 0.5
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._by_offset: dict[Offset, Sent] = {}
         self._open: dict[str, list[Sent]] = collections.defaultdict(list)
         self._outages: list[tuple[float, float]] = []
@@ -182,15 +182,17 @@ class Journal:
         )
 
         def delivered(err, msg) -> None:
+            # No lock here: librdkafka calls this from wherever a producer is polled, flushed or torn
+            # down, and a 200-fault chaos run deadlocked with three threads waiting on the journal's lock
+            # and none holding it. One dict store and one list append are atomic under the GIL.
             if err is not None:
                 return  # never written: no offset to account for
-            with self._lock:
-                self._by_offset[(msg.topic(), msg.partition(), msg.offset())] = sent
-                sent.acked_at = time.time()
-                if transaction is None:
-                    sent.outcome = "committed"
-                else:
-                    self._open[transaction].append(sent)
+            sent.acked_at = time.time()
+            if transaction is None:
+                sent.outcome = "committed"
+            else:
+                self._open[transaction].append(sent)
+            self._by_offset[(msg.topic(), msg.partition(), msg.offset())] = sent
 
         return delivered
 
@@ -207,10 +209,11 @@ class Journal:
 
     def of_topic(self, topic: str) -> dict[Offset, Sent]:
         """The records sent to `topic`; those whose life overlaps a broker outage as in doubt."""
+        placed = list(self._by_offset.items())  # one C call: a snapshot while callbacks add to it
         with self._lock:
             return {
                 k: dataclasses.replace(v, outcome="in doubt") if self._in_doubt(v) else v
-                for k, v in self._by_offset.items()
+                for k, v in placed
                 if k[0] == topic
             }
 
