@@ -200,6 +200,22 @@ class KafkaCluster:
         """Log start offsets: anything below was deleted by retention or DeleteRecords."""
         return self._list_offsets(tps, OffsetSpec.earliest())
 
+    def cleanup_policies(self, topics: list[str]) -> dict[str, str | None]:
+        """Each topic's `cleanup.policy` (delete, compact or both); None where the broker does not say
+        (a broker without DescribeConfigs, or no permission to describe): informational only."""
+        from confluent_kafka.admin import ConfigResource, ResourceType
+
+        resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+        policies: dict[str, str | None] = dict.fromkeys(topics)
+        try:
+            futures = self.admin.describe_configs(resources, request_timeout=self.timeout)
+            for resource, future in futures.items():
+                entry = future.result(timeout=self.timeout).get("cleanup.policy")
+                policies[resource.name] = None if entry is None else entry.value
+        except (KafkaException, TimeoutError, ValueError) as err:
+            log.info("cannot describe the topics' cleanup.policy: %s", err)
+        return policies
+
     def offsets_for_time(self, tps: list[TP], timestamp_ms: int) -> dict[TP, int]:
         return self._list_offsets(tps, OffsetSpec.for_timestamp(timestamp_ms))
 

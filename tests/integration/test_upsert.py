@@ -218,18 +218,59 @@ def test_an_upsert_zombie_finds_its_batch_committed_and_merges_nothing(spark, pi
     assert_exactly_once(cfg)
 
 
-def test_backfill_and_audit_of_an_upsert_table_are_refused_in_one_line(spark, pipeline):
-    cfg, topic = pipeline(partitions=1, **UPSERT)
-    produce(cfg.kafka, topic, 50, transactional_share=0, make_record=keyed_event)
+def test_audit_checks_the_table_against_the_fold_and_repair_rebuilds_it_in_one_commit_keeping_the_ledger(
+    spark, pipeline, bootstrap
+):
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from offsetlake.operations.audit import audit, repair
+    from oracle import ledger_offsets
+
+    cfg, topic = pipeline(partitions=2, **UPSERT)
+    lonely = JournaledProducer(cfg.kafka.bootstrap_servers)
+    for seq in range(5):  # keys no later record touches, first in partition 0: retention will delete them
+        key, value = new_key(seq)
+        lonely.produce(topic, value, key=key, partition=0)
+    lonely.flush()
+    produce(cfg.kafka, topic, 600, transactional_share=0.5, abort_share=0.2, seed=17, make_record=keyed_event)
     ingest(spark, cfg)
-    version = DeltaTable(cfg.table_path).version()
+    assert_exactly_once(cfg)
+    report = audit(cfg)
+    assert report.ok, report.format()
+    assert report.keys == report.table_rows == DeltaTable(cfg.table_path).to_pyarrow_table().num_rows
     with pytest.raises(ConfigError, match="upsert mode .*backfill is not defined"):
         backfill(spark, cfg, [OffsetRange(topic, 0, 0, 10)])
-    from offsetlake.operations.audit import audit
 
-    with pytest.raises(ConfigError, match="upsert mode .*audit"):
-        audit(cfg)
-    assert DeltaTable(cfg.table_path).version() == version
+    # Another tool damages the table: a row deleted, a value changed, a row of no record added.
+    table = DeltaTable(cfg.table_path)
+    rows = table.to_pyarrow_table().to_pylist()
+    gone, changed = rows[0]["kafka_key"], next(r["kafka_key"] for r in rows if r["amount"] is not None)
+    table.delete(f"kafka_key = '{gone}'")
+    DeltaTable(cfg.table_path).update({"amount": "amount + 1"}, predicate=f"kafka_key = '{changed}'")
+    stray = pa.Table.from_pylist([{**rows[2], "kafka_key": "stray"}], pa.schema(table.schema().to_arrow()))
+    write_deltalake(cfg.table_path, stray, mode="append")
+    ledger = ledger_offsets(cfg)
+
+    damaged = audit(cfg)
+    assert not damaged.ok
+    assert (damaged.missing, damaged.wrong, damaged.unexpected) == ([f'["{gone}"]'], [f'["{changed}"]'], ['["stray"]'])
+    version = DeltaTable(cfg.table_path).version()
+    _, result = repair(spark, cfg)
+
+    assert result.version == version + 1 and DeltaTable(cfg.table_path).version() == version + 1
+    assert ledger_offsets(cfg) == ledger  # the ledger where it stood
+    assert audit(cfg).ok
+    assert_exactly_once(cfg)  # the oracle's own fold: the table is it again, and the change feed replays to it
+
+    # Retention deletes partition 0's head: rows whose record is gone are counted, not taken for damage.
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    (future,) = admin.delete_records([TopicPartition(topic, 0, 20)]).values()
+    future.result()
+    produce(cfg.kafka, topic, 100, transactional_share=0, seed=18, make_record=keyed_event)
+    assert "committed" in [r.status for r in ingest(spark, cfg)]  # the pipeline goes on from the ledger
+    later = audit(cfg)
+    assert later.ok and later.beyond_retention == 5, later.format()
 
 
 def test_the_upsert_oracle_fails_each_corruption_naming_its_offset(spark, pipeline, tmp_path):

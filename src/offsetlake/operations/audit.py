@@ -1,5 +1,7 @@
 """Audit: compare the table with Kafka row by row, and check the ledger. Repair: backfill what audit found.
 
+(Upsert tables: `fold.py`, the table against the fold of Kafka, and a rebuild from it.)
+
 Kafka is read under read_committed over each partition's range (default: from
 the log start to the ledger's committed end), and every offset it returns must
 be in the table exactly once, or in the quarantine. Rows Kafka does not return
@@ -16,6 +18,7 @@ from deltalake.exceptions import TableNotFoundError
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, TableError
 from offsetlake.kafka import TP, KafkaCluster
+from offsetlake.operations.fold import UpsertAuditReport, audit_upsert, rebuild
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
 from offsetlake.protocol.metadata import HistoryEntry, unflat_offsets
 from offsetlake.protocol.ranges import OffsetRange
@@ -99,10 +102,11 @@ class AuditReport:
         return "\n".join(lines)
 
 
-def audit(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> AuditReport:
-    cfg.refuse_in_upsert_mode(
-        "audit", "compares one row per offset with Kafka; for an upsert table it is not defined yet"
-    )
+def audit(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> AuditReport | UpsertAuditReport:
+    """Append mode: every offset exactly once (module docstring). Upsert mode: the table against the fold
+    of Kafka (`fold.audit_upsert`)."""
+    if cfg.write.upsert:
+        return audit_upsert(cfg, ranges)
     cluster = KafkaCluster(cfg.kafka)
     tps = cluster.partitions(cfg.topics)
     table = open_table(cfg.table_path)
@@ -220,15 +224,20 @@ def sanity_issues(committed: dict[TP, int], ends: dict[TP, int]) -> list[str]:
     ]
 
 
-def repair(spark, cfg: PipelineConfig, run=None, dry_run: bool = False, report: AuditReport | None = None):
-    """Audit (unless `report` is one just made), then backfill every span with a problem.
-    Returns (audit before, backfill result or None)."""
+def repair(
+    spark, cfg: PipelineConfig, run=None, dry_run: bool = False, report: AuditReport | UpsertAuditReport | None = None
+):
+    """Audit (unless `report` is one just made), then backfill every span with a problem (upsert mode:
+    rebuild the table from the fold). Returns (audit before, backfill or rebuild result, or None)."""
     import msgspec
 
     from offsetlake.operations.backfill import backfill
     from offsetlake.protocol.metadata import Run
 
-    report = report or audit(cfg)
+    if report is None:
+        report = audit(cfg)
+    if isinstance(report, UpsertAuditReport):  # upsert mode: the table rebuilt from the fold, in one commit
+        return report, None if report.ok else rebuild(cfg, report, run, dry_run)
     ranges = report.repair_ranges()
     if not ranges:
         return report, None

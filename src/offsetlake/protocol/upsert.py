@@ -18,6 +18,7 @@ Which row wins, per key:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -135,6 +136,35 @@ def latest_per_key(rows: pa.Table, key: Sequence[str], order_by: str | None, bat
     ordering = [*([order_by] if order_by else []), "kafka_offset"]
     winners = frame.sort(ordering, nulls_last=False).unique(subset=list(key), keep="last").sort("_row")
     return rows.take(winners.get_column("_row").to_arrow())
+
+
+def fold(rows: pa.Table | None, key: Sequence[str], order_by: str | None) -> tuple[pa.Table | None, set[str]]:
+    """A whole range's fold (audit, repair): one row per key as `latest_per_key`, and the keys (as
+    `key_text`) that without order_by arrive in two partitions: those have no order, and no winner."""
+    if rows is None or rows.num_rows == 0:
+        return rows, set()
+    import polars as pl
+
+    lineage = ["kafka_topic", "kafka_partition", "kafka_offset"]
+    columns = list(dict.fromkeys([*key, *lineage, *([order_by] if order_by else [])]))
+    frame = pl.from_arrow(rows.select(columns))
+    assert isinstance(frame, pl.DataFrame)
+    frame = frame.with_row_index("_row")
+    unordered: set[str] = set()
+    if order_by is None:
+        places = frame.group_by(list(key)).agg(pl.struct("kafka_topic", "kafka_partition").n_unique().alias("n"))
+        spread = places.filter(pl.col("n") > 1)
+        unordered = {key_text(r, key) for r in spread.select(list(key)).to_dicts()}
+        if spread.height:
+            frame = frame.join(spread.select(list(key)), on=list(key), how="anti", nulls_equal=True)
+    ordering = [*([order_by] if order_by else []), "kafka_offset"]
+    winners = frame.sort(ordering, nulls_last=False).unique(subset=list(key), keep="last").sort("_row")
+    return rows.take(winners.get_column("_row").to_arrow()), unordered
+
+
+def key_text(row: dict[str, object], key: Sequence[str]) -> str:
+    """A row's key as text, to compare and to show (a struct key is a dict)."""
+    return json.dumps([row.get(c) for c in key], sort_keys=True, default=str)
 
 
 def _refuse_keys_in_two_partitions(frame: pl.DataFrame, key: list[str], batch: int | None) -> None:
