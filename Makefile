@@ -59,6 +59,7 @@ demo: $(STAMP) jvm-archive
 bench: $(STAMP) jvm-archive
 	$(BIN)/python tests/benchmarks/bench_ingest.py $(BENCH_ARGS)
 	$(BIN)/python tests/benchmarks/bench_object_storage.py $(BENCH_S3_ARGS)
+	$(BIN)/python tests/benchmarks/bench_upsert.py $(BENCH_UPSERT_ARGS)
 
 # 20,000 small commits: is a batch on a year-old table as cheap as on a new one? (not part of make test)
 soak: $(STAMP) jvm-archive
