@@ -222,6 +222,19 @@ def read_file(table_uri: str, delta_path: str, columns: list[str] | None = None)
     return plain_types(retrying(table_uri, lambda: pq.read_table(path, filesystem=fs, columns=columns)))
 
 
+def read_with_partitions(
+    table_uri: str, delta_path: str, partition_values: dict[str, str | None] | None, types: pa.Schema
+) -> pa.Table:
+    """A data file's rows with its partition columns put back as `types` types them: a partitioned file
+    holds them in its path only (Delta keeps them as strings in the add action)."""
+    rows = read_file(table_uri, delta_path)
+    for column, value in (partition_values or {}).items():
+        if column not in rows.column_names:
+            values = pa.array([value] * rows.num_rows, pa.string())
+            rows = rows.append_column(column, values.cast(types.field(column).type))
+    return rows
+
+
 def plain_types(table: pa.Table) -> pa.Table:
     """Other writers (DataFusion, delta-rs) use string_view/large types; Arrow kernels here want plain ones."""
 
@@ -251,6 +264,12 @@ def _split_by_partition(table: pa.Table, partition_by: list[str]):
             )
             mask = cond if mask is None else pc.and_(mask, cond)
         yield key, table.filter(mask)
+
+
+def action_partition_values(action: dict, partition_by: list[str]) -> dict[str, str | None]:
+    """A file's partition values as Delta's actions hold them (text), from a row of
+    `get_add_actions(flatten=True)`, which types them (an int partition column gives ints)."""
+    return {c: _partition_string(action.get(f"partition.{c}")) for c in partition_by}
 
 
 def _partition_string(value) -> str | None:

@@ -25,7 +25,7 @@ from offsetlake import faults
 from offsetlake.batch import TaskFiles, evolved_schema, run_tasks, table_columns
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import ConfigError, DataLossError
-from offsetlake.files import from_delta_path, read_file, write_file
+from offsetlake.files import action_partition_values, from_delta_path, read_with_partitions, write_file
 from offsetlake.formats.records import table_schema
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, commit, new_attempt_id
@@ -38,7 +38,6 @@ from offsetlake.table import open_table, query
 
 log = logging.getLogger("offsetlake.operations.backfill")
 RANGE_RE = re.compile(r"^\s*([A-Za-z0-9._-]{1,249}):(\d{1,9}):(\d{1,18})-(\d{1,18})\s*$")
-LINEAGE_KEYS = ("kafka_topic", "kafka_partition", "kafka_offset")
 
 
 @dataclass
@@ -217,13 +216,14 @@ def _in_ranges(lineage: pa.Table, ranges: list[OffsetRange]) -> pa.ChunkedArray:
 def _replacement(cfg: PipelineConfig, table, ranges: list[OffsetRange], attempt: str):
     """Remove actions for every file holding rows in `ranges`; files that also hold other rows are rewritten."""
     actions = pa.table(table.get_add_actions(flatten=True))
+    types = table_columns(table)
     removes, rewritten, removed_rows = [], [], 0
     now = int(time.time() * 1000)
     for i, row in enumerate(actions.to_pylist()):
         if not _may_overlap(row, ranges):
             continue
-        partition_values = {c: row.get(f"partition.{c}") for c in cfg.table.partition_by}
-        rows = _with_partition_columns(read_file(cfg.table_path, row["path"]), partition_values)
+        partition_values = action_partition_values(row, cfg.table.partition_by)
+        rows = read_with_partitions(cfg.table_path, row["path"], partition_values, types)
         hit = _in_ranges(rows, ranges)
         hits = int(pc.sum(hit).as_py() or 0)
         if hits == 0:
@@ -247,12 +247,3 @@ def _may_overlap(action: dict, ranges: list[OffsetRange]) -> bool:
     if lo_off is None or hi_off is None or lo_p is None or hi_p is None:
         return True
     return any(lo_p <= r.partition <= hi_p and lo_off < r.end and r.start <= hi_off for r in ranges)
-
-
-def _with_partition_columns(rows: pa.Table, partition_values: dict) -> pa.Table:
-    """Lineage columns may be partition columns, which live in the path, not the file."""
-    for col, value in partition_values.items():
-        if col in LINEAGE_KEYS and col not in rows.column_names:
-            typ = pa.int32() if col == "kafka_partition" else pa.int64() if col == "kafka_offset" else pa.string()
-            rows = rows.append_column(col, pa.array([value] * rows.num_rows).cast(typ))
-    return rows

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.transaction import AddAction, RemoveAction
 
-from offsetlake.files import DataFile, from_delta_path, read_file, write_file
+from offsetlake.files import DataFile, action_partition_values, from_delta_path, read_file, write_file
 from offsetlake.protocol.commit import Change, Committed, Settled, attempt_files, commit, new_attempt_id
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run
 
@@ -116,7 +116,7 @@ def _bins(actions: pa.Table, partition_by: list[str], target: int, only: set[str
 
 
 def _partition_values(action: dict, partition_by: list[str]) -> dict:
-    return {c: action.get(f"partition.{c}") for c in partition_by}
+    return action_partition_values(action, partition_by)
 
 
 def _compact(uri: str, files: list[dict], partition_by: list[str], zorder_by: Sequence[str], tag: str) -> DataFile:

@@ -38,7 +38,7 @@ from deltalake.transaction import RemoveAction
 from offsetlake.batch import table_columns
 from offsetlake.config import DELETED_COLUMN, LINEAGE_COLUMNS, PipelineConfig
 from offsetlake.errors import OffsetlakeError
-from offsetlake.files import write_files
+from offsetlake.files import action_partition_values, write_files
 from offsetlake.formats.records import convert
 from offsetlake.kafka import KafkaCluster
 from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, commit, new_attempt_id
@@ -316,5 +316,5 @@ def rebuild(
     return RebuildResult("committed", rows.num_rows, removed, outcome.version)
 
 
-def _partition_values(action: dict, partition_by: list[str]) -> dict | None:
-    return {c: action.get(f"partition.{c}") for c in partition_by} or None
+def _partition_values(action: dict, partition_by: list[str]) -> dict[str, str | None] | None:
+    return action_partition_values(action, partition_by) or None

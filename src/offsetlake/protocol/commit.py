@@ -51,7 +51,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from offsetlake.config import DELETED_COLUMN
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StorageError
-from offsetlake.files import DataFile, read_file, storage_options
+from offsetlake.files import DataFile, read_with_partitions, storage_options
 from offsetlake.protocol.ledger import Ledger
 from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.protocol.planning import BatchPlan
@@ -209,11 +209,8 @@ def _apply_evolving(uri: str, table: DeltaTable, change: Change) -> Committed:
 
     def batches() -> Iterator[pa.RecordBatch]:
         for action in change.actions:
-            rows = read_file(uri, action.path)
-            for column in change.partition_by:
-                value = pa.array([(action.partition_values or {}).get(column)] * rows.num_rows, pa.string())
-                rows = rows.append_column(column, value.cast(schema.field(column).type))
-            yield from _conform(rows, schema).to_batches()
+            values = {c: (action.partition_values or {}).get(c) for c in change.partition_by}
+            yield from _conform(read_with_partitions(uri, action.path, values, schema), schema).to_batches()
 
     decided_on = table.version()
     write_deltalake(

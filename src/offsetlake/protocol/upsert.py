@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from offsetlake.config import DELETED_COLUMN
 from offsetlake.errors import UpsertKeyError
-from offsetlake.files import DataFile, read_file
+from offsetlake.files import DataFile, read_with_partitions
 
 if TYPE_CHECKING:
     import polars as pl
@@ -108,13 +108,8 @@ def _quoted(column: str) -> str:
 def read_staging(uri: str, files: Sequence[DataFile], partition_by: Sequence[str], types: pa.Schema) -> pa.Table:
     """The batch's rows from its staging files, partition columns put back (a partitioned file holds
     them in its path only), in one schema (the files of tasks that saw different writer schemas differ)."""
-    tables = []
-    for f in files:
-        rows = read_file(uri, f.path)
-        for column in partition_by:
-            value = pa.array([(f.partition_values or {}).get(column)] * rows.num_rows, pa.string())
-            rows = rows.append_column(column, value.cast(types.field(column).type))
-        tables.append(rows)
+    placed = [(f, {c: (f.partition_values or {}).get(c) for c in partition_by}) for f in files]
+    tables = [read_with_partitions(uri, f.path, values, types) for f, values in placed]
     if not tables:
         return pa.schema([*types, pa.field(DELETED_COLUMN, pa.bool_())]).empty_table()
     return pa.concat_tables(tables, promote_options="permissive")
