@@ -215,7 +215,9 @@ class Journal:
 
     def of_topic(self, topic: str) -> dict[Offset, Sent]:
         """The records sent to `topic`; those whose life overlaps a broker outage as in doubt."""
-        placed = list(self._by_offset.items())  # one C call: a snapshot while callbacks add to it
+        # dict.copy() runs no Python code while it copies; iterating the dict itself can (an allocation
+        # may collect a producer whose teardown delivers reports into it: "dictionary changed size").
+        placed = self._by_offset.copy().items()
         with self._lock:
             return {
                 k: dataclasses.replace(v, outcome="in doubt") if self._in_doubt(v) else v
