@@ -64,7 +64,10 @@ def timestamp(value) -> dt.datetime:
     if isinstance(value, bool):
         raise TypeError("expected a timestamp, got bool")
     if isinstance(value, (int, float)):
-        return dt.datetime.fromtimestamp(value / 1000.0, tz=dt.UTC)
+        try:
+            return dt.datetime.fromtimestamp(value / 1000.0, tz=dt.UTC)
+        except (OverflowError, OSError, ValueError):  # OSError: the C library's "value too large"
+            raise OverflowError(f"epoch milliseconds {value} out of range for a timestamp") from None
     if not isinstance(value, str):
         raise TypeError(f"expected a timestamp, got {type(value).__name__}")
     parsed = dt.datetime.fromisoformat(value)
