@@ -203,14 +203,15 @@ def _split_tombstones(messages: pa.Table, key_values):
 def _upsert_rows(cfg: PipelineConfig, rows: pa.Table, kept: pa.Table, tombstones) -> tuple[pa.Table, pa.Table]:
     """Upsert mode: the rows with DELETED_COLUMN (a tombstone: its key, its lineage, no payload), and the
     quarantine rows of records whose key has a null column (they could never be found again)."""
-    deleted = [False] * rows.num_rows
+    deleted = pa.repeat(False, rows.num_rows)
     if cfg.format.debezium_envelope:
-        deleted = debezium.deletes(rows).to_pylist()
+        deleted = debezium.deletes(rows)
     elif cfg.format.type == "raw" and cfg.write.deletes == "tombstone":
-        deleted = pc.is_null(rows.column("value")).to_pylist()
+        deleted = pc.is_null(rows.column("value")).combine_chunks()
     elif cfg.format.type == "raw":  # deletes: ignore
         live = pc.is_valid(rows.column("value"))
-        rows, kept, deleted = rows.filter(live), kept.filter(live), [False] * pc.sum(live).as_py()
+        rows, kept = rows.filter(live), kept.filter(live)
+        deleted = pa.repeat(False, rows.num_rows)
     if tombstones is not None:
         messages, key_values = tombstones
         columns = [
@@ -223,8 +224,8 @@ def _upsert_rows(cfg: PipelineConfig, rows: pa.Table, kept: pa.Table, tombstones
         ]
         rows = pa.concat_tables([rows, pa.Table.from_arrays(columns, schema=rows.schema)])
         kept = pa.concat_tables([kept, messages])
-        deleted += [True] * messages.num_rows
-    rows = rows.append_column(pa.field(DELETED_COLUMN, pa.bool_()), pa.array(deleted, pa.bool_()))
+        deleted = pa.concat_arrays([deleted, pa.repeat(True, messages.num_rows)])
+    rows = rows.append_column(pa.field(DELETED_COLUMN, pa.bool_()), deleted)
     required = cfg.write.required
     no_key = functools.reduce(pc.or_, [pc.is_null(rows.column(c)) for c in required])
     if not pc.any(no_key).as_py():

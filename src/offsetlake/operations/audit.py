@@ -19,6 +19,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, TableError
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.operations.fold import UpsertAuditReport, audit_upsert, rebuild
+from offsetlake.operations.ledger_checks import continuity_issues, sanity_issues
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
 from offsetlake.protocol.metadata import HistoryEntry, unflat_offsets
 from offsetlake.protocol.ranges import OffsetRange
@@ -186,42 +187,6 @@ def _audit_partition(
         duplicated=sorted(o for o, n in seen.items() if n > 1 and o in kafka),
         unexpected=sorted(o for o in seen if o not in kafka),
     )
-
-
-def continuity_issues(history: list[HistoryEntry]) -> list[str]:
-    """Each ingest must start where the ledger stood (previous end, a reset, a rewind or recorded loss)."""
-    expected: dict[tuple[str, str], int] = {}
-    issues = []
-    for h in history:
-        meta = h.meta
-        if not meta.sets_ledger():
-            continue
-        if meta.kind in ("reset", "restore") or meta.rewind:
-            positions = meta.offsets or (meta.rewind.to if meta.rewind else {})
-            expected = {(t, p): o for t, parts in positions.items() for p, o in parts.items()}
-        for t, parts in meta.lost.items():
-            for p, (_lo, hi) in parts.items():
-                expected[(t, p)] = hi
-        for t, parts in meta.ranges.items():
-            for p, (start, end) in parts.items():
-                want = expected.get((t, p))
-                if want is not None and start != want:
-                    what = "gap" if start > want else "overlap"
-                    issues.append(
-                        f"batch {meta.batch} (version {h.version}): {t}[{p}] starts at {start} "
-                        f"but the ledger stood at {want} ({what})"
-                    )
-                expected[(t, p)] = end
-    return issues
-
-
-def sanity_issues(committed: dict[TP, int], ends: dict[TP, int]) -> list[str]:
-    return [
-        f"{t}[{p}]: ledger at {committed[(t, p)]} is past Kafka's end {ends[(t, p)]}: the topic was "
-        f"recreated or truncated"
-        for (t, p) in sorted(committed)
-        if (t, p) in ends and committed[(t, p)] > ends[(t, p)]
-    ]
 
 
 def repair(

@@ -41,6 +41,7 @@ from offsetlake.errors import OffsetlakeError
 from offsetlake.files import action_partition_values, write_files
 from offsetlake.formats.records import convert
 from offsetlake.kafka import KafkaCluster
+from offsetlake.operations.ledger_checks import continuity_issues, sanity_issues
 from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, commit, new_attempt_id
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, ranges_json
@@ -140,8 +141,6 @@ class UpsertAuditReport:
 
 
 def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> UpsertAuditReport:
-    from offsetlake.operations.audit import continuity_issues, sanity_issues
-
     cluster = KafkaCluster(cfg.kafka)
     tps = cluster.partitions(cfg.topics)
     table = open_table(cfg.table_path)
