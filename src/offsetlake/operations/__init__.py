@@ -1,6 +1,6 @@
 """What operators run beside the batches: `backfill` (replace ranges), `maintenance` (cleanup, vacuum,
-checkpoint, reset, restore), `compaction`, `audit` (the table against Kafka), `status` and `changes`
-(lag, history, Asset event payloads), `lineage` (OpenLineage datasets). Every write goes through
-protocol.commit. Imports: the protocol, batch (a backfill runs batches), table, files, kafka, config, formats,
-read.
+checkpoint, reset, restore), `compaction`, `audit` (the table against Kafka; `fold`: an upsert table
+against the fold of Kafka, and its rebuild), `status` and `changes` (lag, history, Asset event payloads),
+`lineage` (OpenLineage datasets). Every write goes through protocol.commit. Imports: the protocol, batch
+(a backfill runs batches), table, files, kafka, config, formats, read.
 """
