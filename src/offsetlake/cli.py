@@ -386,10 +386,15 @@ def cmd_audit(args) -> int:
     print(json.dumps(report.as_dict()) if args.json else report.format())
     if not report.ok:
         raise OffsetlakeError(
-            f"audit found {report.problem_count()} bad offsets and "
+            f"audit found {report.problem_count()} {_problems(cfg)} and "
             f"{len(report.continuity) + len(report.sanity)} ledger issues in {cfg.name}"
         )
     return 0
+
+
+def _problems(cfg: PipelineConfig) -> str:
+    """What an audit counts: offsets (append mode), keys (upsert mode: the table against the fold)."""
+    return "bad keys" if cfg.write.upsert else "bad offsets"
 
 
 def cmd_repair(args) -> int:
@@ -555,7 +560,7 @@ def cmd_recover(args) -> int:
         _cleanup(cfg, args.older_than, dry_run=False)
     if not report.ok:
         raise OffsetlakeError(
-            f"audit found {report.problem_count()} bad offsets in {cfg.name}"
+            f"audit found {report.problem_count()} {_problems(cfg)} in {cfg.name}"
             + ("" if args.repair else "; run again with repair to fix them")
         )
     return 0

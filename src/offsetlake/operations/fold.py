@@ -28,7 +28,7 @@ Memory: the fold holds every record of the range and the table's rows; it is an 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import msgspec
 import pyarrow as pa
@@ -96,7 +96,7 @@ class UpsertAuditReport:
         return len(self.missing) + len(self.unexpected) + len(self.wrong) + len(self.duplicated)
 
     def as_dict(self) -> dict:
-        out = asdict(self)
+        out = asdict(replace(self, rebuilt=None))  # the rows are not part of the report
         out.pop("rebuilt")
         out["ok"] = self.ok
         for kind in ("missing", "unexpected", "wrong", "duplicated", "unordered"):
