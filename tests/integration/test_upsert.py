@@ -118,6 +118,28 @@ def test_updates_deletes_and_reinserts_across_batches_fold_exactly(spark, pipeli
     assert_exactly_once(cfg)
 
 
+def test_a_batch_that_changes_no_row_still_commits_its_offsets(spark, pipeline):
+    """delta-rs writes no commit for a MERGE that changes nothing: the offsets must commit anyway, or the
+    ledger never passes the batch and every run plans it again."""
+    cfg, topic = pipeline(partitions=1, **UPSERT)
+    produce(cfg.kafka, topic, 50, transactional_share=0, seed=70, make_record=keyed_event)
+    ingest(spark, cfg)
+    ghosts = JournaledProducer(cfg.kafka.bootstrap_servers)
+    for seq in range(5):  # tombstones of keys the table never held: nothing to delete
+        ghosts.produce(topic, None, key=f"ghost{seq}".encode())
+    ghosts.flush()
+    version = DeltaTable(cfg.table_path).version()
+
+    results = ingest(spark, cfg)
+
+    (result,) = [r for r in results if r.status != "up_to_date"]
+    assert result.status == "committed" and result.version == version + 1
+    assert DeltaTable(cfg.table_path).version() == version + 1
+    assert result.merged == {"inserted": 0, "updated": 0, "deleted": 0}
+    assert [r.status for r in ingest(spark, cfg)] == ["up_to_date"]  # the ledger passed it
+    assert_exactly_once(cfg)
+
+
 def test_a_merge_reads_only_the_files_its_batch_key_range_can_touch(spark, pipeline):
     """Keys that grow (an auto-increment id, as Debezium streams them) fill files with narrow key ranges;
     a batch updating recent keys must rewrite those files only, not read the whole table."""

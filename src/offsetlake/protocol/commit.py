@@ -24,6 +24,8 @@ decided here, once:
    and clean-up never deletes a committed file.
 6. An upsert (`Change.merge`) is a delta-rs MERGE with the same commit properties (txn actions,
    userMetadata, no rebase): delta-rs writes its files and the commit in one call. See upsert.py.
+   A MERGE that changes no row makes no commit in delta-rs: the batch's offsets then commit
+   alone, in a commit of nothing else, so the ledger still passes it.
 7. A change that adds columns (`Change.evolve`: a registry record with a newer
    schema) must carry the table's new schema in the same commit. delta-rs writes a
    metaData action only through `write_deltalake(schema_mode="merge")`, which writes
@@ -193,6 +195,12 @@ def _apply_merge(table: DeltaTable, change: Change, merge: Merge) -> Committed:
         .execute()
     )
     counts = {k: int(metrics.get(f"num_target_rows_{k}", 0)) for k in ("inserted", "updated", "deleted")}
+    if table.version() == decided_on:
+        # delta-rs (1.6.6) writes no commit at all for a MERGE that changes no row (a batch of tombstones of
+        # absent keys, or of aborted records only), and the txn actions went with it: the ledger would never
+        # pass the batch, and a stream would plan it again forever (found by a 200-fault chaos run). Its
+        # offsets commit on their own, on the same snapshot.
+        return Committed(_apply(table, replace(change, merge=None, actions=[])), change, merged=counts)
     return Committed(decided_on + 1, change, merged=counts)  # no rebase, as in _apply
 
 
