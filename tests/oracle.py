@@ -152,12 +152,6 @@ class Journal:
     # reused. So a record whose life (produce to ack or commit) overlaps an outage, widened by this margin,
     # is in doubt: only Kafka decides it (the table is still checked against Kafka row by row).
     OUTAGE_MARGIN = 0.5
-    # After it is back, for a while, a restarted broker may hand out again offsets it has acknowledged:
-    # measured (200-fault upsert chaos, seed 2911), a batch a producer had held across the restart (its
-    # records stamped during the outage) landed at offsets the broker had acknowledged 1.2 s after it was
-    # back to another producer's records, which were then gone. So records acknowledged within this long
-    # after an outage are in doubt too.
-    SETTLE_AFTER_RESTART = 5.0
 
     def __init__(self):
         self._lock = threading.RLock()
@@ -173,7 +167,7 @@ class Journal:
     def broker_back(self) -> None:
         with self._lock:
             start, _ = self._outages[-1]
-            self._outages[-1] = (start, time.time() + max(self.OUTAGE_MARGIN, self.SETTLE_AFTER_RESTART))
+            self._outages[-1] = (start, time.time() + self.OUTAGE_MARGIN)
 
     def _in_doubt(self, sent: Sent) -> bool:
         settled = sent.settled_at or math.inf
