@@ -46,11 +46,10 @@ from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_f
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, ranges_json
 from offsetlake.protocol.ranges import OffsetRange
-from offsetlake.protocol.upsert import fold, key_text
+from offsetlake.protocol.upsert import LINEAGE, fold, key_text
 from offsetlake.read.reader import read_range
 from offsetlake.table import open_table, query
 
-LINEAGE = ["kafka_topic", "kafka_partition", "kafka_offset"]
 SHOWN = 20  # keys listed per kind in a report
 
 

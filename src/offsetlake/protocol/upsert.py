@@ -115,22 +115,17 @@ def read_staging(uri: str, files: Sequence[DataFile], partition_by: Sequence[str
     return pa.concat_tables(tables, promote_options="permissive")
 
 
+LINEAGE = ("kafka_topic", "kafka_partition", "kafka_offset")  # where a record is: what orders a key's records
+
+
 def latest_per_key(rows: pa.Table, key: Sequence[str], order_by: str | None, batch: int | None = None) -> pa.Table:
     """One row per key: the winner as the module docstring says, in the rows' order."""
     if rows.num_rows == 0:
         return rows
-    import polars as pl  # here: only upsert mode needs it (grouping by any key type, structs included)
-
-    lineage = ["kafka_topic", "kafka_partition", "kafka_offset"]
-    columns = list(dict.fromkeys([*key, *lineage, *([order_by] if order_by else [])]))
-    frame = pl.from_arrow(rows.select(columns))
-    assert isinstance(frame, pl.DataFrame)
-    frame = frame.with_row_index("_row")
+    frame = _ordering_frame(rows, key, order_by)
     if order_by is None:
         _refuse_keys_in_two_partitions(frame, list(key), batch)
-    ordering = [*([order_by] if order_by else []), "kafka_offset"]
-    winners = frame.sort(ordering, nulls_last=False).unique(subset=list(key), keep="last").sort("_row")
-    return rows.take(winners.get_column("_row").to_arrow())
+    return _winners(rows, frame, key, order_by)
 
 
 def fold(rows: pa.Table | None, key: Sequence[str], order_by: str | None) -> tuple[pa.Table | None, set[str]]:
@@ -140,11 +135,7 @@ def fold(rows: pa.Table | None, key: Sequence[str], order_by: str | None) -> tup
         return rows, set()
     import polars as pl
 
-    lineage = ["kafka_topic", "kafka_partition", "kafka_offset"]
-    columns = list(dict.fromkeys([*key, *lineage, *([order_by] if order_by else [])]))
-    frame = pl.from_arrow(rows.select(columns))
-    assert isinstance(frame, pl.DataFrame)
-    frame = frame.with_row_index("_row")
+    frame = _ordering_frame(rows, key, order_by)
     unordered: set[str] = set()
     if order_by is None:
         places = frame.group_by(list(key)).agg(pl.struct("kafka_topic", "kafka_partition").n_unique().alias("n"))
@@ -152,9 +143,24 @@ def fold(rows: pa.Table | None, key: Sequence[str], order_by: str | None) -> tup
         unordered = {key_text(r, key) for r in spread.select(list(key)).to_dicts()}
         if spread.height:
             frame = frame.join(spread.select(list(key)), on=list(key), how="anti", nulls_equal=True)
+    return _winners(rows, frame, key, order_by), unordered
+
+
+def _ordering_frame(rows: pa.Table, key: Sequence[str], order_by: str | None) -> pl.DataFrame:
+    """The columns that decide which row of a key wins, and each row's position (`_row`)."""
+    import polars as pl  # here: only upsert mode needs it (grouping by any key type, structs included)
+
+    columns = list(dict.fromkeys([*key, *LINEAGE, *([order_by] if order_by else [])]))
+    frame = pl.from_arrow(rows.select(columns))
+    assert isinstance(frame, pl.DataFrame)
+    return frame.with_row_index("_row")
+
+
+def _winners(rows: pa.Table, frame: pl.DataFrame, key: Sequence[str], order_by: str | None) -> pa.Table:
+    """Per key of `frame`, the row with the greatest order_by (then offset), in the rows' order."""
     ordering = [*([order_by] if order_by else []), "kafka_offset"]
     winners = frame.sort(ordering, nulls_last=False).unique(subset=list(key), keep="last").sort("_row")
-    return rows.take(winners.get_column("_row").to_arrow()), unordered
+    return rows.take(winners.get_column("_row").to_arrow())
 
 
 def key_text(row: dict[str, object], key: Sequence[str]) -> str:
