@@ -235,6 +235,15 @@ def read_with_partitions(
     return rows
 
 
+def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`rows` with exactly `schema`'s columns, in its order: columns it lacks are null."""
+    columns = [
+        rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
 def plain_types(table: pa.Table) -> pa.Table:
     """Other writers (DataFusion, delta-rs) use string_view/large types; Arrow kernels here want plain ones."""
 

@@ -75,7 +75,7 @@ def optimize(
             new = written[sources]
             adds.append(AddAction(new.path, new.size, new.partition_values, new.modification_time, False, new.stats))
             removes += [
-                RemoveAction(f["path"], False, now, f["size_bytes"], _partition_values(f, partition_by) or None)
+                RemoveAction(f["path"], False, now, f["size_bytes"], action_partition_values(f, partition_by) or None)
                 for f in files
             ]
             rows += new.num_records
@@ -115,10 +115,6 @@ def _bins(actions: pa.Table, partition_by: list[str], target: int, only: set[str
     return [b for b in bins if len(b) >= 2]
 
 
-def _partition_values(action: dict, partition_by: list[str]) -> dict:
-    return action_partition_values(action, partition_by)
-
-
 def _compact(uri: str, files: list[dict], partition_by: list[str], zorder_by: Sequence[str], tag: str) -> DataFile:
     rows = pa.concat_tables([read_file(uri, f["path"]) for f in files], promote_options="permissive")
     if zorder_by:
@@ -126,7 +122,7 @@ def _compact(uri: str, files: list[dict], partition_by: list[str], zorder_by: Se
     directory = from_delta_path(files[0]["path"]).rpartition("/")[0]
     name = f"part-compact-{tag}.zstd.parquet"
     return write_file(
-        uri, f"{directory}/{name}" if directory else name, rows, _partition_values(files[0], partition_by)
+        uri, f"{directory}/{name}" if directory else name, rows, action_partition_values(files[0], partition_by)
     )
 
 

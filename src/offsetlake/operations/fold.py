@@ -38,7 +38,7 @@ from deltalake.transaction import RemoveAction
 from offsetlake.batch import table_columns
 from offsetlake.config import DELETED_COLUMN, LINEAGE_COLUMNS, PipelineConfig
 from offsetlake.errors import OffsetlakeError
-from offsetlake.files import action_partition_values, write_files
+from offsetlake.files import action_partition_values, conform, write_files
 from offsetlake.formats.records import convert
 from offsetlake.kafka import KafkaCluster
 from offsetlake.operations.ledger_checks import continuity_issues, sanity_issues
@@ -231,19 +231,7 @@ def _compare(report: UpsertAuditReport, cfg, winners, unordered: set[str], curre
     )
     if kept:
         live.append(pa.Table.from_pylist(kept, schema=current.schema))
-    report.rebuilt = _conform(live, columns)
-
-
-def _conform(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
-    """The rows in the table's columns (a column an older writer lacked: null)."""
-    rows = []
-    for part in parts:
-        columns = [
-            part.column(f.name).cast(f.type) if f.name in part.column_names else pa.nulls(part.num_rows, f.type)
-            for f in schema
-        ]
-        rows.append(pa.Table.from_arrays(columns, schema=schema))
-    return pa.concat_tables(rows) if rows else schema.empty_table()
+    report.rebuilt = pa.concat_tables([conform(part, columns) for part in live]) if live else columns.empty_table()
 
 
 @dataclass
@@ -277,10 +265,8 @@ def rebuild(
             cfg.table_path, rows, cfg.table.partition_by, lambda part: f"part-rebuild-{attempt}-{part:05d}.zstd.parquet"
         )
         files.written[cfg.table_path] |= {f.path for f in written}
-        removed = 0
 
         def decide(table) -> Change:
-            nonlocal removed
             if table.version() != report.version:
                 raise OffsetlakeError(
                     f"repair: {cfg.name}'s table changed since the audit (version {report.version}, now "
@@ -288,11 +274,11 @@ def rebuild(
                 )
             now = int(time.time() * 1000)
             current = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+            partition_by = cfg.table.partition_by
             removes = [
-                RemoveAction(f["path"], True, now, f["size_bytes"], _partition_values(f, cfg.table.partition_by))
+                RemoveAction(f["path"], True, now, f["size_bytes"], action_partition_values(f, partition_by) or None)
                 for f in current
             ]
-            removed = len(removes)
             ranges = [OffsetRange(p.topic, p.partition, p.start, p.end) for p in report.partitions]
             metadata = CommitMetadata(
                 cfg.name,
@@ -311,8 +297,5 @@ def rebuild(
         outcome = commit(cfg.table_path, decide, "repair")
         assert isinstance(outcome, Committed)  # decide() always writes, or raises
         files.kept[cfg.table_path] = outcome.added_paths()
+    removed = sum(isinstance(a, RemoveAction) for a in outcome.change.actions)
     return RebuildResult("committed", rows.num_rows, removed, outcome.version)
-
-
-def _partition_values(action: dict, partition_by: list[str]) -> dict[str, str | None] | None:
-    return action_partition_values(action, partition_by) or None

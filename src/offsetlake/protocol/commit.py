@@ -53,7 +53,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from offsetlake.config import DELETED_COLUMN
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StorageError
-from offsetlake.files import DataFile, read_with_partitions, storage_options
+from offsetlake.files import DataFile, conform, read_with_partitions, storage_options
 from offsetlake.protocol.ledger import Ledger
 from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.protocol.planning import BatchPlan
@@ -218,7 +218,7 @@ def _apply_evolving(uri: str, table: DeltaTable, change: Change) -> Committed:
     def batches() -> Iterator[pa.RecordBatch]:
         for action in change.actions:
             values = {c: (action.partition_values or {}).get(c) for c in change.partition_by}
-            yield from _conform(read_with_partitions(uri, action.path, values, schema), schema).to_batches()
+            yield from conform(read_with_partitions(uri, action.path, values, schema), schema).to_batches()
 
     decided_on = table.version()
     write_deltalake(
@@ -240,15 +240,6 @@ def _apply_evolving(uri: str, table: DeltaTable, change: Change) -> Committed:
 
 def _file_paths(table: DeltaTable) -> set[str]:
     return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
-
-
-def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`rows` with exactly `schema`'s columns, in its order: columns it lacks are null."""
-    columns = [
-        rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
-        for f in schema
-    ]
-    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _landed_version(uri: str, attempt: str | None) -> int | None:
