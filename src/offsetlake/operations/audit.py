@@ -19,7 +19,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, TableError
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.operations.fold import UpsertAuditReport, audit_upsert, rebuild
-from offsetlake.operations.ledger_checks import continuity_issues, sanity_issues
+from offsetlake.operations.ledger_checks import audited_ranges, continuity_issues, sanity_issues
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
 from offsetlake.protocol.metadata import HistoryEntry, unflat_offsets
 from offsetlake.protocol.ranges import OffsetRange
@@ -113,11 +113,7 @@ def audit(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> Audit
     table = open_table(cfg.table_path)
     ledger = read_ledger(table, cfg.name, tps)
     if ranges is None:
-        log_starts = cluster.start_offsets(tps)
-        ranges = [
-            OffsetRange(t, p, log_starts[(t, p)], max(log_starts[(t, p)], ledger.offsets.get((t, p), 0)))
-            for t, p in tps
-        ]
+        ranges = audited_ranges(tps, cluster.start_offsets(tps), ledger.offsets)
     table_rows = _lineage_counts(cfg.table_path)
     quarantined = _lineage_counts(cfg.quarantine_path, missing_ok=True)
     history = pipeline_history(table, cfg.name)

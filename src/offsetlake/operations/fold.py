@@ -41,7 +41,7 @@ from offsetlake.errors import OffsetlakeError
 from offsetlake.files import action_partition_values, conform, write_files
 from offsetlake.formats.records import convert
 from offsetlake.kafka import KafkaCluster
-from offsetlake.operations.ledger_checks import continuity_issues, sanity_issues
+from offsetlake.operations.ledger_checks import audited_ranges, continuity_issues, sanity_issues
 from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, commit, new_attempt_id
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, ranges_json
@@ -146,10 +146,7 @@ def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -
     ledger = read_ledger(table, cfg.name, tps)
     log_starts = cluster.start_offsets(tps)
     if ranges is None:
-        ranges = [
-            OffsetRange(t, p, log_starts[(t, p)], max(log_starts[(t, p)], ledger.offsets.get((t, p), 0)))
-            for t, p in tps
-        ]
+        ranges = audited_ranges(tps, log_starts, ledger.offsets)
     columns = table_columns(table)
     reads, rows = _read_and_fold_input(cfg, ranges, columns)
     winners, unordered = fold(rows, cfg.write.key, cfg.write.order_by)

@@ -1,9 +1,15 @@
-"""Checks of a pipeline's ledger in the table's history, shared by both audits (audit.py, fold.py)."""
+"""What both audits (audit.py, fold.py) share: the ranges they read by default, and the ledger's checks."""
 
 from __future__ import annotations
 
 from offsetlake.kafka import TP
 from offsetlake.protocol.metadata import HistoryEntry
+from offsetlake.protocol.ranges import OffsetRange
+
+
+def audited_ranges(tps: list[TP], log_starts: dict[TP, int], committed: dict[TP, int]) -> list[OffsetRange]:
+    """What an audit reads by default: each partition from its log start to the ledger."""
+    return [OffsetRange(t, p, log_starts[(t, p)], max(log_starts[(t, p)], committed.get((t, p), 0))) for t, p in tps]
 
 
 def continuity_issues(history: list[HistoryEntry]) -> list[str]:
