@@ -9,7 +9,7 @@ export OFFSETLAKE_HOME := $(CURDIR)
 export SPARK_LOCAL_IP := 127.0.0.1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install test test-unit demo demo-cli down bench soak chaos clean prerequisites jvm-archive docs lint
+.PHONY: install test test-unit demo demo-cli down bench soak chaos clean prerequisites jvm-archive jars docs lint
 
 install: $(STAMP)
 
@@ -25,14 +25,19 @@ $(STAMP): requirements.txt pyproject.toml | prerequisites
 	$(BIN)/python -m compileall -q src  # bytecode once: each Spark worker and Airflow task imports offsetlake
 	touch $(STAMP)
 
+# The JVM stack's jars (the Apache Kafka broker), resolved from Maven Central by the POMs in
+# src/offsetlake/local/poms/ into ~/.cache/offsetlake/jvm: once per machine, then a no-op. No jar is committed.
+jars: $(STAMP)
+	$(BIN)/python -m offsetlake.local.jars
+
 # Spark's driver classes in one archive (JDK AppCDS): sessions start ~2 s sooner. Once per machine
 # (about 20 s; kept in ~/.cache/offsetlake), then a no-op; if it fails, Spark just starts slower.
 # See src/offsetlake/spark/jvm_archive.py.
 jvm-archive: $(STAMP)
 	-$(BIN)/python -m offsetlake.spark.jvm_archive
 
-# The tests start their own broker (a session fixture, stopped by PID) and Spark.
-test: $(STAMP) jvm-archive
+# The tests start their own Apache Kafka brokers (session fixtures, stopped by PID) and Spark.
+test: $(STAMP) jars jvm-archive
 	$(BIN)/python -m pytest
 
 test-unit: $(STAMP)
@@ -51,18 +56,18 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Broker, demo producer, Airflow (UI on 127.0.0.1:8080) with the demo DAGs unpaused and a first ingest run.
-demo: $(STAMP) jvm-archive
+demo: $(STAMP) jars jvm-archive
 	$(BIN)/python -m offsetlake.local.demo up
 
 # Throughput next to the raw Kafka read rate, in one run; then the object-storage lines (an S3 table next to
 # a local one, and HTTP requests per batch on a new and a 1,000-commit S3 table). Not part of make test.
-bench: $(STAMP) jvm-archive
+bench: $(STAMP) jars jvm-archive
 	$(BIN)/python tests/benchmarks/bench_ingest.py $(BENCH_ARGS)
 	$(BIN)/python tests/benchmarks/bench_object_storage.py $(BENCH_S3_ARGS)
 	$(BIN)/python tests/benchmarks/bench_upsert.py $(BENCH_UPSERT_ARGS)
 
 # 20,000 small commits: is a batch on a year-old table as cheap as on a new one? (not part of make test)
-soak: $(STAMP) jvm-archive
+soak: $(STAMP) jars jvm-archive
 	$(BIN)/python tests/benchmarks/bench_soak.py $(SOAK_ARGS)
 
 # Stops everything `make demo` started, by pid file.
@@ -70,7 +75,7 @@ down:
 	-test -x $(BIN)/python && $(BIN)/python -m offsetlake.local.demo down
 
 # The pipeline without Airflow: broker, demo events, ingest, status and history.
-demo-cli: $(STAMP) jvm-archive
+demo-cli: $(STAMP) jars jvm-archive
 	$(BIN)/offsetlake broker start --data-dir $(DEMO)/broker --pid-file $(DEMO)/broker.pid
 	$(BIN)/offsetlake produce --pipeline demo_events --count 20000 --abort-share 0.2 --bad-share 0.002
 	$(BIN)/offsetlake ingest --pipeline demo_events
@@ -81,5 +86,5 @@ clean: down
 	rm -rf $(DEMO)
 
 # Hundreds of injected crashes, then a row-by-row audit (CHAOS_ARGS="--faults 200 --seed N").
-chaos: $(STAMP) jvm-archive
+chaos: $(STAMP) jars jvm-archive
 	$(BIN)/python tests/chaos/harness.py $(CHAOS_ARGS)

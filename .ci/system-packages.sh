@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages the project needs beyond Python: installed when missing (as root, e.g. CI),
 # otherwise named so a developer can install them. Called by `make` before the venv is built.
-#   java        openjdk-17-jre-headless   Spark runs on the JVM
+#   java        openjdk-17-jre-headless   Spark and the Apache Kafka broker run on the JVM
+#   mvn         maven                     resolves the broker's jars from Maven Central (src/offsetlake/local/poms)
 #   initdb      postgresql                Airflow's metadata database in the Airflow tests (one server per session) and the cross-host test
 #   ip          iproute2                  network namespaces: the cross-host test's separate hosts
 #   chromium    chromium                  the offsetlake view's browser test (Playwright drives it)
@@ -12,6 +13,7 @@ has_postgres() { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/in
 
 missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || missing+=(maven)
 has_postgres || missing+=(postgresql)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v chromium >/dev/null || missing+=(chromium)

@@ -1,4 +1,5 @@
-"""Shared services, started once per test session and stopped by PID: a noida-db broker and Spark."""
+"""Shared services, started once per test session and stopped by PID: an Apache Kafka broker (a three-node
+cluster for the failover tests), a Schema Registry, an S3-protocol server and Spark."""
 
 from __future__ import annotations
 
@@ -13,9 +14,30 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
-    """A real Kafka-protocol broker on 127.0.0.1, on a free port, with its own data directory."""
+    """An Apache Kafka broker (one KRaft node) on 127.0.0.1, on a free port, with its own data directory."""
     data = tmp_path_factory.mktemp("broker")
     b = embedded_broker.start(data, pid_file=data / "broker.pid")
+    yield b
+    embedded_broker.stop(b.pid)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """Three Apache Kafka nodes, one cluster (replication factor 3, min.insync.replicas 2), for the failover
+    tests: a test that kills a node starts it again before it ends (tests/integration/test_failover.py)."""
+    c = embedded_broker.start_cluster(tmp_path_factory.mktemp("cluster"), size=3)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="session")
+def secured_broker(tmp_path_factory):
+    """An Apache Kafka node that enforces security: SASL/SCRAM-SHA-512 and mutual-TLS listeners, ACLs
+    checked by Kafka's StandardAuthorizer (offsetlake.local.broker_security)."""
+    from offsetlake.local import broker_security
+
+    data = tmp_path_factory.mktemp("secured-broker")
+    b = broker_security.start_secured(data, pid_file=data / "broker.pid")
     yield b
     embedded_broker.stop(b.pid)
 

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import base64
 import collections
-import dataclasses
 import datetime as dt
 import io
 import json
-import math
 import struct
 import threading
 import time
@@ -146,32 +144,10 @@ class Journal:
     transaction ended. Thread-safe: the chaos workload's producers write from two threads and
     librdkafka's delivery callbacks. Implements offsetlake.local.producer.Journal."""
 
-    # A broker stopped with SIGTERM (noida-db snapshots its data then) may lose what it acknowledged in
-    # the moment around the signal: measured, records acked 30-80 ms after it and a transaction whose
-    # commit returned 60 ms before the harness logged the stop were gone after the restart, their offsets
-    # reused. So a record whose life (produce to ack or commit) overlaps an outage, widened by this margin,
-    # is in doubt: only Kafka decides it (the table is still checked against Kafka row by row).
-    OUTAGE_MARGIN = 0.5
-
     def __init__(self):
         self._lock = threading.RLock()
         self._by_offset: dict[Offset, Sent] = {}
         self._open: dict[str, list[Sent]] = collections.defaultdict(list)
-        self._outages: list[tuple[float, float]] = []
-
-    def broker_stopping(self) -> None:
-        """Call before a broker the producers write to is stopped; `broker_back` once it answers again."""
-        with self._lock:
-            self._outages.append((time.time() - self.OUTAGE_MARGIN, math.inf))
-
-    def broker_back(self) -> None:
-        with self._lock:
-            start, _ = self._outages[-1]
-            self._outages[-1] = (start, time.time() + self.OUTAGE_MARGIN)
-
-    def _in_doubt(self, sent: Sent) -> bool:
-        settled = sent.settled_at or math.inf
-        return any(sent.sent_at <= end and settled >= start for start, end in self._outages)
 
     def sent(self, topic: str, record: dict, transaction: str | None, bad: str | None = None) -> Callable:
         value = record.get("value")
@@ -208,16 +184,11 @@ class Journal:
             self._by_offset[where] = sent
 
     def of_topic(self, topic: str) -> dict[Offset, Sent]:
-        """The records sent to `topic`; those whose life overlaps a broker outage as in doubt."""
+        """The records sent to `topic`, by where the broker put them."""
         # dict.copy() runs no Python code while it copies; iterating the dict itself can (an allocation
         # may collect a producer whose teardown delivers reports into it: "dictionary changed size").
         placed = self._by_offset.copy().items()
-        with self._lock:
-            return {
-                k: dataclasses.replace(v, outcome="in doubt") if self._in_doubt(v) else v
-                for k, v in placed
-                if k[0] == topic
-            }
+        return {k: v for k, v in placed if k[0] == topic}
 
 
 def _headers(headers) -> list:

@@ -51,12 +51,10 @@ class RestartableBroker:
         return self.current.bootstrap_servers
 
     def stop(self) -> None:
-        JOURNAL.broker_stopping()  # what it acknowledged around the stop is in doubt (oracle.Journal)
         embedded_broker.stop(self.current.pid)
 
     def start(self) -> None:
-        self.current = embedded_broker.start(self.data_dir, port=self.current.port)
-        JOURNAL.broker_back()
+        self.current = embedded_broker.start(self.data_dir)
 
     def restart_in_background(self, down_seconds: float) -> threading.Thread:
         """Stop now; start again after `down_seconds`, in a thread (join it)."""
@@ -128,9 +126,24 @@ class JournaledProducer:
         assert self._producer.flush(timeout) == 0, "records still unsent"
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+def create_topic(bootstrap: str, topic: str, partitions: int, config: dict | None = None) -> None:
+    """A topic with the broker's default replication factor (1 on one node, 3 on the cluster)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
+    admin.create_topics([NewTopic(topic, partitions, config=config or {})])[topic].result()
+    wait_for_leaders(bootstrap, topic, partitions)
+
+
+def wait_for_leaders(bootstrap: str, topic: str, partitions: int, timeout: float = 30) -> None:
+    """Until every partition of a new topic has a leader: Kafka creates a topic's partitions after it answers."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = admin.list_topics(topic, timeout=5).topics.get(topic)
+        if meta and meta.error is None and len(meta.partitions) == partitions:
+            if all(p.leader >= 0 for p in meta.partitions.values()):
+                return
+        assert time.monotonic() < deadline, f"topic {topic} has no leader for some partition after {timeout}s"
+        time.sleep(0.1)
 
 
 def kafka_committed_records(

@@ -106,7 +106,8 @@ DESCRIPTIONS = {
     "produce": "Demo events through an idempotent and a transactional producer, with a share of aborted "
     "transactions and, on request, records the schema rejects.",
     "schema": "Print the pipeline file's JSON Schema, generated from the models that read it.",
-    "broker": "The embedded noida-db broker on 127.0.0.1 (demo and tests).",
+    "broker": "The embedded Apache Kafka broker (one KRaft node, its jars from Maven Central) on 127.0.0.1 "
+    "(demo and tests).",
 }
 
 
@@ -241,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     b = sub.add_parser(
-        "broker", help="the embedded noida-db broker (demo and tests)", description=DESCRIPTIONS["broker"]
+        "broker", help="the embedded Apache Kafka broker (demo and tests)", description=DESCRIPTIONS["broker"]
     )
     b.add_argument("action", choices=["start", "stop"], help="start or stop it")
     b.add_argument("--data-dir", default=".offsetlake/broker", help="where it keeps its log")
@@ -576,7 +577,9 @@ def _check_reachable(cfg: PipelineConfig) -> None:
     check_store(cfg.table_path)
     if cfg.quarantine_path != cfg.table_path:
         check_store(cfg.quarantine_path, "quarantine")
-    KafkaCluster(cfg.kafka).partitions(cfg.topics)
+    cluster = KafkaCluster(cfg.kafka)
+    cluster.partitions(cfg.topics)
+    cluster.check_access(cfg.topics, cfg.consumer_group)
     if cfg.format.registry is not None:
         from offsetlake.formats.registry import registry_for
 

@@ -1,7 +1,7 @@
 """Driver-side Kafka access: metadata, offsets, consumer-group commits.
 
 Everything here speaks the Kafka protocol through confluent-kafka, so it works
-the same against noida-db and Apache Kafka. librdkafka's own log lines go to a
+against Apache Kafka and any Kafka-protocol service. librdkafka's own log lines go to a
 Python logger instead of stderr: a down broker otherwise prints a line a second.
 """
 
@@ -13,7 +13,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka import KafkaError as _KErr
@@ -104,6 +104,19 @@ def _describe(err: Exception) -> str:
     return str(err)
 
 
+_REFUSED = re.compile(r"(Topic|Group|Cluster|Transactional Id) authorization failed")
+
+
+def _operations(description) -> list[str] | None:
+    """The operations a describe answer says this client may do; None if the broker did not say."""
+    operations = getattr(description, "authorized_operations", None)
+    return None if operations is None else [op.name for op in operations]
+
+
+def _listed(operations: list[str]) -> str:
+    return ", ".join(sorted(operations)) or "nothing"
+
+
 class KafkaCluster:
     """The cluster one pipeline reads from, seen from the Spark driver."""
 
@@ -166,7 +179,7 @@ class KafkaCluster:
             for topic in topics:
                 meta = metadata.topics.get(topic)
                 if meta is None:
-                    raise KafkaError(f"unknown topic {topic!r} on Kafka at {self.settings.bootstrap_servers}")
+                    self._refused_or_unknown(topic)
                 if meta.error is not None:
                     if is_retriable(KafkaException(meta.error)):
                         raise KafkaException(meta.error)  # a topic without a leader while a broker restarts
@@ -175,6 +188,61 @@ class KafkaCluster:
             return result
 
         return self._retrying("cannot read cluster metadata (is the broker reachable?)", read)
+
+    def _refused_or_unknown(self, topic: str) -> NoReturn:
+        """A topic missing from the cluster's metadata is unknown, or hidden from this client by the ACLs
+        (no DESCRIBE): asked by name (DescribeTopicPartitions, which never creates a topic), the broker says
+        which."""
+        from confluent_kafka import TopicCollection
+
+        where = f"Kafka at {self.settings.bootstrap_servers}"
+        try:
+            future = self.admin.describe_topics(TopicCollection([topic]), request_timeout=self.timeout)[topic]
+            future.result()
+        except KafkaException as err:
+            kerr = err.args[0] if err.args else None
+            if isinstance(kerr, _KErr) and kerr.code() == _KErr.TOPIC_AUTHORIZATION_FAILED:
+                raise KafkaError(f"{where}: not authorized to DESCRIBE topic {topic!r}") from None
+        raise KafkaError(f"unknown topic {topic!r} on {where}")
+
+    def check_access(self, topics: Iterable[str], group: str) -> None:
+        """Fail in one line if the broker's ACLs refuse this client READ on a topic or DESCRIBE on the
+        pipeline's consumer group: a batch reads with the first and mirrors its offsets through the second,
+        and both would otherwise fail only in Spark's tasks or after the commit. A broker that does not say
+        what is allowed (no authorized operations in its answer) is taken at its word later."""
+        from confluent_kafka import TopicCollection
+
+        topics = list(topics)
+        where = f"Kafka at {self.settings.bootstrap_servers}"
+
+        def describe_topics() -> dict[str, list[str] | None]:
+            futures = self.admin.describe_topics(
+                TopicCollection(topics), include_authorized_operations=True, request_timeout=self.timeout
+            )
+            return {name: _operations(f.result()) for name, f in futures.items()}
+
+        def describe_group() -> list[str] | None:
+            futures = self.admin.describe_consumer_groups(
+                [group], include_authorized_operations=True, request_timeout=self.timeout
+            )
+            return _operations(futures[group].result())
+
+        for topic, allowed in self._retrying_refusals("cannot describe topics", describe_topics, where).items():
+            if allowed is not None and "READ" not in allowed and "ALL" not in allowed:
+                raise KafkaError(f"{where}: not authorized to READ topic {topic!r} (allowed: {_listed(allowed)})")
+        allowed = self._retrying_refusals(f"cannot describe consumer group {group}", describe_group, where)
+        if allowed is not None and "DESCRIBE" not in allowed and "ALL" not in allowed:
+            raise KafkaError(f"{where}: not authorized to DESCRIBE consumer group {group!r}")
+
+    def _retrying_refusals(self, what: str, call: Callable[[], T], where: str) -> T:
+        """`_retrying`, with the broker's authorization refusals named in the one-line error."""
+        try:
+            return self._retrying(what, call)
+        except KafkaError as err:
+            refused = _REFUSED.search(str(err))
+            if refused:
+                raise KafkaError(f"{where}: not authorized: {refused.group(0)} ({what.split(' ', 2)[-1]})") from None
+            raise
 
     def _list_offsets(
         self, tps: list[TP], spec: OffsetSpec, isolation=IsolationLevel.READ_UNCOMMITTED

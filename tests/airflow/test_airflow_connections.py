@@ -4,11 +4,12 @@ The pipeline names `kafka.connection` (the Apache Kafka provider's type: librdka
 extra, SASL included) and `format.registry.connection` (HTTP, basic auth); neither secret is in the
 pipeline file or in any environment. The connections are created over Airflow's REST API (stored
 encrypted in the metadata database) and read back by the task through Airflow's own API. The ingest
-DAG then commits an Avro topic read over SASL, checked row by row; a second pipeline whose connection
-asks for SCRAM (which noida-db refuses) fails with "authentication failed", which shows the settings
-reach the job's Kafka clients. While the runs go on, every process's command line and environment
-on this machine is sampled; afterwards every Airflow log, the metadata database, Spark's event log, the
-XCom, the tables and the pipeline files are read for both secrets.
+DAG then commits an Avro topic read over SASL/SCRAM-SHA-512 from a broker that checks the password and
+the ACLs (conftest.secured_broker), checked row by row; a second pipeline whose connection holds a wrong
+password fails with "authentication failed", which shows the settings reach the job's Kafka clients.
+While the runs go on, every process's command line and environment on this machine is sampled;
+afterwards every Airflow log, the metadata database, Spark's event log, the XCom, the tables and the
+pipeline files are read for the secrets.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from offsetlake.config import KafkaSettings
+from offsetlake.local import broker_security, stack
 from offsetlake.local import schema_registry as embedded_registry
-from offsetlake.local import stack
 from offsetlake.local.broker import free_port
 from offsetlake.local.producer import avro_event_maker, registry_client
 from support import (
@@ -65,21 +66,21 @@ class ProcessWatch(BackgroundSampler):
                     self.found.append(f"/proc/{proc.name}/{part}: {(proc / 'cmdline').read_bytes()[:200]!r}")
 
 
-def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(bootstrap, tmp_path):
+def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(secured_broker, tmp_path):
     kafka_secret, registry_secret = f"kafka-{uuid.uuid4().hex}", f"registry-{uuid.uuid4().hex}"
+    wrong_secret = f"wrong-{uuid.uuid4().hex}"
     registry = embedded_registry.start(tmp_path / "registry", user="offsetlake", password=registry_secret)
+    bootstrap = secured_broker.sasl_bootstrap
     try:
-        topic = unique("t")
-        create_topic(bootstrap, topic, 2)
-        sasl = {
-            "security.protocol": "SASL_PLAINTEXT",
-            "sasl.mechanism": "PLAIN",
-            "sasl.username": "offsetlake",
-            "sasl.password": kafka_secret,
-        }
+        topic, user = unique("t"), unique("airflow")
+        create_topic(secured_broker.admin_bootstrap, topic, 2)
+        broker_security.add_user(secured_broker, user, kafka_secret)
+        broker_security.allow(secured_broker, user, "topic", topic, "READ", "DESCRIBE")
+        broker_security.allow(secured_broker, user, "group", "offsetlake.*", "READ", "DESCRIBE")
+        sasl = secured_broker.sasl_client(user, kafka_secret)
         client = registry_client(registry.url, "offsetlake", registry_secret)
-        produce(
-            KafkaSettings(bootstrap_servers=bootstrap, client=sasl),
+        produce(  # the harness writes (a super user); the pipeline's principal may only read
+            KafkaSettings(bootstrap_servers=secured_broker.admin_bootstrap),
             topic,
             400,
             seed=3,
@@ -111,7 +112,7 @@ def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(boo
             format=avro,
             kafka={
                 "bootstrap_servers": None,
-                "connection": "offsetlake_kafka_scram",
+                "connection": "offsetlake_kafka_wrong_password",
                 "timeout_seconds": 5,
                 "retry_seconds": 0,
             },
@@ -139,7 +140,7 @@ def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(boo
             spark_master="local[2]",
             extra={"AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(), "SPARK_CONF_DIR": str(conf_dir)},
         )
-        with ProcessWatch(kafka_secret, registry_secret, owners={registry.pid}) as watch:
+        with ProcessWatch(kafka_secret, wrong_secret, registry_secret, owners={registry.pid}) as watch:
             try:
                 stack.start(env)
                 api = stack.Api(env["AIRFLOW__API__BASE_URL"], stack.USER, stack.password(home))
@@ -150,13 +151,9 @@ def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(boo
                         {"extra": json.dumps({"bootstrap.servers": bootstrap, **sasl, "group.id": "provider-example"})},
                     ),
                     (
-                        "offsetlake_kafka_scram",
+                        "offsetlake_kafka_wrong_password",
                         "kafka",
-                        {
-                            "extra": json.dumps(
-                                {"bootstrap.servers": bootstrap, **sasl, "sasl.mechanism": "SCRAM-SHA-256"}
-                            )
-                        },
+                        {"extra": json.dumps({"bootstrap.servers": bootstrap, **sasl, "sasl.password": wrong_secret})},
                     ),
                     (
                         "offsetlake_registry",
@@ -188,7 +185,7 @@ def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(boo
     assert states == {name: "success", refused: "failed"}, _task_logs(home)
     assert result["versions"], result
     logs = _task_logs(home)
-    assert "authentication failed" in logs  # the SCRAM connection's settings reached the job's clients
+    assert "authentication failed" in logs  # the wrong password reached the job's clients, and was refused
     assert "handed to the job in a private file" in logs
     # the ingest said where its start-up went (make bench reads this line from the task log)
     assert re.search(
@@ -201,7 +198,7 @@ def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(boo
     events = [p for p in event_logs.rglob("*") if p.is_file()]
     assert events and any(b"SparkListenerApplicationStart" in p.read_bytes() for p in events)
     assert json.dumps(result).find(kafka_secret) < 0  # the XCom (also in the database, read below)
-    for secret in (kafka_secret, registry_secret):
+    for secret in (kafka_secret, wrong_secret, registry_secret):
         for root in (home, event_logs, lake, pipelines):
             assert files_containing(root, secret.encode()) == [], (root, secret)
     assert not list(Path("/tmp").glob("offsetlake-connections-*/connections.json"))  # handed over, then deleted

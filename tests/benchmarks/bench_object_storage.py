@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=400_000)
     parser.add_argument("--commits", type=int, default=1_000)
-    parser.add_argument("--bootstrap", help="a broker to use instead of an embedded noida-db")
+    parser.add_argument("--bootstrap", help="a broker to use instead of the embedded Apache Kafka node")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="offsetlake-bench-s3-"))
@@ -142,7 +142,9 @@ def main(argv=None) -> int:
     s3 = S3Server.start(work)
     spark = build_session("offsetlake-bench-s3", "local[2]")
     try:
-        log(f"object storage: moto's S3 server on loopback; broker {'noida-db' if broker else bootstrap}")
+        log(
+            f"object storage: moto's S3 server on loopback; broker {'Apache Kafka (embedded)' if broker else bootstrap}"
+        )
         local_rate, s3_rate = compare_ingest(spark, bootstrap, args.records, work / "lake", s3, log)
         share = s3_rate / local_rate
         log(

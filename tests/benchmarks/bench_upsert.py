@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     lake = work / "lake"
     merges: dict[str, dict[int, float]] = {"recent": {}, "uniform": {}}
     try:
-        log(f"upsert: {args.records:,} records over {args.keys:,} keys; broker noida-db (embedded); 2 cores")
+        log(f"upsert: {args.records:,} records over {args.keys:,} keys; broker Apache Kafka (embedded); 2 cores")
         warm_up(spark, bootstrap, lake)
         for kind in ("recent", "uniform"):
             if kind == "uniform" and args.no_uniform:

@@ -1,6 +1,7 @@
 """Chaos harness: hundreds of injected faults against real jobs, then a row-by-row verdict.
 
-A broker of its own (noida-db), a 4-partition topic fed all the time by
+A three-node Apache Kafka cluster of its own (replication factor 3, min.insync.replicas 2), a
+4-partition topic fed all the time by
 idempotent and transactional producers (aborted and long-open transactions,
 1% bad records), and a driver that runs `offsetlake ingest`, `stream` and
 `backfill` as real processes while it injects, in an order drawn from a seed:
@@ -9,10 +10,13 @@ idempotent and transactional producers (aborted and long-open transactions,
   kill@random <job>   SIGKILL an ingest, stream or backfill at a random moment
   duplicate runs      two ingests of the same pipeline at once
   zombie@<point>      an ingest frozen at a step while a retry commits, then let go
-  broker restart      SIGTERM the broker mid-batch, start it again on the same port
-  broker restart during stream
-                      the same under a running `stream`, which must stay up and commit again
-                      once the broker is back (availability: its uptime and longest gap are reported)
+  broker killed (leaders move)
+                      SIGKILL one node mid-batch (its partitions' leaders move to the others),
+                      start it again after 1-8 s
+  whole cluster restarted
+                      SIGTERM all three nodes, start them again on the same ports and data
+  ... during stream   either of the two under a running `stream`, which must stay up and commit
+                      again once the cluster is whole (availability: uptime and longest gap reported)
   restore             Delta RESTORE to an earlier version (delta-rs, as an operator would,
                       or `offsetlake restore`), sometimes while an ingest runs
   cleanup             `offsetlake cleanup` while an ingest runs
@@ -80,7 +84,7 @@ from offsetlake.operations.audit import audit  # noqa: E402
 from offsetlake.operations.compaction import optimize  # noqa: E402
 from offsetlake.operations.maintenance import checkpoint, cleanup, restore, vacuum  # noqa: E402
 from support import create_topic, ledger_offsets, load, quarantine_lineage, table_lineage, write_pipeline  # noqa: E402
-from workload import Workload  # noqa: E402
+from workload import TRANSACTION_TIMEOUT_MS, Workload  # noqa: E402
 
 POINTS = ("after_plan", "after_read", "after_files_written", "before_commit", "after_commit")
 PARTITIONS = 4
@@ -93,8 +97,10 @@ KINDS = {
     "duplicate runs": 2,
     "zombie@after_files_written": 1,
     "zombie@before_commit": 1,
-    "broker restart": 2,
-    "broker restart during stream": 2,
+    "broker killed (leaders move)": 2,
+    "broker killed during stream": 1,
+    "whole cluster restarted": 2,
+    "whole cluster restarted during stream": 1,
     "restore (delta-rs)": 1,
     "restore (offsetlake)": 1,
     "cleanup during ingest": 2,
@@ -121,7 +127,7 @@ def kinds_for(storage: str, mode: str = "append") -> dict[str, int]:
 LOG_RETENTION = "interval 1 minutes"  # so that checkpoints really remove commit files during the run
 JOB_TIMEOUT = 300
 MAX_TRIES_PER_FAULT = 10  # draws per fault asked for, before a run gives up on a kind it cannot reach
-# A stream must commit again this soon after the broker is back: librdkafka reconnects within 10 s
+# A stream must commit again this soon after the cluster is whole: librdkafka reconnects within 10 s
 # (reconnect.backoff.max.ms), then one batch runs; the rest is slack for two busy cores.
 RECOVERY_LIMIT = 90
 COMMITTED = ": committed table version "  # in the line a job prints per committed batch (BatchResult.summary)
@@ -391,14 +397,14 @@ class Chaos:
         self.broker_restarts = 0
         self.ledger_moves = 0
         self.checkpoints = threading.Lock()  # a checkpoint's log clean-up and a RESTORE do not overlap
-        # Two lanes restarting the broker at once would start two brokers on one port and one data
-        # directory (and leave one running): restarts take turns.
+        # Two lanes restarting nodes at once would start two JVMs on one node's port and data directory
+        # (and leave one running), or leave the cluster without a quorum: restarts take turns.
         self.restarting = threading.Lock()
         self.live: list[Job] = []
         self.summary = Summary(seed)
-        self.broker = embedded_broker.start(workdir / "broker")
+        self.kafka = embedded_broker.start_cluster(workdir / "kafka", size=3)
         self.topic = f"chaos_{seed}"
-        create_topic(self.broker.bootstrap_servers, self.topic, PARTITIONS)
+        create_topic(self.kafka.bootstrap_servers, self.topic, PARTITIONS)
         self.pipelines = workdir / "pipelines"
         # Avro mode: the demo events in Avro through a Schema Registry, key and headers kept, schema 2
         # arriving mid-run (a column added in the commit of its first record).
@@ -439,7 +445,7 @@ class Chaos:
             }
         name = write_pipeline(
             self.pipelines,
-            self.broker.bootstrap_servers,
+            self.kafka.bootstrap_servers,
             [self.topic],
             workdir / "lake",
             name=f"chaos_{seed}",
@@ -535,21 +541,27 @@ class Chaos:
             self.summary.job_failures.append(f"{job.name}: exit {rc}: {job.tail(2)}")
         return rc
 
-    def restart_broker(self, rng: random.Random) -> float:
-        """SIGTERM the broker, start it again on the same port; returns how long it was down."""
+    def restart_broker(self, rng: random.Random, whole: bool) -> float:
+        """SIGKILL one node (`whole`: SIGTERM all three), start it (them) again on the same ports and data;
+        returns how long the cluster was not whole. The producers keep writing throughout."""
         with self.restarting:
             with self.lock:
                 self.broker_restarts += 1
             down = time.monotonic()
-            self.workload.broker_stopping()
-            self.log(f"broker stopping at {_clock()}")
-            embedded_broker.stop(self.broker.pid)
-            time.sleep(rng.uniform(0.2, 3.0))
-            self.broker = embedded_broker.start(self.broker.data_dir, port=self.broker.port)
-            self.log(f"broker back at {_clock()}")
+            if whole:
+                self.log(f"cluster stopping at {_clock()}")
+                self.kafka.stop()
+                time.sleep(rng.uniform(0.2, 3.0))
+                self.kafka = embedded_broker.start_cluster(self.kafka.data_dir, size=3)
+            else:
+                node = rng.choice(self.kafka.nodes).node_id
+                self.log(f"node {node} killed at {_clock()}")
+                self.kafka.kill(node)
+                time.sleep(rng.uniform(1.0, 8.0))
+                self.kafka.start_node(node)
+            self.log(f"cluster whole at {_clock()}")
             with self.lock:
-                self.broker_restarts += 1  # jobs started while it was down may fail too
-            self.workload.broker_restarted()
+                self.broker_restarts += 1  # jobs started while it was not whole may fail too
             return time.monotonic() - down
 
     # -- faults: each returns True if the fault really happened -------------------------------------
@@ -637,21 +649,21 @@ class Chaos:
         if job is not None:
             self.finish(job)
 
-    def broker_restart(self, rng: random.Random) -> bool:
-        self.alongside_a_job(rng, lambda: self.restart_broker(rng))  # the job may fail, with a clear error
+    def broker_restart(self, rng: random.Random, whole: bool) -> bool:
+        self.alongside_a_job(rng, lambda: self.restart_broker(rng, whole))  # a job may fail, in one line
         return True
 
-    def broker_restart_during_stream(self, rng: random.Random) -> bool:
-        """Availability, not only exactness: a stream that meets a broker restart stays up and commits
-        again once the broker is back. A stream that dies, or commits nothing within RECOVERY_LIMIT
-        seconds of the broker's return, is a job failure (never excused)."""
+    def broker_restart_during_stream(self, rng: random.Random, whole: bool) -> bool:
+        """Availability, not only exactness: a stream that meets a node's death or the cluster's restart
+        stays up and commits again once the cluster is whole. A stream that dies, or commits nothing within
+        RECOVERY_LIMIT seconds of that, is a job failure (never excused)."""
         job = self.start("stream", *self.job_args(rng, "stream"))
         watch = StreamWatch(job)
         watch.watch(until=time.monotonic() + rng.uniform(3.0, 10.0))  # sometimes while its JVM starts
         # The gap runs from its last commit before the restart (or the restart, if it had none yet:
         # its JVM was still starting) to its first commit after the broker is back.
         last_before = watch.commits[-1] if watch.poll() else time.monotonic()
-        watch.broker_down = self.restart_broker(rng)
+        watch.broker_down = self.restart_broker(rng, whole)
         at_return, back = watch.poll(), time.monotonic()
         watch.watch(until=back + RECOVERY_LIMIT, done=lambda: len(watch.commits) > at_return)
         recovered = len(watch.commits) > at_return
@@ -824,8 +836,10 @@ class Chaos:
             return self.optimize_during(rng, kind.split()[-1])
         return {
             "duplicate runs": self.duplicate_runs,
-            "broker restart": self.broker_restart,
-            "broker restart during stream": self.broker_restart_during_stream,
+            "broker killed (leaders move)": lambda rng: self.broker_restart(rng, whole=False),
+            "broker killed during stream": lambda rng: self.broker_restart_during_stream(rng, whole=False),
+            "whole cluster restarted": lambda rng: self.broker_restart(rng, whole=True),
+            "whole cluster restarted during stream": lambda rng: self.broker_restart_during_stream(rng, whole=True),
             "cleanup during ingest": self.cleanup_during_ingest,
             "vacuum during ingest": self.vacuum_during_ingest,
             "checkpoint during ingest": self.checkpoint_during_ingest,
@@ -886,6 +900,7 @@ class Chaos:
     def final_verdict(self) -> None:
         self.workload.stop()
         self.summary.produced = dict(self.workload.counts)
+        self.wait_for_open_transactions()
         job = self.start("ingest")
         if self.finish(job) != 0:
             raise ChaosFailure(f"the final clean ingest failed: {job.tail(3)}")
@@ -906,6 +921,22 @@ class Chaos:
         if self.upsert:  # and the change feed must replay to the table
             self.summary.audit_label = "offsetlake audit, change feed"
             self.summary.audit_ok = self.summary.audit_ok and oracle.change_feed_replays(self.cfg)
+
+    def wait_for_open_transactions(self) -> None:
+        """Until no transaction holds the LSO back (LSO = high watermark): a producer the workload dropped
+        after an error left its transaction open, and Kafka aborts it after transaction.timeout.ms. One still
+        open after twice that is the broker's failure to keep its promise, and ends the run."""
+        cluster = KafkaCluster(self.cfg.kafka)
+        tps = cluster.partitions([self.topic])
+        deadline = time.monotonic() + 2 * TRANSACTION_TIMEOUT_MS / 1000 + 10
+        while True:
+            lso = cluster.end_offsets(tps, "read_committed")
+            high = cluster.end_offsets(tps, "read_uncommitted")
+            if lso == high:
+                return
+            if time.monotonic() > deadline:
+                raise ChaosFailure(f"Kafka kept transactions open past their timeout: LSO {lso}, high watermark {high}")
+            time.sleep(1)
 
     # -- the run ---------------------------------------------------------------------------------------
 
@@ -972,7 +1003,7 @@ class Chaos:
         return self.summary
 
     def close(self) -> None:
-        embedded_broker.stop(self.broker.pid)
+        self.kafka.stop()
         if self.registry is not None:
             embedded_registry.stop(self.registry.pid)
         if self.proxy is not None:
@@ -1003,7 +1034,7 @@ def run(
     seed = random.randrange(1_000_000) if seed is None else seed
     workdir = Path(workdir or tempfile.mkdtemp(prefix="offsetlake-chaos-"))
     log(f"chaos: seed {seed}, {faults} faults, {record_format} records, {storage} table, {mode}, work in {workdir}")
-    logging.getLogger("offsetlake.librdkafka").setLevel(logging.CRITICAL)  # a restarting broker is expected
+    logging.getLogger("offsetlake.librdkafka").setLevel(logging.CRITICAL)  # a restarting node is expected
     workdir.mkdir(parents=True, exist_ok=True)
     chaos = Chaos(workdir, seed, log, lanes, record_format, storage, mode)
     try:

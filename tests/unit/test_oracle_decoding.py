@@ -74,22 +74,3 @@ def test_decoded_values_take_the_form_their_column_reads_back_in():
     assert coerce({"b": 2, "a": 1}, pa.map_(pa.string(), pa.int64())) == [("b", 2), ("a", 1)]
     assert coerce([{"lat": 1, "lon": 2}], pa.list_(point)) == [{"lat": 1.0, "lon": 2.0}]
     assert coerce(None, pa.string()) is None
-
-
-def test_a_record_whose_life_overlaps_a_broker_outage_is_in_doubt():
-    """Acked or committed in the moment around a broker's SIGTERM: only Kafka can say it was kept."""
-    journal = Journal()
-    before = journal.sent("t", {"value": b"1"}, None)
-    before(None, Delivered(0, 0))
-    for sent in journal.of_topic("t").values():  # settle it well before the outage
-        sent.sent_at = sent.acked_at = sent.acked_at - 10
-    journal.broker_stopping()
-    during = journal.sent("t", {"value": b"2"}, None)
-    during(None, Delivered(0, 1))
-    committed_as_it_stopped = journal.sent("t", {"value": b"3"}, "tx")
-    committed_as_it_stopped(None, Delivered(1, 0))
-    journal.ended("tx", committed=True)
-    journal.broker_back()
-
-    outcomes = {where[1:]: sent.outcome for where, sent in journal.of_topic("t").items()}
-    assert outcomes == {(0, 0): "committed", (0, 1): "in doubt", (1, 0): "in doubt"}

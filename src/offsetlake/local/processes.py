@@ -66,3 +66,31 @@ def stop_from_pid_file(pid_file: Path, marker: str, group: bool = False, timeout
     stopped = runs(pid, marker) and stop(pid, timeout, group)
     pid_file.unlink(missing_ok=True)
     return bool(stopped)
+
+
+def kill(pid: int, timeout: float = 10.0) -> bool:
+    """SIGKILL at once (a machine that dies: no shutdown hook runs) and wait until it is gone."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while _alive(pid, False) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return True
+
+
+def stop_all(pids: list[int], timeout: float = 20.0) -> None:
+    """SIGTERM every process at once, then SIGKILL what is left after `timeout`: nodes of one cluster, each
+    of which may wait for the others while it shuts down."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while any(_alive(pid, False) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids:
+        if _alive(pid, False):
+            kill(pid)

@@ -53,7 +53,7 @@ def ensure_topic(settings: KafkaSettings, topic: str, partitions: int) -> None:
     admin = AdminClient(client_settings(settings))
     if topic in admin.list_topics(timeout=settings.timeout_seconds).topics:
         return
-    future = admin.create_topics([NewTopic(topic, partitions, 1)])[topic]
+    future = admin.create_topics([NewTopic(topic, partitions)])[topic]  # the broker's replication factor
     try:
         future.result()
     except KafkaException as err:
@@ -134,8 +134,8 @@ def avro_event_maker(client, topic: str, version: int = 1, headers: bool = True)
     return make
 
 
-def _transactional_producer(settings: KafkaSettings, base_id: str, generation: int) -> Producer:
-    producer = Producer(client_settings(settings, **{"transactional.id": f"{base_id}-{generation}", "linger.ms": 5}))
+def _transactional_producer(settings: KafkaSettings, transactional_id: str) -> Producer:
+    producer = Producer(client_settings(settings, **{"transactional.id": transactional_id, "linger.ms": 5}))
     producer.init_transactions(settings.timeout_seconds)
     return producer
 
@@ -205,7 +205,7 @@ def produce(
     report = ProduceReport()
     idempotent = Producer(client_settings(settings, **{"enable.idempotence": True, "linger.ms": 5}))
     base_id = transactional_id or f"offsetlake-demo-{uuid.uuid4().hex[:8]}"
-    transactional = _transactional_producer(settings, base_id, 0)
+    transactional = _transactional_producer(settings, base_id)
     try:
         seq = 0
         while report.committed < count:
@@ -219,7 +219,7 @@ def produce(
                 continue
             abort = rng.random() < abort_share
             transactional.begin_transaction()
-            transaction = f"{base_id}-{report.aborted_transactions}:{report.transactions}"
+            transaction = f"{base_id}:{report.transactions}"
             for _ in range(size):
                 _send(transactional, topic, _record(make_record(rng, seq)), journal, transaction)
                 seq += 1
@@ -231,11 +231,6 @@ def produce(
                     journal.ended(transaction, committed=False)
                 report.aborted += size
                 report.aborted_transactions += 1
-                # noida-db 0.2.3 reports every aborted transaction of a partition in each fetch,
-                # not only those overlapping it, so standard clients reading read_committed from
-                # mid-log drop later batches of the same producer id. A fresh producer id after
-                # each abort keeps the embedded broker's results identical to Apache Kafka's.
-                transactional = _transactional_producer(settings, base_id, report.aborted_transactions)
             else:
                 transactional.commit_transaction(settings.timeout_seconds)
                 if journal is not None:

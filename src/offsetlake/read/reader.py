@@ -59,18 +59,16 @@ _FATAL = {
 # `max.partition.fetch.bytes` is 1 MiB: on Apache Kafka, which honours it, a reader then gets ~1 MiB per round
 # trip. Measured on Apache Kafka 4.1 (1M records of ~110 B, 4 partitions, 2 cores): `read_range` of one 250k
 # range 119k rec/s with the default, 362k-469k rec/s with 50 MiB; `offsetlake ingest` (raw) 213k-224k ->
-# 866k-1,120k rec/s, JSON 210k -> 740k-774k rec/s. noida-db ignores both limits and answers with the
-# partition's whole tail, so nothing on the embedded broker shows the effect (docs/speed.md).
+# 866k-1,120k rec/s, JSON 210k -> 740k-774k rec/s (docs/speed.md).
 FETCH_BYTES = 50 * 1024 * 1024  # one response: fetch.max.bytes = max.partition.fetch.bytes
 # librdkafka keeps fetching ahead while a partition's queue holds less than this (and fewer than
 # queued.min.messages); a fetch in flight may overshoot it by one response. So what one reader holds in
-# librdkafka is at most QUEUE_BYTES + FETCH_BYTES, whatever the backlog (on Apache Kafka; see below).
+# librdkafka is at most QUEUE_BYTES + FETCH_BYTES, whatever the backlog.
 QUEUE_BYTES = 64 * 1024 * 1024
-# noida-db 0.2.3 ignores fetch.max.bytes and answers with the partition's whole tail (a 140 MB response
-# was measured for 1M records); librdkafka's 100 MB default then rejects every response and the read
-# stalls. On Apache Kafka a response never exceeds FETCH_BYTES (plus one record batch, which the
-# broker sends whole when it alone is larger: Kafka's message.max.bytes bounds that).
-RECEIVE_BYTES = 1_000_000_000
+# The largest response librdkafka accepts (it must exceed fetch.max.bytes by 512 at least). A response never
+# exceeds FETCH_BYTES, plus one record batch, which the broker sends whole when it alone is larger (a
+# topic's max.message.bytes bounds that): room for a batch of up to 50 MiB.
+RECEIVE_BYTES = 2 * FETCH_BYTES
 
 
 def reader_memory_bound(max_records_per_task: int, record_bytes: int) -> int:

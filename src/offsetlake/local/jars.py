@@ -1,0 +1,96 @@
+"""JVM artifacts of the embedded stack, resolved from Maven Central into a cache outside the repo.
+
+Each stack is one Maven POM shipped in this package (`poms/<name>.xml`), whose dependencies are pinned there
+and nowhere else. `mvn dependency:copy-dependencies` copies the resolved jars into
+`~/.cache/offsetlake/jvm/<name>-<hash of the POM>/`, and a `.complete` file written last marks the directory
+whole; a new POM (another version) gets a new directory, and an interrupted copy is redone. `make` resolves
+them once per machine (`python -m offsetlake.local.jars`); later calls return the directory at once.
+No jar is ever committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from offsetlake.errors import OffsetlakeError
+
+STACKS = ("kafka-broker",)
+RESOLVE_TIMEOUT_SECONDS = 900
+
+
+def pom(stack: str) -> Path:
+    path = Path(__file__).parent / "poms" / f"{stack}.xml"
+    if not path.is_file():
+        raise OffsetlakeError(f"no POM for the JVM stack {stack!r} at {path}")
+    return path
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get("OFFSETLAKE_JVM_CACHE")
+    if explicit:
+        return Path(explicit)
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "offsetlake" / "jvm"
+
+
+def jar_dir(stack: str) -> Path:
+    """Where the stack's jars are, resolving them first if this POM's are not there yet."""
+    source = pom(stack)
+    key = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    target = cache_root() / f"{stack}-{key}"
+    if not (target / ".complete").exists():
+        _resolve(source, target)
+    return target
+
+
+def classpath(stack: str) -> str:
+    return str(jar_dir(stack) / "*")
+
+
+def _resolve(source: Path, target: Path) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise OffsetlakeError(
+            "mvn not found: the embedded Kafka broker's jars come from Maven Central (apt-get install maven)"
+        )
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    command = [
+        mvn,
+        "--batch-mode",
+        "--quiet",
+        "--file",
+        str(source),
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={partial}",
+    ]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired as err:
+        raise OffsetlakeError(f"resolving {source.name} from Maven Central took over {err.timeout:.0f}s") from None
+    if done.returncode != 0:
+        last = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["(no output)"]
+        raise OffsetlakeError(f"mvn could not resolve {source.name}: {last[0]}")
+    (partial / ".complete").write_text(source.read_text())
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+
+
+def main() -> int:
+    for stack in STACKS:
+        try:
+            print(f"{stack}: {jar_dir(stack)}")
+        except OffsetlakeError as err:
+            print(f"offsetlake: error: {err}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
