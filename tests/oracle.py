@@ -102,11 +102,11 @@ def _read_partition(settings: dict, topic: str, partition: int, start: int, end:
     try:
         while not done and time.monotonic() < deadline:
             for msg in consumer.consume(1000, 0.5):
+                if msg.error():  # an event, not a record (end of partition; a refused group lookup): no offset
+                    continue
                 if msg.offset() >= end:
                     done = True
                     break
-                if msg.error():
-                    continue
                 out[(topic, partition, msg.offset())] = KafkaRecord(
                     msg.key(), msg.value(), msg.headers() or [], EPOCH + dt.timedelta(milliseconds=msg.timestamp()[1])
                 )
