@@ -146,7 +146,7 @@ metrics:      {base_url}/offsetlake/metrics (Prometheus)
 DAGs:         {dags["stream"]} (mode: stream, one run always going), __ingest (triggered catch-up), __backfill (trigger form), __recovery (daily audit), __maintenance (daily optimize, vacuum, checkpoint; paused)
 Delta table:  {cfg.table_path}
 quarantine:   {cfg.quarantine_path}
-broker:       127.0.0.1:{BROKER_PORT} (topic {", ".join(cfg.topics)})
+broker:       Apache Kafka on 127.0.0.1:{BROKER_PORT} (topic {", ".join(cfg.topics)}; its log: {base}/broker/broker.log)
 logs:         {home}/*.log, {base}/producer.log
 stop it all:  make down""")
     if not committed:
