@@ -196,6 +196,29 @@ def run_cli(*args, env: dict | None = None, timeout: float = 300, check: bool = 
     return proc
 
 
+def stream_process(cfg, pipelines_dir: Path, interval: float = 0.5) -> subprocess.Popen:
+    """`offsetlake stream` of a pipeline in a process of its own (SIGTERM stops it between batches)."""
+    env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1"}
+    command = ["stream", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir), "--interval", str(interval)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "offsetlake.cli", *command],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def table_rows(cfg) -> int:
+    """Rows in the pipeline's table; 0 before a job has created it."""
+    from offsetlake.errors import TableError
+
+    try:
+        return len(table_lineage(cfg.table_path))
+    except TableError:
+        return 0
+
+
 def spark_submit(application: Path, *args, timeout: float = 300) -> subprocess.CompletedProcess:
     """`spark-submit` of this Python's pyspark on local[2], bound to loopback, as the operator runs jobs."""
     env = {

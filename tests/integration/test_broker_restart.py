@@ -5,25 +5,22 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from offsetlake.config import KafkaSettings
-from offsetlake.errors import KafkaError, TableError
+from offsetlake.errors import KafkaError
 from offsetlake.kafka import KafkaCluster
 from offsetlake.local import broker as embedded_broker
 from support import (
-    REPO,
     assert_exactly_once,
     new_pipeline,
     pipeline_commits,
     produce,
-    table_lineage,
+    stream_process,
+    table_rows,
     wait_while_running,
 )
 
@@ -87,32 +84,14 @@ def test_a_stream_stays_up_across_a_broker_restart(own_broker, tmp_path):
         records=300,
         kafka={"retry_seconds": 120, "timeout_seconds": 2},
     )
-    env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1"}
-    job = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "offsetlake.cli",
-            "stream",
-            "--pipeline",
-            cfg.name,
-            "--pipelines-dir",
-            str(pipelines),
-            "--interval",
-            "0.5",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    job = stream_process(cfg, pipelines)
     try:
-        wait_while_running(lambda: _rows(cfg) == 300, job)
+        wait_while_running(lambda: table_rows(cfg) == 300, job)
         restart = own_broker.restart_in_background(down_seconds=6)
         time.sleep(3)  # the stream polls the broker while it is away
         restart.join()
         produce(cfg.kafka, topic, 200, seed=7)
-        wait_while_running(lambda: _rows(cfg) == 500, job)  # committed again, after the restart
+        wait_while_running(lambda: table_rows(cfg) == 500, job)  # committed again, after the restart
         assert job.poll() is None, "the stream exited"
     finally:
         job.send_signal(signal.SIGTERM)
@@ -121,11 +100,3 @@ def test_a_stream_stays_up_across_a_broker_restart(own_broker, tmp_path):
     assert "retrying in" in err  # it met the restart and waited it out
     assert len(pipeline_commits(cfg)) >= 2
     assert_exactly_once(cfg)
-
-
-def _rows(cfg) -> int:
-    """Rows in the table; 0 before the stream has created it."""
-    try:
-        return len(table_lineage(cfg.table_path))
-    except TableError:
-        return 0

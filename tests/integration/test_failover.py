@@ -25,16 +25,17 @@ from offsetlake.kafka import KafkaCluster
 from offsetlake.local import broker as embedded_broker
 from offsetlake.local import processes
 from support import (
-    REPO,
     JournaledProducer,
     assert_exactly_once,
     create_topic,
     ingest_process,
+    ledger_offsets,
     load,
     new_pipeline,
     pipeline_commits,
     produce,
-    table_lineage,
+    stream_process,
+    table_rows,
     unique,
     wait_for_fault,
     wait_while_running,
@@ -106,7 +107,7 @@ def test_a_stream_stays_up_through_a_dead_node_and_a_rolling_restart(cluster, tm
     writer = ContinuousWriter(cluster.bootstrap_servers, topic)
     job = stream_process(cfg, pipelines)
     try:
-        wait_while_running(lambda: rows(cfg) >= 500, job)
+        wait_while_running(lambda: table_rows(cfg) >= 500, job)
         writer.start()  # the producers write all along, as in production (acks=all)
 
         victim = busiest_leader(cluster.bootstrap_servers, topic)
@@ -217,28 +218,7 @@ class ContinuousWriter:
             self._stop.wait(0.05)
 
 
-def stream_process(cfg, pipelines) -> subprocess.Popen:
-    env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1"}
-    command = ["stream", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines), "--interval", "0.5"]
-    return subprocess.Popen(
-        [sys.executable, "-m", "offsetlake.cli", *command],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def rows(cfg) -> int:
-    try:
-        return len(table_lineage(cfg.table_path))
-    except TableError:
-        return 0
-
-
 def ledger_ends(cfg) -> dict:
-    from support import ledger_offsets
-
     try:
         return ledger_offsets(cfg)
     except TableError:
