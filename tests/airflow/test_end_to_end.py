@@ -2,9 +2,9 @@
 
 The test starts them (each by PID), logs in over REST, triggers the backfill
 DAG with a conf, waits for success, and checks the table row by row and the
-result the run reported (XCom). The pipeline authenticates to Kafka (SASL/PLAIN)
-with a password from the environment: afterwards no task log, component log,
-the Airflow database or any table file may contain it.
+result the run reported (XCom). The pipeline authenticates to Kafka (SASL/SCRAM-SHA-512, checked by a
+broker that enforces it and its ACLs: conftest.secured_broker) with a password from the environment:
+afterwards no task log, component log, the Airflow database or any table file may contain it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import uuid
 import pytest
 
 from offsetlake.batch import ingest
+from offsetlake.config import KafkaSettings
 from offsetlake.errors import OffsetlakeError
-from offsetlake.local import stack
+from offsetlake.local import broker_security, stack
 from offsetlake.local.broker import free_port
 from offsetlake.table import query
 from support import (
@@ -39,28 +40,25 @@ pytestmark = pytest.mark.slow
 SECRET_VAR = "OFFSETLAKE_TEST_KAFKA_PASSWORD"
 
 
-def test_backfill_triggered_over_rest_runs_on_real_airflow(spark, bootstrap, tmp_path, monkeypatch):
+def test_backfill_triggered_over_rest_runs_on_real_airflow(spark, secured_broker, tmp_path, monkeypatch):
     secret = f"pw-{uuid.uuid4().hex}"
     monkeypatch.setenv(SECRET_VAR, secret)
-    topic = unique("t")
-    create_topic(bootstrap, topic, 2)
+    topic, user = unique("t"), unique("backfiller")
+    create_topic(secured_broker.admin_bootstrap, topic, 2)
+    broker_security.add_user(secured_broker, user, secret)
+    broker_security.allow(secured_broker, user, "topic", topic, "READ", "DESCRIBE")
+    broker_security.allow(secured_broker, user, "group", "offsetlake.*", "READ", "DESCRIBE")
     pipelines = tmp_path / "pipelines"
     name = write_pipeline(
         pipelines,
-        bootstrap,
+        secured_broker.sasl_bootstrap,
         [topic],
         tmp_path / "lake",
-        kafka={
-            "client": {
-                "security.protocol": "SASL_PLAINTEXT",
-                "sasl.mechanism": "PLAIN",
-                "sasl.username": "offsetlake",
-                "sasl.password": "${" + SECRET_VAR + "}",
-            }
-        },
+        kafka={"client": secured_broker.sasl_client(user, "${" + SECRET_VAR + "}")},
     )
     cfg = load(pipelines, name)
-    produce(cfg.kafka, topic, 800, transactional_share=0.6, abort_share=0.25, seed=5)
+    harness = KafkaSettings(bootstrap_servers=secured_broker.admin_bootstrap)  # a super user writes
+    produce(harness, topic, 800, transactional_share=0.6, abort_share=0.25, seed=5)
     ingest(spark, cfg)
     before = query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_partition, kafka_offset").to_pylist()
 

@@ -12,7 +12,7 @@ idempotent and transactional producers (aborted and long-open transactions,
   zombie@<point>      an ingest frozen at a step while a retry commits, then let go
   broker killed (leaders move)
                       SIGKILL one node mid-batch (its partitions' leaders move to the others),
-                      start it again after 1-8 s
+                      start it again after 1-4 s
   whole cluster restarted
                       SIGTERM all three nodes, start them again on the same ports and data
   ... during stream   either of the two under a running `stream`, which must stay up and commit
@@ -557,7 +557,7 @@ class Chaos:
                 node = rng.choice(self.kafka.nodes).node_id
                 self.log(f"node {node} killed at {_clock()}")
                 self.kafka.kill(node)
-                time.sleep(rng.uniform(1.0, 8.0))
+                time.sleep(rng.uniform(1.0, 4.0))
                 self.kafka.start_node(node)
             self.log(f"cluster whole at {_clock()}")
             with self.lock:

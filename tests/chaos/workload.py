@@ -29,7 +29,7 @@ from confluent_kafka import KafkaException, Producer
 
 from offsetlake.config import KafkaSettings
 from offsetlake.kafka import client_settings
-from offsetlake.local.producer import Journal, demo_event, with_bad_records
+from offsetlake.local.producer import Journal, demo_event, transactional_producer, with_bad_records
 
 # Avro mode: the first records use schema 1 only, so the table is created without the field schema 2
 # adds; after them both versions mix and the column arrives mid-run, in the commit of its first record.
@@ -44,7 +44,7 @@ TIMEOUT = 10
 PRODUCER_ERRORS = (KafkaException, SystemError)
 # An abandoned transaction holds the LSO back until Kafka aborts it: at most this long (plus the broker's
 # abort check, every second on the embedded broker). Longer than any hold below and a broker's restart.
-TRANSACTION_TIMEOUT_MS = 20_000
+TRANSACTION_TIMEOUT_MS = 15_000
 
 
 class Workload:
@@ -103,18 +103,10 @@ class Workload:
         return lambda rng, seq: (v2 if seq >= EVOLVE_AT_SEQ and rng.random() < 0.5 else v1)(rng, seq)
 
     def _transactional(self) -> Producer:
-        producer = Producer(
-            client_settings(
-                self.settings,
-                **{
-                    "transactional.id": f"chaos-{uuid.uuid4().hex[:8]}-{next(self._generation)}",
-                    "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-                    "linger.ms": 5,
-                },
-            )
+        transactional_id = f"chaos-{uuid.uuid4().hex[:8]}-{next(self._generation)}"
+        return transactional_producer(
+            self.settings, transactional_id, **{"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}
         )
-        producer.init_transactions(TIMEOUT)
-        return producer
 
     def _transaction(self, rng: random.Random, state: dict, size: int, hold: float, abort: bool) -> None:
         """One transaction on state['producer']; a producer that failed is dropped and a new one started."""

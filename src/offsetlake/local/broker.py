@@ -14,7 +14,7 @@ jars come from Maven Central through `offsetlake.local.jars` (the `kafka-broker`
 
 Measured on the 2-core machine this was written on (Apache Kafka 4.4.0, Java 17): a node answers its first
 metadata request 3-5 s after the JVM starts (formatting the directory takes another ~1 s, once); a
-three-node cluster, started together, 5-8 s; each node's JVM holds 300-450 MB resident under the tests'
+three-node cluster, started together, 9-10 s; each node's JVM holds 320-440 MB resident under the tests'
 load (heap capped at `HEAP`).
 """
 
