@@ -460,6 +460,7 @@ def raw_read(bootstrap: str, topic: str, ends: dict) -> tuple[int, float]:
                 "fetch.max.bytes": reader_module.FETCH_BYTES,
                 "max.partition.fetch.bytes": reader_module.FETCH_BYTES,
                 "queued.max.messages.kbytes": reader_module.QUEUE_BYTES // 1024,
+                "fetch.queue.backoff.ms": reader_module.FETCH_QUEUE_BACKOFF_MS,
             },
         )
     )

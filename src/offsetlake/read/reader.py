@@ -65,6 +65,11 @@ FETCH_BYTES = 50 * 1024 * 1024  # one response: fetch.max.bytes = max.partition.
 # queued.min.messages); a fetch in flight may overshoot it by one response. So what one reader holds in
 # librdkafka is at most QUEUE_BYTES + FETCH_BYTES, whatever the backlog.
 QUEUE_BYTES = 64 * 1024 * 1024
+# Once its queue holds more than QUEUE_BYTES, librdkafka waits fetch.queue.backoff.ms before it looks again
+# (1,000 ms by default): a reader that drains its queue in a tenth of that then sits idle. Measured on Apache
+# Kafka 4.4, one consumer of 1M ~110 B records in 4 partitions (2 cores): 287k rec/s with the default,
+# 500k-556k with 10 ms. The queue's bound stands: the fetcher still fetches only below it.
+FETCH_QUEUE_BACKOFF_MS = 10
 # The largest response librdkafka accepts (it must exceed fetch.max.bytes by 512 at least). A response never
 # exceeds FETCH_BYTES, plus one record batch, which the broker sends whole when it alone is larger (a
 # topic's max.message.bytes bounds that): room for a batch of up to 50 MiB.
@@ -90,6 +95,7 @@ def reader_settings(settings: KafkaSettings, group: str) -> dict:
             "enable.partition.eof": True,
             "isolation.level": settings.isolation_level,
             "queued.max.messages.kbytes": QUEUE_BYTES // 1024,
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
             "fetch.max.bytes": FETCH_BYTES,
             "max.partition.fetch.bytes": FETCH_BYTES,
             "receive.message.max.bytes": RECEIVE_BYTES,
