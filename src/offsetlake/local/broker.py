@@ -10,7 +10,7 @@ jars come from Maven Central through `offsetlake.local.jars` (the `kafka-broker`
 - `start_cluster(dir, 3)`: three nodes, a controller quorum of three, replication factor 3 and
   `min.insync.replicas` 2, so one node can die (SIGKILL) while leaders move to the others.
 - `listeners`: extra listeners (SASL/SCRAM-SHA-512, SSL) and ACLs for the security tests
-  (`offsetlake.local.secure_broker`); the PLAINTEXT listener stays for the harness, as a super user.
+  (`offsetlake.local.broker_security`); the PLAINTEXT listener stays for the harness, as a super user.
 
 Measured on the 2-core machine this was written on (Apache Kafka 4.4.0, Java 17): a node answers its first
 metadata request 3-5 s after the JVM starts (formatting the directory takes another ~1 s, once); a
