@@ -83,8 +83,10 @@ class SecuredBroker:
 def start_secured(data_dir: Path | str, pid_file: Path | str | None = None) -> SecuredBroker:
     data_dir = Path(data_dir).resolve()
     certs = data_dir / "certs"
-    sasl_port, ssl_port = broker.free_ports(2)
+    listeners = None  # a node started again keeps the listeners its configuration names
     if not (data_dir / broker.CONFIG).exists():
+        sasl_port, ssl_port = broker.free_ports(2)
+        listeners = {"SASL_PLAINTEXT": sasl_port, "SSL": ssl_port}
         certs.mkdir(parents=True, exist_ok=True)
         _make_ca(certs)
         server_cert, server_key = issue(certs, "broker", server=True)
@@ -105,9 +107,7 @@ def start_secured(data_dir: Path | str, pid_file: Path | str | None = None) -> S
         "listener.name.ssl.ssl.truststore.location": str(certs / "ca.pem"),
         "ssl.principal.mapping.rules": "RULE:^CN=([^,]+).*$/$1/,DEFAULT",
     }
-    node = broker.start(
-        data_dir, pid_file=pid_file, listeners={"SASL_PLAINTEXT": sasl_port, "SSL": ssl_port}, settings=settings
-    )
+    node = broker.start(data_dir, pid_file=pid_file, listeners=listeners, settings=settings)
     return SecuredBroker(node, certs)
 
 
