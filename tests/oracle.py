@@ -403,12 +403,24 @@ class Findings:
     def ok(self) -> bool:
         return not any(self.kinds.values())
 
+    def disagreement(self, kind: str) -> str:
+        """Which two sides a finding kind sets against each other: the table against Kafka (offsetlake's
+        to answer for), or Kafka against what the producers were told (the broker's, or the test's data)."""
+        return KAFKA_VS_PRODUCERS if kind in NOT_THE_TABLE else TABLE_VS_KAFKA
+
+    def count_of(self, side: str) -> int:
+        return sum(len(found) for kind, found in self.kinds.items() if self.disagreement(kind) == side)
+
     def report(self, per_kind: int = 3) -> str:
+        """The findings under two headings, so a broker's fault is never read as the table's, nor the reverse."""
         lines = []
-        for kind, found in sorted(self.kinds.items()):
-            if found:
-                lines.append(f"{len(found)} {kind}:")
-                lines += [f"  {_where(w)}: {m}" for w, m in sorted(found)[:per_kind]]
+        for side in (TABLE_VS_KAFKA, KAFKA_VS_PRODUCERS):
+            kinds = [(k, found) for k, found in sorted(self.kinds.items()) if found and self.disagreement(k) == side]
+            if kinds:
+                lines.append(f"{side} ({sum(len(f) for _, f in kinds)}):")
+            for kind, found in kinds:
+                lines.append(f"  {len(found)} {kind}:")
+                lines += [f"    {_where(w)}: {m}" for w, m in sorted(found)[:per_kind]]
         return "\n".join(lines)
 
 
@@ -426,6 +438,9 @@ PRODUCER_LOST, PRODUCER_ABORTED = (
     "records the producers aborted that Kafka returns",
 )
 PRODUCER_DIFFERS = "records Kafka returns unlike what the producers sent"
+# The two sides a finding sets against each other (Findings.disagreement).
+TABLE_VS_KAFKA = "the table disagrees with Kafka"
+KAFKA_VS_PRODUCERS = "Kafka disagrees with the producers (not the table's doing)"
 
 
 def ledger_offsets(cfg) -> dict:
@@ -622,6 +637,7 @@ def assert_exactly_once(cfg, caught_up: bool = True, **options) -> int:
 # -- upsert mode ------------------------------------------------------------------------------------------
 
 KEY_IN_TWO_PLACES = "keys the fold finds in two partitions (the test's data, not the table)"
+NOT_THE_TABLE = {PRODUCER_LOST, PRODUCER_ABORTED, PRODUCER_DIFFERS, KEY_IN_TWO_PLACES}
 
 
 def upsert_key(row: dict, key: list[str]) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import socket
 import subprocess
@@ -44,6 +45,10 @@ class ProxyServer:
         self._lose_commits = 0
         self._away_after_lost = 0.0
         self._lock = threading.Lock()
+        # Listening or not is changed by one thread at a time: a lost commit's handler and a control request
+        # may both send the endpoint away, and a server is stopped (and started again) once.
+        self._serving = threading.Lock()
+        self._away_until = 0.0
         self._server: ThreadingHTTPServer | None = None
         self.port = port
         self.start()
@@ -53,30 +58,47 @@ class ProxyServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        """Listen (again, on the same port after a stop: the endpoint comes back)."""
+        """Listen (again, on the same port after a stop: the endpoint comes back). Listening already: nothing."""
+        with self._serving:
+            self._listen()
+
+    def _listen(self) -> None:  # with self._serving held
+        if self._server is not None:
+            return
         handler = type("Handler", (_Forward,), {"proxy": self})
         self._server = _QuietServer(("127.0.0.1", self.port), handler)
         self.port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, daemon=True, name="store-proxy").start()
 
     def stop(self) -> None:
-        """Stop listening: connections are refused until `start`."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        """Stop listening: connections are refused until `start`. Stopped already: nothing."""
+        with self._serving:
+            server, self._server = self._server, None
+            if server is not None:
+                server.shutdown()
+                server.server_close()
 
     def away_for(self, seconds: float) -> None:
         """The endpoint is gone for `seconds` (connections refused), then back on the same port: a store
-        restarting, seen from its clients."""
+        restarting, seen from its clients. Sent away while away, it comes back at the later of the two ends."""
+        with self._serving:
+            already_away = self._away_until > 0
+            self._away_until = max(self._away_until, time.monotonic() + seconds)
+        self.seen["away"] += 1
+        if already_away:
+            return
+        self.stop()
+        threading.Thread(target=self._come_back, daemon=True, name="store-proxy-away").start()
 
-        def away() -> None:
-            self.stop()
-            self.seen["away"] += 1
-            time.sleep(seconds)
-            self.start()
-
-        threading.Thread(target=away, daemon=True).start()
+    def _come_back(self) -> None:
+        while True:
+            with self._serving:
+                left = self._away_until - time.monotonic()
+                if left <= 0:  # back, unless sent away again meanwhile (the same lock decides)
+                    self._away_until = 0.0
+                    self._listen()
+                    return
+            time.sleep(min(left, 0.1))
 
     def control(self, path: str) -> dict:
         """`/__faults__/<verb>?seconds=N&count=N` from the test."""
@@ -289,6 +311,15 @@ class StoreProxy:
         self.proc.wait(10)
 
 
+def _die_of(args) -> None:
+    """A proxy thread that dies takes the proxy with it: the test sees the process gone, and says so."""
+    sys.__excepthook__(args.exc_type, args.exc_value, args.exc_traceback)
+    print(f"store fault proxy: thread {args.thread.name if args.thread else '?'} died; exiting", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(70)
+
+
 if __name__ == "__main__":
+    threading.excepthook = _die_of
     ProxyServer(int(sys.argv[1]), int(sys.argv[2]))
     threading.Event().wait()

@@ -75,11 +75,17 @@ class Workload:
         for t in self._threads:
             t.start()
 
+    def stopped_threads(self) -> list[str]:
+        """The producing threads that ended before `stop` asked them to (an exception nobody caught)."""
+        return [t.name for t in self._threads if not t.is_alive() and not self.stop_event.is_set()]
+
     def stop(self) -> None:
         """Finish: the open transaction is committed or aborted, nothing is left pending."""
         self.stop_event.set()
         for t in self._threads:
             t.join(timeout=60)
+            if t.is_alive():
+                raise RuntimeError(f"the producer thread {t.name} did not finish within 60 s of being stopped")
 
     def _send(self, producer: Producer, rng: random.Random, transaction: str | None) -> None:
         """Produce the next record, told to the journal (as part of `transaction`, or on its own)."""
