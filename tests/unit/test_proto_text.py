@@ -7,8 +7,9 @@ import json
 import pytest
 from google.protobuf import descriptor_pb2
 
-from offsetlake.formats import registry
-from offsetlake.formats.registry import MAIN_PROTO, UnusableSchema
+from offsetlake.formats import protobuf
+from offsetlake.formats.protobuf import MAIN_PROTO
+from offsetlake.formats.registry import UnusableSchema
 from offsetlake.local.proto_text import proto_text
 from offsetlake.local.schema_registry import as_karapace
 
@@ -101,7 +102,7 @@ def order_file(name: str = MAIN_PROTO) -> descriptor_pb2.FileDescriptorProto:
 
 
 def test_proto_text_compiles_back_to_the_same_descriptor():
-    files = registry._compile_proto(
+    files = protobuf.compile_proto(
         {"shop/money.proto": proto_text(money_file()), MAIN_PROTO: proto_text(order_file())}, {}
     )
     by_name = {f.name: f for f in files}
@@ -117,18 +118,18 @@ def test_a_proto2_file_keeps_its_labels():
     m.field.add(name="a", number=1, type=F.TYPE_INT32, label=F.LABEL_REQUIRED, json_name="a")
     m.field.add(name="b", number=2, type=F.TYPE_DOUBLE, label=F.LABEL_OPTIONAL, json_name="b")
     m.field.add(name="c", number=3, type=F.TYPE_FIXED32, label=F.LABEL_REPEATED, json_name="c")
-    assert registry._compile_proto({MAIN_PROTO: proto_text(file)}, {})[-1] == file
+    assert protobuf.compile_proto({MAIN_PROTO: proto_text(file)}, {})[-1] == file
 
 
 def test_source_that_imports_a_descriptor_compiles_against_it():
     """A registry may hold the schema as source and an import as a descriptor (registered by another client)."""
-    files = registry._compile_proto({MAIN_PROTO: proto_text(order_file())}, {"shop/money.proto": money_file()})
+    files = protobuf.compile_proto({MAIN_PROTO: proto_text(order_file())}, {"shop/money.proto": money_file()})
     assert files[-1] == order_file()
 
 
 def test_source_protoc_refuses_is_one_line_naming_the_error():
     with pytest.raises(UnusableSchema) as err:
-        registry._compile_proto({MAIN_PROTO: 'syntax = "proto3";\nmessage M { strin x = 1; }\n'}, {})
+        protobuf.compile_proto({MAIN_PROTO: 'syntax = "proto3";\nmessage M { strin x = 1; }\n'}, {})
     message = str(err.value)
     assert message.startswith("the registry's Protobuf schema does not compile:") and "\n" not in message
     assert "strin" in message
@@ -136,8 +137,8 @@ def test_source_protoc_refuses_is_one_line_naming_the_error():
 
 def test_a_descriptor_is_not_mistaken_for_source_and_source_not_for_a_descriptor():
     as_base64 = base64.b64encode(order_file().SerializeToString()).decode()
-    assert registry._file_proto(as_base64) == order_file()
-    assert registry._file_proto(proto_text(order_file())) is None
+    assert protobuf.file_proto(as_base64) == order_file()
+    assert protobuf.file_proto(proto_text(order_file())) is None
 
 
 def test_the_embedded_registry_answers_as_karapace_does():
@@ -151,3 +152,39 @@ def test_the_embedded_registry_answers_as_karapace_does():
     shown = as_karapace({"schema": schema, "schemaType": "JSON", "references": []})["schema"]
     assert "http:\\/\\/json-schema.org\\/draft-07\\/schema#" in shown
     assert json.loads(shown) == json.loads(schema)
+
+
+class _Answer:
+    def __init__(self, schema_str: str):
+        self.schema_str = schema_str
+
+
+def test_a_refused_or_undecodable_serialized_form_falls_back_to_the_text_form_and_an_unknown_id_does_not():
+    from offsetlake.formats.registry import RegistryRefused
+
+    descriptor = base64.b64encode(order_file().SerializeToString()).decode()
+    text = proto_text(order_file())
+    asked: list = []
+
+    def registry(serialized):
+        def fetch(fmt):
+            asked.append(fmt)
+            if isinstance(serialized, Exception) and (fmt == "serialized" or isinstance(serialized, UnusableSchema)):
+                raise serialized
+            return _Answer(serialized if fmt == "serialized" else text)
+
+        return fetch
+
+    assert protobuf.fetch_schema(registry(descriptor)).schema_str == descriptor  # Confluent: one request
+    assert asked == ["serialized"]
+    asked.clear()
+    refused = RegistryRefused("Schema Registry at http://r refused schema id 8: HTTP 500 Internal server error")
+    assert protobuf.fetch_schema(registry(refused)).schema_str == text  # Karapace, a schema with references
+    assert asked == ["serialized", None]
+    asked.clear()
+    assert protobuf.fetch_schema(registry("bm90IGEgZGVzY3JpcHRvcg==")).schema_str == text  # not a descriptor
+    assert asked == ["serialized", None]
+    asked.clear()
+    with pytest.raises(UnusableSchema, match="unknown"):
+        protobuf.fetch_schema(registry(UnusableSchema("unknown to the Schema Registry at http://r")))
+    assert asked == ["serialized"]

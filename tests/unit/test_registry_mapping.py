@@ -15,12 +15,11 @@ import pytest
 from offsetlake.config import parse_pipeline
 from offsetlake.errors import ConfigError
 from offsetlake.formats.evolution import Incompatible, adds_columns, merge_schema, merge_type
+from offsetlake.formats.json_schema import JsonSchemaDecoder, json_schema_to_arrow
 from offsetlake.formats.registry import (
     TIMESTAMP,
     AvroDecoder,
-    JsonSchemaDecoder,
     UnusableSchema,
-    json_schema_to_arrow,
     redacted_url,
     split_frame,
 )
@@ -170,6 +169,43 @@ def test_json_schema_maps_objects_arrays_maps_formats_refs_and_nullable_types():
         decoder.decode(b'{"xs": [{"n": "1"}]}')
     with pytest.raises(UnusableSchema, match="several non-null types"):
         JsonSchemaDecoder({"type": ["string", "integer"]})
+
+
+def test_json_schema_refs_to_other_subjects_resolve_by_reference_name_or_id_and_refuse_in_one_line():
+    place = {
+        "$id": "https://example.com/schemas/place.json",
+        "type": "object",
+        "properties": {"lat": {"type": "number"}, "city": {"$ref": "#/definitions/city"}},
+        "definitions": {"city": {"type": "string"}, "a/b": {"type": "integer"}},
+    }
+    documents = {"place.json": place}
+    schema = {
+        "type": "object",
+        "properties": {
+            "by_name": {"$ref": "place.json"},
+            "by_id": {"$ref": "https://example.com/schemas/place.json#/definitions/city"},
+            "escaped": {"$ref": "place.json#/definitions/a~1b"},
+        },
+    }
+    place_type = pa.struct([("lat", pa.float64()), ("city", pa.string())])  # its own local ref, in its own file
+    assert json_schema_to_arrow(schema, schema, set(), documents) == pa.struct(
+        [("by_name", place_type), ("by_id", pa.string()), ("escaped", pa.int64())]
+    )
+    # A schema with an $id resolves a relative ref against it (place.json next to order.json).
+    order = {"$id": "https://example.com/schemas/order.json", "properties": {"p": {"$ref": "place.json"}}}
+    assert JsonSchemaDecoder(order | {"type": "object"}, documents).arrow_type == pa.struct([("p", place_type)])
+
+    def refused(ref: str, docs: dict) -> str:
+        node = {"type": "object", "properties": {"x": {"$ref": ref}}}
+        with pytest.raises(UnusableSchema) as err:
+            json_schema_to_arrow(node, node, set(), docs)
+        return str(err.value)
+
+    assert "does not list among the schema's references" in refused("other.json", documents)
+    assert "points at nothing" in refused("place.json#/definitions/street", documents)
+    assert "points at nothing" in refused("#/definitions/none", documents)
+    loop = {"a.json": {"$ref": "b.json"}, "b.json": {"$ref": "a.json"}}
+    assert "recursive" in refused("a.json", loop)
 
 
 def test_evolution_adds_columns_and_nested_fields_and_refuses_changed_types():

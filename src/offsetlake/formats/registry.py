@@ -20,8 +20,6 @@ Runs in executors and on the driver: no deltalake import here.
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
 import functools
 import io
 import json
@@ -40,6 +38,11 @@ TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 class UnusableSchema(Exception):
     """Records written with this schema cannot go to the table (the reason is their quarantine error)."""
+
+
+class RegistryRefused(RegistryError):
+    """The registry answered a request with an HTTP error other than "not found" (a 5xx, a 4xx): the same
+    schema may still be had in another form (Protobuf: the text form, see `protobuf.fetch_schema`)."""
 
 
 def redacted_url(url: str) -> str:
@@ -103,17 +106,17 @@ class Registry:
                 if unknown:  # the caller names the schema
                     raise UnusableSchema(f"unknown to the Schema Registry at {self.url}") from None
                 raise RegistryError(f"Schema Registry at {self.url}: {what} not found") from None
-            raise RegistryError(
-                f"Schema Registry at {self.url} refused {what}: HTTP {err.http_status_code} {_short(err.error_message)}"
-            ) from None
+            status, message = err.http_status_code, shortened(err.error_message)
+            raise RegistryRefused(f"Schema Registry at {self.url} refused {what}: HTTP {status} {message}") from None
         except Exception as err:  # httpx transport errors, timeouts: the registry is away
             raise RegistryError(
                 f"Schema Registry at {self.url} is unreachable ({type(err).__name__}: "
-                f"{_short(str(err))}) while fetching {what}; nothing was committed"
+                f"{shortened(str(err))}) while fetching {what}; nothing was committed"
             ) from None
 
 
-def _short(text: str) -> str:
+def shortened(text: str) -> str:
+    """One line of at most 200 characters, for messages."""
     return " ".join(str(text).split())[:200]
 
 
@@ -407,274 +410,6 @@ def _avro_name(schema) -> str:
     return json.dumps([s if isinstance(s, str) else s.get("name", s.get("type")) for s in schema])
 
 
-class JsonSchemaDecoder(SchemaDecoder):
-    """JSON text checked against the Arrow type the JSON Schema maps to (types strictly, as format json)."""
-
-    kind_name = "JSON"
-
-    def __init__(self, schema: dict):
-        self.arrow_type = json_schema_to_arrow(schema, schema, set())
-        self._convert = _json_converter(self.arrow_type)
-
-    def decode(self, payload: bytes) -> Any:
-        try:
-            value = json.loads(payload)
-        except UnicodeDecodeError:
-            raise ValueError("value is not UTF-8") from None
-        return self._convert(value, "value")
-
-
-def json_schema_to_arrow(node: dict, root: dict, refs: set[str]) -> pa.DataType:
-    if "$ref" in node:
-        ref = node["$ref"]
-        if not ref.startswith("#/") or ref in refs:
-            raise UnusableSchema(f"JSON Schema $ref {ref!r} is external or recursive (only local, non-recursive refs)")
-        target = root
-        for part in ref[2:].split("/"):
-            target = target[part]
-        return json_schema_to_arrow(target, root, refs | {ref})
-    for combinator in ("oneOf", "anyOf"):
-        if combinator in node:
-            branches = [b for b in node[combinator] if b.get("type") != "null"]
-            if len(branches) != 1:
-                raise UnusableSchema(
-                    f"JSON Schema {combinator} with several non-null branches cannot be one Delta column"
-                )
-            return json_schema_to_arrow(branches[0], root, refs)
-    kind = node.get("type")
-    if isinstance(kind, list):
-        kinds = [k for k in kind if k != "null"]
-        if len(kinds) != 1:
-            raise UnusableSchema(
-                f"JSON Schema type {kind} has several non-null types, which a Delta column cannot hold"
-            )
-        kind = kinds[0]
-    if kind == "object":
-        props = node.get("properties")
-        if not props and isinstance(node.get("additionalProperties"), dict):
-            return pa.map_(pa.string(), json_schema_to_arrow(node["additionalProperties"], root, refs))
-        return pa.struct([pa.field(k, json_schema_to_arrow(v, root, refs)) for k, v in (props or {}).items()])
-    if kind == "array":
-        return pa.list_(json_schema_to_arrow(node.get("items", {"type": "string"}), root, refs))
-    if kind == "string":
-        return {"date-time": TIMESTAMP, "date": pa.date32(), "byte": pa.binary()}.get(
-            node.get("format", ""), pa.string()
-        )
-    if kind == "integer":
-        return pa.int64()
-    if kind == "number":
-        return pa.float64()
-    if kind == "boolean":
-        return pa.bool_()
-    raise UnusableSchema(f"JSON Schema type {kind!r} has no Delta column type (give each property a type)")
-
-
-def _json_converter(t: pa.DataType) -> Callable[[Any, str], Any]:
-    """A function checking (and converting, for dates and times) a decoded JSON value against `t`."""
-    from offsetlake.formats.values import coerce  # the json format's strict coercions, one definition
-
-    if pa.types.is_struct(t):
-        fields = [(t.field(i).name, _json_converter(t.field(i).type)) for i in range(t.num_fields)]
-
-        def struct(value, where):
-            if value is None:
-                return None
-            if not isinstance(value, dict):
-                raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
-            return {name: convert(value.get(name), f"{where}.{name}") for name, convert in fields}
-
-        return struct
-    if pa.types.is_list(t):
-        item = _json_converter(t.value_type)
-
-        def array(value, where):
-            if value is None:
-                return None
-            if not isinstance(value, list):
-                raise ValueError(f"{where}: expected an array, got {type(value).__name__}")
-            return [item(v, f"{where}[{i}]") for i, v in enumerate(value)]
-
-        return array
-    if pa.types.is_map(t):
-        item = _json_converter(t.item_type)
-
-        def mapping(value, where):
-            if value is None:
-                return None
-            if not isinstance(value, dict):
-                raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
-            return [(k, item(v, f"{where}.{k}")) for k, v in value.items()]
-
-        return mapping
-    name = {
-        pa.string(): "string",
-        pa.int64(): "long",
-        pa.float64(): "double",
-        pa.bool_(): "boolean",
-        TIMESTAMP: "timestamp",
-        pa.date32(): "date",
-        pa.binary(): "binary",
-    }[t]
-
-    def scalar(value, where):
-        if value is None:
-            return None
-        try:
-            return coerce(value, name)
-        except (TypeError, ValueError, OverflowError) as err:
-            raise ValueError(f"{where}: {err}") from None
-
-    return scalar
-
-
-class ProtobufDecoder(SchemaDecoder):
-    """A message type built from the registry's descriptor (no generated code), read field by field.
-
-    proto3 fields without presence read as their default when unset (as every Protobuf reader does);
-    message fields and `optional` fields are null when unset."""
-
-    kind_name = "Protobuf"
-
-    def __init__(self, descriptor):
-        from google.protobuf.message_factory import GetMessageClass
-
-        self._cls = GetMessageClass(descriptor)
-        self.arrow_type = proto_to_arrow(descriptor, set())
-        self._convert = _proto_converter(descriptor)
-
-    def decode(self, payload: bytes) -> Any:
-        from google.protobuf.message import DecodeError
-
-        try:
-            message = self._cls.FromString(payload)
-        except DecodeError as err:
-            raise ValueError(f"not a valid Protobuf message: {err}") from None
-        return self._convert(message)
-
-
-_WRAPPERS = {
-    "google.protobuf.DoubleValue": pa.float64(),
-    "google.protobuf.FloatValue": pa.float32(),
-    "google.protobuf.Int64Value": pa.int64(),
-    "google.protobuf.UInt64Value": pa.decimal128(20, 0),
-    "google.protobuf.Int32Value": pa.int32(),
-    "google.protobuf.UInt32Value": pa.int64(),
-    "google.protobuf.BoolValue": pa.bool_(),
-    "google.protobuf.StringValue": pa.string(),
-    "google.protobuf.BytesValue": pa.binary(),
-}
-
-
-def _proto_scalar(field) -> pa.DataType:
-    from google.protobuf.descriptor import FieldDescriptor as F
-
-    return {
-        F.TYPE_DOUBLE: pa.float64(),
-        F.TYPE_FLOAT: pa.float32(),
-        F.TYPE_INT64: pa.int64(),
-        F.TYPE_SINT64: pa.int64(),
-        F.TYPE_SFIXED64: pa.int64(),
-        F.TYPE_UINT64: pa.decimal128(20, 0),
-        F.TYPE_FIXED64: pa.decimal128(20, 0),
-        F.TYPE_INT32: pa.int32(),
-        F.TYPE_SINT32: pa.int32(),
-        F.TYPE_SFIXED32: pa.int32(),
-        F.TYPE_UINT32: pa.int64(),
-        F.TYPE_FIXED32: pa.int64(),
-        F.TYPE_BOOL: pa.bool_(),
-        F.TYPE_STRING: pa.string(),
-        F.TYPE_BYTES: pa.binary(),
-        F.TYPE_ENUM: pa.string(),
-    }[field.type]
-
-
-def _is_repeated(field) -> bool:
-    return field.is_repeated
-
-
-def proto_to_arrow(descriptor, seen: set[str]) -> pa.DataType:
-    name = descriptor.full_name
-    if name == "google.protobuf.Timestamp":
-        return TIMESTAMP
-    if name == "google.type.Date":
-        return pa.date32()
-    if name in _WRAPPERS:
-        return _WRAPPERS[name]
-    if name in seen:
-        raise UnusableSchema(f"Protobuf message {name!r} is recursive, which a Delta table cannot hold")
-    if name in ("google.protobuf.Any", "google.protobuf.Struct", "google.protobuf.Value"):
-        raise UnusableSchema(f"Protobuf {name} has no fixed shape, which a Delta column needs")
-    inner = seen | {name}
-    return pa.struct([pa.field(f.name, _proto_field_type(f, inner)) for f in descriptor.fields])
-
-
-def _proto_field_type(field, seen: set[str]) -> pa.DataType:
-    if field.message_type is not None and field.message_type.GetOptions().map_entry:
-        key, value = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
-        return pa.map_(_proto_scalar(key), _proto_value_type(value, seen))
-    element = _proto_value_type(field, seen)
-    return pa.list_(element) if _is_repeated(field) else element
-
-
-def _proto_value_type(field, seen: set[str]) -> pa.DataType:
-    return proto_to_arrow(field.message_type, seen) if field.message_type is not None else _proto_scalar(field)
-
-
-def _proto_converter(descriptor) -> Callable[[Any], Any]:
-    name = descriptor.full_name
-    if name == "google.protobuf.Timestamp":
-        return lambda m: dt.datetime.fromtimestamp(m.seconds, dt.UTC) + dt.timedelta(microseconds=m.nanos // 1000)
-    if name == "google.type.Date":
-        return lambda m: dt.date(m.year, m.month, m.day) if m.year else None
-    if name in _WRAPPERS:
-        return lambda m: m.value
-    fields = [
-        (
-            f.name,
-            _proto_field_converter(f),
-            f.message_type is not None and not _is_repeated(f),
-            f.has_presence and not _is_repeated(f),
-        )
-        for f in descriptor.fields
-    ]
-
-    def message(m):
-        out = {}
-        for fname, convert, _is_message, has_presence in fields:
-            if has_presence and not m.HasField(fname):
-                out[fname] = None
-            else:
-                out[fname] = convert(getattr(m, fname))
-        return out
-
-    return message
-
-
-def _proto_field_converter(field) -> Callable[[Any], Any]:
-    if field.message_type is not None and field.message_type.GetOptions().map_entry:
-        value_field = field.message_type.fields_by_name["value"]
-        value = _proto_value_converter(value_field)
-        return lambda m: [(k, value(v)) for k, v in m.items()]
-    value = _proto_value_converter(field)
-    if _is_repeated(field):
-        return lambda items: [value(v) for v in items]
-    return value
-
-
-def _proto_value_converter(field) -> Callable[[Any], Any]:
-    if field.message_type is not None:
-        return _proto_converter(field.message_type)
-    if field.enum_type is not None:
-        enum = field.enum_type
-
-        def enum_name(number):
-            found = enum.values_by_number.get(number)
-            return found.name if found is not None else str(number)  # an enum value newer than the schema
-
-        return enum_name
-    return lambda v: v
-
-
 # ---- building decoders from the registry, cached per process ------------------------------------
 
 
@@ -750,8 +485,12 @@ class Decoders:
 
     def _build(self, schema_id, guid, indexes: tuple) -> SchemaDecoder:
         registry = registry_for(self.settings)
-        fmt = "serialized" if self.kind == "protobuf" else None
-        schema = registry.schema_by_id(schema_id, guid, fmt=fmt)
+        if self.kind == "protobuf":
+            from offsetlake.formats.protobuf import fetch_schema
+
+            schema = fetch_schema(lambda fmt: registry.schema_by_id(schema_id, guid, fmt=fmt))
+        else:
+            schema = registry.schema_by_id(schema_id, guid)
         return decoder_for(registry, self.kind, schema, indexes, record=not self.key)
 
 
@@ -800,8 +539,12 @@ def _decoder_for(registry: Registry, kind: str, schema, indexes: tuple) -> Schem
         _avro_references(registry, schema, named)
         return AvroDecoder(json.loads(schema.schema_str), named)
     if kind == "json_schema":
-        return JsonSchemaDecoder(json.loads(schema.schema_str))
-    return ProtobufDecoder(_proto_message(registry, schema, indexes or (0,)))
+        from offsetlake.formats.json_schema import JsonSchemaDecoder, referenced_documents
+
+        return JsonSchemaDecoder(json.loads(schema.schema_str), referenced_documents(registry, schema))
+    from offsetlake.formats.protobuf import ProtobufDecoder, proto_message
+
+    return ProtobufDecoder(proto_message(registry, schema, indexes or (0,)))
 
 
 def _avro_references(registry: Registry, schema, named: dict) -> None:
@@ -813,132 +556,14 @@ def _avro_references(registry: Registry, schema, named: dict) -> None:
         fastavro.parse_schema(_plain_logical_types(json.loads(referenced.schema.schema_str)), named_schemas=named)
 
 
-def _proto_message(registry: Registry, schema, indexes: tuple):
-    from google.protobuf.descriptor_pool import DescriptorPool
-
-    pool = DescriptorPool()
-    _proto_well_known(pool)
-    files = _proto_files(registry, schema)
-    for file_proto in files:
-        try:
-            pool.FindFileByName(file_proto.name)  # a well-known type, or a file two references share
-        except KeyError:
-            pool.Add(file_proto)
-    file_proto = files[-1]
-    path, message = [], None
-    scope = file_proto.message_type
-    for index in indexes:
-        if index >= len(scope):
-            raise UnusableSchema(f"message index {list(indexes)} is not in the schema")
-        message = scope[index]
-        path.append(message.name)
-        scope = message.nested_type
-    return pool.FindMessageTypeByName(".".join([file_proto.package, *path] if file_proto.package else path))
-
-
-# ---- Protobuf schemas as the registry returns them ------------------------------------------------
-# Confluent's registry answers `format=serialized` with a base64 FileDescriptorProto, which is what
-# offsetlake asks for. Karapace (measured, 3.16) answers with the `.proto` source whatever the format,
-# and Apicurio's and Redpanda's Confluent-compatible APIs may too. Source is compiled here with protoc
-# from the grpcio-tools wheel (Google's own compiler, so every construct of the language parses as the
-# producer's did; a pure-Python parser would be a second grammar to trust), once per schema per process.
-MAIN_PROTO = "offsetlake_schema.proto"  # the name the schema itself gets; its imports keep their names
-
-
-def _proto_files(registry: Registry, schema) -> list:
-    """The schema's FileDescriptorProto and every file it imports, dependencies first (the schema last)."""
-    sources: dict[str, str] = {}  # file name -> .proto source
-    compiled: dict[str, Any] = {}  # file name -> FileDescriptorProto (the registry sent descriptors)
-    _proto_sources(registry, schema, MAIN_PROTO, sources, compiled)
-    if not sources:
-        return list(compiled.values())  # references are read before the file that imports them
-    return _compile_proto(sources, compiled)
-
-
-def _proto_sources(registry: Registry, schema, name: str, sources: dict, compiled: dict) -> None:
-    for ref in schema.references or []:
-        if ref.name.startswith(("google/protobuf/", "google/type/")) or ref.name in sources or ref.name in compiled:
-            continue  # well-known types come with protobuf (and protoc); a shared import is read once
-        referenced = registry.version(ref.subject, ref.version, fmt="serialized")
-        _proto_sources(registry, referenced.schema, ref.name, sources, compiled)
-    descriptor = _file_proto(schema.schema_str)
-    if descriptor is None:
-        sources[name] = schema.schema_str
-    else:
-        compiled[name] = descriptor
-
-
-def _file_proto(schema_str: str):
-    """The FileDescriptorProto a base64 schema holds; None for anything else (`.proto` source)."""
-    from google.protobuf import descriptor_pb2
-
-    proto = descriptor_pb2.FileDescriptorProto()
-    try:
-        proto.ParseFromString(base64.b64decode(schema_str, validate=True))
-    except Exception:
-        return None
-    return proto if proto.name or proto.message_type else None
-
-
-def _compile_proto(sources: dict[str, str], compiled: dict) -> list:
-    """protoc over the sources (imports resolved among them, then among the `compiled` descriptors, then
-    the well-known types protoc ships); UnusableSchema with protoc's first error line when it refuses."""
-    import os
-    import subprocess
-    import sys
-    import tempfile
-    from importlib import resources
-
-    from google.protobuf import descriptor_pb2
-
-    with tempfile.TemporaryDirectory(prefix="offsetlake-proto-") as work:
-        for name, text in sources.items():
-            path = os.path.join(work, "src", name)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
-        out = os.path.join(work, "schema.pb")
-        args = [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            f"-I{os.path.join(work, 'src')}",
-            f"-I{resources.files('grpc_tools') / '_proto'}",
-            "--include_imports",
-            f"--descriptor_set_out={out}",
-        ]
-        if compiled:
-            given = os.path.join(work, "given.pb")
-            with open(given, "wb") as given_file:
-                given_file.write(descriptor_pb2.FileDescriptorSet(file=list(compiled.values())).SerializeToString())
-            args.append(f"--descriptor_set_in={given}")
-        done = subprocess.run([*args, *sources], capture_output=True, text=True, timeout=60)
-        if done.returncode != 0:
-            first = next((line for line in done.stderr.splitlines() if line.strip()), f"exit {done.returncode}")
-            raise UnusableSchema(f"the registry's Protobuf schema does not compile: {_short(first)}")
-        with open(out, "rb") as out_file:
-            files = list(descriptor_pb2.FileDescriptorSet.FromString(out_file.read()).file)
-    # protoc writes dependencies first; the schema itself goes last, whichever form it came in.
-    main = compiled.get(MAIN_PROTO) or next(f for f in files if f.name == MAIN_PROTO)
-    return [*(f for f in files if f.name != MAIN_PROTO), main]
-
-
-def _proto_well_known(pool) -> None:
-    from google.protobuf import any_pb2, duration_pb2, empty_pb2, struct_pb2, timestamp_pb2, wrappers_pb2
-
-    for module in (any_pb2, duration_pb2, empty_pb2, struct_pb2, timestamp_pb2, wrappers_pb2):
-        pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
-    try:
-        from google.type import date_pb2
-
-        pool.AddSerializedFile(date_pb2.DESCRIPTOR.serialized_pb)
-    except ImportError:
-        pass
-
-
 def latest_arrow_type(settings: RegistrySettings, kind: str, topic: str, key: bool = False) -> pa.DataType:
     """The Arrow type of the subject's latest schema: what a new table is created with."""
     registry = registry_for(settings)
-    fmt = "serialized" if kind == "protobuf" else None
-    registered = registry.latest(settings.subject(topic, key), fmt=fmt)
-    return decoder_for(registry, kind, registered.schema, record=not key).arrow_type
+    subject = settings.subject(topic, key)
+    if kind == "protobuf":
+        from offsetlake.formats.protobuf import fetch_schema
+
+        schema = fetch_schema(lambda fmt: registry.latest(subject, fmt=fmt).schema)
+    else:
+        schema = registry.latest(subject).schema
+    return decoder_for(registry, kind, schema, record=not key).arrow_type

@@ -12,7 +12,8 @@ serializer registers base64 descriptors, which is what offsetlake asks for with
 basic auth. State lives in `<data-dir>/schemas.json`, so a restart keeps every id.
 
 `--answer-as karapace` answers as Karapace does (measured, 3.16), and as other Confluent-compatible
-registries may: a Protobuf schema as `.proto` source even when asked for `format=serialized`, Avro
+registries may: a Protobuf schema as `.proto` source even when asked for `format=serialized` (and, for
+a schema with references, `format=serialized` refused with HTTP 500 "Internal server error"), Avro
 schemas with their keys reordered, JSON Schemas with every `/` escaped. What is stored stays as
 registered, so lookups by the producers' serializers match either way.
 
@@ -35,7 +36,7 @@ import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from offsetlake.local import processes
 
@@ -118,8 +119,18 @@ def _reordered(node):
     return node
 
 
+def karapace_refuses(entry: dict, query: str) -> bool:
+    """Karapace 3.16 answers `format=serialized` for a Protobuf schema with references with HTTP 500."""
+    return (
+        entry.get("schemaType") == "PROTOBUF"
+        and bool(entry.get("references"))
+        and "serialized" in (parse_qs(query).get("format") or [])
+    )
+
+
 def handler_for(store: Store, credentials: str | None, answer_as: str = "confluent"):
-    shown = as_karapace if answer_as == "karapace" else (lambda entry: entry)
+    karapace = answer_as == "karapace"
+    shown = as_karapace if karapace else (lambda entry: entry)
     expected = "Basic " + base64.b64encode(credentials.encode()).decode() if credentials else None
 
     class Handler(BaseHTTPRequestHandler):
@@ -135,6 +146,12 @@ def handler_for(store: Store, credentials: str | None, answer_as: str = "conflue
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _refused(self, entry: dict) -> bool:
+            if karapace and karapace_refuses(entry, urlsplit(self.path).query):
+                self._reply(500, {"error_code": 500, "message": "Internal server error"})
+                return True
+            return False
 
         def _not_found(self, code: int, message: str) -> None:
             self._reply(404, {"error_code": code, "message": message})
@@ -157,6 +174,8 @@ def handler_for(store: Store, credentials: str | None, answer_as: str = "conflue
                 found = store.by_id(int(path[2]))
                 if found is None:
                     return self._not_found(40403, f"Schema {path[2]} not found")
+                if self._refused(found):
+                    return None
                 found = shown(found)
                 if len(path) == 4 and path[3] == "schema":
                     return self._reply(
@@ -176,6 +195,8 @@ def handler_for(store: Store, credentials: str | None, answer_as: str = "conflue
                         40401 if path[1] not in store.subjects else 40402,
                         f"Subject '{path[1]}' or version {path[3]} not found.",
                     )
+                if self._refused(found):
+                    return None
                 return self._reply(200, shown(found))
             if path[0] == "config":
                 return self._reply(200, {"compatibilityLevel": "BACKWARD"})
