@@ -581,7 +581,7 @@ def _check_reachable(cfg: PipelineConfig) -> None:
     cluster.partitions(cfg.topics)
     cluster.check_access(cfg.topics, cfg.consumer_group)
     if cfg.format.registry is not None:
-        from offsetlake.formats.registry import registry_for
+        from offsetlake.formats.registry_client import registry_for
 
         registry_for(cfg.format.registry).check()
 

@@ -160,7 +160,7 @@ class _Answer:
 
 
 def test_a_refused_or_undecodable_serialized_form_falls_back_to_the_text_form_and_an_unknown_id_does_not():
-    from offsetlake.formats.registry import RegistryRefused
+    from offsetlake.formats.registry_client import RegistryRefused
 
     descriptor = base64.b64encode(order_file().SerializeToString()).decode()
     text = proto_text(order_file())

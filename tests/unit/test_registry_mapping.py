@@ -20,9 +20,9 @@ from offsetlake.formats.registry import (
     TIMESTAMP,
     AvroDecoder,
     UnusableSchema,
-    redacted_url,
     split_frame,
 )
+from offsetlake.formats.registry_client import redacted_url
 
 EVERY_AVRO_CONSTRUCT = {
     "type": "record",

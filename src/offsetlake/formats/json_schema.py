@@ -10,7 +10,8 @@ from urllib.parse import urljoin
 
 import pyarrow as pa
 
-from offsetlake.formats.registry import TIMESTAMP, SchemaDecoder, UnusableSchema
+from offsetlake.formats.registry_client import UnusableSchema
+from offsetlake.formats.schema_decoder import TIMESTAMP, SchemaDecoder
 
 
 class JsonSchemaDecoder(SchemaDecoder):

@@ -12,19 +12,14 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 
-from offsetlake.formats.registry import (
-    TIMESTAMP,
-    Registry,
-    RegistryRefused,
-    SchemaDecoder,
-    UnusableSchema,
-    shortened,
-)
+from offsetlake.formats.registry_client import Registry, RegistryRefused, UnusableSchema, shortened
+from offsetlake.formats.schema_decoder import TIMESTAMP, SchemaDecoder
 
 
 class ProtobufDecoder(SchemaDecoder):
@@ -233,11 +228,15 @@ def _proto_files(registry: Registry, schema) -> list:
     return compile_proto(sources, compiled)
 
 
+def _version(registry: Registry, subject: str, version: int, fmt: str | None):
+    return registry.version(subject, version, fmt=fmt).schema
+
+
 def _proto_sources(registry: Registry, schema, name: str, sources: dict, compiled: dict) -> None:
     for ref in schema.references or []:
         if ref.name.startswith(("google/protobuf/", "google/type/")) or ref.name in sources or ref.name in compiled:
             continue  # well-known types come with protobuf (and protoc); a shared import is read once
-        referenced = fetch_schema(lambda fmt, ref=ref: registry.version(ref.subject, ref.version, fmt=fmt).schema)
+        referenced = fetch_schema(functools.partial(_version, registry, ref.subject, ref.version))
         _proto_sources(registry, referenced, ref.name, sources, compiled)
     descriptor = file_proto(schema.schema_str)
     if descriptor is None:
