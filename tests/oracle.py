@@ -44,10 +44,8 @@ from offsetlake.config import (
     KEY_COLUMN,
     LINEAGE_COLUMNS,
     UNKNOWN_FIELDS_COLUMN,
-    KafkaSettings,
 )
 from offsetlake.files import storage_options
-from offsetlake.kafka import KafkaCluster
 from offsetlake.local.producer import BAD_VALUES
 from offsetlake.protocol.ledger import read_ledger
 from offsetlake.table import open_table, query
@@ -73,17 +71,39 @@ def read_committed(
 ) -> dict[Offset, KafkaRecord]:
     """Every record Kafka returns under read_committed, from each partition's log start up to `until[p]`
     (default: the LSO now), read by a plain consumer of its own (`client`: the cluster's security settings)."""
-    client = client or {}
-    cluster = KafkaCluster(KafkaSettings(bootstrap_servers=bootstrap, timeout_seconds=10, client=client))
-    tps = cluster.partitions([topic])
-    ends = cluster.end_offsets(tps, "read_committed")
-    starts = cluster.start_offsets(tps)
+    settings = {"bootstrap.servers": bootstrap, **(client or {})}
+    partitions = kafka_partitions(settings, topic)
+    ends = kafka_offsets(settings, topic, partitions, "latest")
+    starts = kafka_offsets(settings, topic, partitions, "earliest")
     out: dict[Offset, KafkaRecord] = {}
-    for t, p in tps:
-        end = ends[(t, p)] if until is None else until.get(p, 0)
-        if end > starts[(t, p)]:
-            out.update(_read_partition({"bootstrap.servers": bootstrap, **client}, t, p, starts[(t, p)], end))
+    for p in partitions:
+        end = ends[p] if until is None else until.get(p, 0)
+        if end > starts[p]:
+            out.update(_read_partition(settings, topic, p, starts[p], end))
     return out
+
+
+def kafka_partitions(settings: dict, topic: str) -> list[int]:
+    """The topic's partitions, as the oracle's own admin client hears them from the broker (not from
+    offsetlake: a partition offsetlake missed must not be missed here too)."""
+    from confluent_kafka.admin import AdminClient
+
+    metadata = AdminClient(settings).list_topics(topic, timeout=10)
+    found = metadata.topics.get(topic)
+    assert found is not None and found.error is None, f"the oracle cannot see topic {topic}: {found and found.error}"
+    return sorted(found.partitions)
+
+
+def kafka_offsets(settings: dict, topic: str, partitions: list[int], which: str) -> dict[int, int]:
+    """{partition: offset}: "earliest" (the log start) or "latest" under read_committed (the LSO)."""
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()
+    asked = {TopicPartition(topic, p): spec for p in partitions}
+    admin = AdminClient(settings)  # kept until the answers are in: a collected client never resolves them
+    futures = admin.list_offsets(asked, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=10)
+    return {tp.partition: future.result(timeout=30).offset for tp, future in futures.items()}
 
 
 def _read_partition(settings: dict, topic: str, partition: int, start: int, end: int) -> dict[Offset, KafkaRecord]:
@@ -389,6 +409,20 @@ class Findings:
     table_rows: int = 0
     quarantined: int = 0
     journaled: int = 0  # records the producers committed, checked against their record
+    # What the check left out, by kind, and how many of each it may leave out before that is a finding.
+    left_out: collections.Counter = field(default_factory=collections.Counter)
+    bounds: dict[str, int] = field(default_factory=dict)
+
+    def leave_out(self, kind: str, n: int = 1) -> None:
+        self.left_out[kind] += n
+
+    def over_bounds(self) -> list[str]:
+        """Each kind left out more often than its bound allows (0 unless the caller set one)."""
+        return [
+            f"{n} {kind} (bound {self.bounds.get(kind, 0)})"
+            for kind, n in sorted(self.left_out.items())
+            if n > self.bounds.get(kind, 0)
+        ]
 
     def add(self, kind: str, where: Offset, message: str) -> None:
         self.kinds[kind].append((where, message))
@@ -401,7 +435,7 @@ class Findings:
 
     @property
     def ok(self) -> bool:
-        return not any(self.kinds.values())
+        return not any(self.kinds.values()) and not self.over_bounds()
 
     def disagreement(self, kind: str) -> str:
         """Which two sides a finding kind sets against each other: the table against Kafka (offsetlake's
@@ -421,7 +455,14 @@ class Findings:
             for kind, found in kinds:
                 lines.append(f"  {len(found)} {kind}:")
                 lines += [f"    {_where(w)}: {m}" for w, m in sorted(found)[:per_kind]]
+        over = self.over_bounds()
+        if over:
+            lines.append(f"left out of the check past their bounds: {'; '.join(over)}")
         return "\n".join(lines)
+
+    def left_out_summary(self) -> str:
+        """Every count the check left out, with its bound: printed whether or not it passed."""
+        return ", ".join(f"{n} {k} (bound {self.bounds.get(k, 0)})" for k, n in sorted(self.left_out.items()))
 
 
 def _where(where: Offset) -> str:
@@ -438,14 +479,26 @@ PRODUCER_LOST, PRODUCER_ABORTED = (
     "records the producers aborted that Kafka returns",
 )
 PRODUCER_DIFFERS = "records Kafka returns unlike what the producers sent"
+# What the check may leave out (Findings.left_out), each counted and bounded.
+IN_DOUBT = "records in doubt (their transaction's end raised: only Kafka knows how it ended)"
+QUARANTINE_AHEAD = "quarantine rows ahead of the ledger (a job killed between its two commits)"
+BEYOND_RETENTION = "rows of records retention deleted from Kafka (below the log start: nothing to compare)"
+PRODUCED_BEYOND_RETENTION = "records the producers committed that retention deleted since (below the log start)"
 # The two sides a finding sets against each other (Findings.disagreement).
 TABLE_VS_KAFKA = "the table disagrees with Kafka"
 KAFKA_VS_PRODUCERS = "Kafka disagrees with the producers (not the table's doing)"
 
 
+def _settings(cfg) -> dict:
+    return {"bootstrap.servers": cfg.kafka.bootstrap_servers, **cfg.kafka.client}
+
+
+def _partitions(cfg) -> list[tuple[str, int]]:
+    return [(t, p) for t in cfg.topics for p in kafka_partitions(_settings(cfg), t)]
+
+
 def ledger_offsets(cfg) -> dict:
-    tps = KafkaCluster(cfg.kafka).partitions(cfg.topics)
-    return read_ledger(open_table(cfg.table_path), cfg.name, tps).offsets
+    return read_ledger(open_table(cfg.table_path), cfg.name, _partitions(cfg)).offsets
 
 
 def _kafka_below(cfg, until: dict) -> dict[Offset, KafkaRecord]:
@@ -461,8 +514,11 @@ def _ledger_at_lso(cfg, caught_up: bool) -> dict:
     """The ledger's offsets; with `caught_up`, failing unless they are Kafka's LSO."""
     offsets = ledger_offsets(cfg)
     if caught_up:
-        cluster = KafkaCluster(cfg.kafka)
-        lso = cluster.end_offsets(cluster.partitions(cfg.topics), "read_committed")
+        lso = {
+            (t, p): end
+            for t in cfg.topics
+            for p, end in kafka_offsets(_settings(cfg), t, kafka_partitions(_settings(cfg), t), "latest").items()
+        }
         behind = {tp: (offsets.get(tp), end) for tp, end in lso.items() if offsets.get(tp, 0) != end}
         assert not behind, f"ledger is not at the LSO: {behind}"
     return offsets
@@ -476,35 +532,44 @@ def check(
     journal: Journal = JOURNAL,
     registry=None,
     protobuf: dict | None = None,
+    bounds: dict[str, int] | None = None,
 ) -> Findings:
     """Everything the oracle checks, below `until` ({(topic, partition): end}, default the ledger's).
     `quarantine_ahead`: quarantine rows at or past `until` are left out (a job killed between its quarantine
-    commit and its table commit leaves them ahead of the ledger; the next batch skips them).
+    commit and its table commit leaves them ahead of the ledger; the next batch skips them). Whatever is left
+    out is counted (`Findings.left_out`); past its bound in `bounds` (0 by default) the check fails.
 
     Upsert mode (`write.mode: upsert`): the table must be the fold of what Kafka returns instead (see
     `_fold`); the quarantine and the producers are checked as in append mode."""
     until = ledger_offsets(cfg) if until is None else until
-    findings = Findings()
+    findings = Findings(bounds=dict(bounds or {}))
     kafka = _kafka_below(cfg, until)
+    log_start = {
+        (t, p): start
+        for t in cfg.topics
+        for p, start in kafka_offsets(_settings(cfg), t, kafka_partitions(_settings(cfg), t), "earliest").items()
+    }
     findings.kafka_records = len(kafka)
     table = query(cfg.table_path, "SELECT * FROM t")
     findings.table_rows = table.num_rows
     quarantine = _quarantine_rows(cfg)
     if quarantine_ahead:
-        quarantine = {k: v for k, v in quarantine.items() if k[2] < until.get(k[:2], 0)}
+        below = {k: v for k, v in quarantine.items() if k[2] < until.get(k[:2], 0)}
+        findings.leave_out(QUARANTINE_AHEAD, len(quarantine) - len(below))
+        quarantine = below
     findings.quarantined = sum(len(v) for v in quarantine.values())
 
     decoder = Decoder(cfg, registry, protobuf)
     if cfg.write.upsert:
         expected = _fold(findings, cfg, kafka, quarantine, decoder, table.schema)
-        _check_against_fold(findings, cfg, table.to_pylist(), expected)
+        _check_against_fold(findings, cfg, table.to_pylist(), expected, log_start)
         rows: dict = {w: True for w in kafka if w not in quarantine}  # every record accounted by the fold
     else:
         rows = _by_offset(table.to_pylist())
-        _check_table(findings, rows, kafka, decoder, table.schema)
-    _check_quarantine(findings, quarantine, rows, kafka, cfg)
+        _check_table(findings, rows, kafka, decoder, table.schema, log_start)
+    _check_quarantine(findings, quarantine, rows, kafka, log_start)
     for topic in cfg.topics:
-        _check_producers(findings, journal.of_topic(topic), kafka, rows, quarantine, until, cfg)
+        _check_producers(findings, journal.of_topic(topic), kafka, rows, quarantine, until, cfg, log_start)
     return findings
 
 
@@ -521,7 +586,11 @@ def _quarantine_rows(cfg) -> dict[Offset, list[dict]]:
     return _by_offset(query(cfg.quarantine_path, "SELECT * FROM t").to_pylist())
 
 
-def _check_table(findings: Findings, rows, kafka, decoder: Decoder, schema: pa.Schema) -> None:
+def _deleted_by_retention(where: Offset, log_start: dict) -> bool:
+    return where[2] < log_start.get(where[:2], 0)
+
+
+def _check_table(findings: Findings, rows, kafka, decoder: Decoder, schema: pa.Schema, log_start: dict) -> None:
     for where, record in kafka.items():
         if where not in rows:
             continue
@@ -542,6 +611,9 @@ def _check_table(findings: Findings, rows, kafka, decoder: Decoder, schema: pa.S
         if len(found) > 1:
             findings.add(DUPLICATED, where, f"{len(found)} rows")
         if where not in kafka:
+            if _deleted_by_retention(where, log_start):
+                findings.leave_out(BEYOND_RETENTION)
+                continue
             findings.add(
                 UNEXPECTED,
                 where,
@@ -549,7 +621,7 @@ def _check_table(findings: Findings, rows, kafka, decoder: Decoder, schema: pa.S
             )
 
 
-def _check_quarantine(findings: Findings, quarantine, rows, kafka, cfg) -> None:
+def _check_quarantine(findings: Findings, quarantine, rows, kafka, log_start: dict) -> None:
     for where in kafka:
         if where not in rows and where not in quarantine:
             findings.add(MISSING, where, "in neither the table nor the quarantine")
@@ -559,6 +631,9 @@ def _check_quarantine(findings: Findings, quarantine, rows, kafka, cfg) -> None:
         if where in rows:
             findings.add(BOTH, where, "in the table and in the quarantine")
         record = kafka.get(where)
+        if record is None and _deleted_by_retention(where, log_start):
+            findings.leave_out(BEYOND_RETENTION)
+            continue
         if record is None:
             findings.add(
                 QUARANTINE_UNEXPECTED,
@@ -577,15 +652,23 @@ def _check_quarantine(findings: Findings, quarantine, rows, kafka, cfg) -> None:
             )
 
 
-def _check_producers(findings: Findings, journaled: dict[Offset, Sent], kafka, rows, quarantine, until, cfg) -> None:
+def _check_producers(
+    findings: Findings, journaled: dict[Offset, Sent], kafka, rows, quarantine, until, cfg, log_start: dict
+) -> None:
     registry_format = cfg.format.type not in ("json", "raw")
     for where, sent in journaled.items():
-        if where[2] >= until.get(where[:2], 0) or sent.outcome == "in doubt":
+        if where[2] >= until.get(where[:2], 0):
+            continue
+        if sent.outcome == "in doubt":
+            findings.leave_out(IN_DOUBT)
             continue
         record = kafka.get(where)
         if sent.outcome == "aborted":
             if record is not None:
                 findings.add(PRODUCER_ABORTED, where, "its transaction was aborted")
+            continue
+        if record is None and _deleted_by_retention(where, log_start):
+            findings.leave_out(PRODUCED_BEYOND_RETENTION)
             continue
         findings.journaled += 1
         if record is None:
@@ -646,7 +729,7 @@ def upsert_key(row: dict, key: list[str]) -> str:
 
 
 def _fold(findings: Findings, cfg, kafka, quarantine, decoder: Decoder, schema: pa.Schema) -> dict[str, tuple]:
-    """{key: (offset, row)} of the records that stand: the fold of every record not quarantined."""
+    """{key: (offset, row)}: the fold of every record not quarantined, a deleted key's row None."""
     write = cfg.write
     latest: dict[str, tuple[Offset, dict | None]] = {}
     for where in sorted(kafka):
@@ -682,10 +765,11 @@ def _fold(findings: Findings, cfg, kafka, quarantine, decoder: Decoder, schema: 
             if row[write.order_by] < known[1][write.order_by]:
                 continue
         latest[key] = (where, None if deleted else row)
-    return {k: v for k, v in latest.items() if v[1] is not None}
+    return latest
 
 
-def _check_against_fold(findings: Findings, cfg, rows: list[dict], expected: dict[str, tuple]) -> None:
+def _check_against_fold(findings: Findings, cfg, rows: list[dict], folded: dict[str, tuple], log_start: dict) -> None:
+    expected = {k: v for k, v in folded.items() if v[1] is not None}
     by_key = collections.defaultdict(list)
     for row in rows:
         by_key[upsert_key(row, cfg.write.key)].append(row)
@@ -694,6 +778,9 @@ def _check_against_fold(findings: Findings, cfg, rows: list[dict], expected: dic
         if len(found) > 1:
             findings.add(DUPLICATED, where, f"{len(found)} rows for key {key}")
         if key not in expected:
+            if key not in folded and _deleted_by_retention(where, log_start):  # the fold saw no record of it
+                findings.leave_out(BEYOND_RETENTION)
+                continue
             findings.add(UNEXPECTED, where, f"a row for key {key}, which the fold deletes or never saw")
             continue
         want_at, want = expected[key]

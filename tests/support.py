@@ -196,15 +196,16 @@ def run_cli(*args, env: dict | None = None, timeout: float = 300, check: bool = 
     return proc
 
 
-def stream_process(cfg, pipelines_dir: Path, interval: float = 0.5) -> subprocess.Popen:
-    """`offsetlake stream` of a pipeline in a process of its own (SIGTERM stops it between batches)."""
+def stream_process(cfg, pipelines_dir: Path, interval: float = 0.5, stderr: Path | None = None) -> subprocess.Popen:
+    """`offsetlake stream` of a pipeline in a process of its own (SIGTERM stops it between batches). With
+    `stderr`, what it says goes to that file, to be read while it runs."""
     env = {**os.environ, "OFFSETLAKE_HOME": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1"}
     command = ["stream", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir), "--interval", str(interval)]
     return subprocess.Popen(
         [sys.executable, "-m", "offsetlake.cli", *command],
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.PIPE if stderr is None else stderr.open("w"),
         text=True,
     )
 
@@ -315,7 +316,8 @@ def wait_while_running(condition, proc: subprocess.Popen, timeout: float = 240) 
     deadline = time.monotonic() + timeout
     while not condition():
         if proc.poll() is not None:
-            raise AssertionError(f"{proc.args[3:5]} exited early ({proc.returncode}): {proc.stderr.read()[-3000:]}")
+            said = proc.stderr.read()[-3000:] if proc.stderr else "(its stderr went to a file)"
+            raise AssertionError(f"{proc.args[3:5]} exited early ({proc.returncode}): {said}")
         assert time.monotonic() < deadline, f"timed out waiting for {proc.args[3:5]}"
         time.sleep(0.5)
 

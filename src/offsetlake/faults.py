@@ -7,7 +7,8 @@ and check the table afterwards. With no OFFSETLAKE_FAULT set they do nothing.
     OFFSETLAKE_FAULT=<point>:<action>[,<point>:<action>]
       point:  after_plan | after_read | after_task_write | after_files_written | before_commit | after_commit
               (after_read and after_task_write are hit inside each Spark task, the others on the driver)
-      action: exit  -> SIGKILL the job's driver process (no clean-up, no finally blocks)
+      action: exit  -> SIGKILL the job's driver process (no clean-up, no finally blocks), having touched
+                       $OFFSETLAKE_FAULT_DIR/<point>.killed when that directory is given
               pause -> touch $OFFSETLAKE_FAULT_DIR/<point>.reached, then wait until
                        $OFFSETLAKE_FAULT_DIR/<point>.release exists (a zombie attempt)
 """
@@ -38,7 +39,12 @@ def parse(spec: str | None) -> dict[str, str]:
 
 def settings_from_env() -> dict:
     """Captured on the driver and shipped to executors with the task context."""
-    return {"faults": parse(os.environ.get(ENV)), "dir": os.environ.get(DIR_ENV, "."), "driver_pid": os.getpid()}
+    return {
+        "faults": parse(os.environ.get(ENV)),
+        "dir": os.environ.get(DIR_ENV, "."),
+        "dir_given": bool(os.environ.get(DIR_ENV)),
+        "driver_pid": os.getpid(),
+    }
 
 
 def hit(point: str, settings: dict | None = None) -> None:
@@ -47,6 +53,11 @@ def hit(point: str, settings: dict | None = None) -> None:
     if action is None:
         return
     if action == "exit":
+        if settings.get("dir_given"):
+            # Said before it happens, so a test tells this kill from any other (the kernel's OOM killer's).
+            directory = Path(settings["dir"])
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / f"{point}.killed").touch()
         os.kill(settings["driver_pid"], signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)  # in an executor: do not outlive the driver
     directory = Path(settings["dir"])

@@ -348,20 +348,23 @@ def test_a_broker_outage_longer_than_retry_seconds_is_carried_by_the_stream_dags
         airflow={"retries": 6, "retry_delay_seconds": 1},
     )
     outage = {}
+    dag = stream_dag(cfg)
 
     def break_the_broker():
         deadline = time.monotonic() + 240
         while not _committed(cfg) and time.monotonic() < deadline:  # try 1 is streaming
             time.sleep(0.5)
         own_broker.stop()
-        time.sleep(15)  # far longer than retry_seconds: try 1 gives up
+        # The broker stays away until try 1 has given up (past retry_seconds) and Airflow retries.
+        while not _retried(dag.dag_id, "stream") and time.monotonic() < deadline:
+            time.sleep(0.5)
         own_broker.start()
         outage["back"] = True
         produce(cfg.kafka, topic, 200, seed=11)
 
     chaos = threading.Thread(target=break_the_broker)
     chaos.start()
-    dr = stream_dag(cfg).test(run_conf={"max_seconds": 40})
+    dr = dag.test(run_conf={"max_seconds": 40})
     chaos.join()
 
     assert str(dr.state) == "success"
@@ -376,6 +379,16 @@ def test_a_broker_outage_longer_than_retry_seconds_is_carried_by_the_stream_dags
 
 def _committed(cfg) -> bool:
     return bool(pipeline_commits(cfg))
+
+
+def _retried(dag_id: str, task_id: str) -> bool:
+    """The task's first try has failed: Airflow's metadata database holds a later try, or the first up for retry."""
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        tries = session.query(TaskInstance).filter(TaskInstance.dag_id == dag_id, TaskInstance.task_id == task_id).all()
+        return any(ti.try_number >= 2 or str(ti.state) == "up_for_retry" for ti in tries)
 
 
 def test_maintenance_dag_compacts_vacuums_and_checkpoints_without_touching_a_row(spark, pipeline):

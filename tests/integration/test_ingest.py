@@ -9,9 +9,11 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
 from deltalake import DeltaTable
 
+import oracle
 from offsetlake.batch import ingest
 from offsetlake.errors import DataLossError
 from offsetlake.protocol.ledger import partition_app_id, pipeline_app_id, pipeline_history
+from offsetlake.table import query
 from support import (
     JournaledProducer,
     assert_exactly_once,
@@ -127,6 +129,7 @@ def test_records_deleted_below_the_ledger(spark, pipeline, bootstrap, policy):
     ingest(spark, cfg)
     produce(cfg.kafka, topic, 100, transactional_share=0.0, seed=8)
     admin = AdminClient({"bootstrap.servers": bootstrap})
+    before = oracle.read_committed(bootstrap, topic)  # what the first hundred rows were made of
     for future in admin.delete_records([TopicPartition(topic, 0, 150)]).values():
         future.result()
     version = DeltaTable(cfg.table_path).version()
@@ -142,6 +145,14 @@ def test_records_deleted_below_the_ledger(spark, pipeline, bootstrap, policy):
     assert last.meta.ranges == {topic: {"0": [150, 200]}}
     offsets = sorted(o for _, _, o in table_lineage(cfg.table_path))
     assert offsets == list(range(100)) + list(range(150, 200))
+    # Rows 150-199 value by value against Kafka; rows 0-99, whose records retention deleted since, against
+    # the records as Kafka returned them before.
+    assert_exactly_once(cfg, bounds={oracle.BEYOND_RETENTION: 100, oracle.PRODUCED_BEYOND_RETENTION: 150})
+    decoder = oracle.Decoder(cfg)
+    table = query(cfg.table_path, "SELECT * FROM t WHERE kafka_offset < 100 ORDER BY kafka_offset")
+    for row in table.to_pylist():
+        want = decoder.row(before[(topic, 0, row["kafka_offset"])], table.schema)
+        assert {column: row[column] for column in want} == want, row["kafka_offset"]
 
 
 def test_restore_rewinds_the_ledger_and_the_next_ingest_rereads(spark, pipeline):
