@@ -170,6 +170,21 @@ def retrying(table_uri: str, call: Callable[[], T]) -> T:
             pause = min(pause * 2, 10.0)
 
 
+def despite_log_cleanup(read: Callable[[], T], tries: int = 5) -> T:
+    """`read()` -- delta-rs loading a table or reading its history -- asked again when a file of the log
+    vanished between delta-rs listing the log and reading the file: log clean-up (offsetlake's `cleanup`,
+    or another engine's) deletes commit files older than the newest checkpoint, and a read that listed them
+    just before finds them gone (seen on S3, where listing and reading are requests apart). Listed again,
+    the log starts at that checkpoint. Only a vanished `_delta_log/` file is asked again."""
+    for attempt in range(tries):
+        try:
+            return read()
+        except FileNotFoundError as err:
+            if "_delta_log/" not in str(err) or attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def retry_seconds(uri: str) -> float:
     """The retry bound registered for an object-store table (its delta-rs `retry_timeout`); 0 locally."""
     timeout = (storage_options(uri) or {}).get("retry_timeout", "0s")

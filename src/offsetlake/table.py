@@ -18,6 +18,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from offsetlake.errors import StorageError, TableError, TableMissing, one_line
 from offsetlake.files import (
     delete_if_there,
+    despite_log_cleanup,
     from_delta_path,
     open_filesystem,
     plain_types,
@@ -42,7 +43,7 @@ def open_table(
 ) -> DeltaTable:
     """Open the table and check it; create it (empty, version 0, with `properties`) when asked and none exists."""
     try:
-        table = DeltaTable(uri, storage_options=storage_options(uri))
+        table = despite_log_cleanup(lambda: DeltaTable(uri, storage_options=storage_options(uri)))
     except TableNotFoundError:
         if schema is None or not create:
             raise TableMissing(f"no Delta table at {uri}") from None

@@ -588,6 +588,9 @@ class Chaos:
             "SPARK_LOCAL_IP": "127.0.0.1",
             "OFFSETLAKE_SPARK_MASTER": "local[1]",
             "JDK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+            # An error offsetlake does not know leaves its traceback in the job's log, to be found; its own
+            # errors stay one line (so a broker restart's Kafka error is still told from anything else).
+            "OFFSETLAKE_DEBUG": "1",
         }
         env.pop("OFFSETLAKE_FAULT", None)
         if fault:

@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+import oracle
 from offsetlake.config import KafkaSettings
 from offsetlake.errors import KafkaError
 from offsetlake.kafka import KafkaCluster
@@ -56,6 +57,48 @@ def test_planning_waits_out_a_broker_restart(own_broker, tmp_path, caplog):
     finally:
         restart.join()
     assert any("No leaders found" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_read_waits_out_a_broker_away_longer_than_its_stall_limit(own_broker, tmp_path, caplog):
+    """With the whole cluster away no message carries an error (librdkafka tells only error_cb): the read must
+    still wait up to kafka.retry_seconds, not fail at its stall limit (a whole-cluster restart under a
+    stream, found by the chaos harness when a restart took 40 s against a 30 s stall limit)."""
+    import threading
+    import time
+
+    from offsetlake.protocol.ranges import OffsetRange
+    from offsetlake.read.reader import read_range
+
+    cfg, topic = new_pipeline(
+        own_broker.bootstrap_servers,
+        tmp_path / "pipelines",
+        tmp_path / "lake",
+        partitions=1,
+        records=100,
+        kafka={"retry_seconds": 120, "timeout_seconds": 2},
+    )
+    caplog.set_level(logging.WARNING, logger="offsetlake.read.reader")
+    stall_seconds = 3.0  # the read waits at offset 100 for records that come only after the outage
+    rows = []
+
+    def outage_then_records() -> None:
+        while not rows:  # the read has its first hundred records: it now waits for the rest
+            time.sleep(0.1)
+        own_broker.stop()
+        time.sleep(3 * stall_seconds)  # away three stall limits long
+        own_broker.start()
+        produce(cfg.kafka, topic, 50, transactional_share=0.0, seed=3)
+
+    outage = threading.Thread(target=outage_then_records)
+    outage.start()
+    try:
+        for batch in read_range(cfg.kafka, "test-read", OffsetRange(topic, 0, 0, 150), stall_seconds):
+            rows.extend(batch.column("kafka_offset").to_pylist())
+    finally:
+        outage.join()
+    kafka = oracle.read_committed(own_broker.bootstrap_servers, topic, {0: 150})  # offsets 150 holds: markers
+    assert rows == sorted(offset for _, _, offset in kafka)
+    assert "Connection refused; waiting for the broker (up to 120 s)" in caplog.text
 
 
 def test_what_cannot_get_better_fails_at_once(bootstrap, caplog):

@@ -83,3 +83,25 @@ def test_a_refusal_or_a_local_error_is_raised_at_once(uri, no_sleep):
     with pytest.raises(OSError):
         retrying(uri, store)
     assert store.calls == 1 and no_sleep == []
+
+
+def test_a_log_file_vanished_under_a_read_is_read_again_and_nothing_else_is():
+    from offsetlake.files import despite_log_cleanup
+
+    calls = []
+
+    def read(errors):
+        def call():
+            calls.append(1)
+            if errors:
+                raise errors.pop(0)
+            return "table"
+
+        return call
+
+    gone = FileNotFoundError("Object at location lake/t/_delta_log/00000000000000000078.json not found")
+    assert despite_log_cleanup(read([gone, gone])) == "table" and len(calls) == 3
+    with pytest.raises(FileNotFoundError, match="part-0.parquet"):  # a data file: not the log's race
+        despite_log_cleanup(read([FileNotFoundError("Object at location lake/t/part-0.parquet not found")]))
+    with pytest.raises(FileNotFoundError):  # gone every time: the error stands
+        despite_log_cleanup(read([gone] * 5), tries=5)

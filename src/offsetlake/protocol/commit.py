@@ -53,7 +53,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from offsetlake.config import DELETED_COLUMN
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StorageError
-from offsetlake.files import DataFile, conform, read_with_partitions, storage_options
+from offsetlake.files import DataFile, conform, despite_log_cleanup, read_with_partitions, storage_options
 from offsetlake.protocol.ledger import Ledger
 from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.protocol.planning import BatchPlan
@@ -246,7 +246,8 @@ def _landed_version(uri: str, attempt: str | None) -> int | None:
     """The version of this attempt's commit if it landed after all, else None."""
     if not attempt:
         return None
-    for entry in DeltaTable(uri, storage_options=storage_options(uri)).history(limit=MAX_ATTEMPTS):
+    table = despite_log_cleanup(lambda: DeltaTable(uri, storage_options=storage_options(uri)))
+    for entry in despite_log_cleanup(lambda: table.history(limit=MAX_ATTEMPTS)):
         meta = CommitMetadata.parse(entry.get("userMetadata"))
         if meta is not None and meta.attempt == attempt:
             return int(entry["version"])

@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow.fs as pafs
 from deltalake import DeltaTable, Transaction
 
-from offsetlake.files import open_filesystem, retrying, storage_options
+from offsetlake.files import despite_log_cleanup, open_filesystem, retrying, storage_options
 from offsetlake.kafka import TP
 from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, Rewind, flat_offsets
 
@@ -155,18 +155,22 @@ def _pages(table: DeltaTable, whole: bool = False) -> Iterator[tuple[list[Commit
 
 def _latest_history(table: DeltaTable, limit: int | None) -> tuple[list[Commit], bool]:
     """(the newest `limit` commits, whether that is all the log holds), truly numbered."""
-    entries: list[Commit] = table.history(limit)
+    entries: list[Commit] = despite_log_cleanup(lambda: table.history(limit))
     if not _commit_after(table):  # checked after the read: the read saw no commit past `table`'s version
         return entries, limit is None or len(entries) < limit
     uri = table.table_uri
-    current = DeltaTable(uri, storage_options=storage_options(uri))
+    current = _latest(uri)
     for _ in range(MAX_HISTORY_READS):
-        entries = current.history(limit)
-        latest = DeltaTable(uri, storage_options=storage_options(uri))
+        entries = despite_log_cleanup(lambda: current.history(limit))  # noqa: B023 - called at once
+        latest = _latest(uri)
         if latest.version() == current.version():
             break
         current = latest
     return entries, limit is None or len(entries) < limit
+
+
+def _latest(uri: str) -> DeltaTable:
+    return despite_log_cleanup(lambda: DeltaTable(uri, storage_options=storage_options(uri)))
 
 
 def _commit_after(table: DeltaTable) -> bool:
@@ -215,7 +219,7 @@ def _restored_version(history: list[Commit], entry: Commit, uri: str | None = No
         return bool(h["version"] < entry["version"] and h["timestamp"] <= target_ms)
 
     if uri is not None and not any(before_target(h) for h in history):
-        history = commit_history(DeltaTable(uri, storage_options=storage_options(uri)), until=before_target)
+        history = commit_history(_latest(uri), until=before_target)
     candidates = [h["version"] for h in history if before_target(h)]
     return int(max(candidates)) if candidates else 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import re
 import time
 from collections.abc import Iterator
 
@@ -44,6 +45,7 @@ def message_schema(headers: bool) -> pa.Schema:
 
 
 _LOST = {_KErr._AUTO_OFFSET_RESET, _KErr.OFFSET_OUT_OF_RANGE}
+_AFTER_MS = re.compile(r" \(after \d+ms in state \w+\)")
 _FATAL = {
     _KErr.UNKNOWN_TOPIC_OR_PART,
     _KErr._UNKNOWN_TOPIC,
@@ -84,9 +86,10 @@ def reader_memory_bound(max_records_per_task: int, record_bytes: int) -> int:
     return QUEUE_BYTES + FETCH_BYTES + max_records_per_task * record_bytes
 
 
-def reader_settings(settings: KafkaSettings, group: str) -> dict:
+def reader_settings(settings: KafkaSettings, group: str, **extra) -> dict:
     return client_settings(
         settings,
+        **extra,
         **{
             "group.id": group,  # required by librdkafka; never joined or committed
             "enable.auto.commit": False,
@@ -143,12 +146,19 @@ class RangeReader:
         # In an executor nobody configured logging: librdkafka's own lines would reach stderr, one a second
         # per consumer while a broker is away. The reader logs each distinct error once instead (below).
         librdkafka_log.setLevel(logging.CRITICAL)
-        self._consumer = Consumer(reader_settings(settings, group))
+        # A whole cluster away shows in no message: librdkafka reports it (all brokers down, connections
+        # refused) only to error_cb, which runs inside consume(). Those reports count as transient errors.
+        self._client_errors: list[str] = []
+        self._consumer = Consumer(reader_settings(settings, group, error_cb=self._client_error))
         try:
             self._consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
         except KafkaException as err:
             self.close()
             raise _read_failed(rng, err) from None
+
+    def _client_error(self, err) -> None:
+        # "Connect to ... failed: Connection refused (after 1ms in state CONNECT)": one error, whatever the ms.
+        self._client_errors.append(_AFTER_MS.sub("", err.str()))
 
     def __enter__(self) -> RangeReader:
         return self
@@ -171,6 +181,13 @@ class RangeReader:
         finally:
             self.close()
 
+    def _waiting(self, error: str, transient: set[str]) -> None:
+        """A transient error: remembered (the read may wait up to kafka.retry_seconds), logged once."""
+        if error not in transient:
+            transient.add(error)
+            limit = max(self.stall_seconds, self.settings.retry_seconds)
+            log.warning("read of %s: %s; waiting for the broker (up to %s s)", self.rng, error, limit)
+
     def _batches(self, consumer) -> Iterator[pa.RecordBatch]:
         rng, settings, stall_seconds = self.rng, self.settings, self.stall_seconds
         # A broker restarting or a leader moving shows as transient errors that librdkafka retries on its
@@ -187,15 +204,11 @@ class RangeReader:
                     if err is None:
                         continue
                     position = max(position, _handle_error(err, msg, rng, position))
-                    if err.code() != _KErr._PARTITION_EOF and err.str() not in transient:
-                        transient.add(err.str())
-                        log.warning(
-                            "read of %s: %s; waiting for the broker (up to %s s)",
-                            rng,
-                            err.str(),
-                            max(stall_seconds, settings.retry_seconds),
-                        )
+                    if err.code() != _KErr._PARTITION_EOF:
+                        self._waiting(err.str(), transient)
                 messages = [m for m in messages if m.error() is None]
+            while self._client_errors:  # the cluster, not this partition: a broker away, all of them
+                self._waiting(self._client_errors.pop(0), transient)
             if messages:
                 # One column at a time, not one record at a time: the per-record Python work is what
                 # bounds a reader (offsets ascend within a partition, so `end` cuts the list once).
