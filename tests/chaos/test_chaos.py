@@ -48,6 +48,7 @@ def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path, record_format):
     assert summary.journaled > 0.9 * summary.kafka_records, f"{replay}: the producers' record covers too little"
     assert summary.audit_ok, f"{replay}: {summary.audit_label} FAILED"
     assert summary.job_failures == [], f"{replay}: jobs failed with no fault to explain it"
+    assert summary.over_bounds == [], f"{replay}: excused or left out past the bounds: {summary.over_bounds}"
     # Availability: every stream that met a broker restart stayed up and committed again afterwards.
     assert summary.streams and summary.stream_uptime == 1.0, (replay, [w.as_dict() for w in summary.streams])
     if record_format == "avro":  # schema 2's field arrived mid-run as a column, among all the faults
