@@ -103,6 +103,50 @@ def quarantine_twice(cfg, bad: list, **_) -> list:
     return [(oracle.QUARANTINED_TWICE, bad[0])]
 
 
+def row_for_an_aborted_record(cfg, good: list, aborted: list, **_) -> list:
+    """A row made in the table's own shape for an offset Kafka skips under read_committed."""
+    row = rows_at(cfg.table_path, good[7]).to_pylist()[0]
+    row.update(kafka_partition=aborted[1][1], kafka_offset=aborted[1][2])
+    schema = DeltaTable(cfg.table_path).to_pyarrow_table().schema
+    write_deltalake(cfg.table_path, pa.Table.from_pylist([row], schema=schema), mode="append")
+    return [(oracle.UNEXPECTED, aborted[1])]
+
+
+def in_the_table_and_the_quarantine(cfg, good: list, kafka: dict, **_) -> list:
+    where = good[8]
+    write_deltalake(cfg.quarantine_path, quarantine_row(cfg, where, kafka[where]), mode="append")
+    return [(oracle.BOTH, where)]
+
+
+def rewrite(path: str, where: tuple, change) -> None:
+    """The row at `where` deleted and written again with `change(row)` applied."""
+    row = rows_at(path, where)
+    schema = row.schema
+    changed = change(row.to_pylist()[0])
+    DeltaTable(path).delete(at(where))
+    write_deltalake(path, pa.Table.from_pylist([changed], schema=schema), mode="append")
+
+
+def quarantine_row_unlike_its_record(cfg, bad: list, **_) -> list:
+    rewrite(cfg.quarantine_path, bad[1], lambda row: {**row, "value": b"not what Kafka holds"})
+    return [(oracle.QUARANTINE_WRONG, bad[1])]
+
+
+def quarantine_reason_made_up(cfg, bad: list, **_) -> list:
+    rewrite(cfg.quarantine_path, bad[2], lambda row: {**row, "error": "made up"})
+    return [(oracle.QUARANTINE_WRONG, bad[2])]
+
+
+def bad_record_not_quarantined(cfg, bad: list, **_) -> list:
+    DeltaTable(cfg.quarantine_path).delete(at(bad[3]))
+    return [(oracle.MISSING, bad[3]), (oracle.BAD_NOT_QUARANTINED, bad[3])]
+
+
+def _table_rows(cfg) -> list[tuple[tuple, dict]]:
+    rows = DeltaTable(cfg.table_path).to_pyarrow_table().to_pylist()
+    return [((r["kafka_topic"], r["kafka_partition"], r["kafka_offset"]), r) for r in rows]
+
+
 def quarantine_row(cfg, where: tuple, record) -> pa.Table:
     schema = DeltaTable(cfg.quarantine_path).to_pyarrow_table().schema
     row = {
@@ -126,6 +170,11 @@ CORRUPTIONS = [
     quarantine_a_good_record,
     quarantine_an_aborted_record,
     quarantine_twice,
+    row_for_an_aborted_record,
+    in_the_table_and_the_quarantine,
+    quarantine_row_unlike_its_record,
+    quarantine_reason_made_up,
+    bad_record_not_quarantined,
 ]
 
 
@@ -136,7 +185,7 @@ def test_the_oracle_fails_each_corruption_naming_its_offset(ingested, tmp_path):
     good = sorted(w for w, s in journaled.items() if s.outcome == "committed" and s.bad is None)
     bad = sorted(w for w, s in journaled.items() if s.outcome == "committed" and s.bad is not None)
     aborted = sorted(w for w, s in journaled.items() if s.outcome == "aborted")
-    assert len(good) > 100 and bad and aborted
+    assert len(good) > 100 and len(bad) >= 4 and len(aborted) >= 2
     random.Random(26).shuffle(good)
 
     missed = []
@@ -167,3 +216,52 @@ def test_the_oracle_fails_a_loss_that_read_committed_hides(ingested):
     findings = oracle.check(cfg, journal=journal)
 
     assert [w for w, _ in findings.kinds[oracle.PRODUCER_LOST]] == [aborted]
+    assert findings.disagreement(oracle.PRODUCER_LOST) == oracle.KAFKA_VS_PRODUCERS
+
+
+def test_the_oracle_fails_kafka_returning_what_the_producers_aborted_or_did_not_send(ingested):
+    """The other two ways Kafka can disagree with its producers: a record they aborted comes back, a record
+    comes back unlike what they sent. Neither is the table's doing, and the report says so."""
+    cfg, topic = ingested
+    committed = sorted(w for w, s in oracle.JOURNAL.of_topic(topic).items() if s.outcome == "committed")
+    first, second = committed[0], committed[1]
+    kafka = oracle.read_committed(cfg.kafka.bootstrap_servers, topic)
+    journal = oracle.Journal()
+    record = kafka[first]
+    journal.add(first, oracle.Sent(record.key, record.value, list(record.headers), None, outcome="aborted"))
+    other = kafka[second]
+    journal.add(second, oracle.Sent(other.key, b"something else", list(other.headers), None, outcome="committed"))
+
+    findings = oracle.check(cfg, journal=journal)
+
+    assert [w for w, _ in findings.kinds[oracle.PRODUCER_ABORTED]] == [first]
+    assert [w for w, _ in findings.kinds[oracle.PRODUCER_DIFFERS]] == [second]
+    assert findings.count_of(oracle.KAFKA_VS_PRODUCERS) == 2 and findings.count_of(oracle.TABLE_VS_KAFKA) == 0
+    assert oracle.KAFKA_VS_PRODUCERS in findings.report()
+
+
+def test_what_the_oracle_leaves_out_is_counted_and_fails_past_its_bound(ingested, tmp_path):
+    """A quarantine row ahead of the ledger is left out only when asked, counted, and past its bound (0
+    unless set) the check fails; records in doubt likewise."""
+    cfg, topic = ingested
+    copy = copy_of(cfg, tmp_path, "ahead")
+    kafka = oracle.read_committed(cfg.kafka.bootstrap_servers, topic)
+    ledger = oracle.ledger_offsets(copy)
+    # As a job killed between its two commits leaves it: partition 0's last record quarantined, the table
+    # and the ledger not yet there.
+    last = max(w for w in kafka if w[1] == 0 and w[2] < ledger[(topic, 0)] and w in dict(_table_rows(copy)))
+    write_deltalake(copy.quarantine_path, quarantine_row(copy, last, kafka[last]), mode="append")
+    DeltaTable(copy.table_path).delete(at(last))
+    below = {**ledger, (topic, 0): last[2]}
+
+    strict = oracle.check(copy, below, quarantine_ahead=True)
+    assert strict.left_out[oracle.QUARANTINE_AHEAD] == 1 and strict.over_bounds() and not any(strict.kinds.values())
+    assert "past their bounds" in strict.report()
+    allowed = oracle.check(copy, below, quarantine_ahead=True, bounds={oracle.QUARANTINE_AHEAD: 1})
+    assert allowed.left_out[oracle.QUARANTINE_AHEAD] == 1 and allowed.ok, allowed.report()
+
+    journal = oracle.Journal()
+    record = kafka[last]
+    journal.add(last, oracle.Sent(record.key, record.value, list(record.headers), None, outcome="in doubt"))
+    doubt = oracle.check(cfg, journal=journal)
+    assert doubt.left_out[oracle.IN_DOUBT] == 1 and not doubt.ok
