@@ -367,6 +367,24 @@ def _protobuf_scalar(f, value):
     return value
 
 
+def same(have, want) -> bool:
+    """Equal values of the same types: `True` is not 1, 1 is not 1.0, a float is equal only bit for bit,
+    a timestamp is the same instant in the same zone; lists, maps (as pairs) and structs item by item."""
+    if have is None or want is None:
+        return have is None and want is None
+    if type(have) is not type(want):
+        return False
+    if isinstance(have, dict):
+        return have.keys() == want.keys() and all(same(have[k], want[k]) for k in have)
+    if isinstance(have, (list, tuple)):
+        return len(have) == len(want) and all(same(h, w) for h, w in zip(have, want, strict=True))
+    if isinstance(have, float):
+        return struct.pack("<d", have) == struct.pack("<d", want)
+    if isinstance(have, dt.datetime):
+        return have == want and have.utcoffset() == want.utcoffset()
+    return bool(have == want)
+
+
 def coerce(value, t: pa.DataType):
     """A decoded value as a column of type `t` reads back (pyarrow's to_pylist): the JSON forms of
     timestamps, dates and binary parsed, floats narrowed, structs filled with None, maps as pairs."""
@@ -383,6 +401,8 @@ def coerce(value, t: pa.DataType):
         return dt.date.fromisoformat(value) if isinstance(value, str) else value
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         return base64.b64decode(value, validate=True) if isinstance(value, str) else bytes(value)
+    if pa.types.is_floating(t) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        return value  # not a number: no column of numbers can hold it as its record has it
     if pa.types.is_float32(t):
         return struct.unpack("<f", struct.pack("<f", value))[0]
     if pa.types.is_floating(t):
@@ -395,6 +415,71 @@ def coerce(value, t: pa.DataType):
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return [coerce(v, t.value_type) for v in value]
     return value
+
+
+# -- the table's schema, as the docs promise it ----------------------------------------------------------
+# Written here again from docs/reference/pipeline.md and docs/usage (not imported from offsetlake): a column
+# offsetlake gives another type than the pipeline file and the docs say is a finding.
+
+DECLARED_TYPES = {
+    "string": pa.string(),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "double": pa.float64(),
+    "float": pa.float32(),
+    "boolean": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "date": pa.date32(),
+    "binary": pa.binary(),
+}
+LINEAGE_TYPES = {
+    "kafka_topic": pa.string(),
+    "kafka_partition": pa.int32(),
+    "kafka_offset": pa.int64(),
+    "kafka_timestamp": pa.timestamp("us", tz="UTC"),
+}
+HEADERS_TYPE = pa.map_(pa.string(), pa.binary())  # every header, in order, a null value kept
+
+
+def expected_columns(cfg) -> tuple[dict[str, pa.DataType], bool]:
+    """(the columns the pipeline file defines, with their types; whether a schema adds payload columns
+    besides: a registry's writer schemas or an Avro schema file). Those payload columns' types are not
+    derived here yet; their values are still checked, record by record."""
+    fmt = cfg.format
+    columns: dict[str, pa.DataType] = {}
+    if fmt.type == "raw":
+        columns.update(key=pa.binary(), value=pa.binary())
+    elif fmt.type == "json":
+        columns.update({f.name: DECLARED_TYPES[f.type] for f in fmt.schema_})
+    if fmt.unknown_fields == "keep":
+        columns[UNKNOWN_FIELDS_COLUMN] = pa.string()
+    if fmt.envelope == "debezium" and fmt.type == "json":
+        columns[DEBEZIUM_OP_COLUMN] = pa.string()
+        columns[DEBEZIUM_POSITION_COLUMN] = DECLARED_TYPES[fmt.debezium.position_type]
+    if fmt.key is not None and fmt.key.type in ("raw", "string"):
+        columns[KEY_COLUMN] = pa.binary() if fmt.key.type == "raw" else pa.string()
+    elif fmt.key is not None and fmt.key.type == "json":
+        columns[KEY_COLUMN] = pa.struct([(f.name, DECLARED_TYPES[f.type]) for f in fmt.key.schema_])
+    if fmt.include_headers:
+        columns[HEADERS_COLUMN] = HEADERS_TYPE
+    columns.update(LINEAGE_TYPES)
+    registry_payload = fmt.type not in ("raw", "json")  # Avro, Protobuf, JSON Schema (or an Avro schema file)
+    registry_key = fmt.key is not None and fmt.key.type not in ("raw", "string", "json")
+    return columns, registry_payload or registry_key
+
+
+def _check_schema(findings: Findings, cfg, schema: pa.Schema) -> None:
+    """The table's columns are the pipeline's, each with its type (timestamp unit and zone included)."""
+    expected, open_payload = expected_columns(cfg)
+    have = {f.name: f.type for f in schema}
+    for name, want in expected.items():
+        if name not in have:
+            findings.add(SCHEMA, (name, -1, -1), f"column {name!r} ({want}) is not in the table")
+        elif not have[name].equals(want):
+            findings.add(SCHEMA, (name, -1, -1), f"column {name!r} is {have[name]}, the pipeline's is {want}")
+    if not open_payload:
+        for name in have.keys() - expected.keys():
+            findings.add(SCHEMA, (name, -1, -1), f"column {name!r} ({have[name]}) is not the pipeline's")
 
 
 # -- the check -------------------------------------------------------------------------------------------
@@ -470,6 +555,7 @@ def _where(where: Offset) -> str:
 
 
 MISSING, DUPLICATED, UNEXPECTED = "records missing", "rows duplicated", "rows Kafka does not hold"
+SCHEMA = "columns missing, extra or of another type than the pipeline's"
 WRONG_VALUE, BOTH = "rows whose values are not their record's", "records in the table and the quarantine"
 QUARANTINED_TWICE, QUARANTINE_UNEXPECTED = "records quarantined twice", "quarantine rows Kafka does not hold"
 QUARANTINE_WRONG, GOOD_QUARANTINED = "quarantine rows unlike their record", "good records quarantined"
@@ -559,6 +645,7 @@ def check(
         quarantine = below
     findings.quarantined = sum(len(v) for v in quarantine.values())
 
+    _check_schema(findings, cfg, table.schema)
     decoder = Decoder(cfg, registry, protobuf)
     if cfg.write.upsert:
         expected = _fold(findings, cfg, kafka, quarantine, decoder, table.schema)
@@ -604,7 +691,7 @@ def _check_table(findings: Findings, rows, kafka, decoder: Decoder, schema: pa.S
             have = got.get(column)
             if column == UNKNOWN_FIELDS_COLUMN:
                 have = None if have is None else json.loads(have)
-            if have != want:
+            if not same(have, want):
                 findings.add(WRONG_VALUE, where, f"column {column!r} is {have!r}, its record's is {want!r}")
                 break
     for where, found in rows.items():
@@ -793,7 +880,7 @@ def _check_against_fold(findings: Findings, cfg, rows: list[dict], folded: dict[
             have = found[0].get(column)
             if column == UNKNOWN_FIELDS_COLUMN:
                 have = None if have is None else json.loads(have)
-            if have != value:
+            if not same(have, value):
                 findings.add(WRONG_VALUE, where, f"key {key}: column {column!r} is {have!r}, its record's is {value!r}")
                 break
     for key, (want_at, _) in expected.items():
