@@ -3,6 +3,7 @@ catch; each corruption must fail the check with a finding of its kind that names
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import shutil
 
@@ -265,3 +266,46 @@ def test_what_the_oracle_leaves_out_is_counted_and_fails_past_its_bound(ingested
     journal.add(last, oracle.Sent(record.key, record.value, list(record.headers), None, outcome="in doubt"))
     doubt = oracle.check(cfg, journal=journal)
     assert doubt.left_out[oracle.IN_DOUBT] == 1 and not doubt.ok
+
+
+def _retyped(table: pa.Table, name: str, arrow_type: pa.DataType) -> pa.Table:
+    index = table.schema.get_field_index(name)
+    return table.set_column(index, pa.field(name, arrow_type), table.column(name).cast(arrow_type))
+
+
+TYPE_DEFECTS = {
+    # a double column written as float32: 0.1 would read back as 0.10000000149
+    "amount": lambda t: _retyped(t, "amount", pa.float32()),
+    "event_time": lambda t: _retyped(t, "event_time", pa.string()),  # a timestamp written as text
+    # A Delta timestamp is an instant (read back in UTC, whatever zone it was written with): the zone defect
+    # a Delta table can hold is a timestamp without one (timestamp_ntz), wall-clock time of no zone.
+    "kafka_timestamp": lambda t: _retyped(t, "kafka_timestamp", pa.timestamp("us")),
+    "user_id": lambda t: t.drop_columns(["user_id"]),  # a declared column missing
+    "seq": lambda t: _retyped(t, "seq", pa.float64()),  # a long written as a double: 1 is not 1.0
+}
+
+
+@pytest.mark.parametrize("column", sorted(TYPE_DEFECTS))
+def test_the_oracle_fails_a_column_of_another_type_than_the_pipelines(ingested, tmp_path, column):
+    """Each type defect, rewritten into a copy of the real table: a finding naming the column, whatever the
+    values read back as (the oracle derives the types from the pipeline file, not from the table)."""
+    cfg, _ = ingested
+    copy = copy_of(cfg, tmp_path, f"type-{column}")
+    table = DeltaTable(copy.table_path).to_pyarrow_table()
+    write_deltalake(copy.table_path, TYPE_DEFECTS[column](table), mode="overwrite", schema_mode="overwrite")
+
+    findings = oracle.check(copy)
+
+    named = [where[0] for where, _ in findings.kinds.get(oracle.SCHEMA, [])]
+    assert named == [column], findings.report()
+    with pytest.raises(AssertionError, match=rf"{column}\["):
+        oracle.assert_exactly_once(copy)
+
+
+def test_values_are_compared_with_their_types():
+    assert oracle.same([("a", b"x")], [("a", b"x")]) and oracle.same({"n": 1}, {"n": 1})
+    assert not oracle.same(True, 1) and not oracle.same(1, 1.0) and not oracle.same(0.1, 0.10000000149011612)
+    utc = dt.datetime(2026, 11, 26, 12, tzinfo=dt.UTC)
+    assert not oracle.same(utc, utc.astimezone(dt.timezone(dt.timedelta(hours=5))))  # the same instant elsewhere
+    assert oracle.coerce("12.50", pa.float64()) == "12.50"  # a string is not made a number
+    assert oracle.coerce(3, pa.float64()) == 3.0 and isinstance(oracle.coerce(3, pa.float64()), float)
