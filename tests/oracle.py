@@ -327,6 +327,100 @@ class Decoder:
         return self._registry
 
 
+# -- what makes a record bad, by the oracle's own reading of the docs (docs/reference/pipeline.md) ------
+
+INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
+
+
+def json_defect(cfg, record: KafkaRecord) -> str | None:
+    """Why a `json` record cannot be a row (a fragment its quarantine reason must hold), or None when the
+    oracle finds it good. Append mode, no Debezium envelope: the plain declared-fields contract."""
+    fmt = cfg.format
+    if record.value is None:
+        return "value is null"
+    if len(record.value) > fmt.max_value_bytes:
+        return "above format.max_value_bytes"
+    try:
+        text = record.value.decode("utf-8")
+    except UnicodeDecodeError:
+        return "value is not"  # UTF-8 (or JSON, whichever the reader meets first)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return "value is not JSON"
+    if not isinstance(value, dict):
+        return "expected an object"
+    for declared in fmt.schema_:
+        field_value = value.get(declared.name)
+        if field_value is None:
+            if declared.required:
+                return f"required field {declared.name!r}"
+            continue
+        wrong = _field_defect(field_value, declared.type)
+        if wrong:
+            return f"field {declared.name!r}: {wrong}"
+    if fmt.unknown_fields == "keep":
+        extra = {k: v for k, v in value.items() if k not in {f.name for f in fmt.schema_}}
+        try:
+            json.dumps(extra, allow_nan=False)
+        except ValueError:
+            return "undeclared fields"
+    return None
+
+
+def _field_defect(value, declared: str) -> str | None:
+    """The start of what a declared field's wrong value is quarantined with; None when it fits."""
+    if declared == "string":
+        if not isinstance(value, str):
+            return "expected a string"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "text holds a lone surrogate"
+        return None
+    if declared in INT_RANGES:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "expected an integer"
+        low, high = INT_RANGES[declared]
+        return None if low <= value <= high else "out of range"
+    if declared in ("double", "float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "expected a number"
+        return None if value == value and abs(value) != float("inf") else "not finite"
+    if declared == "boolean":
+        return None if isinstance(value, bool) else "expected true or false"
+    if declared == "timestamp":
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            return "expected a timestamp"
+        try:
+            if isinstance(value, str):
+                dt.datetime.fromisoformat(value)
+            else:
+                EPOCH + dt.timedelta(milliseconds=value)
+        except ValueError:
+            return "Invalid isoformat"
+        except OverflowError:
+            return "out of range"
+        return None
+    if declared == "date":
+        if not isinstance(value, str):
+            return "expected a date"
+        try:
+            dt.date.fromisoformat(value)
+        except ValueError:
+            return "Invalid isoformat"
+        return None
+    if declared == "binary":
+        if not isinstance(value, str):
+            return "expected base64"
+        try:
+            base64.b64decode(value, validate=True)
+        except ValueError:
+            return "base64"
+        return None
+    raise AssertionError(f"the oracle knows no declared type {declared!r}")
+
+
 def debezium_row(event: dict, position: str) -> dict:
     """What a Debezium change event makes of a row, as Debezium documents its envelope: `after` for c, r
     and u, `before` for d, with the op and `source.<position>`."""
@@ -654,7 +748,7 @@ def check(
     else:
         rows = _by_offset(table.to_pylist())
         _check_table(findings, rows, kafka, decoder, table.schema, log_start)
-    _check_quarantine(findings, quarantine, rows, kafka, log_start)
+    _check_quarantine(findings, quarantine, rows, kafka, log_start, cfg)
     for topic in cfg.topics:
         _check_producers(findings, journal.of_topic(topic), kafka, rows, quarantine, until, cfg, log_start)
     return findings
@@ -708,7 +802,11 @@ def _check_table(findings: Findings, rows, kafka, decoder: Decoder, schema: pa.S
             )
 
 
-def _check_quarantine(findings: Findings, quarantine, rows, kafka, log_start: dict) -> None:
+def _check_quarantine(findings: Findings, quarantine, rows, kafka, log_start: dict, cfg) -> None:
+    """Every record in the table or the quarantine once; each quarantine row its record's; and, for the
+    `json` format in append mode, each quarantined record one the oracle finds bad, for the reason it finds."""
+    fmt = cfg.format
+    judged = fmt.type == "json" and fmt.envelope != "debezium" and not cfg.write.upsert
     for where in kafka:
         if where not in rows and where not in quarantine:
             findings.add(MISSING, where, "in neither the table nor the quarantine")
@@ -729,6 +827,14 @@ def _check_quarantine(findings: Findings, quarantine, rows, kafka, log_start: di
             )
             continue
         row = found[0]
+        if judged:
+            defect = json_defect(cfg, record)
+            if defect is None:
+                findings.add(GOOD_QUARANTINED, where, f"the oracle finds it good, quarantined as {row['error']!r}")
+            elif defect not in (row["error"] or ""):
+                findings.add(
+                    QUARANTINE_WRONG, where, f"quarantined as {row['error']!r}; the oracle's reason: {defect!r}"
+                )
         kept = (row["key"], row["value"], row["kafka_timestamp"])
         if kept != (record.key, record.value, record.timestamp) or not row["error"]:
             findings.add(
