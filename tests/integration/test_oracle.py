@@ -309,3 +309,21 @@ def test_values_are_compared_with_their_types():
     assert not oracle.same(utc, utc.astimezone(dt.timezone(dt.timedelta(hours=5))))  # the same instant elsewhere
     assert oracle.coerce("12.50", pa.float64()) == "12.50"  # a string is not made a number
     assert oracle.coerce(3, pa.float64()) == 3.0 and isinstance(oracle.coerce(3, pa.float64()), float)
+
+
+def test_the_oracle_judges_the_quarantine_itself_without_the_producers_word(ingested, tmp_path):
+    """With no journal at all, a good record quarantined and a bad one quarantined for a reason that is not
+    its defect are still found: the oracle reads each quarantined record against the declared fields."""
+    cfg, topic = ingested
+    kafka = oracle.read_committed(cfg.kafka.bootstrap_servers, topic)
+    journaled = oracle.JOURNAL.of_topic(topic)
+    good = sorted(w for w, s in journaled.items() if s.outcome == "committed" and s.bad is None)
+    bad = sorted(w for w, s in journaled.items() if s.outcome == "committed" and s.bad is not None)
+    copy = copy_of(cfg, tmp_path, "judged")
+    quarantine_a_good_record(copy, good=good[10:], kafka=kafka)
+    quarantine_reason_made_up(copy, bad=[None, None, bad[0]])
+
+    findings = oracle.check(copy, journal=oracle.Journal())
+
+    assert [w for w, _ in findings.kinds.get(oracle.GOOD_QUARANTINED, [])] == [good[16]], findings.report()
+    assert [w for w, _ in findings.kinds.get(oracle.QUARANTINE_WRONG, [])] == [bad[0]], findings.report()
