@@ -129,6 +129,10 @@ def _describe(err: Exception) -> str:
     return str(err)
 
 
+# Seconds a consumer-group call waits beyond its requests' own timeout (socket.timeout.ms), so the request
+# fails first and the call hears it (see KafkaCluster.check_access).
+GROUP_CALL_SLACK = 5
+
 _REFUSED = re.compile(r"(Topic|Group|Cluster|Transactional Id) authorization failed")
 
 
@@ -156,6 +160,10 @@ class KafkaCluster:
         if self._admin is None:
             self._admin = AdminClient(client_settings(self.settings, error_cb=self._remember))
         return self._admin
+
+    @property
+    def _socket_ms(self) -> int:
+        return max(int(self.timeout * 1000), 1000)
 
     def _forget_stale_leaders(self, err: KafkaException) -> None:
         """The next try asks through a new admin client: it looks the leaders up again (STALE_LEADERS)."""
@@ -253,8 +261,16 @@ class KafkaCluster:
             return {name: _operations(f.result()) for name, f in futures.items()}
 
         def describe_group() -> list[str] | None:
-            futures = self.admin.describe_consumer_groups(
-                [group], include_authorized_operations=True, request_timeout=self.timeout
+            # A client of its own for each try, whose requests time out before the call does: librdkafka
+            # 2.x aborts the process when a DescribeGroups answer arrives after its call timed out
+            # (`rd_kafka_enq_once_del_source_return: Assertion eonce->refcnt > 0`, librdkafka issue 4605;
+            # two chaos-run ingests died so across a broker restart), and a coordinator lookup that met a
+            # dead node is not asked again through the same client.
+            admin = AdminClient(
+                client_settings(self.settings, error_cb=self._remember, **{"socket.timeout.ms": self._socket_ms})
+            )
+            futures = admin.describe_consumer_groups(
+                [group], include_authorized_operations=True, request_timeout=self.timeout + GROUP_CALL_SLACK
             )
             return _operations(futures[group].result())
 
