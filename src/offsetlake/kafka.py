@@ -132,6 +132,7 @@ def _describe(err: Exception) -> str:
 # Seconds a consumer-group call waits beyond its requests' own timeout (socket.timeout.ms), so the request
 # fails first and the call hears it (see KafkaCluster.check_access).
 GROUP_CALL_SLACK = 5
+_KEPT: list = []  # the group check's clients, kept for the process's life (see KafkaCluster.check_access)
 
 _REFUSED = re.compile(r"(Topic|Group|Cluster|Transactional Id) authorization failed")
 
@@ -269,10 +270,16 @@ class KafkaCluster:
             admin = AdminClient(
                 client_settings(self.settings, error_cb=self._remember, **{"socket.timeout.ms": self._socket_ms})
             )
+            _KEPT.append(admin)  # never torn down with a request out: librdkafka's purge can meet the same bug
             futures = admin.describe_consumer_groups(
                 [group], include_authorized_operations=True, request_timeout=self.timeout + GROUP_CALL_SLACK
             )
-            return _operations(futures[group].result())
+            try:
+                return _operations(futures[group].result())
+            except KafkaException as err:
+                if is_retriable(err):  # a coordinator away: asking again is what aborts; the mirror asks later
+                    return None
+                raise
 
         described = self._refusing("cannot describe topics", describe_topics, f"DESCRIBE topics {topics}")
         for topic, allowed in described.items():
