@@ -49,6 +49,16 @@ from offsetlake.files import storage_options
 from offsetlake.local.producer import BAD_VALUES
 from offsetlake.protocol.ledger import read_ledger
 from offsetlake.table import open_table, query
+from oracle_types import (
+    WriterColumns,
+    avro_type,
+    expected_columns,
+    json_schema_resolver,
+    json_schema_type,
+    protobuf_type,
+    same_type,
+    struct_columns,
+)
 
 Offset = tuple[str, int, int]  # (topic, partition, offset)
 UTC = dt.UTC
@@ -168,6 +178,9 @@ class Journal:
         self._lock = threading.RLock()
         self._by_offset: dict[Offset, Sent] = {}
         self._open: dict[str, list[Sent]] = collections.defaultdict(list)
+        # Records acknowledged without an offset: librdkafka delivers a retried write that the broker
+        # answers DUPLICATE_SEQUENCE_NUMBER (it already holds it) with offset -1. Placed by the check.
+        self._unplaced: dict[str, list[Sent]] = collections.defaultdict(list)
 
     def sent(self, topic: str, record: dict, transaction: str | None, bad: str | None = None) -> Callable:
         value = record.get("value")
@@ -188,7 +201,10 @@ class Journal:
                 sent.outcome = "committed"
             else:
                 self._open[transaction].append(sent)
-            self._by_offset[(msg.topic(), msg.partition(), msg.offset())] = sent
+            if msg.offset() is None or msg.offset() < 0:
+                self._unplaced[msg.topic()].append(sent)
+            else:
+                self._by_offset[(msg.topic(), msg.partition(), msg.offset())] = sent
 
         return delivered
 
@@ -209,6 +225,10 @@ class Journal:
         # may collect a producer whose teardown delivers reports into it: "dictionary changed size").
         placed = self._by_offset.copy().items()
         return {k: v for k, v in placed if k[0] == topic}
+
+    def unplaced(self, topic: str) -> list[Sent]:
+        """The records sent to `topic` that were acknowledged without an offset."""
+        return list(self._unplaced.get(topic, []))
 
 
 def _headers(headers) -> list:
@@ -242,6 +262,11 @@ class Decoder:
         self._protobuf = protobuf or {}  # "value" / "key": the message class a test's producer used
         self._writers: dict[int, Any] = {}
         self._file_schema = None
+        # The Arrow type of each writer schema the decoded records used: the table's columns (_check_schema).
+        self.writers = WriterColumns()
+        self.writers.registry_payload = cfg.format.type in ("avro", "protobuf", "json_schema") and not (
+            cfg.format.schema_file
+        )
 
     def row(self, record: KafkaRecord, schema: pa.Schema) -> dict:
         row: dict[str, Any] = {"kafka_timestamp": record.timestamp}
@@ -272,9 +297,17 @@ class Decoder:
             return json.loads(value)
         if kind == "avro" and self.fmt.schema_file:
             if self._file_schema is None:
-                self._file_schema = fastavro.parse_schema(json.loads(Path(self.fmt.schema_file).read_text()))
+                document = json.loads(Path(self.fmt.schema_file).read_text())
+                self.writers.saw("value", "schema_file", lambda: self._payload_type(avro_type(document)))
+                self._file_schema = fastavro.parse_schema(document)
             return fastavro.schemaless_reader(io.BytesIO(value), self._file_schema, None)
         return self._registered(value, kind, "value")
+
+    def _payload_type(self, t: pa.DataType, part: str = "value") -> pa.DataType:
+        """A value schema's columns: a Debezium envelope's are its `after` record's."""
+        if part == "value" and self.fmt.envelope == "debezium":
+            return t.field("after").type
+        return t
 
     def _key(self, key: bytes | None, arrow_type: pa.DataType):
         if key is None:
@@ -290,15 +323,58 @@ class Decoder:
     def _registered(self, data: bytes, kind: str, part: str) -> dict:
         """The Confluent wire format: magic byte 0, the schema id, then the payload."""
         assert data[:1] == b"\x00", f"not in the Schema Registry wire format: {data[:16]!r}"
-        if kind == "json_schema":
-            return json.loads(data[5:])
         if kind == "protobuf":
             return self._protobuf_message(data, part)
         schema_id = struct.unpack(">I", data[1:5])[0]
+        if kind == "json_schema":
+            self.writers.saw(part, schema_id, lambda: self._payload_type(self._json_schema_type(schema_id), part))
+            return json.loads(data[5:])
         if schema_id not in self._writers:
-            schema_str = self.registry().get_schema(schema_id).schema_str
-            self._writers[schema_id] = fastavro.parse_schema(json.loads(schema_str))
+            document = json.loads(self.registry().get_schema(schema_id).schema_str)
+            self.writers.saw(part, schema_id, lambda: self._payload_type(avro_type(document), part))
+            self._writers[schema_id] = fastavro.parse_schema(document)
         return fastavro.schemaless_reader(io.BytesIO(data[5:]), self._writers[schema_id], None)
+
+    def _json_schema_type(self, schema_id: int) -> pa.DataType:
+        schema = self.registry().get_schema(schema_id)
+        return json_schema_type(json.loads(schema.schema_str), self._json_schema_resolver(schema))
+
+    def _json_schema_resolver(self, schema):
+        """`$ref` resolution over the schema and every schema its `references` name, recursively."""
+        referenced: dict[str, dict] = {}
+        pending = list(schema.references or [])
+        while pending:
+            ref = pending.pop()
+            if ref.name not in referenced:
+                found = self.registry().get_version(ref.subject, ref.version).schema
+                referenced[ref.name] = json.loads(found.schema_str)
+                pending.extend(found.references or [])
+        return json_schema_resolver(json.loads(schema.schema_str), referenced)
+
+    def registered_columns(self) -> dict[str, pa.DataType]:
+        """Every column of every version of the value subject (`<topic>-value`), as far as the oracle can
+        map them without compiling Protobuf: columns a table created from a later schema may hold."""
+        if self.fmt.type == "protobuf" or self.fmt.schema_file:
+            return {}
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        columns: dict[str, pa.DataType] = {}
+        for topic in self.cfg.topics:
+            subject = f"{topic}-value"
+            try:
+                versions = self.registry().get_versions(subject)
+            except SchemaRegistryError:
+                continue  # another subject name strategy: nothing more the oracle can allow
+            for version in versions:
+                schema = self.registry().get_version(subject, version).schema
+                document = json.loads(schema.schema_str)
+                if self.fmt.type == "json_schema":
+                    made = json_schema_type(document, self._json_schema_resolver(schema))
+                else:
+                    made = avro_type(document)
+                for name, t in struct_columns(self._payload_type(made)).items():
+                    columns.setdefault(name, t)
+        return columns
 
     def _protobuf_message(self, data: bytes, part: str) -> dict:
         from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
@@ -308,6 +384,7 @@ class Decoder:
         assert message_type is not None, (
             f"the oracle decodes Protobuf with the producer's message class: pass protobuf={{{part!r}: <class>}}"
         )
+        self.writers.saw(part, message_type.DESCRIPTOR.full_name, lambda: protobuf_type(message_type.DESCRIPTOR))
         deserialize = ProtobufDeserializer(message_type, {"use.deprecated.format": False})
         field_kind = MessageField.VALUE if part == "value" else MessageField.KEY
         return protobuf_fields(deserialize(data, SerializationContext(self.cfg.topics[0], field_kind)))
@@ -511,69 +588,42 @@ def coerce(value, t: pa.DataType):
     return value
 
 
-# -- the table's schema, as the docs promise it ----------------------------------------------------------
-# Written here again from docs/reference/pipeline.md and docs/usage (not imported from offsetlake): a column
-# offsetlake gives another type than the pipeline file and the docs say is a finding.
-
-DECLARED_TYPES = {
-    "string": pa.string(),
-    "long": pa.int64(),
-    "int": pa.int32(),
-    "double": pa.float64(),
-    "float": pa.float32(),
-    "boolean": pa.bool_(),
-    "timestamp": pa.timestamp("us", tz="UTC"),
-    "date": pa.date32(),
-    "binary": pa.binary(),
-}
-LINEAGE_TYPES = {
-    "kafka_topic": pa.string(),
-    "kafka_partition": pa.int32(),
-    "kafka_offset": pa.int64(),
-    "kafka_timestamp": pa.timestamp("us", tz="UTC"),
-}
-HEADERS_TYPE = pa.map_(pa.string(), pa.binary())  # every header, in order, a null value kept
+# -- the table's schema, as the docs promise it (the types: oracle_types) -----------------------------------
 
 
-def expected_columns(cfg) -> tuple[dict[str, pa.DataType], bool]:
-    """(the columns the pipeline file defines, with their types; whether a schema adds payload columns
-    besides: a registry's writer schemas or an Avro schema file). Those payload columns' types are not
-    derived here yet; their values are still checked, record by record."""
-    fmt = cfg.format
-    columns: dict[str, pa.DataType] = {}
-    if fmt.type == "raw":
-        columns.update(key=pa.binary(), value=pa.binary())
-    elif fmt.type == "json":
-        columns.update({f.name: DECLARED_TYPES[f.type] for f in fmt.schema_})
-    if fmt.unknown_fields == "keep":
-        columns[UNKNOWN_FIELDS_COLUMN] = pa.string()
-    if fmt.envelope == "debezium" and fmt.type == "json":
-        columns[DEBEZIUM_OP_COLUMN] = pa.string()
-        columns[DEBEZIUM_POSITION_COLUMN] = DECLARED_TYPES[fmt.debezium.position_type]
-    if fmt.key is not None and fmt.key.type in ("raw", "string"):
-        columns[KEY_COLUMN] = pa.binary() if fmt.key.type == "raw" else pa.string()
-    elif fmt.key is not None and fmt.key.type == "json":
-        columns[KEY_COLUMN] = pa.struct([(f.name, DECLARED_TYPES[f.type]) for f in fmt.key.schema_])
-    if fmt.include_headers:
-        columns[HEADERS_COLUMN] = HEADERS_TYPE
-    columns.update(LINEAGE_TYPES)
-    registry_payload = fmt.type not in ("raw", "json")  # Avro, Protobuf, JSON Schema (or an Avro schema file)
-    registry_key = fmt.key is not None and fmt.key.type not in ("raw", "string", "json")
-    return columns, registry_payload or registry_key
-
-
-def _check_schema(findings: Findings, cfg, schema: pa.Schema) -> None:
-    """The table's columns are the pipeline's, each with its type (timestamp unit and zone included)."""
-    expected, open_payload = expected_columns(cfg)
-    have = {f.name: f.type for f in schema}
+def _check_schema(findings: Findings, cfg, schema: pa.Schema, decoder: Decoder) -> None:
+    """The table's columns are the pipeline file's and those of the writer schemas of the records it holds
+    (merged as the table widens), each with its type (timestamp unit and zone, decimal precision and scale
+    included) and every payload column nullable. A column no writer schema of those records has must come
+    from a registered version of the value subject (the table is created from the subject's latest)."""
+    expected = expected_columns(cfg)
+    payload: set[str] = set()
+    for part in ("value", "key"):
+        merged, conflicts = decoder.writers.merged(part)
+        for conflict in conflicts:
+            findings.add(SCHEMA, (part, -1, -1), f"records in the table were written with clashing types: {conflict}")
+        if merged is not None and part == "value":
+            columns = struct_columns(merged)
+            expected.update(columns)
+            payload.update(columns)
+        elif merged is not None:
+            expected[KEY_COLUMN] = merged
+    have = {f.name: f for f in schema}
     for name, want in expected.items():
         if name not in have:
             findings.add(SCHEMA, (name, -1, -1), f"column {name!r} ({want}) is not in the table")
-        elif not have[name].equals(want):
-            findings.add(SCHEMA, (name, -1, -1), f"column {name!r} is {have[name]}, the pipeline's is {want}")
-    if not open_payload:
-        for name in have.keys() - expected.keys():
-            findings.add(SCHEMA, (name, -1, -1), f"column {name!r} ({have[name]}) is not the pipeline's")
+        elif not same_type(have[name].type, want):
+            findings.add(SCHEMA, (name, -1, -1), f"column {name!r} is {have[name].type}, the oracle's is {want}")
+        elif name in payload and not have[name].nullable:
+            findings.add(SCHEMA, (name, -1, -1), f"payload column {name!r} is not nullable")
+    registered = decoder.registered_columns() if decoder.writers.registry_payload else {}
+    for name in have.keys() - expected.keys():
+        if name not in registered:
+            findings.add(SCHEMA, (name, -1, -1), f"column {name!r} ({have[name].type}) is in no schema of its pipeline")
+        elif not same_type(have[name].type, registered[name]):
+            findings.add(
+                SCHEMA, (name, -1, -1), f"column {name!r} is {have[name].type}, its schema's is {registered[name]}"
+            )
 
 
 # -- the check -------------------------------------------------------------------------------------------
@@ -660,6 +710,7 @@ PRODUCER_LOST, PRODUCER_ABORTED = (
 )
 PRODUCER_DIFFERS = "records Kafka returns unlike what the producers sent"
 # What the check may leave out (Findings.left_out), each counted and bounded.
+UNPLACED = "records acknowledged without an offset, not found below the check's end (it may lie past it)"
 IN_DOUBT = "records in doubt (their transaction's end raised: only Kafka knows how it ended)"
 QUARANTINE_AHEAD = "quarantine rows ahead of the ledger (a job killed between its two commits)"
 BEYOND_RETENTION = "rows of records retention deleted from Kafka (below the log start: nothing to compare)"
@@ -739,7 +790,6 @@ def check(
         quarantine = below
     findings.quarantined = sum(len(v) for v in quarantine.values())
 
-    _check_schema(findings, cfg, table.schema)
     decoder = Decoder(cfg, registry, protobuf)
     if cfg.write.upsert:
         expected = _fold(findings, cfg, kafka, quarantine, decoder, table.schema)
@@ -748,9 +798,12 @@ def check(
     else:
         rows = _by_offset(table.to_pylist())
         _check_table(findings, rows, kafka, decoder, table.schema, log_start)
+    _check_schema(findings, cfg, table.schema, decoder)  # after decoding: the writer schemas are known
     _check_quarantine(findings, quarantine, rows, kafka, log_start, cfg)
     for topic in cfg.topics:
-        _check_producers(findings, journal.of_topic(topic), kafka, rows, quarantine, until, cfg, log_start)
+        journaled = journal.of_topic(topic)
+        journaled.update(_place(findings, journal.unplaced(topic), journaled, kafka, topic, until, cfg))
+        _check_producers(findings, journaled, kafka, rows, quarantine, until, cfg, log_start)
     return findings
 
 
@@ -884,6 +937,32 @@ def _check_producers(
                 findings.add(
                     QUARANTINE_WRONG, where, f"quarantined as {quarantine[where][0]['error']!r}, made bad as {reason!r}"
                 )
+
+
+def _place(findings: Findings, unplaced: list[Sent], journaled: dict, kafka, topic: str, until: dict, cfg) -> dict:
+    """{offset: sent} for each record acknowledged without an offset, found by its key, value and headers
+    among the records Kafka returns that no other journaled record claims. One not found is lost when the
+    check reads up to the LSO; below it, it may lie past the check's end: counted, bounded."""
+    if not unplaced:
+        return {}
+    free = collections.defaultdict(list)
+    for where, record in sorted(kafka.items()):
+        if where[0] == topic and where not in journaled:
+            free[(record.key, record.value, repr(list(record.headers)))].append(where)
+    lso = kafka_offsets(_settings(cfg), topic, kafka_partitions(_settings(cfg), topic), "latest")
+    read_to_lso = all(until.get((topic, p), 0) >= end for p, end in lso.items())
+    placed = {}
+    for sent in unplaced:
+        found = free.get((sent.key, sent.value, repr(sent.headers)))
+        if found:
+            placed[found.pop(0)] = sent
+        elif sent.outcome == "committed" and read_to_lso:
+            findings.add(
+                PRODUCER_LOST, (topic, -1, -1), f"acknowledged without an offset, value {_short(sent.value)!r}"
+            )
+        elif sent.outcome == "committed":
+            findings.leave_out(UNPLACED)
+    return placed
 
 
 def _when(sent: Sent) -> str:

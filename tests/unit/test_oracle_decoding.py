@@ -47,6 +47,18 @@ def test_a_record_is_committed_aborted_or_in_doubt_as_its_producer_saw_it():
     }
 
 
+def test_a_record_acknowledged_without_an_offset_is_kept_aside_to_be_placed_by_the_check():
+    """librdkafka acknowledges a retried write the broker already held with offset -1 (None in Python)."""
+    journal = Journal()
+    journal.sent("t", {"value": b"retried"}, "tx1")(None, Delivered(0, None))
+    journal.sent("t", {"value": b"placed"}, "tx1")(None, Delivered(0, 7))
+    journal.ended("tx1", committed=True)
+
+    assert list(journal.of_topic("t")) == [("t", 0, 7)]
+    assert [(s.value, s.outcome) for s in journal.unplaced("t")] == [(b"retried", "committed")]
+    assert journal.unplaced("other") == []
+
+
 def test_the_demo_producers_bad_values_carry_their_reason_and_headers_keep_their_order():
     journal = Journal()
     journal.sent("t", {"value": BAD_VALUES[1], "headers": [("b", "2"), ("a", b"1")]}, None)(None, Delivered(0, 0))
