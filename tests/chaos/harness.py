@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import faulthandler
 import json
 import os
 import random
@@ -1118,6 +1119,7 @@ class Chaos:
                     else:
                         schedule.not_reached(kind, covered=self.summary.faults[kind] > 0)
                     done, again = self.summary.injected, not injected and self.summary.faults[kind] == 0
+                _watchdog()
                 self.log(
                     f"[{done:>4}/{faults}] lane {number} {kind:<28} "
                     f"{'injected' if injected else 'not reached'} ({time.monotonic() - t0:.1f} s)"
@@ -1135,6 +1137,7 @@ class Chaos:
 
     def run(self, faults: int) -> Summary:
         started = time.monotonic()
+        _watchdog()
         self.workload.start()
         time.sleep(2)
         errors: list[BaseException] = []
@@ -1213,6 +1216,16 @@ def run(
     return summary
 
 
+# No fault takes this long: if none ends within it, every thread's stack goes to stderr (and again each
+# period), so a run that hangs says where, instead of only stopping to print.
+STALL_REPORT_SECONDS = 600
+
+
+def _watchdog() -> None:
+    """(Re)arm the stall report: called each time a fault ends."""
+    faulthandler.dump_traceback_later(STALL_REPORT_SECONDS, repeat=True, file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--faults", type=int, default=200)
@@ -1241,6 +1254,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # `kill <harness>` or a CI timeout: unwind, so the run's brokers, jobs and servers are stopped by PID.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <harness>`: where is each thread
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="offsetlake-chaos-"))
     try:
         summary = run(
