@@ -49,6 +49,7 @@ from offsetlake.files import storage_options
 from offsetlake.local.producer import BAD_VALUES
 from offsetlake.protocol.ledger import read_ledger
 from offsetlake.table import open_table, query
+from oracle_judge import UNFRAMED, quarantine_defect
 from oracle_types import (
     WriterColumns,
     avro_type,
@@ -247,7 +248,6 @@ BAD_REASON = {
     BAD_VALUES[2]: "required field 'event_id' is missing",
     BAD_VALUES[3]: "value is not JSON",
 }
-UNFRAMED = "not in the Schema Registry wire format"  # any of them read by a registry format
 
 
 # -- decoding, independently of offsetlake ------------------------------------------------------------
@@ -260,10 +260,11 @@ class Decoder:
         self.cfg, self.fmt = cfg, cfg.format
         self._registry = registry
         self._protobuf = protobuf or {}  # "value" / "key": the message class a test's producer used
-        self._writers: dict[int, Any] = {}
+        self._writers: dict[int, tuple[dict, Any]] = {}  # schema id: (its document, parsed by fastavro)
         self._file_schema = None
         # The Arrow type of each writer schema the decoded records used: the table's columns (_check_schema).
         self.writers = WriterColumns()
+        self.last_writers = WriterColumns()
         self.writers.registry_payload = cfg.format.type in ("avro", "protobuf", "json_schema") and not (
             cfg.format.schema_file
         )
@@ -291,6 +292,37 @@ class Decoder:
             row[HEADERS_COLUMN] = list(record.headers)
         return row
 
+    # -- what the quarantine judge (oracle_judge) asks of a record -------------------------------------
+
+    def key_of(self, key: bytes | None, schema: pa.Schema):
+        return self._key(key, schema.field(KEY_COLUMN).type if KEY_COLUMN in schema.names else pa.null())
+
+    def known_schema(self, schema_id: int) -> bool:
+        """Whether the registry knows the id (False on its 404; any other error is raised)."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        try:
+            self.registry().get_schema(schema_id)
+        except SchemaRegistryError as err:
+            if err.http_status_code == 404:
+                return False
+            raise
+        return True
+
+    def payload(self, value: bytes) -> dict:
+        """The value's fields, decoded without telling the schema check (a quarantined record's writer
+        schema is not one the table must have)."""
+        seen, self.writers = self.writers, WriterColumns()
+        try:
+            return self._value(value)
+        finally:
+            self.last_writers, self.writers = self.writers, seen
+
+    def writer_type(self, part: str, value: bytes) -> pa.DataType:
+        """The Arrow type of the writer schema `payload` just decoded."""
+        (found,) = self.last_writers.types[part].values()
+        return found
+
     def _value(self, value: bytes) -> dict:
         kind = self.fmt.type
         if kind == "json":
@@ -298,9 +330,10 @@ class Decoder:
         if kind == "avro" and self.fmt.schema_file:
             if self._file_schema is None:
                 document = json.loads(Path(self.fmt.schema_file).read_text())
-                self.writers.saw("value", "schema_file", lambda: self._payload_type(avro_type(document)))
-                self._file_schema = fastavro.parse_schema(document)
-            return fastavro.schemaless_reader(io.BytesIO(value), self._file_schema, None)
+                self._file_schema = (document, fastavro.parse_schema(document))
+            document, parsed = self._file_schema
+            self.writers.saw("value", "schema_file", lambda: self._payload_type(avro_type(document)))
+            return fastavro.schemaless_reader(io.BytesIO(value), parsed, None)
         return self._registered(value, kind, "value")
 
     def _payload_type(self, t: pa.DataType, part: str = "value") -> pa.DataType:
@@ -331,9 +364,10 @@ class Decoder:
             return json.loads(data[5:])
         if schema_id not in self._writers:
             document = json.loads(self.registry().get_schema(schema_id).schema_str)
-            self.writers.saw(part, schema_id, lambda: self._payload_type(avro_type(document), part))
-            self._writers[schema_id] = fastavro.parse_schema(document)
-        return fastavro.schemaless_reader(io.BytesIO(data[5:]), self._writers[schema_id], None)
+            self._writers[schema_id] = (document, fastavro.parse_schema(document))
+        document, parsed = self._writers[schema_id]
+        self.writers.saw(part, schema_id, lambda: self._payload_type(avro_type(document), part))
+        return fastavro.schemaless_reader(io.BytesIO(data[5:]), parsed, None)
 
     def _json_schema_type(self, schema_id: int) -> pa.DataType:
         schema = self.registry().get_schema(schema_id)
@@ -402,100 +436,6 @@ class Decoder:
                 )
             self._registry = SchemaRegistryClient(conf)
         return self._registry
-
-
-# -- what makes a record bad, by the oracle's own reading of the docs (docs/reference/pipeline.md) ------
-
-INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
-
-
-def json_defect(cfg, record: KafkaRecord) -> str | None:
-    """Why a `json` record cannot be a row (a fragment its quarantine reason must hold), or None when the
-    oracle finds it good. Append mode, no Debezium envelope: the plain declared-fields contract."""
-    fmt = cfg.format
-    if record.value is None:
-        return "value is null"
-    if len(record.value) > fmt.max_value_bytes:
-        return "above format.max_value_bytes"
-    try:
-        text = record.value.decode("utf-8")
-    except UnicodeDecodeError:
-        return "value is not"  # UTF-8 (or JSON, whichever the reader meets first)
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return "value is not JSON"
-    if not isinstance(value, dict):
-        return "expected an object"
-    for declared in fmt.schema_:
-        field_value = value.get(declared.name)
-        if field_value is None:
-            if declared.required:
-                return f"required field {declared.name!r}"
-            continue
-        wrong = _field_defect(field_value, declared.type)
-        if wrong:
-            return f"field {declared.name!r}: {wrong}"
-    if fmt.unknown_fields == "keep":
-        extra = {k: v for k, v in value.items() if k not in {f.name for f in fmt.schema_}}
-        try:
-            json.dumps(extra, allow_nan=False)
-        except ValueError:
-            return "undeclared fields"
-    return None
-
-
-def _field_defect(value, declared: str) -> str | None:
-    """The start of what a declared field's wrong value is quarantined with; None when it fits."""
-    if declared == "string":
-        if not isinstance(value, str):
-            return "expected a string"
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return "text holds a lone surrogate"
-        return None
-    if declared in INT_RANGES:
-        if isinstance(value, bool) or not isinstance(value, int):
-            return "expected an integer"
-        low, high = INT_RANGES[declared]
-        return None if low <= value <= high else "out of range"
-    if declared in ("double", "float"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return "expected a number"
-        return None if value == value and abs(value) != float("inf") else "not finite"
-    if declared == "boolean":
-        return None if isinstance(value, bool) else "expected true or false"
-    if declared == "timestamp":
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            return "expected a timestamp"
-        try:
-            if isinstance(value, str):
-                dt.datetime.fromisoformat(value)
-            else:
-                EPOCH + dt.timedelta(milliseconds=value)
-        except ValueError:
-            return "Invalid isoformat"
-        except OverflowError:
-            return "out of range"
-        return None
-    if declared == "date":
-        if not isinstance(value, str):
-            return "expected a date"
-        try:
-            dt.date.fromisoformat(value)
-        except ValueError:
-            return "Invalid isoformat"
-        return None
-    if declared == "binary":
-        if not isinstance(value, str):
-            return "expected base64"
-        try:
-            base64.b64decode(value, validate=True)
-        except ValueError:
-            return "base64"
-        return None
-    raise AssertionError(f"the oracle knows no declared type {declared!r}")
 
 
 def debezium_row(event: dict, position: str) -> dict:
@@ -799,7 +739,7 @@ def check(
         rows = _by_offset(table.to_pylist())
         _check_table(findings, rows, kafka, decoder, table.schema, log_start)
     _check_schema(findings, cfg, table.schema, decoder)  # after decoding: the writer schemas are known
-    _check_quarantine(findings, quarantine, rows, kafka, log_start, cfg)
+    _check_quarantine(findings, quarantine, rows, kafka, log_start, cfg, decoder, table.schema)
     for topic in cfg.topics:
         journaled = journal.of_topic(topic)
         journaled.update(_place(findings, journal.unplaced(topic), journaled, kafka, topic, until, cfg))
@@ -855,11 +795,11 @@ def _check_table(findings: Findings, rows, kafka, decoder: Decoder, schema: pa.S
             )
 
 
-def _check_quarantine(findings: Findings, quarantine, rows, kafka, log_start: dict, cfg) -> None:
-    """Every record in the table or the quarantine once; each quarantine row its record's; and, for the
-    `json` format in append mode, each quarantined record one the oracle finds bad, for the reason it finds."""
-    fmt = cfg.format
-    judged = fmt.type == "json" and fmt.envelope != "debezium" and not cfg.write.upsert
+def _check_quarantine(
+    findings: Findings, quarantine, rows, kafka, log_start: dict, cfg, decoder: Decoder, schema: pa.Schema
+) -> None:
+    """Every record in the table or the quarantine once; each quarantine row its record's; each quarantined
+    record one the oracle finds bad (oracle_judge), for the reason it finds."""
     for where in kafka:
         if where not in rows and where not in quarantine:
             findings.add(MISSING, where, "in neither the table nor the quarantine")
@@ -880,14 +820,11 @@ def _check_quarantine(findings: Findings, quarantine, rows, kafka, log_start: di
             )
             continue
         row = found[0]
-        if judged:
-            defect = json_defect(cfg, record)
-            if defect is None:
-                findings.add(GOOD_QUARANTINED, where, f"the oracle finds it good, quarantined as {row['error']!r}")
-            elif defect not in (row["error"] or ""):
-                findings.add(
-                    QUARANTINE_WRONG, where, f"quarantined as {row['error']!r}; the oracle's reason: {defect!r}"
-                )
+        defect = quarantine_defect(cfg, decoder, record, schema)
+        if defect is None:
+            findings.add(GOOD_QUARANTINED, where, f"the oracle finds it good, quarantined as {row['error']!r}")
+        elif defect not in (row["error"] or ""):
+            findings.add(QUARANTINE_WRONG, where, f"quarantined as {row['error']!r}; the oracle's reason: {defect!r}")
         kept = (row["key"], row["value"], row["kafka_timestamp"])
         if kept != (record.key, record.value, record.timestamp) or not row["error"]:
             findings.add(
