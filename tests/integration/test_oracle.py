@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 import shutil
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pytest
@@ -13,18 +14,62 @@ from deltalake import DeltaTable, write_deltalake
 
 import oracle
 from offsetlake.batch import ingest
+from offsetlake.local.producer import avro_event_maker, demo_event, registry_client
 from offsetlake.table import query
-from support import produce
+from support import new_pipeline, produce
+
+KEY_AND_HEADERS = {"key": {"type": "string"}, "include_headers": True}
 
 
-@pytest.fixture
-def ingested(spark, pipeline):
-    """A JSON pipeline over 2 partitions: committed, aborted and bad records, ingested and caught up."""
-    cfg, topic = pipeline(partitions=2)
-    produce(cfg.kafka, topic, 600, transactional_share=0.6, abort_share=0.3, bad_share=0.05, seed=26)
+def with_headers(make):
+    """A record maker whose records carry two headers, one of them twice in a row (Kafka allows it)."""
+
+    def made(rng, seq):
+        key, value = make(rng, seq)[:2]
+        return key, value, [("source", b"oracle-test"), ("seq", str(seq).encode()), ("seq", None)]
+
+    return made
+
+
+@dataclass
+class Ingested:
+    """A real table and quarantine, and what the producers recorded, by outcome."""
+
+    cfg: object
+    topic: str
+    kafka: dict
+    journaled: dict
+    good: list  # committed, made good (shuffled)
+    bad: list  # committed, made bad
+    aborted: list
+
+
+@pytest.fixture(scope="module", params=["json", "avro"])
+def ingested(request, spark, bootstrap, schema_registry, tmp_path_factory) -> Ingested:
+    """A pipeline over 2 partitions with a key and headers, in JSON or in Avro through the registry:
+    committed, aborted and bad records, ingested and caught up. One per module: each test corrupts a copy."""
+    base = tmp_path_factory.mktemp(f"oracle-{request.param}")
+    if request.param == "json":
+        fmt, make = KEY_AND_HEADERS, with_headers(demo_event)
+    else:
+        user, password = schema_registry.user, schema_registry.password
+        registry = {"url": schema_registry.url, "username": user, "password": password}
+        fmt = {"type": "avro", "schema": [], "registry": registry, **KEY_AND_HEADERS}
+        make = None
+    cfg, topic = new_pipeline(bootstrap, base / "pipelines", base / "lake", partitions=2, format=fmt)
+    if make is None:
+        make = avro_event_maker(registry_client(schema_registry.url, user, password), topic, 1)
+    produce(cfg.kafka, topic, 600, transactional_share=0.6, abort_share=0.3, bad_share=0.05, seed=26, make_record=make)
     ingest(spark, cfg)
-    assert oracle.check(cfg).ok
-    return cfg, topic
+    assert oracle.check(cfg).ok, oracle.check(cfg).report()
+    journaled = oracle.JOURNAL.of_topic(topic)
+    good = sorted(w for w, s in journaled.items() if s.outcome == "committed" and s.bad is None)
+    bad = sorted(w for w, s in journaled.items() if s.outcome == "committed" and s.bad is not None)
+    aborted = sorted(w for w, s in journaled.items() if s.outcome == "aborted")
+    assert len(good) > 100 and len(bad) >= 4 and len(aborted) >= 2
+    random.Random(26).shuffle(good)
+    kafka = oracle.read_committed(cfg.kafka.bootstrap_servers, topic)
+    return Ingested(cfg, topic, kafka, journaled, good, bad, aborted)
 
 
 def copy_of(cfg, tmp_path, name: str):
@@ -119,6 +164,30 @@ def in_the_table_and_the_quarantine(cfg, good: list, kafka: dict, **_) -> list:
     return [(oracle.BOTH, where)]
 
 
+def change_a_header(cfg, good: list, **_) -> list:
+    """A header's value changed: the record's headers, in order, are the row's."""
+    where = good[9]
+    rewrite(
+        cfg.table_path,
+        where,
+        lambda row: {**row, "kafka_headers": [("source", b"elsewhere"), *row["kafka_headers"][1:]]},
+    )
+    return [(oracle.WRONG_VALUE, where)]
+
+
+def drop_a_repeated_header(cfg, good: list, **_) -> list:
+    """The second of two headers of one name gone (a map of headers would keep only one)."""
+    where = good[10]
+    rewrite(cfg.table_path, where, lambda row: {**row, "kafka_headers": row["kafka_headers"][:-1]})
+    return [(oracle.WRONG_VALUE, where)]
+
+
+def change_a_key(cfg, good: list, **_) -> list:
+    where = good[11]
+    rewrite(cfg.table_path, where, lambda row: {**row, "kafka_key": row["kafka_key"] + "0"})
+    return [(oracle.WRONG_VALUE, where)]
+
+
 def rewrite(path: str, where: tuple, change) -> None:
     """The row at `where` deleted and written again with `change(row)` applied."""
     row = rows_at(path, where)
@@ -176,38 +245,36 @@ CORRUPTIONS = [
     quarantine_row_unlike_its_record,
     quarantine_reason_made_up,
     bad_record_not_quarantined,
+    change_a_header,
+    drop_a_repeated_header,
+    change_a_key,
 ]
 
 
-def test_the_oracle_fails_each_corruption_naming_its_offset(ingested, tmp_path):
-    cfg, topic = ingested
-    kafka = oracle.read_committed(cfg.kafka.bootstrap_servers, topic)
-    journaled = oracle.JOURNAL.of_topic(topic)
-    good = sorted(w for w, s in journaled.items() if s.outcome == "committed" and s.bad is None)
-    bad = sorted(w for w, s in journaled.items() if s.outcome == "committed" and s.bad is not None)
-    aborted = sorted(w for w, s in journaled.items() if s.outcome == "aborted")
-    assert len(good) > 100 and len(bad) >= 4 and len(aborted) >= 2
-    random.Random(26).shuffle(good)
+@pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda corrupt: corrupt.__name__)
+def test_the_oracle_fails_each_corruption_naming_its_offset(ingested, tmp_path, corrupt):
+    """One corruption of a copy of the real table: a finding of its kind naming the offset, in the report and
+    in the failure of `assert_exactly_once`."""
+    copy = copy_of(ingested.cfg, tmp_path, corrupt.__name__)
+    i = ingested
+    expected = corrupt(copy, good=i.good, bad=i.bad, aborted=i.aborted, kafka=i.kafka, journaled=i.journaled)
 
-    missed = []
-    for corrupt in CORRUPTIONS:
-        copy = copy_of(cfg, tmp_path, corrupt.__name__)
-        expected = corrupt(copy, good=good, bad=bad, aborted=aborted, kafka=kafka, journaled=journaled)
-        findings = oracle.check(copy)
-        report = findings.report(per_kind=50)
-        for kind, where in expected:
-            named = [w for w, _ in findings.kinds.get(kind, [])]
-            if where not in named or f"{where[0]}[{where[1]}]@{where[2]}" not in report:
-                missed.append(f"{corrupt.__name__}: no {kind!r} naming {where}; found:\n{report}")
-        with pytest.raises(AssertionError, match=rf"@{expected[0][1][2]}\b"):
-            oracle.assert_exactly_once(copy)
-    assert not missed, "\n".join(missed)
+    findings = oracle.check(copy)
+
+    report = findings.report(per_kind=50)
+    for kind, where in expected:
+        named = [w for w, _ in findings.kinds.get(kind, [])]
+        assert where in named and f"{where[0]}[{where[1]}]@{where[2]}" in report, (
+            f"no {kind!r} naming {where}:\n{report}"
+        )
+    with pytest.raises(AssertionError, match=rf"@{expected[0][1][2]}\b"):
+        oracle.assert_exactly_once(copy)
 
 
 def test_the_oracle_fails_a_loss_that_read_committed_hides(ingested):
     """Producer-side truth: a record its producer committed that Kafka does not return (as if a broker or
     client bug dropped it under read_committed) fails the check, though the table matches Kafka."""
-    cfg, topic = ingested
+    cfg, topic = ingested.cfg, ingested.topic
     journal = oracle.Journal()
     aborted = next(w for w, s in sorted(oracle.JOURNAL.of_topic(topic).items()) if s.outcome == "aborted")
     sent = oracle.JOURNAL.of_topic(topic)[aborted]
@@ -223,7 +290,7 @@ def test_the_oracle_fails_a_loss_that_read_committed_hides(ingested):
 def test_the_oracle_fails_kafka_returning_what_the_producers_aborted_or_did_not_send(ingested):
     """The other two ways Kafka can disagree with its producers: a record they aborted comes back, a record
     comes back unlike what they sent. Neither is the table's doing, and the report says so."""
-    cfg, topic = ingested
+    cfg, topic = ingested.cfg, ingested.topic
     committed = sorted(w for w, s in oracle.JOURNAL.of_topic(topic).items() if s.outcome == "committed")
     first, second = committed[0], committed[1]
     kafka = oracle.read_committed(cfg.kafka.bootstrap_servers, topic)
@@ -244,7 +311,7 @@ def test_the_oracle_fails_kafka_returning_what_the_producers_aborted_or_did_not_
 def test_what_the_oracle_leaves_out_is_counted_and_fails_past_its_bound(ingested, tmp_path):
     """A quarantine row ahead of the ledger is left out only when asked, counted, and past its bound (0
     unless set) the check fails; records in doubt likewise."""
-    cfg, topic = ingested
+    cfg, topic = ingested.cfg, ingested.topic
     copy = copy_of(cfg, tmp_path, "ahead")
     kafka = oracle.read_committed(cfg.kafka.bootstrap_servers, topic)
     ledger = oracle.ledger_offsets(copy)
@@ -289,7 +356,7 @@ TYPE_DEFECTS = {
 def test_the_oracle_fails_a_column_of_another_type_than_the_pipelines(ingested, tmp_path, column):
     """Each type defect, rewritten into a copy of the real table: a finding naming the column, whatever the
     values read back as (the oracle derives the types from the pipeline file, not from the table)."""
-    cfg, _ = ingested
+    cfg = ingested.cfg
     copy = copy_of(cfg, tmp_path, f"type-{column}")
     table = DeltaTable(copy.table_path).to_pyarrow_table()
     write_deltalake(copy.table_path, TYPE_DEFECTS[column](table), mode="overwrite", schema_mode="overwrite")
@@ -314,7 +381,7 @@ def test_values_are_compared_with_their_types():
 def test_the_oracle_judges_the_quarantine_itself_without_the_producers_word(ingested, tmp_path):
     """With no journal at all, a good record quarantined and a bad one quarantined for a reason that is not
     its defect are still found: the oracle reads each quarantined record against the declared fields."""
-    cfg, topic = ingested
+    cfg, topic = ingested.cfg, ingested.topic
     kafka = oracle.read_committed(cfg.kafka.bootstrap_servers, topic)
     journaled = oracle.JOURNAL.of_topic(topic)
     good = sorted(w for w, s in journaled.items() if s.outcome == "committed" and s.bad is None)
