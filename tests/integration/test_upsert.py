@@ -36,6 +36,7 @@ from support import (
     data_files_on_disk,
     ingest_process,
     load,
+    new_pipeline,
     pipeline_commits,
     produce,
     unique,
@@ -311,52 +312,148 @@ def test_audit_checks_the_table_against_the_fold_and_repair_rebuilds_it_in_one_c
     assert later.ok and later.beyond_retention == 5, later.format()
 
 
-def test_the_upsert_oracle_fails_each_corruption_naming_its_offset(spark, pipeline, tmp_path):
-    """The upsert oracle proved: copies of a real upsert table, each corrupted one way, must each fail with a
-    finding of its kind naming the offset of the row (or of the record the fold expects)."""
-    from test_oracle import copy_of
-
-    cfg, topic = pipeline(partitions=2, **UPSERT)
+@pytest.fixture(scope="module")
+def upserted(spark, bootstrap, tmp_path_factory):
+    """A real upsert table (updates, deletes, aborted and bad records) and the Kafka records it folds."""
+    base = tmp_path_factory.mktemp("upsert-oracle")
+    cfg, topic = new_pipeline(bootstrap, base / "pipelines", base / "lake", partitions=2, **UPSERT)
     produce(
         cfg.kafka, topic, 400, transactional_share=0.5, abort_share=0.2, seed=8, make_record=keyed_event, bad_share=0.05
     )
     ingest(spark, cfg)
-    assert oracle.check(cfg).ok
-    rows = sorted(DeltaTable(cfg.table_path).to_pyarrow_table().to_pylist(), key=lambda r: r["kafka_key"])
-    a, b, c = rows[0], rows[1], rows[2]
+    assert oracle.check(cfg).ok and oracle.change_feed_replays(cfg)
+    return cfg, oracle.read_committed(cfg.kafka.bootstrap_servers, topic)
 
-    def where(row) -> tuple:
-        return (row["kafka_topic"], row["kafka_partition"], row["kafka_offset"])
 
-    def key_is(row) -> str:
-        return f"kafka_key = '{row['kafka_key']}'"
+def _where(row) -> tuple:
+    return (row["kafka_topic"], row["kafka_partition"], row["kafka_offset"])
 
-    corruptions = {
-        "a field changed": (
-            lambda t: DeltaTable(t).update(predicate=key_is(a), updates={"amount": "amount + 0.01"}),
-            (oracle.WRONG_VALUE, where(a)),
-        ),
-        "an older record of the key": (
-            lambda t: DeltaTable(t).update(predicate=key_is(b), updates={"kafka_offset": "kafka_offset - 1"}),
-            (oracle.WRONG_VALUE, (*where(b)[:2], where(b)[2] - 1)),
-        ),
-        "a key twice": (
-            lambda t: write_deltalake(
-                t,
-                DeltaTable(t)
-                .to_pyarrow_table()
-                .filter(pa.compute.equal(pa.compute.field("kafka_key"), c["kafka_key"])),
-                mode="append",
-            ),
-            (oracle.DUPLICATED, where(c)),
-        ),
-        "a key removed": (lambda t: DeltaTable(t).delete(key_is(a)), (oracle.MISSING, where(a))),
-    }
-    for name, (corrupt, (kind, offset)) in corruptions.items():
-        bad = copy_of(cfg, tmp_path, name.replace(" ", "_"))
-        corrupt(bad.table_path)
-        findings = oracle.check(bad)
-        assert offset in [w for w, _ in findings.kinds.get(kind, [])], f"{name}: {findings.report()}"
+
+def _key_is(key: str) -> str:
+    return f"kafka_key = '{key}'"
+
+
+def _rows(path: str) -> list[dict]:
+    return sorted(DeltaTable(path).to_pyarrow_table().to_pylist(), key=lambda r: r["kafka_key"])
+
+
+def _append_like(path: str, row: dict, **changes) -> None:
+    """A row in the table's own schema: `row` with `changes`."""
+    schema = DeltaTable(path).to_pyarrow_table().schema
+    write_deltalake(path, pa.Table.from_pylist([{**row, **changes}], schema=schema), mode="append")
+
+
+def a_field_changed(path, rows, kafka):
+    DeltaTable(path).update(predicate=_key_is(rows[0]["kafka_key"]), updates={"amount": "amount + 0.01"})
+    return oracle.WRONG_VALUE, _where(rows[0])
+
+
+def an_older_record_wins(path, rows, kafka):
+    """The row claims an earlier record of its key than the fold's winner."""
+    row = next(r for r in rows if _older_of_key(r, kafka) is not None)
+    older = _older_of_key(row, kafka)
+    DeltaTable(path).update(predicate=_key_is(row["kafka_key"]), updates={"kafka_offset": str(older[2])})
+    return oracle.WRONG_VALUE, older
+
+
+def a_key_twice(path, rows, kafka):
+    _append_like(path, rows[2])
+    return oracle.DUPLICATED, _where(rows[2])
+
+
+def a_key_removed(path, rows, kafka):
+    DeltaTable(path).delete(_key_is(rows[0]["kafka_key"]))
+    return oracle.MISSING, _where(rows[0])
+
+
+def a_deleted_key_come_back(path, rows, kafka):
+    """A row for a key whose last record is a tombstone, at the tombstone's offset."""
+    last = {}
+    for where, record in sorted(kafka.items()):
+        last[record.key] = (where, record)
+    key, (where, _) = next((k, v) for k, v in sorted(last.items()) if v[1].value is None)
+    _append_like(path, rows[3], kafka_key=key.decode(), kafka_partition=where[1], kafka_offset=where[2])
+    return oracle.UNEXPECTED, where
+
+
+def a_stray_key(path, rows, kafka):
+    _append_like(path, rows[4], kafka_key="stray")
+    return oracle.UNEXPECTED, _where(rows[4])
+
+
+def values_of_another_record(path, rows, kafka):
+    """A key's row holding another key's values (its lineage its own)."""
+    a, b = rows[5], rows[6]
+    DeltaTable(path).update(predicate=_key_is(a["kafka_key"]), updates={"event_id": f"'{b['event_id']}'"})
+    return oracle.WRONG_VALUE, _where(a)
+
+
+def _older_of_key(row: dict, kafka: dict) -> tuple | None:
+    """An offset before the row's holding a record of the row's key with a value, if any."""
+    key = row["kafka_key"].encode()
+    older = [w for w, r in kafka.items() if r.key == key and r.value is not None and w[:2] == _where(row)[:2]]
+    older = [w for w in older if w[2] < row["kafka_offset"]]
+    return max(older) if older else None
+
+
+UPSERT_CORRUPTIONS = [
+    a_field_changed,
+    an_older_record_wins,
+    a_key_twice,
+    a_key_removed,
+    a_deleted_key_come_back,
+    a_stray_key,
+    values_of_another_record,
+]
+
+
+@pytest.mark.parametrize("corrupt", UPSERT_CORRUPTIONS, ids=lambda corrupt: corrupt.__name__)
+def test_the_upsert_oracle_fails_each_corruption_naming_its_offset(upserted, tmp_path, corrupt):
+    """The upsert oracle proved: a copy of a real upsert table, corrupted one way, fails with a finding of
+    its kind naming the offset of the row (or of the record the fold expects)."""
+    from test_oracle import copy_of
+
+    cfg, kafka = upserted
+    bad = copy_of(cfg, tmp_path, corrupt.__name__)
+    kind, where = corrupt(bad.table_path, _rows(bad.table_path), kafka)
+
+    findings = oracle.check(bad)
+
+    assert where in [w for w, _ in findings.kinds.get(kind, [])], findings.report()
+
+
+def test_the_upsert_oracle_fails_a_change_feed_that_does_not_replay_to_the_table(upserted, tmp_path):
+    """The table right, its change data feed not: a commit that changes no row but records, in a change
+    file, the delete of a key the table holds. The fold finds nothing; the replay does, and
+    `assert_exactly_once` fails naming the feed."""
+    import pyarrow.parquet as pq
+    from test_oracle import copy_of
+
+    cfg, _ = upserted
+    bad = copy_of(cfg, tmp_path, "feed")
+    table = DeltaTable(bad.table_path)
+    deleted = table.to_pyarrow_table().slice(0, 1)
+    change = Path(bad.table_path) / "_change_data" / "not-a-real-delete.parquet"
+    change.parent.mkdir(exist_ok=True)
+    pq.write_table(deleted.append_column("_change_type", pa.array(["delete"])), change)
+    actions = [
+        {"commitInfo": {"timestamp": int(time.time() * 1000), "operation": "WRITE"}},
+        {
+            "cdc": {
+                "path": f"_change_data/{change.name}",
+                "partitionValues": {},
+                "size": change.stat().st_size,
+                "dataChange": False,
+            }
+        },
+    ]
+    log = Path(bad.table_path) / "_delta_log" / f"{table.version() + 1:020d}.json"
+    log.write_text("".join(json.dumps(a) + "\n" for a in actions))
+
+    assert oracle.check(bad).ok
+    assert not oracle.change_feed_replays(bad)
+    with pytest.raises(AssertionError, match="change data feed does not replay"):
+        assert_exactly_once(bad)
 
 
 def test_a_restore_rewinds_the_upserts_and_optimize_keeps_the_fold(spark, pipeline):
