@@ -825,6 +825,10 @@ def _check_quarantine(
             findings.add(GOOD_QUARANTINED, where, f"the oracle finds it good, quarantined as {row['error']!r}")
         elif defect not in (row["error"] or ""):
             findings.add(QUARANTINE_WRONG, where, f"quarantined as {row['error']!r}; the oracle's reason: {defect!r}")
+        if cfg.format.include_headers and not same(list(row.get(HEADERS_COLUMN) or []), list(record.headers)):
+            findings.add(
+                QUARANTINE_WRONG, where, f"holds headers {row.get(HEADERS_COLUMN)!r}, its record {record.headers!r}"
+            )
         kept = (row["key"], row["value"], row["kafka_timestamp"])
         if kept != (record.key, record.value, record.timestamp) or not row["error"]:
             findings.add(

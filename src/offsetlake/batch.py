@@ -21,7 +21,7 @@ from offsetlake import faults
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, TableError, TableMissing
 from offsetlake.formats.evolution import Incompatible, adds_columns, merge_schema, plain_schema
-from offsetlake.formats.records import initial_table_schema, table_schema
+from offsetlake.formats.records import initial_table_schema, quarantine_schema, table_schema
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.protocol.commit import (
     AttemptFiles,
@@ -224,7 +224,14 @@ def commit_batch(
         if refused is not None:
             return refused
         commit_quarantine(
-            plan, written.quarantine, cfg.quarantine_path, attempt, run, files, cfg.maintenance.table_properties()
+            plan,
+            written.quarantine,
+            cfg.quarantine_path,
+            attempt,
+            run,
+            files,
+            cfg.maintenance.table_properties(),
+            quarantine_schema(cfg),
         )
         faults.hit("before_commit", fault_settings)
         wider = evolved_schema(table, written)

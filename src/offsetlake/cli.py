@@ -471,16 +471,16 @@ def cmd_optimize(args) -> int:
 
 def _optimize(args, cfg: PipelineConfig) -> None:
     """The table, then the quarantine table if there is one (no z-order there: it has other columns)."""
-    from offsetlake.formats.records import QUARANTINE_SCHEMA, table_schema
+    from offsetlake.formats.records import quarantine_schema, table_schema
     from offsetlake.operations.compaction import optimize
+    from offsetlake.protocol.quarantine import quarantine_schema_of
+    from offsetlake.table import open_table
 
     settings = cfg.maintenance
     target = args.target_file_mb or settings.target_file_mb
     zorder = [c.strip() for c in args.zorder_by.split(",") if c.strip()] if args.zorder_by else settings.zorder_by
     columns = cfg.data_columns()
     if cfg.format.evolves:  # the payload columns come from the registry: the table has them
-        from offsetlake.table import open_table
-
         columns = [f.name for f in open_table(cfg.table_path).schema().fields if f.name not in cfg.table.partition_by]
     wrong = sorted(c for c in zorder if c not in columns)
     if wrong:
@@ -490,7 +490,8 @@ def _optimize(args, cfg: PipelineConfig) -> None:
         if uri == cfg.table_path:
             outcome = optimize(uri, cfg.name, table_schema(cfg), cfg.table.partition_by, target, zorder, run=run)
         else:
-            outcome = optimize(uri, cfg.name, QUARANTINE_SCHEMA, [], target, run=run)
+            schema = quarantine_schema_of(open_table(uri), quarantine_schema(cfg))
+            outcome = optimize(uri, cfg.name, schema, [], target, run=run)
         print(outcome.summary(), flush=True)
 
 

@@ -212,6 +212,30 @@ def test_bad_records_are_quarantined_and_every_record_is_accounted_for(spark, pi
     assert sum(r.quarantined for r in results) > 0
 
 
+def test_a_quarantine_keeps_the_headers_and_one_made_before_it_did_gains_the_column(spark, pipeline):
+    """With format.include_headers the quarantine holds each bad record's headers, in order, as the table
+    does (the oracle compares them). A quarantine created before it kept headers (its columns as they
+    were) gains the column in the commit of its next bad records, and is read as before."""
+    from offsetlake.formats.records import QUARANTINE_SCHEMA
+    from offsetlake.table import open_table
+
+    cfg, topic = pipeline(partitions=2, format={"include_headers": True})
+    open_table(cfg.quarantine_path, QUARANTINE_SCHEMA)  # as an older offsetlake left it
+    producer = JournaledProducer(cfg.kafka.bootstrap_servers)
+    producer.produce(topic, b"not json", key=b"k", headers=[("h", b"1"), ("h", None)], partition=0, bad="not JSON")
+    producer.produce(topic, b"{}", key=b"k", headers=[("trace", b"x")], partition=1, bad="required field")
+    producer.flush()
+    produce(cfg.kafka, topic, 100, seed=22)
+
+    ingest(spark, cfg)
+
+    quarantine = DeltaTable(cfg.quarantine_path)
+    assert "kafka_headers" in [f.name for f in quarantine.schema().fields]
+    rows = sorted(query(cfg.quarantine_path, "SELECT kafka_partition, kafka_headers FROM t").to_pylist(), key=str)
+    assert [r["kafka_headers"] for r in rows] == [[("h", b"1"), ("h", None)], [("trace", b"x")]]
+    assert_exactly_once(cfg)
+
+
 def test_more_ranges_than_cores_run_as_one_spark_task_per_core_and_stay_exact(spark, pipeline):
     # local[2] and six or more ranges: two Spark tasks, each reading its share of them in order, fetching the
     # next while it writes the last (tasks.run_tasks_in_order)

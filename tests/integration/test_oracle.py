@@ -66,7 +66,7 @@ def ingested(request, spark, bootstrap, schema_registry, tmp_path_factory) -> In
     good = sorted(w for w, s in journaled.items() if s.outcome == "committed" and s.bad is None)
     bad = sorted(w for w, s in journaled.items() if s.outcome == "committed" and s.bad is not None)
     aborted = sorted(w for w, s in journaled.items() if s.outcome == "aborted")
-    assert len(good) > 100 and len(bad) >= 4 and len(aborted) >= 2
+    assert len(good) > 100 and len(bad) >= 5 and len(aborted) >= 2
     random.Random(26).shuffle(good)
     kafka = oracle.read_committed(cfg.kafka.bootstrap_servers, topic)
     return Ingested(cfg, topic, kafka, journaled, good, bad, aborted)
@@ -207,6 +207,11 @@ def quarantine_reason_made_up(cfg, bad: list, **_) -> list:
     return [(oracle.QUARANTINE_WRONG, bad[2])]
 
 
+def quarantine_headers_unlike_the_records(cfg, bad: list, **_) -> list:
+    rewrite(cfg.quarantine_path, bad[4], lambda row: {**row, "kafka_headers": [("source", b"elsewhere")]})
+    return [(oracle.QUARANTINE_WRONG, bad[4])]
+
+
 def bad_record_not_quarantined(cfg, bad: list, **_) -> list:
     DeltaTable(cfg.quarantine_path).delete(at(bad[3]))
     return [(oracle.MISSING, bad[3]), (oracle.BAD_NOT_QUARANTINED, bad[3])]
@@ -228,6 +233,8 @@ def quarantine_row(cfg, where: tuple, record) -> pa.Table:
         "value": record.value,
         "error": "made up",
     }
+    if "kafka_headers" in schema.names:
+        row["kafka_headers"] = list(record.headers)
     return pa.Table.from_pylist([row], schema=schema)
 
 
@@ -244,6 +251,7 @@ CORRUPTIONS = [
     in_the_table_and_the_quarantine,
     quarantine_row_unlike_its_record,
     quarantine_reason_made_up,
+    quarantine_headers_unlike_the_records,
     bad_record_not_quarantined,
     change_a_header,
     drop_a_repeated_header,

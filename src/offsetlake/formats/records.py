@@ -69,6 +69,16 @@ QUARANTINE_SCHEMA = pa.schema(
     ]
 )
 HEADERS_TYPE = pa.map_(pa.string(), pa.binary())
+# With format.include_headers the quarantine keeps each record's headers too: nothing of a record is lost.
+QUARANTINE_HEADERS = pa.field(HEADERS_COLUMN, HEADERS_TYPE)
+
+
+def quarantine_schema(cfg: PipelineConfig) -> pa.Schema:
+    """The quarantine's columns: lineage, raw key and value, the reason; with `format.include_headers`,
+    the headers as the table has them (every one, in order)."""
+    return QUARANTINE_SCHEMA.append(QUARANTINE_HEADERS) if cfg.format.include_headers else QUARANTINE_SCHEMA
+
+
 # A table schema whose payload columns come from the registry carries this in its metadata: the columns
 # a pipeline file names are checked, the payload may be any and grow (table.check_schema).
 OPEN_PAYLOAD = {b"offsetlake.payload": b"from the registry, grows with the writer schemas"}
@@ -184,7 +194,7 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
         quarantines.append(no_key)
     if oversized is not None:
         quarantines.append(oversized)
-    quarantine = pa.concat_tables(quarantines) if quarantines else QUARANTINE_SCHEMA.empty_table()
+    quarantine = pa.concat_tables(quarantines) if quarantines else quarantine_schema(cfg).empty_table()
     if len(quarantines) > 1:
         quarantine = quarantine.sort_by([("kafka_partition", "ascending"), ("kafka_offset", "ascending")])
     return table, quarantine
@@ -229,7 +239,7 @@ def _upsert_rows(cfg: PipelineConfig, rows: pa.Table, kept: pa.Table, tombstones
     required = cfg.write.required
     no_key = functools.reduce(pc.or_, [pc.is_null(rows.column(c)) for c in required])
     if not pc.any(no_key).as_py():
-        return rows, QUARANTINE_SCHEMA.empty_table()
+        return rows, quarantine_schema(cfg).empty_table()
     bad = rows.filter(no_key)
     nulls = {c: pc.is_null(bad.column(c)).to_pylist() for c in required}
 
@@ -294,11 +304,11 @@ def _split_oversized(messages: pa.Table, limit: int) -> tuple[pa.Table, pa.Table
 
 
 def _quarantine_rows(bad: pa.Table, errors: list[str]) -> pa.Table:
-    """Quarantine rows: the records' lineage, raw key and value bytes, and why."""
-    return pa.Table.from_arrays(
-        [*_lineage(bad), bad.column("key"), bad.column("value"), pa.array(errors, pa.string())],
-        schema=QUARANTINE_SCHEMA,
-    )
+    """Quarantine rows: the records' lineage, raw key and value bytes, why, and their headers if read."""
+    arrays = [*_lineage(bad), bad.column("key"), bad.column("value"), pa.array(errors, pa.string())]
+    if "headers" not in bad.column_names:
+        return pa.Table.from_arrays(arrays, schema=QUARANTINE_SCHEMA)
+    return pa.Table.from_arrays([*arrays, bad.column("headers")], schema=QUARANTINE_SCHEMA.append(QUARANTINE_HEADERS))
 
 
 class BadRecord(ValueError):
@@ -318,7 +328,7 @@ def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa
     fields = cfg.format.schema_
     schema = pa.schema([pa.field(f.name, ARROW_TYPES[f.type]) for f in fields])
     values = messages.column("value")
-    payloads, kept, quarantines = [], [], [QUARANTINE_SCHEMA.empty_table()]
+    payloads, kept, quarantines = [], [], [quarantine_schema(cfg).empty_table()]
     for start in range(0, messages.num_rows, ARROW_JSON_CHUNK):
         chunk = values.slice(start, ARROW_JSON_CHUNK).combine_chunks()
         columns = arrow_json.read_columns(fields, chunk, schema, coerce)

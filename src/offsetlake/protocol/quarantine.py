@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from offsetlake.config import HEADERS_COLUMN
+from offsetlake.errors import TableMissing
 from offsetlake.files import DataFile, from_delta_path, read_file, write_file
 from offsetlake.formats.records import QUARANTINE_SCHEMA
 from offsetlake.protocol.commit import AttemptFiles, Change, Committed, Settled, add_actions, commit
@@ -20,7 +23,7 @@ from offsetlake.protocol.ledger import quarantine_app_id, txn_actions
 from offsetlake.protocol.metadata import CommitMetadata, Run
 from offsetlake.protocol.planning import BatchPlan
 from offsetlake.protocol.ranges import OffsetRange
-from offsetlake.table import open_table
+from offsetlake.table import check_schema, open_table
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,11 @@ def commit_quarantine(
     run: Run,
     files: AttemptFiles,
     properties: dict[str, str] | None = None,
+    schema: pa.Schema = QUARANTINE_SCHEMA,
 ) -> None:
     """Commit the bad records of `plan` not quarantined yet; what it writes and commits goes into `files`.
+    `schema`: the quarantine's (`records.quarantine_schema`); a quarantine made before it kept headers
+    gains the column in this commit.
 
     An attempt with no bad records commits nothing here: reading the same offsets again gives
     the same records, so no retry of it can have any to quarantine either."""
@@ -57,7 +63,8 @@ def commit_quarantine(
         return Change(
             CommitMetadata(plan.pipeline, "quarantine", batch=plan.batch, attempt=attempt, run=run),
             actions=add_actions(adds),
-            schema=QUARANTINE_SCHEMA,
+            schema=schema,
+            evolve=bool(adds) and _lacks_headers(table, schema),
             txns=txn_actions(
                 plan.pipeline,
                 None,
@@ -70,10 +77,30 @@ def commit_quarantine(
         uri,
         decide,
         f"batch {plan.batch} quarantine",
-        open_=lambda u: open_table(u, QUARANTINE_SCHEMA, properties=properties),
+        open_=lambda u: open_quarantine(u, schema, properties),
     )
     if isinstance(outcome, Committed):
         files.kept[uri] |= outcome.added_paths()
+
+
+def open_quarantine(uri: str, schema: pa.Schema, properties: dict[str, str] | None = None) -> DeltaTable:
+    """The quarantine table, created with `schema` if there is none, and checked against it. One made
+    before the quarantine kept headers is checked without them: its next commit adds the column."""
+    try:
+        table = open_table(uri, create=False)
+    except TableMissing:
+        return open_table(uri, schema, properties=properties)
+    check_schema(uri, table, quarantine_schema_of(table, schema), [])
+    return table
+
+
+def quarantine_schema_of(table: DeltaTable, schema: pa.Schema) -> pa.Schema:
+    """`schema`, or the columns it had before the quarantine kept headers if `table` is that old."""
+    return QUARANTINE_SCHEMA if _lacks_headers(table, schema) else schema
+
+
+def _lacks_headers(table: DeltaTable, schema: pa.Schema) -> bool:
+    return HEADERS_COLUMN in schema.names and HEADERS_COLUMN not in [f.name for f in table.schema().fields]
 
 
 def _uncovered_part(uri: str, written: WrittenFile, covered_to: int | None, attempt: str) -> DataFile | None:
