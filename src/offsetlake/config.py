@@ -213,7 +213,8 @@ class RecordFormat(_Strict):
     key: KeyFormat | None = None
     """Keep the Kafka key as column `kafka_key` (not with `raw`, whose `key` column has it). None: not kept."""
     include_headers: StrictBool = False
-    """Every header as `kafka_headers`, a map of string to binary, in order, repeated names kept."""
+    """Every header as `kafka_headers`, a map of string to binary, in order, repeated names kept; in the
+    quarantine table too, so a bad record keeps its headers."""
     envelope: Literal["none", "debezium"] = "none"
     """`debezium`: each value is a Debezium change event (JSON, with or without its `schema`/`payload`
     wrapper, or any registry format). Ops `c`, `r` (snapshot), `u` upsert the row in `after`; `d` deletes the
