@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chaos"))
 
-from harness import ChaosFailure, ThreadDeaths  # noqa: E402
+from harness import IN_DOUBT_PER_RESTART, ChaosFailure, ThreadDeaths, left_out_bounds  # noqa: E402
 
 import oracle  # noqa: E402
 from store_faults import ProxyServer  # noqa: E402
@@ -89,3 +89,10 @@ def test_the_report_sets_the_table_against_kafka_apart_from_kafka_against_the_pr
     report = found.report()
     table, kafka = report.index(oracle.TABLE_VS_KAFKA), report.index(oracle.KAFKA_VS_PRODUCERS)
     assert table < report.index("t[0]@7") < kafka < report.index("t[1]@3")
+
+
+def test_the_records_left_in_doubt_are_bounded_per_broker_restart():
+    """Two transactional threads, each at most two transactions of up to 50 records per restart."""
+    assert IN_DOUBT_PER_RESTART == 100
+    assert left_out_bounds(16)[oracle.IN_DOUBT] == 1600 and left_out_bounds(0)[oracle.IN_DOUBT] == 100
+    assert left_out_bounds(16)[oracle.QUARANTINE_AHEAD] == 100 and left_out_bounds(16)[oracle.UNPLACED] == 300
