@@ -144,6 +144,8 @@ EXCUSED_PER_RESTART = 2
 # - records a retried write got acknowledged without an offset (the broker already held them) and that lie
 #   past the ledger's end at a check before the last: at most the records in flight at a restart. None at
 #   the final check (read to the LSO, every one must be found or is lost).
+# A cluster restart takes at most this long: starting the nodes times out at 120 s, stopping at 20 s.
+RESTART_WAIT_SECONDS = 180
 IN_DOUBT_PER_RESTART = 2 * (CHUNK + 30)
 LEFT_OUT_BOUNDS = {oracle.QUARANTINE_AHEAD: 100, oracle.UNPLACED: 300}
 
@@ -518,6 +520,7 @@ class Chaos:
         # (and leave one running), or leave the cluster without a quorum: restarts take turns.
         self.restarting = threading.Lock()
         self.live: list[Job] = []
+        self.closing = False
         self.summary = Summary(seed)
         self.deaths = ThreadDeaths()
         self.kafka = embedded_broker.start_cluster(workdir / "kafka", size=3)
@@ -631,6 +634,10 @@ class Chaos:
         job = Job(f"{command}#{number}", proc, log, self.broker_restarts, self.ledger_moves)
         with self.lock:
             self.live = [j for j in self.live if j.proc.poll() is None] + [job]
+            closing = self.closing
+        if closing:  # started as the run was being closed: close() may have listed the jobs already
+            job.kill()
+            raise ChaosFailure(f"{job.name}: started while the run was closing")
         return job
 
     def running_jobs(self) -> int:
@@ -1171,10 +1178,18 @@ class Chaos:
         """Stop what the run started: its jobs still running (a run stopped early), then the services."""
         self.workload.stop_event.set()
         with self.lock:
+            self.closing = True
             live = list(self.live)
         for job in live:
             job.kill()
-        self.kafka.stop()
+        # A lane may be restarting the cluster (a run stopped by a signal): wait for it, so that the nodes
+        # it starts are the ones stopped here, not left running after the harness.
+        waited = self.restarting.acquire(timeout=RESTART_WAIT_SECONDS)
+        try:
+            self.kafka.stop()
+        finally:
+            if waited:
+                self.restarting.release()
         if self.registry is not None:
             embedded_registry.stop(self.registry.pid)
         if self.proxy is not None:
