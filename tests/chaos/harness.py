@@ -308,7 +308,7 @@ class Summary:
     kafka_vs_producers: int = 0
     journaled: int = 0  # records whose producer saw how their transaction ended, checked against that
     findings: str = ""  # the oracle's report, naming offsets
-    audit_ok: bool = False
+    audit_ok: bool | None = None  # None: the run ended before its final verdict, so no audit ran
     audit_label: str = "offsetlake audit"  # upsert mode: and the change feed replaying to the table
     seconds: float = 0.0
     produced: dict = field(default_factory=dict)
@@ -349,7 +349,7 @@ class Summary:
     @property
     def ok(self) -> bool:
         wrong_rows = self.missing or self.duplicated or self.unexpected or self.wrong or self.kafka_vs_producers
-        return not wrong_rows and self.audit_ok and not self.job_failures and not self.over_bounds
+        return not wrong_rows and self.audit_ok is True and not self.job_failures and not self.over_bounds
 
     def table(self) -> str:
         width = max(len(k) for k in [*self.faults, "duplicated (offsets twice)"]) + 2
@@ -374,7 +374,7 @@ class Summary:
         width = max(width, *(len(k) + 2 for k, _ in rows))
         lines += [f"{k:<{width}}{v:>8}" for k, v in rows]
         lines += [
-            f"{self.audit_label:<{width}}{'ok' if self.audit_ok else 'FAILED':>8}",
+            f"{self.audit_label:<{width}}{_audit_verdict(self.audit_ok):>8}",
             f"{'job failures (not injected)':<{width}}{len(self.job_failures):>8}",
             *(f"  {failure}" for failure in self.job_failures),
             f"{'ingest/backfill failures excused by a broker restart':<{width}}{self.excused:>8}"
@@ -1196,6 +1196,10 @@ class Chaos:
             self.proxy.stop()
         if self.s3 is not None:
             self.s3.stop()
+
+
+def _audit_verdict(ok: bool | None) -> str:
+    return "not run" if ok is None else "ok" if ok else "FAILED"
 
 
 def _clock() -> str:
