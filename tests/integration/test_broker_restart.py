@@ -131,15 +131,17 @@ def test_a_stream_stays_up_across_a_broker_restart(own_broker, tmp_path):
     try:
         wait_while_running(lambda: table_rows(cfg) == 300, job)
         own_broker.stop()
-        # The broker stays away until the stream has met its absence and said it waits it out.
-        wait_while_running(lambda: "retrying in" in said.read_text(), job, timeout=120)
+        # The broker stays away until the stream has met its absence and said it waits it out: between
+        # batches its planning retries ("retrying in"), within one its read waits ("waiting for the broker").
+        waits = ("retrying in", "waiting for the broker")
+        wait_while_running(lambda: any(w in said.read_text() for w in waits), job, timeout=180)
         own_broker.start()
         produce(cfg.kafka, topic, 200, seed=7)
         wait_while_running(lambda: table_rows(cfg) == 500, job)  # committed again, after the restart
         assert job.poll() is None, "the stream exited"
     finally:
         job.send_signal(signal.SIGTERM)
-        job.communicate(timeout=120)
+        job.communicate(timeout=300)  # it stops between batches; one may wait kafka.retry_seconds (120 s)
     assert job.returncode == 0, said.read_text()[-3000:]
     assert len(pipeline_commits(cfg)) >= 2
     assert_exactly_once(cfg)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,8 +141,17 @@ def transactional_producer(settings: KafkaSettings, transactional_id: str, **ext
     `init_transactions` alone took 0.5-1.0 s against Apache Kafka 4.4 and 65 ms after it (measured)."""
     producer = Producer(client_settings(settings, **{"transactional.id": transactional_id, "linger.ms": 5, **extra}))
     producer.list_topics(timeout=settings.timeout_seconds)
-    producer.init_transactions(settings.timeout_seconds)
-    return producer
+    # A broker just started may still be loading its transaction coordinator (COORDINATOR_LOAD_IN_PROGRESS,
+    # retriable): librdkafka lets init_transactions be called again, for up to kafka.retry_seconds.
+    deadline = time.monotonic() + settings.retry_seconds
+    while True:
+        try:
+            producer.init_transactions(settings.timeout_seconds)
+            return producer
+        except KafkaException as err:
+            if not err.args[0].retriable() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 BAD_VALUES = (
