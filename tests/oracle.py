@@ -668,8 +668,9 @@ def _partitions(cfg) -> list[tuple[str, int]]:
     return [(t, p) for t in cfg.topics for p in kafka_partitions(_settings(cfg), t)]
 
 
-def ledger_offsets(cfg) -> dict:
-    return read_ledger(open_table(cfg.table_path), cfg.name, _partitions(cfg)).offsets
+def ledger_offsets(cfg, partitions: list[tuple[str, int]] | None = None) -> dict:
+    """The ledger's next offsets for `partitions` (default: every partition the broker lists)."""
+    return read_ledger(open_table(cfg.table_path), cfg.name, partitions or _partitions(cfg)).offsets
 
 
 def _kafka_below(cfg, until: dict) -> dict[Offset, KafkaRecord]:

@@ -738,7 +738,8 @@ class Chaos:
     def committed_span(self, rng: random.Random) -> str | None:
         """A random offset range below the ledger, for a backfill; None before there is one."""
         try:
-            ledger = ledger_offsets(self.cfg)
+            # The partitions it created, not the broker's word: the other lane may have the cluster down.
+            ledger = ledger_offsets(self.cfg, [(self.topic, p) for p in range(PARTITIONS)])
         except TableError:  # no table yet: the fault is "not reached", and comes back later
             return None
         offsets = {tp: o for tp, o in ledger.items() if o and o > 1}
