@@ -132,7 +132,6 @@ def _describe(err: Exception) -> str:
 # Seconds a consumer-group call waits beyond its requests' own timeout (socket.timeout.ms), so the request
 # fails first and the call hears it (see KafkaCluster.check_access).
 GROUP_CALL_SLACK = 5
-_KEPT: list = []  # the group check's clients, kept for the process's life (see KafkaCluster.check_access)
 
 _REFUSED = re.compile(r"(Topic|Group|Cluster|Transactional Id) authorization failed")
 
@@ -261,34 +260,48 @@ class KafkaCluster:
             )
             return {name: _operations(f.result()) for name, f in futures.items()}
 
-        def describe_group() -> list[str] | None:
-            # A client of its own for each try, whose requests time out before the call does: librdkafka
-            # 2.x aborts the process when a DescribeGroups answer arrives after its call timed out
-            # (`rd_kafka_enq_once_del_source_return: Assertion eonce->refcnt > 0`, librdkafka issue 4605;
-            # two chaos-run ingests died so across a broker restart), and a coordinator lookup that met a
-            # dead node is not asked again through the same client.
-            admin = AdminClient(
-                client_settings(self.settings, error_cb=self._remember, **{"socket.timeout.ms": self._socket_ms})
-            )
-            _KEPT.append(admin)  # never torn down with a request out: librdkafka's purge can meet the same bug
-            futures = admin.describe_consumer_groups(
-                [group], include_authorized_operations=True, request_timeout=self.timeout + GROUP_CALL_SLACK
+        def describe_group() -> None:
+            # Asked as a consumer asks for its committed offsets (OffsetFetch, which needs DESCRIBE on the
+            # group), not through the admin API: librdkafka 2.x aborts the process when a coordinator-bound
+            # admin request (DescribeConsumerGroups) meets a dropped connection (`rd_kafka_enq_once_del_
+            # source_return: Assertion eonce->refcnt > 0`, librdkafka issue 4605, fix pending in PR 5397);
+            # chaos-run ingests died so across broker restarts.
+            consumer = Consumer(
+                client_settings(
+                    self.settings,
+                    error_cb=self._remember,
+                    **{"group.id": group, "enable.auto.commit": False, "socket.timeout.ms": self._socket_ms},
+                )
             )
             try:
-                return _operations(futures[group].result())
-            except KafkaException as err:
-                if is_retriable(err):  # a coordinator away: asking again is what aborts; the mirror asks later
-                    return None
-                raise
+                self._fetch_committed_or_refusal(consumer, TopicPartition(topics[0], 0))
+            finally:
+                consumer.close()
 
         described = self._refusing("cannot describe topics", describe_topics, f"DESCRIBE topics {topics}")
         for topic, allowed in described.items():
             if allowed is not None and "READ" not in allowed and "ALL" not in allowed:
                 raise KafkaError(f"{where}: not authorized to READ topic {topic!r} (allowed: {_listed(allowed)})")
         refusal = f"DESCRIBE consumer group {group!r}"
-        allowed = self._refusing(f"cannot describe consumer group {group}", describe_group, refusal)
-        if allowed is not None and "DESCRIBE" not in allowed and "ALL" not in allowed:
-            raise KafkaError(f"{where}: not authorized to {refusal}")
+        self._refusing(f"cannot describe consumer group {group}", describe_group, refusal)
+
+    def _fetch_committed_or_refusal(self, consumer: Consumer, tp: TopicPartition) -> None:
+        """Fetch `tp`'s committed offset until it answers; a refusal of the coordinator lookup is not the
+        call's answer (it times out) but an event on the consumer's queue, so each short try looks there.
+        A coordinator still away at the deadline is let be: the offset mirror asks later and says so."""
+        deadline = time.monotonic() + self.timeout + GROUP_CALL_SLACK
+        while True:
+            try:
+                consumer.committed([tp], timeout=min(1.0, self.timeout))
+                return
+            except KafkaException as err:
+                if not is_retriable(err):
+                    raise
+            event = consumer.poll(0)
+            if event is not None and event.error() is not None and not is_retriable(KafkaException(event.error())):
+                raise KafkaException(event.error())
+            if time.monotonic() > deadline:
+                return
 
     def _refusing(self, what: str, call: Callable[[], T], refusal: str) -> T:
         """`_retrying`, where the broker's authorization refusal becomes "not authorized to `refusal`"."""
