@@ -9,6 +9,7 @@ a file a landed commit references.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -239,6 +240,41 @@ def test_a_conflict_with_our_own_landed_commit_is_our_commit(table, monkeypatch)
 
     assert isinstance(outcome, Committed) and outcome.version == 1
     assert DeltaTable(table).version() == 1
+
+
+def test_an_error_of_another_kind_while_another_writer_landed_is_decided_again(table, monkeypatch):
+    """delta-rs can report a lost race as something else (`Invalid table version: N`, from its check of the
+    versions landed since our snapshot): ours did not land and the table moved on, so we decide again."""
+    from deltalake.exceptions import DeltaError
+
+    apply, raced = commit_module._apply, []
+
+    def rival_lands_then_error(snapshot, change):
+        if not raced:
+            raced.append(True)
+            rival = Change(CommitMetadata("q", "reset", attempt=new_attempt_id()), txns=txn_actions("q", 1, {}))
+            commit(table, lambda t: replace(rival, schema=SCHEMA), "rival")
+            raise DeltaError(f"Invalid table version: {snapshot.version() + 1}")
+        return apply(snapshot, change)
+
+    monkeypatch.setattr(commit_module, "_apply", rival_lands_then_error)
+    attempt = new_attempt_id()
+    outcome = commit(table, ingest_change(table, plan(1, 0, 5, None), attempt, []), "batch 1")
+
+    assert isinstance(outcome, Committed) and outcome.version == 2 and outcome.change.metadata.conflicts == 1
+    assert [(m.pipeline, m.attempt == attempt) for m in offsetlake_commits(table)] == [("q", False), ("p", True)]
+
+
+def test_an_error_of_another_kind_with_no_other_writer_is_raised(table, monkeypatch):
+    from deltalake.exceptions import DeltaError
+
+    def fail(snapshot, change):
+        raise DeltaError("Invalid table version: 1")
+
+    monkeypatch.setattr(commit_module, "_apply", fail)
+    with pytest.raises(DeltaError, match="Invalid table version: 1"):
+        commit(table, ingest_change(table, plan(1, 0, 5, None), new_attempt_id(), []), "batch 1")
+    assert DeltaTable(table).version() == 0
 
 
 def files_on_disk(table: str) -> list[str]:
