@@ -175,14 +175,26 @@ def despite_log_cleanup(read: Callable[[], T], tries: int = 5) -> T:
     vanished between delta-rs listing the log and reading the file: log clean-up (offsetlake's `cleanup`,
     or another engine's) deletes commit files older than the newest checkpoint, and a read that listed them
     just before finds them gone (seen on S3, where listing and reading are requests apart). Listed again,
-    the log starts at that checkpoint. Only a vanished `_delta_log/` file is asked again."""
+    the log starts at that checkpoint. Only a vanished `_delta_log/` file is asked again: locally delta-rs
+    raises FileNotFoundError; from S3 a DeltaError ("Object at location .../_delta_log/...checkpoint.parquet
+    not found ... 404", met by a stream while the checkpoint fault cleaned the log up)."""
     for attempt in range(tries):
         try:
             return read()
-        except FileNotFoundError as err:
-            if "_delta_log/" not in str(err) or attempt == tries - 1:
+        except Exception as err:
+            if not _vanished_log_file(err) or attempt == tries - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+_NOT_FOUND = re.compile(r"not found|NoSuchKey|No such file", re.IGNORECASE)
+
+
+def _vanished_log_file(err: Exception) -> bool:
+    text = str(err)
+    if "_delta_log/" not in text:
+        return False
+    return isinstance(err, FileNotFoundError) or bool(_NOT_FOUND.search(text))
 
 
 def retry_seconds(uri: str) -> float:

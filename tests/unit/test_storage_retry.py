@@ -105,3 +105,14 @@ def test_a_log_file_vanished_under_a_read_is_read_again_and_nothing_else_is():
         despite_log_cleanup(read([FileNotFoundError("Object at location lake/t/part-0.parquet not found")]))
     with pytest.raises(FileNotFoundError):  # gone every time: the error stands
         despite_log_cleanup(read([gone] * 5), tries=5)
+    from deltalake.exceptions import DeltaError
+
+    # From S3, delta-rs names a vanished checkpoint in a DeltaError (seen in a chaos run's stream).
+    checkpoint = DeltaError(
+        "Kernel error: Arrow error: External: Object at location t/_delta_log/00000000000000000104.checkpoint.parquet"
+        " not found: Error performing GET ... 404 Not Found: <Code>NoSuchKey</Code>"
+    )
+    calls.clear()
+    assert despite_log_cleanup(read([checkpoint])) == "table" and len(calls) == 2
+    with pytest.raises(DeltaError, match="Invalid table version"):  # not a vanished file
+        despite_log_cleanup(read([DeltaError("Invalid table version: 3 (t/_delta_log/)")]))
