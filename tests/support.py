@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -208,6 +209,24 @@ def stream_process(cfg, pipelines_dir: Path, interval: float = 0.5, stderr: Path
         stderr=subprocess.PIPE if stderr is None else stderr.open("w"),
         text=True,
     )
+
+
+def stop_stream(job: subprocess.Popen, timeout: float = 120, stderr: Path | None = None) -> tuple[str, str]:
+    """SIGTERM a stream and collect what it said. One that has not stopped after `timeout` (it stops between
+    batches) has its Python stacks printed (SIGUSR1, the CLI's faulthandler), is killed by PID, and fails
+    the test with them: a stream that ignores SIGTERM is a defect, and must not outlive its test.
+    `stderr`: the file its stderr went to, if not a pipe."""
+    job.send_signal(signal.SIGTERM)
+    try:
+        out, err = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        job.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        job.kill()
+        out, err = job.communicate()
+        said = stderr.read_text(errors="replace") if stderr else err or ""
+        raise AssertionError(f"the stream ignored SIGTERM for {timeout:.0f} s; its stacks: {said[-6000:]}") from None
+    return out or "", (stderr.read_text(errors="replace") if stderr else err) or ""
 
 
 def table_rows(cfg) -> int:

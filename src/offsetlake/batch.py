@@ -22,7 +22,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, TableError, TableMissing
 from offsetlake.formats.evolution import Incompatible, adds_columns, merge_schema, plain_schema
 from offsetlake.formats.records import initial_table_schema, quarantine_schema, table_schema
-from offsetlake.kafka import TP, KafkaCluster
+from offsetlake.kafka import TP, KafkaCluster, Stopped
 from offsetlake.protocol.commit import (
     AttemptFiles,
     Change,
@@ -337,18 +337,24 @@ def nothing_to_ingest(cfg: PipelineConfig) -> bool:
 def ingest(
     spark, cfg: PipelineConfig, run: Run | None = None, stop: threading.Event | None = None
 ) -> list[BatchResult]:
-    """Catch up to the end offsets taken now. Returns the result of every batch attempted."""
+    """Catch up to the end offsets taken now. Returns the result of every batch attempted.
+
+    `stop` (a stream's SIGTERM) ends the run after the batch in flight, and at once while the driver waits
+    for the broker (`Stopped`: planning and Kafka calls hold nothing that a later run would miss)."""
     run = run or Run.here()
-    cluster = KafkaCluster(cfg.kafka)
-    tps = cluster.partitions(cfg.topics)
-    targets = cluster.end_offsets(tps, cfg.kafka.isolation_level)
+    cluster = KafkaCluster(cfg.kafka, stop=stop)
     results: list[BatchResult] = []
-    for _ in range(MAX_BATCHES_PER_RUN):
-        result = run_batch(spark, cfg, cluster, tps, targets, run)
-        results.append(result)
-        log.info(result.summary())
-        if result.status == "up_to_date" or (stop is not None and stop.is_set()):
-            break
+    try:
+        tps = cluster.partitions(cfg.topics)
+        targets = cluster.end_offsets(tps, cfg.kafka.isolation_level)
+        for _ in range(MAX_BATCHES_PER_RUN):
+            result = run_batch(spark, cfg, cluster, tps, targets, run)
+            results.append(result)
+            log.info(result.summary())
+            if result.status == "up_to_date" or (stop is not None and stop.is_set()):
+                break
+    except Stopped as stopped:
+        log.warning("%s", stopped)
     return results
 
 

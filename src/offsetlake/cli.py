@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import json
 import logging
 import os
@@ -253,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # `kill -USR1 <pid>` prints every thread's Python stack to stderr: where a job that seems stuck waits.
+    with contextlib.suppress(ValueError, OSError):  # OSError: a stderr with no file behind it (in-process)
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -72,17 +73,23 @@ def _no_leader_yet(kerr: _KErr) -> bool:
     return kerr.code() == _KErr._NOENT and "leader" in (kerr.str() or "").lower()
 
 
+class Stopped(Exception):
+    """A wait for the broker ended by a stop request (a stream's SIGTERM): nothing was in flight."""
+
+
 def retrying(
     what: str,
     call: Callable[[], T],
     retry_seconds: float,
     hopeless: Callable[[], bool] = lambda: False,
     before_retry: Callable[[KafkaException], None] = lambda err: None,
+    stop: threading.Event | None = None,
 ) -> T:
     """`call()`, tried again on retriable Kafka errors, waiting 0.5 s, 1 s, 2 s... (at most 10 s, with
     jitter) until `retry_seconds` have passed; then, at once for any other error, or when `hopeless()`
     says the cause will not go away (a refused login surfaces as a mere transport error), it raises.
-    Each retry is logged once, with the error and the wait; `before_retry(err)` runs before each."""
+    Each retry is logged once, with the error and the wait; `before_retry(err)` runs before each.
+    `stop` (a stream's SIGTERM) ends a wait at once with `Stopped`: waiting out a broker is pointless then."""
     deadline = time.monotonic() + retry_seconds
     wait = FIRST_WAIT
     while True:
@@ -94,7 +101,10 @@ def retrying(
                 raise
             pause = min(wait * random.uniform(0.8, 1.2), left)
             log.warning("%s: %s; retrying in %.1f s (for %.0f s more)", what, _describe(err), pause, left)
-            time.sleep(pause)
+            if stop is None:
+                time.sleep(pause)
+            elif stop.wait(pause):
+                raise Stopped(f"{what}: stopped while waiting for the broker") from None
             before_retry(err)
             wait = min(wait * 2, LONGEST_WAIT)
 
@@ -149,8 +159,10 @@ def _listed(operations: list[str]) -> str:
 class KafkaCluster:
     """The cluster one pipeline reads from, seen from the Spark driver."""
 
-    def __init__(self, settings: KafkaSettings):
+    def __init__(self, settings: KafkaSettings, stop: threading.Event | None = None):
+        """`stop`: set by a stream's SIGTERM; it ends any wait for the broker with `Stopped`."""
         self.settings = settings
+        self.stop = stop
         self.timeout = settings.timeout_seconds
         self._admin: AdminClient | None = None
         self._broker_errors: deque[str] = deque(maxlen=20)  # the latest, for error messages
@@ -204,6 +216,7 @@ class KafkaCluster:
                 self.settings.retry_seconds,
                 hopeless=self._login_refused,
                 before_retry=self._forget_stale_leaders,
+                stop=self.stop,
             )
         except KafkaException as err:
             raise self._fail(what, err) from None
@@ -313,15 +326,23 @@ class KafkaCluster:
             raise
 
     def _list_offsets(
-        self, tps: list[TP], spec: OffsetSpec, isolation=IsolationLevel.READ_UNCOMMITTED
+        self, tps: list[TP], spec: OffsetSpec, isolation=IsolationLevel.READ_UNCOMMITTED, none_is_an_answer=False
     ) -> dict[TP, int]:
+        """Each partition's offset for `spec`. A negative one is asked again unless `none_is_an_answer` (a
+        timestamp past the last record): measured on Apache Kafka 4.4 with librdkafka 2.16, the first
+        ListOffsets after a one-node broker restarted can answer the latest offset as -1001 without an
+        error, which a planner would take for an empty partition."""
         if not tps:
             return {}
         request = {TopicPartition(t, p): spec for t, p in tps}
 
         def list_offsets() -> dict[TP, int]:
             futures = self.admin.list_offsets(request, isolation_level=isolation, request_timeout=self.timeout)
-            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+            offsets = {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+            unknown = sorted(tp for tp, offset in offsets.items() if offset < 0)
+            if unknown and not none_is_an_answer:
+                raise KafkaException(_KErr(_KErr.OFFSET_NOT_AVAILABLE, f"the broker gave no offset for {unknown}"))
+            return offsets
 
         return self._retrying("cannot list offsets", list_offsets)
 
@@ -353,7 +374,7 @@ class KafkaCluster:
         return policies
 
     def offsets_for_time(self, tps: list[TP], timestamp_ms: int) -> dict[TP, int]:
-        return self._list_offsets(tps, OffsetSpec.for_timestamp(timestamp_ms))
+        return self._list_offsets(tps, OffsetSpec.for_timestamp(timestamp_ms), none_is_an_answer=True)
 
     def commit_group_offsets(self, group: str, offsets: dict[TP, int]) -> bool:
         """Mirror the ledger into the consumer group so lag tools see it. Informational only.
@@ -372,9 +393,10 @@ class KafkaCluster:
                     offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
                 ),
                 self.settings.retry_seconds,
+                stop=self.stop,
             )
             return True
-        except KafkaException as err:
+        except (KafkaException, Stopped) as err:
             log.warning("could not mirror offsets to consumer group %s: %s", group, _describe(err))
             return False
         finally:

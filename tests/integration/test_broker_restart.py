@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 
 import pytest
 
@@ -19,6 +18,7 @@ from support import (
     new_pipeline,
     pipeline_commits,
     produce,
+    stop_stream,
     stream_process,
     table_rows,
     wait_while_running,
@@ -139,9 +139,16 @@ def test_a_stream_stays_up_across_a_broker_restart(own_broker, tmp_path):
         produce(cfg.kafka, topic, 200, seed=7)
         wait_while_running(lambda: table_rows(cfg) == 500, job)  # committed again, after the restart
         assert job.poll() is None, "the stream exited"
+
+        # Told to stop while it waits for a broker that is away, it stops then, cleanly: not after
+        # retry_seconds, with the broker's absence as its error.
+        retries = said.read_text().count("retrying in")
+        own_broker.stop()
+        wait_while_running(lambda: said.read_text().count("retrying in") > retries, job, timeout=180)
     finally:
-        job.send_signal(signal.SIGTERM)
-        job.communicate(timeout=300)  # it stops between batches; one may wait kafka.retry_seconds (120 s)
+        out, _ = stop_stream(job, timeout=300, stderr=said)  # a batch in flight may wait retry_seconds (120 s)
     assert job.returncode == 0, said.read_text()[-3000:]
+    assert "stopped while waiting for the broker" in said.read_text() and "stream stopped after" in out
+    own_broker.start()  # the oracle asks Kafka
     assert len(pipeline_commits(cfg)) >= 2
     assert_exactly_once(cfg)

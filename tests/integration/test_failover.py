@@ -10,7 +10,6 @@ The cluster is the session's (conftest.cluster); a test that kills a node starts
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -34,6 +33,7 @@ from support import (
     new_pipeline,
     pipeline_commits,
     produce,
+    stop_stream,
     stream_process,
     table_rows,
     unique,
@@ -128,8 +128,7 @@ def test_a_stream_stays_up_through_a_dead_node_and_a_rolling_restart(cluster, tm
         wait_while_running(lambda: sum(ledger_ends(cfg).values()) >= lso, job)
     finally:
         writer.stop()
-        job.send_signal(signal.SIGTERM)
-        out, err = job.communicate(timeout=120)
+        out, err = stop_stream(job)
         for node in cluster.nodes:  # whatever happened, the cluster is whole for the next test
             if not processes.runs(node.pid, embedded_broker.MARKER):
                 cluster.start_node(node.node_id)

@@ -26,6 +26,7 @@ from support import (
     pipeline_commits,
     produce,
     spark_submit,
+    stop_stream,
     table_lineage,
     wait_for_fault,
     wait_while_running,
@@ -125,8 +126,7 @@ def test_stream_ingests_as_records_arrive_and_stops_on_sigterm(pipeline, pipelin
         produce(cfg.kafka, cfg.topics[0], 200, seed=99)
         wait_while_running(lambda: len(table_lineage(cfg.table_path)) == 500, job)  # caught up, in later batches
     finally:
-        job.send_signal(signal.SIGTERM)
-        out, err = job.communicate(timeout=120)
+        out, err = stop_stream(job)
     assert job.returncode == 0, err
     assert "stream stopped after" in out
     assert len(pipeline_commits(cfg)) >= 2
