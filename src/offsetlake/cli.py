@@ -85,8 +85,9 @@ DESCRIPTIONS = {
     "data loss.",
     "show": "Row count and the newest rows.",
     "ingest": "Catch up to the end offsets taken now, in as many batches as batch.max_records_per_batch needs.",
-    "stream": "The same batches in a loop in one Spark session; SIGTERM or Ctrl-C stops it between batches. A broker "
-    "restart shorter than kafka.retry_seconds is waited out (each retry logged once), not failed on; one warning at "
+    "stream": "The same batches in a loop in one Spark session; SIGTERM or Ctrl-C stops it between batches, or at once "
+    "while it waits for an absent broker. A broker restart shorter than kafka.retry_seconds is waited out (each "
+    "retry logged once), not failed on; one warning at "
     "start when its log and deleted-file windows outgrow its rate.",
     "backfill": "Re-read offset ranges (or a time window) and replace their rows in one commit. Refused past the "
     "ledger's end or below Kafka's log start; the ledger's end is checked again when it commits, so a restore or "
