@@ -128,10 +128,12 @@ def test_a_stream_stays_up_through_a_dead_node_and_a_rolling_restart(cluster, tm
         wait_while_running(lambda: sum(ledger_ends(cfg).values()) >= lso, job)
     finally:
         writer.stop()
-        out, err = stop_stream(job)
-        for node in cluster.nodes:  # whatever happened, the cluster is whole for the next test
-            if not processes.runs(node.pid, embedded_broker.MARKER):
-                cluster.start_node(node.node_id)
+        try:
+            out, err = stop_stream(job)
+        finally:
+            for node in cluster.nodes:  # whatever happened, the cluster is whole for the next test
+                if not processes.runs(node.pid, embedded_broker.MARKER):
+                    cluster.start_node(node.node_id)
     assert job.returncode == 0, err[-3000:]
     assert writer.sent > 0 and writer.errors == 0, (writer.sent, writer.errors)
     assert_exactly_once(cfg)
