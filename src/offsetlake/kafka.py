@@ -53,6 +53,9 @@ RETRIABLE = {
     _KErr.OFFSET_NOT_AVAILABLE,
     _KErr.NETWORK_EXCEPTION,
     _KErr._TIMED_OUT_QUEUE,
+    # "Broker handle destroyed without termination": the node left the cluster's metadata while a request
+    # to it was out (a 200-fault chaos run's stream died of it in DescribeTopics while a node restarted).
+    _KErr._DESTROY_BROKER,
 }
 FIRST_WAIT, LONGEST_WAIT = 0.5, 10.0  # seconds between tries: doubling, with jitter
 

@@ -37,6 +37,8 @@ def waits(monkeypatch):
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
         KafkaError.REQUEST_TIMED_OUT,
         KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._DESTROY_BROKER,  # a node left the metadata with a request out
+        KafkaError.OFFSET_NOT_AVAILABLE,  # also what offsetlake raises for a listed offset of -1001
     ],
 )
 def test_what_a_broker_restart_causes_is_retried(code):
@@ -85,3 +87,46 @@ def test_no_retry_past_the_deadline_or_when_hopeless(waits):
     with pytest.raises(KafkaException):
         retrying("metadata", failing(KafkaError._TRANSPORT), retry_seconds=120, hopeless=lambda: True)
     assert waits == []
+
+
+def test_a_stop_request_ends_the_wait_for_the_broker_at_once():
+    import threading
+
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(kafka.Stopped, match="^metadata: stopped while waiting for the broker$"):
+        retrying("metadata", failing(KafkaError._TRANSPORT), retry_seconds=120, stop=stop)
+    assert retrying("metadata", failing(), retry_seconds=120, stop=stop) == "ok"  # an answer is an answer
+
+
+class _Listed:
+    """What AdminClient.list_offsets hands back per partition: a future of a result with an offset."""
+
+    def __init__(self, offset):
+        self.offset = offset
+
+    def result(self, timeout=None):
+        return self
+
+
+def test_a_listed_offset_of_minus_1001_is_asked_again_unless_none_is_an_answer(waits):
+    from confluent_kafka.admin import OffsetSpec
+
+    from offsetlake.config import KafkaSettings
+
+    answers = [[-1001, 7], [12, 7]]  # after a restart: no offset, and no error either; then the real one
+
+    class Admin:
+        def poll(self, timeout):  # asked why a connection failed (none here)
+            return 0
+
+        def list_offsets(self, request, **_):
+            offsets = answers.pop(0) if answers else [-1, -1]
+            return {tp: _Listed(o) for tp, o in zip(request, offsets, strict=True)}
+
+    cluster = kafka.KafkaCluster(KafkaSettings(bootstrap_servers="127.0.0.1:9", retry_seconds=60))
+    cluster._admin = Admin()
+    tps = [("t", 0), ("t", 1)]
+    assert cluster.end_offsets(tps, "read_committed") == {("t", 0): 12, ("t", 1): 7} and len(waits) == 1
+    # A timestamp past the last record has no offset: that is the answer, not a broker still starting.
+    assert cluster._list_offsets(tps, OffsetSpec.latest(), none_is_an_answer=True) == {("t", 0): -1, ("t", 1): -1}
