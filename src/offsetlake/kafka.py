@@ -118,6 +118,7 @@ def retrying(
 # FENCED_LEADER_EPOCH ("Leader epoch is older than broker epoch") for as long as it tried. A new client
 # asks for the leaders afresh.
 STALE_LEADERS = {
+    _KErr.OFFSET_NOT_AVAILABLE,  # and a listed offset of -1001: its leader's node died (see _list_offsets)
     _KErr.FENCED_LEADER_EPOCH,
     _KErr.UNKNOWN_LEADER_EPOCH,
     _KErr.NOT_LEADER_FOR_PARTITION,
@@ -334,7 +335,9 @@ class KafkaCluster:
         """Each partition's offset for `spec`. A negative one is asked again unless `none_is_an_answer` (a
         timestamp past the last record): measured on Apache Kafka 4.4 with librdkafka 2.16, the first
         ListOffsets after a one-node broker restarted can answer the latest offset as -1001 without an
-        error, which a planner would take for an empty partition."""
+        error, which a planner would take for an empty partition, and so does every ListOffsets through
+        the same client for a partition whose leader's node died; a new client (STALE_LEADERS) asks the
+        new leader."""
         if not tps:
             return {}
         request = {TopicPartition(t, p): spec for t, p in tps}
