@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from offsetlake.config import KafkaSettings
 from offsetlake.errors import KafkaError
-from offsetlake.kafka import client_settings
+from offsetlake.kafka import client_settings, retrying
 
 ACTIONS = ("view", "click", "add_to_cart", "purchase", "refund")
 
@@ -143,15 +142,12 @@ def transactional_producer(settings: KafkaSettings, transactional_id: str, **ext
     producer.list_topics(timeout=settings.timeout_seconds)
     # A broker just started may still be loading its transaction coordinator (COORDINATOR_LOAD_IN_PROGRESS,
     # retriable): librdkafka lets init_transactions be called again, for up to kafka.retry_seconds.
-    deadline = time.monotonic() + settings.retry_seconds
-    while True:
-        try:
-            producer.init_transactions(settings.timeout_seconds)
-            return producer
-        except KafkaException as err:
-            if not err.args[0].retriable() or time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    retrying(
+        f"producer {transactional_id}: cannot initialise transactions",
+        lambda: producer.init_transactions(settings.timeout_seconds),
+        settings.retry_seconds,
+    )
+    return producer
 
 
 BAD_VALUES = (
