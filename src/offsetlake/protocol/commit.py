@@ -146,10 +146,11 @@ def commit(
                 raise StorageError(f"{what}: the commit to {uri} did not land: {store_refusal(err)}") from None
             return Committed(version, change)
         except Exception as err:
-            version = _landed_version(uri, change.metadata.attempt)
+            latest = _latest(uri)  # one read of the log answers both: did ours land, did another's
+            version = _landed_in(latest, change.metadata.attempt)
             if version is not None:
                 return Committed(version, change)
-            if not _moved_on(uri, decided_on):
+            if latest.version() <= decided_on:
                 raise
             # A conflict delta-rs reported as something else: its pre-commit check of the versions that
             # landed since our snapshot can fail to read one (`Invalid table version: N`, met by a MERGE
@@ -250,16 +251,20 @@ def _file_paths(table: DeltaTable) -> set[str]:
     return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
 
 
-def _moved_on(uri: str, decided_on: int) -> bool:
-    """Whether the table has a version after the one we decided on."""
-    return despite_log_cleanup(lambda: DeltaTable(uri, storage_options=storage_options(uri)).version()) > decided_on
+def _latest(uri: str) -> DeltaTable:
+    """The table at its newest version, read from the store now."""
+    return despite_log_cleanup(lambda: DeltaTable(uri, storage_options=storage_options(uri)))
 
 
 def _landed_version(uri: str, attempt: str | None) -> int | None:
     """The version of this attempt's commit if it landed after all, else None."""
+    return _landed_in(_latest(uri), attempt) if attempt else None
+
+
+def _landed_in(table: DeltaTable, attempt: str | None) -> int | None:
+    """`_landed_version`, in a table just read."""
     if not attempt:
         return None
-    table = despite_log_cleanup(lambda: DeltaTable(uri, storage_options=storage_options(uri)))
     for entry in despite_log_cleanup(lambda: table.history(limit=MAX_ATTEMPTS)):
         meta = CommitMetadata.parse(entry.get("userMetadata"))
         if meta is not None and meta.attempt == attempt:
