@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from offsetlake.errors import CommitConflictError, StorageError
 from offsetlake.files import write_file
@@ -215,12 +215,26 @@ def test_an_error_after_the_commit_landed_still_reports_it_committed(table, monk
     assert isinstance(outcome, Committed) and outcome.version == 1 and outcome.added_paths() == {f.path}
 
 
-def test_an_error_before_anything_landed_is_raised(table, monkeypatch):
+@pytest.mark.parametrize(
+    "error, raised, message",
+    [
+        # the store's: one line
+        (
+            OSError("no space left on device"),
+            StorageError,
+            "^batch 1: the commit to .* did not land: no space left on device$",
+        ),
+        # of another kind, with no other writer to explain it: not taken for a conflict
+        (DeltaError("Invalid table version: 1"), DeltaError, "^Invalid table version: 1$"),
+    ],
+    ids=["store", "another kind"],
+)
+def test_an_error_before_anything_landed_is_raised(table, monkeypatch, error, raised, message):
     def fail(snapshot, change):
-        raise OSError("no space left on device")
+        raise error
 
     monkeypatch.setattr(commit_module, "_apply", fail)
-    with pytest.raises(StorageError, match="^batch 1: the commit to .* did not land: no space left on device$"):
+    with pytest.raises(raised, match=message):
         commit(table, ingest_change(table, plan(1, 0, 5, None), new_attempt_id(), []), "batch 1")
     assert DeltaTable(table).version() == 0
 
@@ -245,8 +259,6 @@ def test_a_conflict_with_our_own_landed_commit_is_our_commit(table, monkeypatch)
 def test_an_error_of_another_kind_while_another_writer_landed_is_decided_again(table, monkeypatch):
     """delta-rs can report a lost race as something else (`Invalid table version: N`, from its check of the
     versions landed since our snapshot): ours did not land and the table moved on, so we decide again."""
-    from deltalake.exceptions import DeltaError
-
     apply, raced = commit_module._apply, []
 
     def rival_lands_then_error(snapshot, change):
@@ -263,18 +275,6 @@ def test_an_error_of_another_kind_while_another_writer_landed_is_decided_again(t
 
     assert isinstance(outcome, Committed) and outcome.version == 2 and outcome.change.metadata.conflicts == 1
     assert [(m.pipeline, m.attempt == attempt) for m in offsetlake_commits(table)] == [("q", False), ("p", True)]
-
-
-def test_an_error_of_another_kind_with_no_other_writer_is_raised(table, monkeypatch):
-    from deltalake.exceptions import DeltaError
-
-    def fail(snapshot, change):
-        raise DeltaError("Invalid table version: 1")
-
-    monkeypatch.setattr(commit_module, "_apply", fail)
-    with pytest.raises(DeltaError, match="Invalid table version: 1"):
-        commit(table, ingest_change(table, plan(1, 0, 5, None), new_attempt_id(), []), "batch 1")
-    assert DeltaTable(table).version() == 0
 
 
 def files_on_disk(table: str) -> list[str]:
