@@ -430,6 +430,6 @@ def test_maintenance_form_errors_stop_before_spark(pipeline, conf, refused_by):
     if refused_by == "the form":
         with pytest.raises(ParamValidationError):
             run(dag, conf)
-        return
-    state, tasks = run(dag, conf)
-    assert state == "failed" and tasks["validate"] == "failed" and tasks["maintenance"] == "upstream_failed"
+    else:
+        state, tasks = run(dag, conf)
+        assert state == "failed" and tasks["validate"] == "failed" and tasks["maintenance"] == "upstream_failed"
