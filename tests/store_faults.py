@@ -1,7 +1,9 @@
 """A proxy in front of the S3 server that injects the faults object storage has: a store that answers 503
-for a while, an endpoint that is gone (the proxy stops listening, as a restarting server), and a commit
-whose response is lost after the write landed (the log entry is stored, the client hears nothing), alone or
-followed by the endpoint going away (a store restarting between writing and answering).
+for a while, an endpoint that is gone (the proxy stops listening, as a restarting server), a commit whose
+response is lost after the write landed (the log entry is stored, the client hears nothing), alone or
+followed by the endpoint going away (a store restarting between writing and answering), and a commit whose
+connection is reset before anything was stored (a store restarting mid-request: what a client's pooled
+connection meets when the endpoint goes away).
 
 It runs as a process of its own on 127.0.0.1 (delta-rs holds the GIL in some calls, so a proxy thread in
 the test process would wait for the very request it should answer), started by the test and stopped by
@@ -18,6 +20,7 @@ import json
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -42,7 +45,7 @@ class ProxyServer:
         self.upstream_port = upstream_port
         self.seen: Counter = Counter()  # requests, refused, commits, lost commit responses
         self._refuse_until = self._refuse_commits_until = 0.0
-        self._lose_commits = 0
+        self._lose_commits = self._reset_commits = 0
         self._away_after_lost = 0.0
         self._lock = threading.Lock()
         # Listening or not is changed by one thread at a time: a lost commit's handler and a control request
@@ -110,6 +113,8 @@ class ProxyServer:
             self.refuse_commits_for(args["seconds"])
         elif verb == "lose_commit_response":
             self.lose_next_commit_response(int(args.get("count", 1)), args.get("away", 0.0))
+        elif verb == "reset_commit":
+            self.reset_next_commit(int(args.get("count", 1)))
         elif verb == "away":
             self.away_for(args["seconds"])
         return dict(self.seen)
@@ -133,6 +138,13 @@ class ProxyServer:
             self._lose_commits += count
             self._away_after_lost = away
 
+    def reset_next_commit(self, count: int = 1) -> None:
+        """The next `count` puts of a log entry are not forwarded: their connection is reset (TCP RST). Nothing
+        was stored; the writer hears "connection reset by peer", which the object-store client does not retry
+        for a put (it cannot know the put did not land)."""
+        with self._lock:
+            self._reset_commits += count
+
     def _decide(self, method: str, path: str) -> str:
         with self._lock:
             self.seen["requests"] += 1
@@ -144,6 +156,10 @@ class ProxyServer:
                 if time.monotonic() < self._refuse_commits_until:
                     self.seen["refused commits"] += 1
                     return "refuse"
+                if self._reset_commits:
+                    self._reset_commits -= 1
+                    self.seen["reset commits"] += 1
+                    return "reset"
                 if self._lose_commits:
                     self._lose_commits -= 1
                     self.seen["lost commit responses"] += 1
@@ -204,6 +220,11 @@ class _Forward(BaseHTTPRequestHandler):
         action = self.proxy._decide(self.command, self.path)
         if action == "refuse":
             self._answer(503, SLOW_DOWN)
+            return
+        if action == "reset":  # closed with a zero linger: the kernel sends RST, not FIN
+            self.close_connection = True
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
             return
         status, headers, answer = self._upstream(body)
         if action == "lose":
@@ -302,6 +323,9 @@ class StoreProxy:
 
     def lose_next_commit_response(self, count: int = 1, away: float = 0.0) -> None:
         self._control("lose_commit_response", count=count, away=away)
+
+    def reset_next_commit(self, count: int = 1) -> None:
+        self._control("reset_commit", count=count)
 
     def away_for(self, seconds: float) -> None:
         self._control("away", seconds=seconds)

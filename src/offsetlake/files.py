@@ -152,19 +152,20 @@ def write_file(table_uri: str, rel_path: str, data: pa.Table, partition_values: 
     )
 
 
-def retrying(table_uri: str, call: Callable[[], T]) -> T:
+def retrying(table_uri: str, call: Callable[[], T], errors: tuple[type[Exception], ...] = (OSError,)) -> T:
     """`call()` -- pyarrow on the table's store -- asked again while the store gives an answer that may change
     soon (a 503, throttling, refused or reset connections), until the table's retry bound: the same bound
     delta-rs gets as `retry_timeout`, so the driver's own reads and the executors' writes ride out the same
     outage its commits do. Other errors, and every error on a local table (bound 0), are raised at once.
-    `call` must be safe to repeat (a read, a listing, an idempotent delete, a write of a unique name)."""
+    `call` must be safe to repeat (a read, a listing, an idempotent delete, a write of a unique name).
+    `errors`: the exception types that may carry such an answer (delta-rs raises some as DeltaError)."""
     deadline = time.monotonic() + retry_seconds(table_uri)
     pause = 0.5
     while True:
         try:
             return call()
-        except OSError as err:
-            if not _retriable(err) or time.monotonic() + pause > deadline:
+        except errors as err:
+            if not is_transient(err) or time.monotonic() + pause > deadline:
                 raise
             time.sleep(pause)
             pause = min(pause * 2, 10.0)
@@ -218,7 +219,8 @@ _RETRIABLE = re.compile(
 )
 
 
-def _retriable(err: OSError) -> bool:
+def is_transient(err: Exception) -> bool:
+    """The store's answer may change soon (see _RETRIABLE): asking again is worth it."""
     return bool(_RETRIABLE.search(str(err)))
 
 

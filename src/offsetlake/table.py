@@ -106,7 +106,11 @@ def store_refusal(err: Exception) -> str:
 def _create(
     uri: str, schema: pa.Schema, partition_by: list[str], name: str | None, properties: dict[str, str] | None
 ) -> DeltaTable:
-    try:
+    """Version 0 of a new table. Asked again while the store's answer may change (a store restarting resets
+    the put's connection, which the object-store client does not retry): `mode="ignore"` makes a repeat
+    safe, as a first put that did land leaves a table the next try opens instead of creating."""
+
+    def create() -> DeltaTable:
         return DeltaTable.create(
             uri,
             schema,
@@ -116,6 +120,9 @@ def _create(
             configuration=properties or None,
             storage_options=storage_options(uri),
         )
+
+    try:
+        return retrying(uri, create, errors=(OSError, DeltaError))
     except (OSError, DeltaError) as err:  # not writable, not a directory, no such bucket...
         raise TableError(f"cannot create Delta table at {uri}: {err}") from None
 

@@ -224,6 +224,24 @@ def test_a_commit_whose_answer_the_store_lost_is_known_as_landed_and_keeps_its_f
     assert_exactly_once(cfg)
 
 
+def test_a_log_entry_put_whose_connection_the_store_reset_is_made_again(spark, pipeline, s3, proxy):
+    """A store restarting mid-request resets a put's connection before storing it, and the object-store
+    client does not retry a put it cannot know the fate of (met by a stream in a chaos run, creating its
+    quarantine while the store restarted). The table's creation and a batch's commit each meet one: both
+    are made again within table.retry_seconds, and every record lands once."""
+    (cfg, topic), _ = s3_pipeline(pipeline, s3, AWS_ENDPOINT_URL=proxy.url)
+    produce(cfg.kafka, topic, 500, seed=36)
+    proxy.reset_next_commit()  # the first log entry put is the table's creation (its version 0)
+    assert [r.status for r in ingest(spark, cfg)][0] == "committed"
+    produce(cfg.kafka, topic, 300, seed=37)
+    proxy.reset_next_commit()  # now a batch's commit
+    results = ingest(spark, cfg)
+
+    assert proxy.seen["reset commits"] == 2
+    assert [r.status for r in results][0] == "committed"
+    assert_exactly_once(cfg)
+
+
 def test_a_store_answering_503_for_seconds_is_ridden_out(spark, pipeline, s3, proxy):
     (cfg, topic), _ = s3_pipeline(pipeline, s3, AWS_ENDPOINT_URL=proxy.url)
     produce(cfg.kafka, topic, 400, seed=33)

@@ -24,6 +24,8 @@ decided here, once:
    and clean-up never deletes a committed file. An error that is not a conflict by
    name, from a commit that did not land while the table moved past our snapshot,
    is taken for one (delta-rs can report a conflict as a log version it failed to read).
+   A store error that may pass (a reset connection, a 503), from a commit that did not
+   land, is decided again after a pause, until the table's `retry_seconds`.
 6. An upsert (`Change.merge`) is a delta-rs MERGE with the same commit properties (txn actions,
    userMetadata, no rebase): delta-rs writes its files and the commit in one call. See upsert.py.
    A MERGE that changes no row makes no commit in delta-rs: the batch's offsets then commit
@@ -42,6 +44,7 @@ Files are written before the commit under names that carry the attempt id;
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -55,7 +58,15 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from offsetlake.config import DELETED_COLUMN
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StorageError
-from offsetlake.files import DataFile, conform, despite_log_cleanup, read_with_partitions, storage_options
+from offsetlake.files import (
+    DataFile,
+    conform,
+    despite_log_cleanup,
+    is_transient,
+    read_with_partitions,
+    retry_seconds,
+    storage_options,
+)
 from offsetlake.protocol.ledger import Ledger
 from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.protocol.planning import BatchPlan
@@ -119,7 +130,8 @@ def commit(
 
     `snapshot`: a table object the caller has just loaded, used for the first decision instead of
     loading again (if it is stale, the commit fails on the conflict and the next try loads)."""
-    for conflicts in range(MAX_ATTEMPTS):
+    conflicts, store_deadline, pause = 0, time.monotonic() + retry_seconds(uri), 0.5
+    for _ in range(MAX_ATTEMPTS):
         table, snapshot = snapshot or open_(uri), None
         decided_on = table.version()
         change = decide(table)
@@ -140,11 +152,18 @@ def commit(
             if version is not None:
                 return Committed(version, change)
             log.info("%s: another commit landed first; deciding again", what)
-        except OSError as err:  # the object store, past its retries: one line, after the did-it-land check
+            conflicts += 1
+        except OSError as err:  # the object store, past its retries: after the did-it-land check
             version = _landed_version(uri, change.metadata.attempt)
-            if version is None:
+            if version is not None:
+                return Committed(version, change)
+            if not is_transient(err) or time.monotonic() + pause > store_deadline:
                 raise StorageError(f"{what}: the commit to {uri} did not land: {store_refusal(err)}") from None
-            return Committed(version, change)
+            # A store restarting reset the put's connection, which the object-store client does not retry
+            # for a put. Ours did not land: deciding again is safe, within the table's retry_seconds.
+            log.warning("%s: the commit did not land (%s); deciding again in %.1f s", what, store_refusal(err), pause)
+            time.sleep(pause)
+            pause = min(pause * 2, 10.0)
         except Exception as err:
             latest = _latest(uri)  # one read of the log answers both: did ours land, did another's
             version = _landed_in(latest, change.metadata.attempt)
@@ -156,6 +175,7 @@ def commit(
             # landed since our snapshot can fail to read one (`Invalid table version: N`, met by a MERGE
             # while an OPTIMIZE committed, in a chaos run). Ours did not land; deciding again is safe.
             log.info("%s: another commit landed first (%s); deciding again", what, err)
+            conflicts += 1
     raise CommitConflictError(what, MAX_ATTEMPTS)
 
 
