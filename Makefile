@@ -25,7 +25,7 @@ $(STAMP): requirements.txt pyproject.toml | prerequisites
 	$(BIN)/python -m compileall -q src  # bytecode once: each Spark worker and Airflow task imports offsetlake
 	touch $(STAMP)
 
-# The JVM stack's jars (the Apache Kafka broker), resolved from Maven Central by the POMs in
+# The JVM stacks' jars (the Apache Kafka broker; delta-spark for the tests), resolved from Maven Central by the POMs in
 # src/offsetlake/local/poms/ into ~/.cache/offsetlake/jvm: once per machine, then a no-op. No jar is committed.
 jars: $(STAMP)
 	$(BIN)/python -m offsetlake.local.jars

@@ -96,9 +96,12 @@ def s3(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def spark():
+    """One local Spark for the session, with delta-spark in it as a Databricks user's session has it: the
+    product runs beside Delta's SQL extension, and tests read and operate on its tables with delta-spark."""
+    from delta_spark import delta_spark_conf
     from offsetlake.spark.session import build_session
 
-    session = build_session("offsetlake-tests", "local[2]")
+    session = build_session("offsetlake-tests", "local[2]", delta_spark_conf())
     yield session
     session.stop()
 

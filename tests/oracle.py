@@ -696,10 +696,16 @@ def _ledger_at_lso(cfg, caught_up: bool) -> dict:
     return offsets
 
 
+def read_with_delta_rs(uri: str) -> pa.Table:
+    """The table's current version, every column, as delta-rs (the product's own engine) reads it."""
+    return query(uri, "SELECT * FROM t")
+
+
 def check(
     cfg,
     until: dict | None = None,
     *,
+    read: Callable[[str], pa.Table] = read_with_delta_rs,
     quarantine_ahead: bool = False,
     journal: Journal = JOURNAL,
     registry=None,
@@ -707,6 +713,7 @@ def check(
     bounds: dict[str, int] | None = None,
 ) -> Findings:
     """Everything the oracle checks, below `until` ({(topic, partition): end}, default the ledger's).
+    `read`: how the table and the quarantine are read (delta-spark's reader, in test_delta_spark.py).
     `quarantine_ahead`: quarantine rows at or past `until` are left out (a job killed between its quarantine
     commit and its table commit leaves them ahead of the ledger; the next batch skips them). Whatever is left
     out is counted (`Findings.left_out`); past its bound in `bounds` (0 by default) the check fails.
@@ -722,9 +729,9 @@ def check(
         for p, start in kafka_offsets(_settings(cfg), t, kafka_partitions(_settings(cfg), t), "earliest").items()
     }
     findings.kafka_records = len(kafka)
-    table = query(cfg.table_path, "SELECT * FROM t")
+    table = read(cfg.table_path)
     findings.table_rows = table.num_rows
-    quarantine = _quarantine_rows(cfg)
+    quarantine = _quarantine_rows(cfg, read)
     if quarantine_ahead:
         below = {k: v for k, v in quarantine.items() if k[2] < until.get(k[:2], 0)}
         findings.leave_out(QUARANTINE_AHEAD, len(quarantine) - len(below))
@@ -755,10 +762,10 @@ def _by_offset(rows: list[dict]) -> dict[Offset, list[dict]]:
     return out
 
 
-def _quarantine_rows(cfg) -> dict[Offset, list[dict]]:
+def _quarantine_rows(cfg, read: Callable[[str], pa.Table] = read_with_delta_rs) -> dict[Offset, list[dict]]:
     if not DeltaTable.is_deltatable(cfg.quarantine_path, storage_options(cfg.quarantine_path)):
         return {}
-    return _by_offset(query(cfg.quarantine_path, "SELECT * FROM t").to_pylist())
+    return _by_offset(read(cfg.quarantine_path).to_pylist())
 
 
 def _deleted_by_retention(where: Offset, log_start: dict) -> bool:

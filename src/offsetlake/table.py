@@ -6,6 +6,7 @@ Python workers are forked: DeltaTable objects live on the driver only.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Set as AbstractSet
@@ -32,6 +33,27 @@ from offsetlake.formats.evolution import same_type
 # Delta would drop `txn` actions older than this at a checkpoint: the ledger would be forgotten.
 LEDGER_EXPIRING_PROPERTY = "delta.setTransactionRetentionDuration"
 
+# The Delta writer features offsetlake writes tables with exactly, each enabled by delta-spark on an offsetlake
+# table and ingested into in tests/integration/test_delta_spark.py (docs/concepts/delta-features.md). delta-rs,
+# offsetlake's writer, refuses a commit to a table with any other (rowTracking, domainMetadata, clustering,
+# typeWidening, identityColumns, inCommitTimestamp): offsetlake refuses before writing anything instead.
+WRITABLE_FEATURES = frozenset(
+    {
+        "appendOnly",
+        "invariants",
+        "checkConstraints",
+        "changeDataFeed",
+        "generatedColumns",
+        "timestampNtz",
+        "columnMapping",
+        "v2Checkpoint",
+        "deletionVectors",
+    }
+)
+# Features offsetlake's own file rewrites (optimize, backfill, repair) cannot honour: they read a data file
+# as Parquet, so the rows a deletion vector deleted would come back.
+NOT_REWRITABLE = frozenset({"deletionVectors"})
+
 
 def open_table(
     uri: str,
@@ -55,9 +77,31 @@ def open_table(
             f"table {uri} sets {LEDGER_EXPIRING_PROPERTY}: Delta would expire the offsets "
             f"offsetlake keeps in it (its txn actions); unset that property to use the table"
         )
-    if schema is not None:
+    if schema is not None:  # a writer's open: refused here, before its tasks write a file
+        check_writable(uri, table)
         check_schema(uri, table, schema, partition_by or [])
     return table
+
+
+def check_writable(uri: str, table: DeltaTable, rewrite: str | None = None) -> None:
+    """Fail in one line if the table uses a Delta feature offsetlake cannot write with (`rewrite`: the name
+    of an operation that rewrites data files, which also refuses NOT_REWRITABLE features)."""
+    features = set(table.protocol().writer_features or ())
+    unknown = sorted(features - WRITABLE_FEATURES)
+    if unknown:
+        raise TableError(
+            f"table {uri} uses the Delta table feature{'s' * (len(unknown) > 1)} {', '.join(unknown)}, which "
+            f"offsetlake cannot write (its writer, delta-rs, does not support {'them' if len(unknown) > 1 else 'it'}); "
+            f"nothing was written. Drop {'them' if len(unknown) > 1 else 'it'} in Spark (ALTER TABLE ... DROP "
+            f"FEATURE) or write to a table without {'them' if len(unknown) > 1 else 'it'}"
+        )
+    unrewritable = sorted(features & NOT_REWRITABLE) if rewrite else []
+    if unrewritable:
+        raise TableError(
+            f"table {uri} uses the Delta table feature {', '.join(unrewritable)}, and {rewrite} would bring back "
+            f"rows it deleted; nothing was written. Compact this table in Spark (OPTIMIZE), or ingest into a "
+            f"table without the feature"
+        )
 
 
 def is_object_store(uri: str) -> bool:
@@ -183,6 +227,24 @@ def query(uri: str, sql: str) -> pa.Table:
     """
     result = pa.table(QueryBuilder().register("t", open_table(uri)).execute(sql).read_all())
     return plain_types(result)
+
+
+def files_added_in(uri: str, version: int) -> set[str] | None:
+    """Paths (relative, as on disk) of the data files one commit added; None once log clean-up removed its
+    entry (the newest checkpoint holds the table's state, not which commit added what)."""
+    fs, root = open_filesystem(uri)
+    entry = f"{root.rstrip('/')}/_delta_log/{version:020d}.json"
+
+    def read() -> set[str] | None:
+        try:
+            with fs.open_input_stream(entry) as stream:
+                lines = stream.read().decode().splitlines()
+        except FileNotFoundError:
+            return None
+        actions = [json.loads(line) for line in lines if line.strip()]
+        return {from_delta_path(a["add"]["path"]) for a in actions if "add" in a}
+
+    return retrying(uri, read)
 
 
 def committed_files(uri: str) -> set[str]:

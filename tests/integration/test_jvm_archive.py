@@ -86,11 +86,11 @@ def test_a_failed_dump_raises_and_leaves_no_file(tmp_path, monkeypatch):
 def test_the_archive_name_changes_with_the_jvm_and_the_jars(tmp_path, monkeypatch):
     spark_home = tmp_path / "spark"
     (spark_home / "jars").mkdir(parents=True)
-    (spark_home / "jars" / "spark-core_2.13-4.1.3.jar").write_bytes(b"")
+    (spark_home / "jars" / "spark-core_2.13-4.2.0.jar").write_bytes(b"")
     monkeypatch.setenv("SPARK_HOME", str(spark_home))
     monkeypatch.setenv("JAVA_HOME", str(fake_java(tmp_path, 0)))
     first = jvm_archive.archive_path()
-    (spark_home / "jars" / "spark-sql_2.13-4.1.3.jar").write_bytes(b"")
+    (spark_home / "jars" / "spark-sql_2.13-4.2.0.jar").write_bytes(b"")
     second = jvm_archive.archive_path()
     monkeypatch.setenv("JAVA_HOME", str(fake_java(tmp_path, 1)))
     third = jvm_archive.archive_path()

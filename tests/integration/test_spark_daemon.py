@@ -66,7 +66,7 @@ def test_the_archives_stay_when_pyspark_would_not_import_without_them(monkeypatc
     archives = [
         "/spark/python/lib/pyspark.zip",
         "/spark/python/lib/py4j-0.10.9.9-src.zip",
-        "/spark/jars/spark-core_2.13-4.1.3.jar",
+        "/spark/jars/spark-core_2.13-4.2.0.jar",
     ]
     path = [archives[0], "/work", archives[1], archives[2], "/venv/site-packages"]
     monkeypatch.setattr(sys, "path", list(path))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from offsetlake.errors import OffsetlakeError
 
-STACKS = ("kafka-broker",)
+STACKS = ("kafka-broker", "delta-spark")
 RESOLVE_TIMEOUT_SECONDS = 900
 
 
@@ -50,6 +51,18 @@ def jar_dir(stack: str) -> Path:
 
 def classpath(stack: str) -> str:
     return str(jar_dir(stack) / "*")
+
+
+def spark_jars(stack: str) -> list[str]:
+    """The stack's jars for `spark.jars`, less those Spark ships itself (any version): a library Spark has is
+    Spark's, so a stack's older Jackson, Hadoop client, Parquet, Netty or Scala never shadows Spark's own."""
+    import pyspark
+
+    def artifact(jar: Path) -> str:
+        return re.sub(r"-\d[\w.\-]*\.jar$", "", jar.name)
+
+    spark_has = {artifact(jar) for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return sorted(str(jar) for jar in jar_dir(stack).glob("*.jar") if artifact(jar) not in spark_has)
 
 
 def _resolve(source: Path, target: Path) -> None:

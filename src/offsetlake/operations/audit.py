@@ -6,6 +6,11 @@ Kafka is read under read_committed over each partition's range (default: from
 the log start to the ledger's committed end), and every offset it returns must
 be in the table exactly once, or in the quarantine. Rows Kafka does not return
 (aborted records, offsets of another topic incarnation) are "unexpected".
+
+Another writer may also change rows in place: a user's UPDATE or MERGE in delta-spark keeps each row's
+offset but not its record's values. The rows of every file such a commit added that the table still
+holds are "rewritten"; repair backfills their offsets, which replaces those files. A commit whose log
+entry clean-up removed cannot be located any more: audit names its version instead.
 """
 
 from __future__ import annotations
@@ -13,18 +18,21 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+import pyarrow as pa
+from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, TableError
+from offsetlake.files import despite_log_cleanup, from_delta_path, read_with_partitions
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.operations.fold import UpsertAuditReport, audit_upsert, rebuild
 from offsetlake.operations.ledger_checks import audited_ranges, continuity_issues, sanity_issues
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
-from offsetlake.protocol.metadata import HistoryEntry, unflat_offsets
+from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, unflat_offsets
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.read.reader import read_range
-from offsetlake.table import open_table, query
+from offsetlake.table import files_added_in, open_table, query
 
 
 @dataclass
@@ -40,14 +48,15 @@ class PartitionAudit:
     skipped: int = 0  # records an operator reset (or on_data_loss: skip) chose to leave out
     duplicated: list[int] = field(default_factory=list)
     unexpected: list[int] = field(default_factory=list)
+    rewritten: list[int] = field(default_factory=list)  # rows another writer's UPDATE or MERGE wrote
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.duplicated or self.unexpected)
+        return not (self.missing or self.duplicated or self.unexpected or self.rewritten)
 
     def problem_ranges(self) -> list[OffsetRange]:
         """Contiguous spans covering every offset with a problem (what a backfill must rewrite)."""
-        offsets = sorted(set(self.missing) | set(self.duplicated) | set(self.unexpected))
+        offsets = sorted(set(self.missing) | set(self.duplicated) | set(self.unexpected) | set(self.rewritten))
         spans: list[list[int]] = []
         for o in offsets:
             if spans and o == spans[-1][1]:
@@ -69,7 +78,7 @@ class AuditReport:
         return all(p.ok for p in self.partitions) and not self.continuity and not self.sanity
 
     def problem_count(self) -> int:
-        return sum(len(p.missing) + len(p.duplicated) + len(p.unexpected) for p in self.partitions)
+        return sum(len(p.missing) + len(p.duplicated) + len(p.unexpected) + len(p.rewritten) for p in self.partitions)
 
     def repair_ranges(self) -> list[OffsetRange]:
         return [r for p in self.partitions for r in p.problem_ranges()]
@@ -78,7 +87,7 @@ class AuditReport:
         out = asdict(self)
         out["ok"] = self.ok
         for p in out["partitions"]:  # offsets can be many: report counts and the first few
-            for key in ("missing", "duplicated", "unexpected"):
+            for key in ("missing", "duplicated", "unexpected", "rewritten"):
                 p[f"{key}_count"] = len(p[key])
                 p[key] = p[key][:20]
         return out
@@ -86,13 +95,13 @@ class AuditReport:
     def format(self) -> str:
         lines = [
             f"{'topic':<24} {'part':>4} {'range':>19} {'kafka':>8} {'rows':>8} {'quar.':>6} "
-            f"{'missing':>8} {'dup':>6} {'unexp':>6}"
+            f"{'missing':>8} {'dup':>6} {'unexp':>6} {'rewr.':>6}"
         ]
         for p in self.partitions:
             lines.append(
                 f"{p.topic:<24} {p.partition:>4} {f'[{p.start}, {p.end})':>19} {p.kafka_records:>8} "
                 f"{p.table_rows:>8} {p.quarantined:>6} {len(p.missing):>8} {len(p.duplicated):>6} "
-                f"{len(p.unexpected):>6}"
+                f"{len(p.unexpected):>6} {len(p.rewritten):>6}"
             )
         lines += [f"ledger: {issue}" for issue in self.continuity + self.sanity]
         lines.append(
@@ -118,10 +127,58 @@ def audit(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> Audit
     quarantined = _lineage_counts(cfg.quarantine_path, missing_ok=True)
     history = pipeline_history(table, cfg.name)
     skipped = skipped_ranges(history)
-    report = AuditReport(cfg.name, [_audit_partition(cfg, r, table_rows, quarantined, skipped) for r in ranges])
+    rewritten, unlocated = rewritten_by_others(table)
+    report = AuditReport(
+        cfg.name, [_audit_partition(cfg, r, table_rows, quarantined, skipped, rewritten) for r in ranges]
+    )
     report.continuity = continuity_issues(history)
-    report.sanity = sanity_issues(ledger.offsets, cluster.end_offsets(tps, cfg.kafka.isolation_level))
+    report.sanity = sanity_issues(ledger.offsets, cluster.end_offsets(tps, cfg.kafka.isolation_level)) + [
+        f"version {v}: {op} by another writer changed rows, and its log entry is gone (log clean-up): "
+        f"its rows cannot be located; a backfill of the whole table mends them"
+        for v, op in unlocated
+    ]
     return report
+
+
+# Another writer's operations that change rows in place (a DELETE leaves offsets missing: found as such).
+ROW_REWRITES = ("UPDATE", "MERGE")
+
+
+def rewritten_by_others(table: DeltaTable) -> tuple[dict[TP, set[int]], list[tuple[int, str]]]:
+    """({partition: offsets of rows in files another writer's UPDATE or MERGE added, still in the table},
+    [(version, operation) of such commits whose log entry is gone]). offsetlake's own MERGEs (upsert mode)
+    carry its commit metadata and are not another writer's."""
+    uri = table.table_uri
+    theirs = [
+        (h["version"], h["operation"])
+        for h in despite_log_cleanup(table.history)
+        if h.get("operation") in ROW_REWRITES and CommitMetadata.parse(h.get("userMetadata")) is None
+    ]
+    if not theirs:
+        return {}, []
+    live = {from_delta_path(a["path"]): a for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
+    suspect, unlocated = set(), []
+    for version, operation in theirs:
+        added = files_added_in(uri, version)
+        if added is None:
+            unlocated.append((version, operation))
+        else:
+            suspect |= added & live.keys()
+    offsets: dict[TP, set[int]] = {}
+    for path in suspect:
+        rows = read_with_partitions(uri, path, _partition_values(live[path]), LINEAGE_TYPES)
+        for topic, partition, offset in zip(*(rows.column(c).to_pylist() for c in LINEAGE_TYPES.names)):
+            offsets.setdefault((topic, partition), set()).add(offset)
+    return offsets, unlocated
+
+
+LINEAGE_TYPES = pa.schema([("kafka_topic", pa.string()), ("kafka_partition", pa.int32()), ("kafka_offset", pa.int64())])
+
+
+def _partition_values(flat_add: dict) -> dict[str, str | None]:
+    """A flattened add action's `partition.<column>` values, as the strings Delta keeps."""
+    prefix = "partition."
+    return {k[len(prefix) :]: None if v is None else str(v) for k, v in flat_add.items() if k.startswith(prefix)}
 
 
 def _lineage_counts(uri: str, missing_ok: bool = False) -> dict[TP, Counter]:
@@ -161,7 +218,7 @@ def skipped_ranges(history: list[HistoryEntry]) -> dict[TP, list[tuple[int, int]
 
 
 def _audit_partition(
-    cfg: PipelineConfig, rng: OffsetRange, table_rows: dict, quarantined: dict, skipped: dict
+    cfg: PipelineConfig, rng: OffsetRange, table_rows: dict, quarantined: dict, skipped: dict, rewritten: dict
 ) -> PartitionAudit:
     kafka = set(_kafka_offsets(cfg, rng))
     rows = {o: n for o, n in table_rows.get((rng.topic, rng.partition), Counter()).items() if rng.start <= o < rng.end}
@@ -182,6 +239,7 @@ def _audit_partition(
         skipped=len(excused),
         duplicated=sorted(o for o, n in seen.items() if n > 1 and o in kafka),
         unexpected=sorted(o for o in seen if o not in kafka),
+        rewritten=sorted(o for o in rewritten.get((rng.topic, rng.partition), ()) if o in rows and o in kafka),
     )
 
 

@@ -189,7 +189,7 @@ def backfill(
                 evolve=wider is not None,
             )
 
-        outcome = commit(cfg.table_path, decide, "backfill")
+        outcome = commit(cfg.table_path, decide, "backfill", rewrites=True)
         assert isinstance(outcome, Committed)  # decide() always writes, or raises
         files.kept[cfg.table_path] = outcome.added_paths()
     return BackfillResult(

@@ -83,7 +83,7 @@ def optimize(
         return Change(meta, [*removes, *adds], schema=schema, partition_by=partition_by)
 
     with attempt_files(attempt, uri) as attempt_written:
-        outcome = commit(uri, decide, "optimize")
+        outcome = commit(uri, decide, "optimize", rewrites=True)
         if not isinstance(outcome, Committed):
             return OptimizeResult(uri, None)
         attempt_written.kept[uri] = outcome.added_paths()

@@ -291,7 +291,7 @@ def rebuild(
                 metadata, [*removes, *add_actions(written)], schema=rows.schema, partition_by=cfg.table.partition_by
             )
 
-        outcome = commit(cfg.table_path, decide, "repair")
+        outcome = commit(cfg.table_path, decide, "repair", rewrites=True)
         assert isinstance(outcome, Committed)  # decide() always writes, or raises
         files.kept[cfg.table_path] = outcome.added_paths()
     removed = sum(isinstance(a, RemoveAction) for a in outcome.change.actions)

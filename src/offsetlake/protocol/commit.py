@@ -57,7 +57,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
 from offsetlake.config import DELETED_COLUMN
-from offsetlake.errors import CommitConflictError, OffsetlakeError, StorageError
+from offsetlake.errors import CommitConflictError, OffsetlakeError, StorageError, TableError
 from offsetlake.files import (
     DataFile,
     conform,
@@ -71,7 +71,7 @@ from offsetlake.protocol.ledger import Ledger
 from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.protocol.planning import BatchPlan
 from offsetlake.protocol.upsert import Merge
-from offsetlake.table import delete_attempt_files, delete_files, open_table, store_refusal
+from offsetlake.table import check_writable, delete_attempt_files, delete_files, open_table, store_refusal
 
 log = logging.getLogger("offsetlake.protocol.commit")
 MAX_ATTEMPTS = 50  # conflicts with unrelated commits (OPTIMIZE, another writer); each retry decides again
@@ -125,14 +125,17 @@ def commit(
     what: str,
     open_: Callable[[str], DeltaTable] = open_table,
     snapshot: DeltaTable | None = None,
+    rewrites: bool = False,
 ) -> Committed | Settled:
     """Open -> decide -> commit without rebase; on a conflict, all again. See the module docstring.
 
     `snapshot`: a table object the caller has just loaded, used for the first decision instead of
-    loading again (if it is stale, the commit fails on the conflict and the next try loads)."""
+    loading again (if it is stale, the commit fails on the conflict and the next try loads).
+    `rewrites`: the change rewrites data files offsetlake reads as Parquet (optimize, backfill, repair)."""
     conflicts, store_deadline, pause = 0, time.monotonic() + retry_seconds(uri), 0.5
     for _ in range(MAX_ATTEMPTS):
         table, snapshot = snapshot or open_(uri), None
+        check_writable(uri, table, what if rewrites else None)  # a feature another engine just enabled
         decided_on = table.version()
         change = decide(table)
         if isinstance(change, Settled):
@@ -145,7 +148,9 @@ def commit(
             if change.evolve:
                 return _apply_evolving(uri, table, change)
             return Committed(_apply(table, change), change)
-        except CommitFailedError:
+        except CommitFailedError as err:
+            if "Unsupported table features" in str(err):  # enabled by another engine since check_writable
+                raise TableError(f"{what}: table {uri}: {err}; nothing was written") from None
             # The log entry was there already: another writer's, or our own whose answer the store lost
             # (the write landed, the connection dropped, the client's retry met its own put: step 5).
             version = _landed_version(uri, change.metadata.attempt)
