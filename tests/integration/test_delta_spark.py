@@ -4,12 +4,16 @@ against Kafka. The versions are those of src/offsetlake/local/poms/delta-spark.x
 
 from __future__ import annotations
 
+import json
+
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
 from delta_spark import reader, sql
 from offsetlake.batch import ingest
 from offsetlake.errors import OffsetlakeError, TableError
+from offsetlake.files import plain_types
 from offsetlake.formats.records import table_schema
 from offsetlake.operations.audit import audit, repair
 from offsetlake.operations.compaction import optimize
@@ -151,3 +155,24 @@ def test_offsetlakes_rewrites_refuse_a_table_with_deletion_vectors_and_ingest_ap
     found = audit(cfg)
     assert {(p.partition, o) for p in found.partitions for o in p.missing} == deleted
     assert found.problem_count() == len(deleted) > 0
+
+
+def test_delta_spark_reads_an_upsert_table_and_its_change_feed_as_offsetlake_wrote_them(spark, pipeline):
+    """The table is the fold of Kafka read through delta-spark, and delta-spark's `readChangeFeed` holds
+    the same changes, version by version, as delta-rs' (which the oracle replays into the table)."""
+    from test_upsert import UPSERT, keyed_event
+
+    cfg, topic = pipeline(partitions=2, batch=SMALL_BATCHES, **UPSERT)
+    produce(cfg.kafka, topic, 900, seed=88, make_record=keyed_event)
+    ingest(spark, cfg)
+    assert_exactly_once(cfg, read=reader(spark))
+
+    def changes(table: pa.Table) -> list[dict]:
+        rows = plain_types(table.drop_columns(["_commit_timestamp"])).to_pylist()
+        return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True, default=str))
+
+    theirs = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
+    ours = pa.table(DeltaTable(cfg.table_path).load_cdf(starting_version=0))
+    seen = changes(theirs.load(cfg.table_path).toArrow())
+    assert seen == changes(ours)
+    assert {r["_change_type"] for r in seen} == {"insert", "update_preimage", "update_postimage", "delete"}
