@@ -1,10 +1,10 @@
 """The short chaos run inside `make test`: at least 20 faults, every kind at least once.
 
-Two runs, JSON and Avro records; the seed draws which of them has its table on S3 (behind the fault
-proxy, with object storage's faults) and which on local disk, and, independently, which of them writes
-in upsert mode (the latest record per key, checked against the fold of Kafka) and which appends. So every
-`make test` covers both storages, both formats and both write modes without a run per combination, and
-the seeds cover every combination.
+One run; its seed draws the records' format (JSON, or Avro through a Schema Registry with key and headers
+kept and a field added mid-run), where the table lives (local disk, or S3 behind the fault proxy with
+object storage's faults) and the write mode (append, or upsert: the latest record per key, checked
+against the fold of Kafka). Eight seeds in a row cover every combination; a run per combination in every
+`make test` would not fit its 30 minutes (two runs took 6-7 of them).
 
 `make chaos` runs the same harness with 200. A failure names the seed; replay
 it with OFFSETLAKE_CHAOS_SEED=<seed> make test, or make chaos CHAOS_ARGS="--seed <seed>".
@@ -23,13 +23,11 @@ pytestmark = pytest.mark.slow
 FAULTS = 20
 
 
-@pytest.mark.parametrize("record_format", ["json", "avro"])
-def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path, record_format):
-    """`avro`: the records in Avro through a Schema Registry, key and headers kept, a field added mid-run."""
+def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path):
     seed = int(os.environ.get("OFFSETLAKE_CHAOS_SEED") or random.randrange(1_000_000))
-    avro = record_format == "avro"
-    storage = ("s3", "local")[(seed + avro) % 2]
-    mode = ("upsert", "append")[(seed // 2 + avro) % 2]
+    record_format = ("json", "avro")[seed % 2]
+    storage = ("local", "s3")[seed // 2 % 2]
+    mode = ("append", "upsert")[seed // 4 % 2]
     replay = (
         f"seed {seed} -- replay: OFFSETLAKE_CHAOS_SEED={seed} make test, or make chaos "
         f"CHAOS_ARGS='--seed {seed} --format {record_format} --storage {storage} --mode {mode}'"
