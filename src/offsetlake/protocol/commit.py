@@ -6,7 +6,10 @@ decided here, once:
 
 1. Decide against one snapshot. `commit` opens the table and hands that snapshot to
    the caller's `decide`, which reads the ledger from it and returns either the
-   `Change` to make or a `Settled` saying why nothing must be written.
+   `Change` to make or a `Settled` saying why nothing must be written. A table
+   that another engine gave a Delta feature offsetlake cannot write (or, for a
+   change that rewrites data files, deletion vectors) fails first, in one line
+   (`table.check_writable`).
 2. A write is refused exactly when `decide` refuses it. For a batch that is
    `verdict`: the ledger's batch number is at or past ours (a retry, a duplicate
    run, or a zombie that woke after its retry succeeded), or the ledger's offsets
