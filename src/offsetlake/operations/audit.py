@@ -24,7 +24,8 @@ from deltalake.exceptions import TableNotFoundError
 
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, TableError
-from offsetlake.files import despite_log_cleanup, from_delta_path, read_with_partitions
+from offsetlake.files import action_partition_values, despite_log_cleanup, from_delta_path, read_with_partitions
+from offsetlake.formats.records import LINEAGE_SCHEMA
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.operations.fold import UpsertAuditReport, audit_upsert, rebuild
 from offsetlake.operations.ledger_checks import audited_ranges, continuity_issues, sanity_issues
@@ -127,7 +128,7 @@ def audit(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> Audit
     quarantined = _lineage_counts(cfg.quarantine_path, missing_ok=True)
     history = pipeline_history(table, cfg.name)
     skipped = skipped_ranges(history)
-    rewritten, unlocated = rewritten_by_others(table)
+    rewritten, unlocated = rewritten_by_others(table, cfg.table.partition_by)
     report = AuditReport(
         cfg.name, [_audit_partition(cfg, r, table_rows, quarantined, skipped, rewritten) for r in ranges]
     )
@@ -144,7 +145,7 @@ def audit(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> Audit
 ROW_REWRITES = ("UPDATE", "MERGE")
 
 
-def rewritten_by_others(table: DeltaTable) -> tuple[dict[TP, set[int]], list[tuple[int, str]]]:
+def rewritten_by_others(table: DeltaTable, partition_by: list[str]) -> tuple[dict[TP, set[int]], list[tuple[int, str]]]:
     """({partition: offsets of rows in files another writer's UPDATE or MERGE added, still in the table},
     [(version, operation) of such commits whose log entry is gone]). offsetlake's own MERGEs (upsert mode)
     carry its commit metadata and are not another writer's."""
@@ -164,21 +165,15 @@ def rewritten_by_others(table: DeltaTable) -> tuple[dict[TP, set[int]], list[tup
             unlocated.append((version, operation))
         else:
             suspect |= added & live.keys()
+    lineage_partitions = [c for c in partition_by if c in LINEAGE_SCHEMA.names]  # the only ones read back
     offsets: dict[TP, set[int]] = {}
     for path in suspect:
-        rows = read_with_partitions(uri, path, _partition_values(live[path]), LINEAGE_TYPES)
-        for topic, partition, offset in zip(*(rows.column(c).to_pylist() for c in LINEAGE_TYPES.names)):
+        values = action_partition_values(live[path], lineage_partitions)
+        rows = read_with_partitions(uri, path, values, LINEAGE_SCHEMA)
+        where = (rows.column(c).to_pylist() for c in ("kafka_topic", "kafka_partition", "kafka_offset"))
+        for topic, partition, offset in zip(*where):
             offsets.setdefault((topic, partition), set()).add(offset)
     return offsets, unlocated
-
-
-LINEAGE_TYPES = pa.schema([("kafka_topic", pa.string()), ("kafka_partition", pa.int32()), ("kafka_offset", pa.int64())])
-
-
-def _partition_values(flat_add: dict) -> dict[str, str | None]:
-    """A flattened add action's `partition.<column>` values, as the strings Delta keeps."""
-    prefix = "partition."
-    return {k[len(prefix) :]: None if v is None else str(v) for k, v in flat_add.items() if k.startswith(prefix)}
 
 
 def _lineage_counts(uri: str, missing_ok: bool = False) -> dict[TP, Counter]:
