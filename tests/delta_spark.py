@@ -37,3 +37,14 @@ def reader(spark) -> Callable[[str], pa.Table]:
 def sql(spark, statement: str) -> list:
     """One SQL statement through delta-spark; its rows."""
     return spark.sql(statement).collect()
+
+
+def change_reader(spark) -> Callable[[str, int], pa.Table]:
+    """The oracle's `read_changes` (oracle.assert_exactly_once): a table's change feed from a version on, as
+    delta-spark's `readChangeFeed` reads it (delta-rs' load_cdf refuses a table with column mapping)."""
+
+    def read_changes(uri: str, starting_version: int) -> pa.Table:
+        feed = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", starting_version)
+        return plain_types(feed.load(uri).toArrow())
+
+    return read_changes

@@ -711,9 +711,12 @@ def check(
     registry=None,
     protobuf: dict | None = None,
     bounds: dict[str, int] | None = None,
+    user_columns: dict[str, pa.DataType] | None = None,
 ) -> Findings:
     """Everything the oracle checks, below `until` ({(topic, partition): end}, default the ledger's).
     `read`: how the table and the quarantine are read (delta-spark's reader, in test_delta_spark.py).
+    `user_columns`: columns a user added to the table ({name: type}), which the pipeline writes nothing to:
+    each must be there, of its type, and null in every row.
     `quarantine_ahead`: quarantine rows at or past `until` are left out (a job killed between its quarantine
     commit and its table commit leaves them ahead of the ledger; the next batch skips them). Whatever is left
     out is counted (`Findings.left_out`); past its bound in `bounds` (0 by default) the check fails.
@@ -729,7 +732,7 @@ def check(
         for p, start in kafka_offsets(_settings(cfg), t, kafka_partitions(_settings(cfg), t), "earliest").items()
     }
     findings.kafka_records = len(kafka)
-    table = read(cfg.table_path)
+    table = _without_user_columns(findings, read(cfg.table_path), user_columns or {})
     findings.table_rows = table.num_rows
     quarantine = _quarantine_rows(cfg, read)
     if quarantine_ahead:
@@ -770,6 +773,32 @@ def _quarantine_rows(cfg, read: Callable[[str], pa.Table] = read_with_delta_rs) 
 
 def _deleted_by_retention(where: Offset, log_start: dict) -> bool:
     return where[2] < log_start.get(where[:2], 0)
+
+
+def _without_user_columns(findings: Findings, table: pa.Table, user_columns: dict[str, pa.DataType]) -> pa.Table:
+    """The table less the columns a user added, each checked: there, of its type, null in every row."""
+    for name, want in user_columns.items():
+        if name not in table.column_names:
+            findings.add(SCHEMA, (name, -1, -1), f"column {name!r}, added by a user, is gone")
+            continue
+        have = table.schema.field(name).type
+        if not same_type(have, want):
+            findings.add(SCHEMA, (name, -1, -1), f"column {name!r} is {have}, the user added it as {want}")
+        lineage = zip(
+            table["kafka_topic"].to_pylist(),
+            table["kafka_partition"].to_pylist(),
+            table["kafka_offset"].to_pylist(),
+            table[name].to_pylist(),
+        )
+        for topic, partition, offset, value in lineage:
+            if value is not None:
+                findings.add(
+                    WRONG_VALUE,
+                    (topic, partition, offset),
+                    f"column {name!r}, which the pipeline does not write, is {value!r}",
+                )
+        table = table.drop_columns([name])
+    return table
 
 
 def _check_table(findings: Findings, rows, kafka, decoder: Decoder, schema: pa.Schema, log_start: dict) -> None:
@@ -927,14 +956,18 @@ def _short(value: bytes | None) -> bytes | None:
     return None if value is None else value[:40]
 
 
-def assert_exactly_once(cfg, caught_up: bool = True, **options) -> int:
+def assert_exactly_once(
+    cfg, caught_up: bool = True, read_changes: Callable[[str, int], pa.Table] | None = None, **options
+) -> int:
     """The oracle's whole check, below the ledger's end (which, `caught_up`, must be Kafka's LSO): fails
-    naming the offsets of each kind of finding. Returns the table's row count."""
+    naming the offsets of each kind of finding. Returns the table's row count. `read_changes`: how the
+    change feed is read, from a version on (default delta-rs' load_cdf)."""
     offsets = _ledger_at_lso(cfg, caught_up)
     findings = check(cfg, offsets, **options)
     assert findings.ok, f"the oracle found, in {cfg.table_path}:\n{findings.report()}"
     if cfg.write.upsert and cfg.write.change_data_feed:
-        assert change_feed_replays(cfg), "the change data feed does not replay to the table"
+        replays = change_feed_replays(cfg, read_changes or changes_with_delta_rs)
+        assert replays, "the change data feed does not replay to the table"
     return findings.table_rows
 
 
@@ -1022,7 +1055,12 @@ def _check_against_fold(findings: Findings, cfg, rows: list[dict], folded: dict[
             findings.add(MISSING, want_at, f"key {key} is not in the table")
 
 
-def change_feed_state(cfg) -> list[dict]:
+def changes_with_delta_rs(uri: str, starting_version: int) -> pa.Table:
+    table = DeltaTable(uri, storage_options=storage_options(uri))
+    return pa.table(table.load_cdf(starting_version=starting_version))
+
+
+def change_feed_state(cfg, read_changes: Callable[[str, int], pa.Table] = changes_with_delta_rs) -> list[dict]:
     """The table as its change data feed replays it: from its creation, or, when log clean-up has removed
     the first commits, from the table as of its oldest checkpoint. Inserts and post-images set a key's
     row, deletes remove it. Each row's columns as the table's (the feed's own left out)."""
@@ -1033,8 +1071,7 @@ def change_feed_state(cfg) -> list[dict]:
         old = DeltaTable(cfg.table_path, version=base, storage_options=options)
         rows = QueryBuilder().register("t", old).execute("SELECT * FROM t").read_all()
         state = {upsert_key(r, cfg.write.key): r for r in pa.table(rows).to_pylist()}
-    table = DeltaTable(cfg.table_path, storage_options=options)
-    changes = pa.table(table.load_cdf(starting_version=0 if base is None else base + 1)).to_pylist()
+    changes = read_changes(cfg.table_path, 0 if base is None else base + 1).to_pylist()
     order = {"delete": 0, "update_preimage": 0, "insert": 1, "update_postimage": 1}
     for change in sorted(changes, key=lambda c: (c["_commit_version"], order[c["_change_type"]])):
         kind = change.pop("_change_type")
@@ -1062,7 +1099,7 @@ def _oldest_loadable_version(uri: str) -> int | None:
     return checkpoints[0]
 
 
-def change_feed_replays(cfg) -> bool:
+def change_feed_replays(cfg, read_changes: Callable[[str, int], pa.Table] = changes_with_delta_rs) -> bool:
     """True when the change data feed, replayed from the table's creation, builds the table row by row."""
     table = sorted(query(cfg.table_path, "SELECT * FROM t").to_pylist(), key=lambda r: upsert_key(r, cfg.write.key))
-    return change_feed_state(cfg) == table
+    return change_feed_state(cfg, read_changes) == table

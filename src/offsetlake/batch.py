@@ -42,7 +42,7 @@ from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.protocol.upsert import Merge, latest_per_key, read_staging
 from offsetlake.read.tasks import TaskContext, TaskResults, parse_results, task_function
 from offsetlake.spark.session import is_local, session_of
-from offsetlake.table import open_table
+from offsetlake.table import check_mergeable, open_table
 
 log = logging.getLogger("offsetlake.batch")
 MAX_BATCHES_PER_RUN = 100_000
@@ -140,9 +140,13 @@ def open_pipeline_table(cfg: PipelineConfig):
     """The pipeline's table, checked; created when missing (registry formats: from the registry's latest
     schema, so a table exists with its columns before the first record arrives)."""
     try:
-        return open_table(cfg.table_path, table_schema(cfg), cfg.table.partition_by, cfg.name, create=False)
+        table = open_table(cfg.table_path, table_schema(cfg), cfg.table.partition_by, cfg.name, create=False)
     except TableMissing:
         pass
+    else:
+        if cfg.write.upsert:  # refused before a task writes a file
+            check_mergeable(cfg.table_path, table, f"pipeline {cfg.name}")
+        return table
     try:
         schema = initial_table_schema(cfg)
     except Incompatible as err:

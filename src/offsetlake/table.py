@@ -95,6 +95,8 @@ def check_writable(uri: str, table: DeltaTable, rewrite: str | None = None) -> N
             f"nothing was written. Drop {'them' if len(unknown) > 1 else 'it'} in Spark (ALTER TABLE ... DROP "
             f"FEATURE) or write to a table without {'them' if len(unknown) > 1 else 'it'}"
         )
+    if "columnMapping" in features:
+        _check_columns_stored_under_their_names(uri, table)
     unrewritable = sorted(features & NOT_REWRITABLE) if rewrite else []
     if unrewritable:
         raise TableError(
@@ -102,6 +104,53 @@ def check_writable(uri: str, table: DeltaTable, rewrite: str | None = None) -> N
             f"rows it deleted; nothing was written. Compact this table in Spark (OPTIMIZE), or ingest into a "
             f"table without the feature"
         )
+
+
+def check_mergeable(uri: str, table: DeltaTable, what: str) -> None:
+    """Fail in one line if an upsert's MERGE cannot be written to the table: an append-only table allows
+    no update or delete, and delta-rs (1.6.6) fails a MERGE on a table with both a CHECK constraint and the
+    change data feed whenever a batch deletes a key the table does not hold (it checks the row it skips)."""
+    settings = table.metadata().configuration
+    if settings.get("delta.appendOnly", "").lower() == "true":
+        raise TableError(
+            f"{what}: table {uri} sets delta.appendOnly, and an upsert updates and deletes rows; nothing was "
+            f"written. Unset it (ALTER TABLE ... SET TBLPROPERTIES ('delta.appendOnly' = 'false')) or append"
+        )
+    constraints = sorted(k.removeprefix("delta.constraints.") for k in settings if k.startswith("delta.constraints."))
+    if constraints and settings.get("delta.enableChangeDataFeed", "").lower() == "true":
+        raise TableError(
+            f"{what}: table {uri} has the CHECK constraint {constraints[0]} and its change data feed on, which "
+            f"offsetlake's writer (delta-rs) cannot MERGE into when a batch deletes a key the table lacks; "
+            f"nothing was written. Drop the constraint or turn the change data feed off"
+        )
+
+
+def _check_columns_stored_under_their_names(uri: str, table: DeltaTable) -> None:
+    """Column mapping lets a column's files name it otherwise (`col-<uuid>`: a column added, or renamed,
+    once mapping is on; every column of a table created with it). offsetlake writes and compacts data files
+    under column names, so readers would find such a column null in them: refused, naming the column. A
+    table that turned mapping on later keeps its columns' names, and works."""
+    for path, stored in _stored_names(pa.schema(table.schema())):
+        if stored is not None and stored != path.rpartition(".")[2]:
+            raise TableError(
+                f"table {uri} column {path!r} is stored in its data files as {stored!r} (Delta column mapping: "
+                f"added or renamed after mapping was on), which offsetlake cannot read or write; nothing was "
+                f"written. Write to a table whose columns are stored under their own names"
+            )
+
+
+def _stored_names(fields, prefix: str = ""):
+    """(dotted path, the physical name column mapping gives it, or None) for every field, nested ones too."""
+    for field in fields:
+        path = f"{prefix}{field.name}"
+        yield path, (field.metadata or {}).get(b"delta.columnMapping.physicalName", b"").decode() or None
+        kind = field.type
+        if pa.types.is_struct(kind):
+            yield from _stored_names(list(kind), f"{path}.")
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            yield from _stored_names([kind.value_field], f"{path}.")
+        elif pa.types.is_map(kind):
+            yield from _stored_names([kind.key_field, kind.item_field], f"{path}.")
 
 
 def is_object_store(uri: str) -> bool:
@@ -172,8 +221,10 @@ def _create(
 
 
 def check_schema(uri: str, table: DeltaTable, expected: pa.Schema, partition_by: list[str]) -> None:
-    """The table must hold exactly the pipeline's columns, types and partitioning. A schema marked
-    OPEN_PAYLOAD (registry formats) names only some columns: the payload columns may be any."""
+    """The table must hold the pipeline's columns, types and partitioning. A schema marked OPEN_PAYLOAD
+    (registry formats) names only some columns: the payload columns may be any. Any other column is a
+    user's (`ALTER TABLE ... ADD COLUMNS` in Spark): rows the pipeline writes leave it null, so it must be
+    nullable. Commits keep it, and compaction carries its values over."""
     from offsetlake.formats.records import OPEN_PAYLOAD
 
     open_payload = (expected.metadata or {}).items() >= OPEN_PAYLOAD.items()
@@ -184,9 +235,13 @@ def check_schema(uri: str, table: DeltaTable, expected: pa.Schema, partition_by:
             raise TableError(f"table {uri} has no column {f.name!r} that the pipeline writes")
         if not same_type(have[f.name], f.type):
             raise TableError(f"table {uri} column {f.name!r} is {have[f.name]}, the pipeline writes {f.type}")
-    extra = sorted(set(have) - {f.name for f in expected})
-    if extra and not open_payload:
-        raise TableError(f"table {uri} has column {extra[0]!r} that the pipeline does not write")
+    written = {f.name for f in expected}
+    required = sorted(f.name for f in actual if f.name not in written and not f.nullable)
+    if required and not open_payload:
+        raise TableError(
+            f"table {uri} has column {required[0]!r} NOT NULL, which the pipeline does not write: "
+            f"make it nullable (ALTER TABLE ... ALTER COLUMN {required[0]} DROP NOT NULL) or drop it"
+        )
     if list(table.metadata().partition_columns) != list(partition_by):
         raise TableError(
             f"table {uri} is partitioned by {table.metadata().partition_columns}, the pipeline says {partition_by}"

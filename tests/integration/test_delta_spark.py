@@ -5,12 +5,13 @@ against Kafka. The versions are those of src/offsetlake/local/poms/delta-spark.x
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from delta_spark import reader, sql
+from delta_spark import change_reader, reader, sql
 from offsetlake.batch import ingest
 from offsetlake.errors import OffsetlakeError, TableError
 from offsetlake.files import plain_types
@@ -18,6 +19,8 @@ from offsetlake.formats.records import table_schema
 from offsetlake.operations.audit import audit, repair
 from offsetlake.operations.compaction import optimize
 from offsetlake.operations.maintenance import checkpoint, cleanup, vacuum
+from offsetlake.table import NOT_REWRITABLE
+from oracle import read_with_delta_rs
 from support import assert_exactly_once, assert_job_failed_in_one_line, data_files_on_disk, produce, run_cli
 
 pytestmark = pytest.mark.slow
@@ -104,15 +107,104 @@ ENABLE = {
 REFUSED = ["rowTracking", "clustering", "typeWidening", "identityColumns", "inCommitTimestamp"]
 
 
+WRITABLE = [feature for feature in ENABLE if feature not in REFUSED]
+
+
+def enable(spark, cfg, features) -> None:
+    for feature in features:
+        sql(spark, f"ALTER TABLE {delta(cfg)} {ENABLE[feature]}")
+    protocol = DeltaTable(cfg.table_path).protocol()
+    if protocol.min_writer_version >= 7:  # table features (appendOnly alone keeps the legacy protocol)
+        assert set(protocol.writer_features or ()) >= set(features) - {"clustering"}
+
+
 def test_ingest_stays_exact_on_a_table_with_every_feature_offsetlake_writes(spark, pipeline):
     cfg, topic = pipeline(partitions=2, records=300, ingest=True)
-    for feature, statement in ENABLE.items():
-        if feature not in REFUSED:
-            sql(spark, f"ALTER TABLE {delta(cfg)} {statement}")
-    assert set(DeltaTable(cfg.table_path).protocol().writer_features) >= set(ENABLE) - set(REFUSED)
+    enable(spark, cfg, WRITABLE)
     produce(cfg.kafka, topic, 300, seed=85)
     ingest(spark, cfg)
     assert_exactly_once(cfg, read=reader(spark))
+
+
+def test_offsetlakes_maintenance_stays_exact_on_a_table_with_every_feature_it_rewrites(spark, pipeline):
+    """Every writable feature but deletion vectors (which rewrites refuse): optimize with Z-order, a
+    checkpoint, vacuum and log clean-up, then ingest, exact through delta-spark."""
+    cfg, topic = pipeline(partitions=2, records=300, ingest=True, batch=SMALL_BATCHES)
+    enable(spark, cfg, [f for f in WRITABLE if f not in NOT_REWRITABLE])
+    produce(cfg.kafka, topic, 300, seed=97)
+    ingest(spark, cfg)
+    zorder = ["user_id", "kafka_offset"]
+    compacted = optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb, zorder)
+    assert compacted.files_removed > compacted.files_added > 0
+    checkpoint(cfg.table_path)
+    vacuum(cfg.table_path, cfg.name, retention_hours=1)
+    cleanup(cfg.table_path, older_than_seconds=60)
+    produce(cfg.kafka, topic, 300, seed=98)
+    ingest(spark, cfg)
+    assert_exactly_once(cfg, read=reader(spark))
+
+
+# What an upsert refuses (table.check_mergeable): an append-only table, and a CHECK constraint beside the
+# change feed (delta-rs 1.6.6 fails such a MERGE when a batch deletes a key the table lacks).
+NOT_MERGEABLE = {"appendOnly": ["appendOnly"], "checkConstraints": ["checkConstraints", "changeDataFeed"]}
+
+
+def test_upsert_stays_exact_on_a_table_with_every_feature_it_writes(spark, pipeline):
+    """An upsert table (MERGE through delta-rs) with every writable feature but those it refuses: the fold
+    of Kafka, read by delta-spark, and the change feed replays to it."""
+    from test_upsert import UPSERT, keyed_event
+
+    cfg, topic = pipeline(partitions=2, batch=SMALL_BATCHES, **UPSERT)
+    produce(cfg.kafka, topic, 400, seed=99, make_record=keyed_event)
+    ingest(spark, cfg)
+    enable(spark, cfg, [f for f in WRITABLE if f not in NOT_MERGEABLE])
+    produce(cfg.kafka, topic, 600, seed=100, make_record=keyed_event)
+    ingest(spark, cfg)
+    assert_exactly_once(cfg, read=reader(spark), read_changes=change_reader(spark))
+
+
+@pytest.mark.parametrize(
+    ("feature", "says"),
+    [
+        ("appendOnly", "sets delta.appendOnly"),
+        ("checkConstraints", "has the CHECK constraint known_user and its change data feed on"),
+    ],
+)
+def test_an_upsert_the_table_cannot_take_is_refused_in_one_line_before_anything_is_written(
+    spark, pipeline, pipelines_dir, feature, says
+):
+    from test_upsert import UPSERT, keyed_event
+
+    cfg, topic = pipeline(partitions=2, **UPSERT)
+    produce(cfg.kafka, topic, 200, seed=101, make_record=keyed_event)
+    ingest(spark, cfg)
+    enable(spark, cfg, NOT_MERGEABLE[feature])
+    version, files = DeltaTable(cfg.table_path).version(), data_files_on_disk(cfg.table_path)
+    produce(cfg.kafka, topic, 200, seed=102, make_record=keyed_event)
+
+    failed = run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir))
+
+    assert_job_failed_in_one_line(failed, says, "nothing was written")
+    assert DeltaTable(cfg.table_path).version() == version
+    assert data_files_on_disk(cfg.table_path) == files
+
+
+def test_a_column_stored_under_another_name_by_column_mapping_is_refused_in_one_line(spark, pipeline, pipelines_dir):
+    """Column mapping on an offsetlake table works (test above) while its columns keep their names; a column
+    added since is stored as `col-<uuid>`: ingest and optimize refuse, naming it, and write nothing."""
+    cfg, topic = pipeline(partitions=2, records=200, ingest=True)
+    enable(spark, cfg, ["columnMapping"])
+    sql(spark, f"ALTER TABLE {delta(cfg)} ADD COLUMNS (note STRING)")
+    version, files = DeltaTable(cfg.table_path).version(), data_files_on_disk(cfg.table_path)
+    produce(cfg.kafka, topic, 100, seed=103)
+
+    failed = run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir))
+
+    assert_job_failed_in_one_line(failed, "column 'note' is stored in its data files as 'col-", "nothing was written")
+    with pytest.raises(TableError, match="column 'note' is stored in its data files as 'col-"):
+        optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb)
+    assert DeltaTable(cfg.table_path).version() == version
+    assert data_files_on_disk(cfg.table_path) == files
 
 
 @pytest.mark.parametrize("feature", REFUSED)
@@ -176,3 +268,227 @@ def test_delta_spark_reads_an_upsert_table_and_its_change_feed_as_offsetlake_wro
     seen = changes(theirs.load(cfg.table_path).toArrow())
     assert seen == changes(ours)
     assert {r["_change_type"] for r in seen} == {"insert", "update_preimage", "update_postimage", "delete"}
+
+
+ORDER_V1 = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "shop",
+    "fields": [
+        {"name": "order_id", "type": "string"},
+        {"name": "total", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+        {"name": "placed_on", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "placed_at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {
+            "name": "customer",
+            "type": {
+                "type": "record",
+                "name": "Customer",
+                "fields": [{"name": "id", "type": "long"}, {"name": "email", "type": ["null", "string"]}],
+            },
+        },
+        {
+            "name": "lines",
+            "type": {
+                "type": "array",
+                "items": {
+                    "type": "record",
+                    "name": "Line",
+                    "fields": [
+                        {"name": "sku", "type": "string"},
+                        {"name": "qty", "type": "int"},
+                        {
+                            "name": "price",
+                            "type": {
+                                "type": "fixed",
+                                "name": "Price",
+                                "size": 8,
+                                "logicalType": "decimal",
+                                "precision": 10,
+                                "scale": 3,
+                            },
+                        },
+                    ],
+                },
+            },
+        },
+        {"name": "tags", "type": {"type": "map", "values": "long"}},
+        {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID", "SHIPPED"]}},
+        {"name": "score", "type": ["null", "float"]},
+        {"name": "raw", "type": "bytes"},
+    ],
+}
+
+
+def order_maker(client, topic: str):
+    """Orders of every Avro kind the docs map (decimals on bytes and fixed, date, timestamp, a nested record,
+    an array of records, a map, an enum, nullable fields, bytes), a string key and two headers."""
+    import datetime as dt
+    from decimal import Decimal
+
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    serialize = AvroSerializer(client, json.dumps(ORDER_V1), conf={"auto.register.schemas": True})
+    context = SerializationContext(topic, MessageField.VALUE)
+
+    def make(rng, seq: int):
+        lines = [
+            {
+                "sku": f"sku-{rng.randrange(100)}",
+                "qty": rng.randrange(1, 9),
+                "price": Decimal(rng.randrange(10**7)) / 1000,
+            }
+            for _ in range(rng.randrange(0, 4))
+        ]
+        order = {
+            "order_id": f"o{seq}",
+            "total": Decimal(rng.randrange(-(10**11), 10**11)) / 100,
+            "placed_on": dt.date(2026, 1, 1) + dt.timedelta(days=rng.randrange(365)),
+            "placed_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=rng.getrandbits(44)),
+            "customer": {"id": rng.getrandbits(62), "email": None if seq % 3 else f"c{seq}@example.com"},
+            "lines": lines,
+            "tags": {f"t{i}": rng.getrandbits(40) for i in range(rng.randrange(0, 3))},
+            "status": rng.choice(["NEW", "PAID", "SHIPPED"]),
+            "score": None if seq % 4 == 0 else rng.random(),
+            "raw": rng.randbytes(rng.randrange(0, 12)),
+        }
+        headers = [("source", b"shop"), ("seq", str(seq).encode()), ("empty", b"")]
+        return f"customer-{order['customer']['id'] % 50}".encode(), serialize(order, context), headers
+
+    return make
+
+
+def test_delta_spark_reads_an_avro_table_of_every_kind_of_field_with_its_key_and_headers(
+    spark, pipeline, schema_registry, monkeypatch
+):
+    """Decimals (bytes and fixed), dates, timestamps, structs, arrays of structs, maps, enums, nullable
+    fields, bytes, the key and the headers: delta-spark reads what Kafka holds, value for value and type for
+    type, as the oracle decodes it with the registry's schema."""
+    from test_registry_formats import registry_section
+
+    from offsetlake.local.producer import registry_client
+
+    monkeypatch.setenv("REGISTRY_USER", schema_registry.user)
+    monkeypatch.setenv("REGISTRY_PASSWORD", schema_registry.password)
+    cfg, topic = pipeline(
+        partitions=3,
+        batch=SMALL_BATCHES,
+        format={
+            "type": "avro",
+            "schema": [],
+            "registry": registry_section(schema_registry),
+            "key": {"type": "string"},
+            "include_headers": True,
+        },
+    )
+    client = registry_client(schema_registry.url, schema_registry.user, schema_registry.password)
+    produce(cfg.kafka, topic, 600, abort_share=0.2, bad_share=0.03, seed=89, make_record=order_maker(client, topic))
+    ingest(spark, cfg)
+    assert assert_exactly_once(cfg, read=reader(spark)) > 0
+    types = {f.name: f.dataType.simpleString() for f in spark.read.format("delta").load(cfg.table_path).schema}
+    assert types["total"] == "decimal(12,2)" and types["placed_on"] == "date"
+    assert types["lines"] == "array<struct<sku:string,qty:int,price:decimal(10,3)>>"
+    assert types["tags"] == "map<string,bigint>" and types["kafka_headers"] == "map<string,binary>"
+
+
+def s3a_reader(spark, s3) -> Callable[[str], pa.Table]:
+    """delta-spark reading `s3://` tables of the moto server through Hadoop's S3A (hadoop-aws), configured for
+    the server's bucket alone, as a Spark user would for their bucket (docs: how-to/object-storage.md)."""
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    bucket = f"fs.s3a.bucket.{s3.bucket}"
+    for key, value in {
+        "endpoint": s3.url,
+        "endpoint.region": "us-east-1",
+        "access.key": s3.access_key,
+        "secret.key": s3.secret_key,
+        "path.style.access": "true",
+        "connection.ssl.enabled": "false",
+    }.items():
+        hadoop.set(f"{bucket}.{key}", value)
+    read = reader(spark)
+    return lambda uri: read(uri.replace("s3://", "s3a://", 1))
+
+
+def test_delta_spark_reads_a_table_on_s3_through_s3a(spark, pipeline, s3):
+    """A table and its quarantine on S3 (the moto server), with a checkpoint and a compaction in its log,
+    read by delta-spark through `s3a://` with the values the oracle expects."""
+    from test_object_storage import s3_pipeline
+
+    (cfg, topic), _prefix = s3_pipeline(pipeline, s3)
+    produce(cfg.kafka, topic, 600, bad_share=0.05, seed=90)
+    ingest(spark, cfg)
+    compacted = optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb)
+    assert compacted.files_removed > compacted.files_added > 0
+    checkpoint(cfg.table_path)
+    produce(cfg.kafka, topic, 300, bad_share=0.05, seed=91)
+    ingest(spark, cfg)
+    read = s3a_reader(spark, s3)
+    assert assert_exactly_once(cfg, read=read) == read(cfg.table_path).num_rows > 0
+    assert sql(spark, f"SELECT count(*) AS n FROM delta.`{cfg.table_path.replace('s3://', 's3a://')}`")[0].n > 0
+
+
+def test_a_downstream_delta_stream_sees_each_record_once_across_offsetlakes_compactions(spark, pipeline, tmp_path):
+    """`readStream.format("delta")` of an offsetlake table into a downstream table, drained after every
+    ingest and after every compaction (dataChange=false: nothing for a stream to read again): the downstream
+    table holds each row of the table once, equal to it."""
+    cfg, topic = pipeline(partitions=2, batch=SMALL_BATCHES)
+    downstream, progress = tmp_path / "downstream", tmp_path / "stream-checkpoint"
+
+    def drain() -> None:
+        stream = spark.readStream.format("delta").load(cfg.table_path)
+        query = (
+            stream.writeStream.format("delta")
+            .option("checkpointLocation", str(progress))
+            .trigger(availableNow=True)
+            .start(str(downstream))
+        )
+        query.awaitTermination()
+        assert query.exception() is None
+
+    for seed in range(92, 95):
+        produce(cfg.kafka, topic, 400, bad_share=0.02, seed=seed)
+        ingest(spark, cfg)
+        drain()
+        rewritten = optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb)
+        assert rewritten.files_removed > rewritten.files_added > 0
+        drain()
+    checkpoint(cfg.table_path)
+    drain()
+
+    def rows(uri: str) -> list[tuple]:
+        table = spark.read.format("delta").load(uri)
+        return sorted(tuple(r) for r in table.select(*sorted(table.columns)).collect())
+
+    assert_exactly_once(cfg)
+    seen, table = rows(str(downstream)), rows(cfg.table_path)
+    assert len(seen) == len(set(seen)) == len(table) > 0
+    assert seen == table
+
+
+def sorted_rows(table: pa.Table) -> list[tuple]:
+    return sorted(tuple(row.values()) for row in table.select(sorted(table.column_names)).to_pylist())
+
+
+def test_a_column_added_by_delta_spark_is_left_null_by_ingest_and_kept_by_compaction(spark, pipeline):
+    """ALTER TABLE ADD COLUMNS by a user: the next batches land exactly and leave the columns null; values a
+    user then sets in them survive offsetlake's compaction, and the table keeps the columns."""
+    cfg, topic = pipeline(partitions=2, records=300, ingest=True, batch=SMALL_BATCHES)
+    sql(spark, f"ALTER TABLE {delta(cfg)} ADD COLUMNS (reviewed BOOLEAN, reviewer STRING)")
+    produce(cfg.kafka, topic, 300, seed=95)
+    ingest(spark, cfg)
+    assert_exactly_once(cfg, read=reader(spark), user_columns={"reviewed": pa.bool_(), "reviewer": pa.string()})
+
+    sql(spark, f"UPDATE {delta(cfg)} SET reviewer = 'ana' WHERE kafka_offset < 10")
+    produce(cfg.kafka, topic, 300, seed=96)
+    ingest(spark, cfg)
+    before = sorted_rows(read_with_delta_rs(cfg.table_path))
+    compacted = optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb)
+    assert compacted.files_removed > compacted.files_added > 0
+    assert sorted_rows(read_with_delta_rs(cfg.table_path)) == before  # Spark's INT96 timestamps among them
+    rows = sql(spark, f"SELECT kafka_offset, reviewer FROM {delta(cfg)}")
+    assert {r.kafka_offset for r in rows if r.reviewer == "ana"} == {
+        r.kafka_offset for r in rows if r.kafka_offset < 10
+    }
+    assert {r.reviewer for r in rows if r.kafka_offset >= 10} == {None}
+    assert "reviewed" in DeltaTable(cfg.table_path).schema().to_arrow().names

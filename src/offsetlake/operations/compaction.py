@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.transaction import AddAction, RemoveAction
 
-from offsetlake.files import DataFile, action_partition_values, from_delta_path, read_file, write_file
+from offsetlake.files import DataFile, action_partition_values, conform, from_delta_path, read_file, write_file
 from offsetlake.protocol.commit import Change, Committed, Settled, attempt_files, commit, new_attempt_id
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run
 
@@ -67,10 +67,12 @@ def optimize(
             return Settled("nothing_to_do", "no partition has two files below the target size")
         removes, adds, rows = [], [], 0
         now = int(time.time() * 1000)
+        in_files = pa.schema([f for f in pa.schema(table.schema()) if f.name not in partition_by])
         for _i, files in enumerate(bins):
             sources = frozenset(f["path"] for f in files)
             if sources not in written:
-                written[sources] = _compact(uri, files, partition_by, zorder_by, f"{attempt}-{len(written):05d}")
+                tag = f"{attempt}-{len(written):05d}"
+                written[sources] = _compact(uri, files, in_files, partition_by, zorder_by, tag)
                 attempt_written.written[uri].add(written[sources].path)
             new = written[sources]
             adds.append(AddAction(new.path, new.size, new.partition_values, new.modification_time, False, new.stats))
@@ -115,8 +117,13 @@ def _bins(actions: pa.Table, partition_by: list[str], target: int, only: set[str
     return [b for b in bins if len(b) >= 2]
 
 
-def _compact(uri: str, files: list[dict], partition_by: list[str], zorder_by: Sequence[str], tag: str) -> DataFile:
-    rows = pa.concat_tables([read_file(uri, f["path"]) for f in files], promote_options="permissive")
+def _compact(
+    uri: str, files: list[dict], schema: pa.Schema, partition_by: list[str], zorder_by: Sequence[str], tag: str
+) -> DataFile:
+    """One file of `files`' rows, each file's conformed to the table's `schema` first: files another writer
+    wrote may type a column otherwise (Spark writes timestamps as INT96, read back without a zone), and
+    older files lack the columns added since (null in them, as Delta reads them)."""
+    rows = pa.concat_tables([conform(read_file(uri, f["path"]), schema) for f in files])
     if zorder_by:
         rows = rows.take(zorder_indices(rows, zorder_by))
     directory = from_delta_path(files[0]["path"]).rpartition("/")[0]

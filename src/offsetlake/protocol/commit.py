@@ -74,7 +74,14 @@ from offsetlake.protocol.ledger import Ledger
 from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.protocol.planning import BatchPlan
 from offsetlake.protocol.upsert import Merge
-from offsetlake.table import check_writable, delete_attempt_files, delete_files, open_table, store_refusal
+from offsetlake.table import (
+    check_mergeable,
+    check_writable,
+    delete_attempt_files,
+    delete_files,
+    open_table,
+    store_refusal,
+)
 
 log = logging.getLogger("offsetlake.protocol.commit")
 MAX_ATTEMPTS = 50  # conflicts with unrelated commits (OPTIMIZE, another writer); each retry decides again
@@ -147,6 +154,7 @@ def commit(
             change = replace(change, metadata=msgspec.structs.replace(change.metadata, conflicts=conflicts))
         try:
             if change.merge is not None:
+                check_mergeable(uri, table, what)  # a property another engine just set
                 return _apply_merge(table, change, change.merge)
             if change.evolve:
                 return _apply_evolving(uri, table, change)
