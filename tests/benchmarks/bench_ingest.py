@@ -92,6 +92,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 from support import BackgroundSampler  # noqa: E402 - tests/ is not a package
 
+sys.path.insert(0, str(Path(__file__).parent))
+import peer  # noqa: E402 - this directory is not a package either
+
 RESULTS = Path(__file__).with_name("results.json")
 RUNS = 3  # the raw read and the raw, json and avro ingests are medians of this many runs
 FIRST_RUNS = 5  # first ingests of a session, each in a process of its own: first/warm varies most
@@ -382,7 +385,8 @@ def formats_only(args, work: Path) -> None:
         ends = committed_ends(cluster, events)
         n_raw, raw_s = median_raw_read(bootstrap, events, ends)
         spark = build_session("offsetlake-bench")
-        timed_ingest(spark, pipeline("bench_warm", bootstrap, events, lake, {"type": "raw"}))
+        n_first, first_s = timed_ingest(spark, pipeline("bench_warm", bootstrap, events, lake, {"type": "raw"}))
+        n_rawfmt, rawfmt_s, _ = median_ingest(spark, bootstrap, events, lake, "bench_raw", {"type": "raw"})
         n_json, json_s, _ = median_ingest(spark, bootstrap, events, lake, "bench_json", JSON_FORMAT, paired_with=ends)
         n_avro, avro_s, _ = median_ingest(
             spark,
@@ -394,7 +398,15 @@ def formats_only(args, work: Path) -> None:
             paired_with=committed_ends(cluster, topic_name("avro")),
         )
         spark.stop()
+        found = peers(bootstrap, {"raw": events, "json": events, "avro": topic_name("avro")}, n_raw, work)
     print_formats(n_raw / raw_s, n_json, json_s, n_avro, avro_s)
+    ours = {
+        "first": n_first / first_s,  # the first ingest of this process's session
+        "raw": n_rawfmt / rawfmt_s,
+        "json": n_json / json_s,
+        "avro": n_avro / avro_s,
+    }
+    print_targets(peer_report(found, ours, n_raw / raw_s))
 
 
 def print_formats(raw_rate: float, n_json: int, json_s: float, n_avro: int, avro_s: float) -> None:
@@ -433,6 +445,57 @@ def avro_target(json_rate: float, avro_rate: float) -> tuple[str, str, bool]:
         ">= 1.00x",
         avro_rate >= json_rate,
     )
+
+
+PEER_TARGET = 10.0  # offsetlake's rate over the Spark peer's, per format, warm and first (issue 38)
+
+
+def peers(bootstrap: str, topics: dict[str, str], records: int, work: Path) -> dict | None:
+    """The Spark peer (Spark's Kafka source writing with delta-spark) and the broker's own consumer benchmark
+    on the same topics; None on a cluster that needs client settings (the peers take librdkafka's none)."""
+    if CLIENT:
+        print("peers: skipped (--client-config: Spark's and Kafka's Java clients are not given librdkafka's settings)")
+        return None
+    settled()
+    anchor = peer.kafka_perf_test(bootstrap, topics["raw"], records)
+    settled()
+    spark_peer = peer.spark_peer(bootstrap, topics, BENCH_AVRO, work / "peer")
+    return {"perf_test": anchor, "spark": spark_peer}
+
+
+def peer_report(found: dict | None, ours: dict[str, float], anchor_rate: float) -> list[tuple[str, str, bool]]:
+    """Prints the peers beside offsetlake; returns their targets. `ours`: offsetlake's rate by kind ("first",
+    "raw", "json", "avro"); `anchor_rate`: the confluent-kafka raw read's."""
+    if found is None:
+        return []
+    perf, spark_peer = found["perf_test"], found["spark"]
+    faster = max(anchor_rate, perf["fetch_rate"])
+    print(
+        f"\nanchors, one consumer reading every partition under read_committed: kafka-consumer-perf-test (Apache "
+        f"Kafka's own, JVM) {perf['fetch_rate']:,.0f} rec/s fetching ({perf['rate']:,.0f} with its group join); "
+        f"confluent-kafka loop {anchor_rate:,.0f} rec/s. offsetlake raw ingest: {ours['raw'] / faster:.0%} of the "
+        f"faster, json {ours['json'] / faster:.0%}"
+    )
+    print(
+        f"peer: Spark's Kafka source (spark-sql-kafka-0-10) writing Delta with delta-spark, local[2], availableNow, "
+        f"read_committed; session start {spark_peer['session_seconds']:.1f}s (apart)"
+    )
+    print(f"{'peer measure':<{LABEL_WIDTH}} {'records':>9} {'seconds':>8} {'rec/s':>10} {'offsetlake/':>12}")
+    targets = []
+    for kind, label in (
+        ("first", "peer first batch of a session, raw"),
+        ("raw", f"peer raw (median of {peer.RUNS})"),
+        ("json", f"peer json, from_json (median of {peer.RUNS})"),
+        ("avro", f"peer avro, from_avro (median of {peer.RUNS})"),
+    ):
+        run = spark_peer[kind]
+        rate = run["records"] / run["seconds"]
+        ratio = ours[kind] / rate
+        print(f"{label:<{LABEL_WIDTH}} {run['records']:>9} {run['seconds']:>8.2f} {rate:>10.0f} {ratio:>11.1f}x")
+        targets.append(
+            (f"{kind}: offsetlake {ratio:.1f}x the Spark peer", f">= {PEER_TARGET:.0f}x", ratio >= PEER_TARGET)
+        )
+    return targets
 
 
 def print_targets(targets: list[tuple[str, str, bool]]) -> None:
@@ -1117,6 +1180,7 @@ def main() -> None:
             paired_with=committed_ends(cluster, topic_name("avro")),
         )
         eo = exactly_once_overhead(spark, lambda name: pipeline(name, bootstrap, topic, lake, {"type": "raw"}))
+        out["peers"] = peers(bootstrap, {"raw": topic, "json": topic, "avro": topic_name("avro")}, n_raw, work)
 
         produce(bootstrap, topic, 1000, start=args.records)
         n_small, small_s = timed_ingest(spark, cfg_raw)
@@ -1246,6 +1310,8 @@ def main() -> None:
                 worker_scale <= 1.5 * worker_1m,
             ),
         ]
+    ours = {"first": n_cold / cold_s, "raw": n_rawfmt / rawfmt_s, "json": n_json / json_s, "avro": n_avro / avro_s}
+    targets += peer_report(out["peers"], ours, raw_rate)
     print_timeline(out["airflow"])
     print_targets(targets)
     out.update(
