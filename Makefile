@@ -9,7 +9,7 @@ export OFFSETLAKE_HOME := $(CURDIR)
 export SPARK_LOCAL_IP := 127.0.0.1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install test test-unit demo demo-cli down bench soak chaos clean prerequisites jvm-archive jars docs lint
+.PHONY: install test test-pyspark-low test-unit demo demo-cli down bench soak chaos clean prerequisites jvm-archive jars docs lint
 
 install: $(STAMP)
 
@@ -39,6 +39,19 @@ jvm-archive: $(STAMP)
 # The tests start their own Apache Kafka brokers (session fixtures, stopped by PID) and Spark.
 test: $(STAMP) jars jvm-archive
 	$(BIN)/python -m pytest
+
+# The low end of pyproject's pyspark range (>=4.0): a venv of its own with pyspark 4.0 (and delta-spark_4.0_2.13,
+# poms/delta-spark-4.0.xml), running the suites that touch Spark and Delta. Not part of `make test` (its own venv
+# takes minutes to install); its latest figures are in docs/development/tests.md.
+LOW_VENV := .venv-pyspark-4.0
+LOW_PYSPARK := 4.0.4
+test-pyspark-low: $(STAMP) jars
+	test -x $(LOW_VENV)/bin/python || $(PYTHON) -m venv $(LOW_VENV)
+	$(LOW_VENV)/bin/python -m pip install --quiet -r requirements.txt
+	$(LOW_VENV)/bin/python -m pip install --quiet pyspark==$(LOW_PYSPARK) pyspark-client==$(LOW_PYSPARK)
+	$(LOW_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	PATH=$(CURDIR)/$(LOW_VENV)/bin:$(PATH) $(LOW_VENV)/bin/python -m pytest -p no:cacheprovider \
+		tests/integration/test_spark_session.py tests/integration/test_ingest.py tests/integration/test_delta_spark.py
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

@@ -9,12 +9,12 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from offsetlake.files import plain_types
-from offsetlake.local.jars import spark_jars
+from offsetlake.local.jars import delta_spark_stack, spark_jars
 
 
 def delta_spark_conf() -> dict[str, str]:
     return {
-        "spark.jars": ",".join(spark_jars("delta-spark")),
+        "spark.jars": ",".join(spark_jars(delta_spark_stack())),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         # Sized for two local cores and small tables: Delta's defaults (50 partitions to rebuild a snapshot,

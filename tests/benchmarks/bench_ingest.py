@@ -2,10 +2,15 @@
 
 Not collected by pytest. Prints a table, then every target with `met` or `NOT met`, and writes
 tests/benchmarks/results.json. Rates are compared as ratios within the run because this machine
-is shared; the raw and json targets are shares of the raw read (KAFKA_TARGETS).
+is shared; the raw and json targets are shares of the faster anchor (KAFKA_TARGETS).
 
-  raw read            one confluent-kafka consumer, read_committed, the whole topic: the anchor
+  raw read            one confluent-kafka consumer, read_committed, the whole topic: an anchor
                       (this and the raw, json and avro ingests: medians of 3 runs, each to a new table)
+  perf-test           Apache Kafka's own kafka-consumer-perf-test (one JVM consumer, every partition,
+                      read_committed): the other anchor; the share targets are against the faster
+  Spark peer          Spark's own Kafka source writing Delta with delta-spark (peer.py), raw, json
+                      (from_json) and avro (from_avro), warm and the first batch of its session, in a
+                      process of its own: offsetlake's rate over the peer's, target >= 10x each
   first ingest        the raw ingest right after a session starts, in a process of its own (a new JVM, as
                       each spark-submit has): it also forks Spark's Python workers and imports the task
                       code in them. Then a second, warm ingest in the same process; the target is the
@@ -427,11 +432,11 @@ def print_row(name: str, records: int, seconds: float, rate: float, ratio: float
 KAFKA_TARGETS = {"raw": 0.80, "json": 0.60}
 
 
-def share_targets(raw_share: float, json_share: float) -> list[tuple[str, str, bool]]:
+def share_targets(raw_share: float, json_share: float, anchor: str = "the raw read") -> list[tuple[str, str, bool]]:
     where = "on your cluster" if EXTERNAL else "on the embedded Apache Kafka"
     return [
         (
-            f"{kind} format {share:.1%} of the raw read",
+            f"{kind} format {share:.1%} of {anchor}",
             f">= {KAFKA_TARGETS[kind]:.0%} ({where})",
             share >= KAFKA_TARGETS[kind],
         )
@@ -1273,8 +1278,12 @@ def main() -> None:
         + " (a broker that honours fetch.max.bytes answers with at most 1 MiB)"
     )
 
+    # The shares against the faster of the two anchors (issue 38: a Python loop alone flatters them).
+    anchor_rate, anchor = raw_rate, "the raw read (the faster anchor)"
+    if out["peers"] and out["peers"]["perf_test"]["fetch_rate"] > raw_rate:
+        anchor_rate, anchor = out["peers"]["perf_test"]["fetch_rate"], "kafka-consumer-perf-test (the faster anchor)"
     targets = [
-        *share_targets(raw_share, json_share),
+        *share_targets(n_rawfmt / rawfmt_s / anchor_rate, n_json / json_s / anchor_rate, anchor),
         avro_target(n_json / json_s, n_avro / avro_s),
         (
             f"first ingest of a session over a warm one in the same process, median of {FIRST_RUNS} processes: "

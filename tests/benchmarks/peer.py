@@ -37,9 +37,9 @@ LINEAGE = ["topic", "partition", "offset", "timestamp"]
 def peer_session():
     from pyspark.sql import SparkSession
 
-    from offsetlake.local.jars import spark_jars
+    from offsetlake.local.jars import delta_spark_stack, spark_jars
 
-    jars = spark_jars("delta-spark") + spark_jars("spark-kafka")
+    jars = spark_jars(delta_spark_stack()) + spark_jars("spark-kafka")
     return (
         SparkSession.builder.master("local[2]")
         .appName("offsetlake-bench-peer")

@@ -65,6 +65,25 @@ def spark_jars(stack: str) -> list[str]:
     return sorted(str(jar) for jar in jar_dir(stack).glob("*.jar") if artifact(jar) not in spark_has)
 
 
+def delta_spark_stack() -> str:
+    """The delta-spark stack for the installed pyspark: `delta-spark` (poms/delta-spark.xml) pairs with the pinned
+    pyspark's line; another line of pyproject's range has a POM of its own (`delta-spark-4.0.xml`)."""
+    import pyspark
+
+    line = ".".join(pyspark.__version__.split(".")[:2])
+    if line == _spark_line("delta-spark"):
+        return "delta-spark"
+    if (Path(__file__).parent / "poms" / f"delta-spark-{line}.xml").is_file():
+        return f"delta-spark-{line}"
+    raise OffsetlakeError(f"no delta-spark POM pairs with pyspark {pyspark.__version__} (src/offsetlake/local/poms)")
+
+
+def _spark_line(stack: str) -> str:
+    """The POM's `spark.line` property, e.g. "4.2"."""
+    found = re.search(r"<spark\.line>([^<]+)</spark\.line>", pom(stack).read_text())
+    return found.group(1) if found else ""
+
+
 def _resolve(source: Path, target: Path) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
