@@ -47,8 +47,9 @@ LOW_VENV := .venv-pyspark-4.0
 LOW_PYSPARK := 4.0.4
 test-pyspark-low: $(STAMP) jars
 	test -x $(LOW_VENV)/bin/python || $(PYTHON) -m venv $(LOW_VENV)
-	$(LOW_VENV)/bin/python -m pip install --quiet -r requirements.txt
-	$(LOW_VENV)/bin/python -m pip install --quiet pyspark==$(LOW_PYSPARK) pyspark-client==$(LOW_PYSPARK)
+	sed '/^pyspark/d' requirements.txt > $(LOW_VENV)/requirements.txt  # the pins but pyspark's
+	$(LOW_VENV)/bin/python -m pip install --quiet -r $(LOW_VENV)/requirements.txt \
+		pyspark==$(LOW_PYSPARK) pyspark-client==$(LOW_PYSPARK)
 	$(LOW_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	PATH=$(CURDIR)/$(LOW_VENV)/bin:$(PATH) $(LOW_VENV)/bin/python -m pytest -p no:cacheprovider \
 		tests/integration/test_spark_session.py tests/integration/test_ingest.py tests/integration/test_delta_spark.py
