@@ -79,6 +79,7 @@ def open_table(
         )
     if schema is not None:  # a writer's open: refused here, before its tasks write a file
         check_writable(uri, table)
+        check_row_rules(uri, table)
         check_schema(uri, table, schema, partition_by or [])
     return table
 
@@ -106,22 +107,47 @@ def check_writable(uri: str, table: DeltaTable, rewrite: str | None = None) -> N
         )
 
 
+def check_row_rules(uri: str, table: DeltaTable, what: str | None = None) -> None:
+    """Fail in one line if the table declares a rule for its rows that offsetlake's writes do not keep: a
+    CHECK constraint, a generated column or a column invariant. offsetlake writes its own data files and
+    commits them, so Delta would not check or compute them, and a record breaking the rule would land;
+    through a MERGE (upsert), delta-rs would check it, and one such record would fail every batch. Called
+    before a write that adds rows (ingest, upsert, backfill, repair), not before optimize or vacuum."""
+    where = f"{what}: table {uri}" if what else f"table {uri}"
+    constraints = sorted(
+        (key.removeprefix("delta.constraints."), rule)
+        for key, rule in table.metadata().configuration.items()
+        if key.startswith("delta.constraints.")
+    )
+    if constraints:
+        name, rule = constraints[0]
+        raise TableError(
+            f"{where} has the CHECK constraint {name} ({rule}), which offsetlake does not check "
+            f"records against; nothing was written. Drop it (ALTER TABLE ... DROP CONSTRAINT {name}) or write "
+            f"to a table without it"
+        )
+    for path, field in _fields(pa.schema(table.schema())):
+        generated = _field_metadata(field, "delta.generationExpression")
+        if generated is not None:
+            raise TableError(
+                f"{where} column {path!r} is generated ({generated}), which offsetlake does not "
+                f"compute; nothing was written. Write to a table without generated columns"
+            )
+        if _field_metadata(field, "delta.invariants") is not None:
+            raise TableError(
+                f"{where} column {path!r} has an invariant, which offsetlake does not check "
+                f"records against; nothing was written. Write to a table without column invariants"
+            )
+
+
 def check_mergeable(uri: str, table: DeltaTable, what: str) -> None:
     """Fail in one line if an upsert's MERGE cannot be written to the table: an append-only table allows
-    no update or delete, and delta-rs (1.6.6) fails a MERGE on a table with both a CHECK constraint and the
-    change data feed whenever a batch deletes a key the table does not hold (it checks the row it skips)."""
+    no update or delete."""
     settings = table.metadata().configuration
     if settings.get("delta.appendOnly", "").lower() == "true":
         raise TableError(
             f"{what}: table {uri} sets delta.appendOnly, and an upsert updates and deletes rows; nothing was "
             f"written. Unset it (ALTER TABLE ... SET TBLPROPERTIES ('delta.appendOnly' = 'false')) or append"
-        )
-    constraints = sorted(k.removeprefix("delta.constraints.") for k in settings if k.startswith("delta.constraints."))
-    if constraints and settings.get("delta.enableChangeDataFeed", "").lower() == "true":
-        raise TableError(
-            f"{what}: table {uri} has the CHECK constraint {constraints[0]} and its change data feed on, which "
-            f"offsetlake's writer (delta-rs) cannot MERGE into when a batch deletes a key the table lacks; "
-            f"nothing was written. Drop the constraint or turn the change data feed off"
         )
 
 
@@ -130,8 +156,9 @@ def _check_columns_stored_under_their_names(uri: str, table: DeltaTable) -> None
     once mapping is on; every column of a table created with it). offsetlake writes and compacts data files
     under column names, so readers would find such a column null in them: refused, naming the column. A
     table that turned mapping on later keeps its columns' names, and works."""
-    for path, stored in _stored_names(pa.schema(table.schema())):
-        if stored is not None and stored != path.rpartition(".")[2]:
+    for path, field in _fields(pa.schema(table.schema())):
+        stored = _field_metadata(field, "delta.columnMapping.physicalName")
+        if stored is not None and stored != field.name:
             raise TableError(
                 f"table {uri} column {path!r} is stored in its data files as {stored!r} (Delta column mapping: "
                 f"added or renamed after mapping was on), which offsetlake cannot read or write; nothing was "
@@ -139,18 +166,24 @@ def _check_columns_stored_under_their_names(uri: str, table: DeltaTable) -> None
             )
 
 
-def _stored_names(fields, prefix: str = ""):
-    """(dotted path, the physical name column mapping gives it, or None) for every field, nested ones too."""
+def _fields(fields, prefix: str = ""):
+    """(dotted path, field) for every field of a schema, nested ones too (struct fields, list items, map keys
+    and values)."""
     for field in fields:
         path = f"{prefix}{field.name}"
-        yield path, (field.metadata or {}).get(b"delta.columnMapping.physicalName", b"").decode() or None
+        yield path, field
         kind = field.type
         if pa.types.is_struct(kind):
-            yield from _stored_names(list(kind), f"{path}.")
+            yield from _fields(list(kind), f"{path}.")
         elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
-            yield from _stored_names([kind.value_field], f"{path}.")
+            yield from _fields([kind.value_field], f"{path}.")
         elif pa.types.is_map(kind):
-            yield from _stored_names([kind.key_field, kind.item_field], f"{path}.")
+            yield from _fields([kind.key_field, kind.item_field], f"{path}.")
+
+
+def _field_metadata(field: pa.Field, key: str) -> str | None:
+    value = (field.metadata or {}).get(key.encode())
+    return value.decode() if value else None
 
 
 def is_object_store(uri: str) -> bool:

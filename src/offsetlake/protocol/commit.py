@@ -76,6 +76,7 @@ from offsetlake.protocol.planning import BatchPlan
 from offsetlake.protocol.upsert import Merge
 from offsetlake.table import (
     check_mergeable,
+    check_row_rules,
     check_writable,
     delete_attempt_files,
     delete_files,
@@ -152,6 +153,8 @@ def commit(
             return change
         if conflicts:  # recorded in the commit itself: a metric of contention (the Airflow view shows it)
             change = replace(change, metadata=msgspec.structs.replace(change.metadata, conflicts=conflicts))
+        if change.merge is not None or any(isinstance(a, AddAction) and a.data_change for a in change.actions):
+            check_row_rules(uri, table, what)  # a constraint another engine just added
         try:
             if change.merge is not None:
                 check_mergeable(uri, table, what)  # a property another engine just set

@@ -1,4 +1,5 @@
-"""The schema check a pipeline makes of the table it writes (table.check_schema), on real tables on disk."""
+"""The checks a pipeline makes of the table it writes (table.check_schema, table.check_row_rules), on real
+tables on disk."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from deltalake import DeltaTable
 
 from offsetlake.errors import TableError
-from offsetlake.table import check_schema
+from offsetlake.table import check_row_rules, check_schema
 
 PIPELINE = pa.schema([pa.field("v", pa.string()), pa.field("kafka_offset", pa.int64(), nullable=False)])
 
@@ -41,3 +42,22 @@ def test_a_missing_column_or_another_type_is_refused_in_one_line(tmp_path, colum
     table = DeltaTable.create(uri, pa.schema(columns))
     with pytest.raises(TableError, match=says):
         check_schema(uri, table, PIPELINE, [])
+
+
+def test_a_check_constraint_is_refused_in_one_line_naming_it_and_its_rule(tmp_path):
+    uri, table = table_with(tmp_path)
+    table.alter.add_constraint({"positive": "kafka_offset >= 0"})
+    with pytest.raises(TableError, match=r"batch 7: table .* has the CHECK constraint positive \(kafka_offset >= 0\)"):
+        check_row_rules(uri, DeltaTable(uri), "batch 7")
+
+
+def test_a_generated_column_is_refused_in_one_line_naming_it(tmp_path):
+    generated = pa.field("day", pa.string(), metadata={"delta.generationExpression": "substring(v, 1, 10)"})
+    uri, table = table_with(tmp_path, generated)
+    with pytest.raises(TableError, match=r"column 'day' is generated \(substring\(v, 1, 10\)\)"):
+        check_row_rules(uri, table)
+
+
+def test_a_table_without_rules_passes(tmp_path):
+    uri, table = table_with(tmp_path, pa.field("reviewer", pa.string()))
+    check_row_rules(uri, table)
