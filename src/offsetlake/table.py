@@ -96,8 +96,7 @@ def check_writable(uri: str, table: DeltaTable, rewrite: str | None = None) -> N
             f"nothing was written. Drop {'them' if len(unknown) > 1 else 'it'} in Spark (ALTER TABLE ... DROP "
             f"FEATURE) or write to a table without {'them' if len(unknown) > 1 else 'it'}"
         )
-    if "columnMapping" in features:
-        _check_columns_stored_under_their_names(uri, table)
+    _check_columns_stored_under_their_names(uri, table)  # also on a legacy protocol, which lists no features
     unrewritable = sorted(features & NOT_REWRITABLE) if rewrite else []
     if unrewritable:
         raise TableError(
