@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties
 
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import ConfigError
+from offsetlake.errors import ConfigError, OffsetlakeError
 from offsetlake.files import delete_if_there, from_delta_path, open_filesystem, retrying
 from offsetlake.formats.records import table_schema
 from offsetlake.kafka import TP, KafkaCluster
@@ -22,6 +22,7 @@ from offsetlake.protocol.metadata import CommitMetadata, Run, flat_offsets
 from offsetlake.table import open_table
 
 DEFAULT_CLEANUP_AGE_SECONDS = 3600  # older than any batch in flight: a batch writes and commits within minutes
+LOG_READ_ATTEMPTS = 20  # reads of the whole log, each after log clean-up removed an entry it listed
 
 
 @dataclass
@@ -45,22 +46,37 @@ def referenced_files(uri: str) -> set[str]:
     fs, root = open_filesystem(uri)
     log_dir = f"{root.rstrip('/')}/_delta_log"
 
-    def read_log() -> set[str]:  # read again as a whole if the store fails part way
+    def read_log() -> set[str] | None:  # read again as a whole if the store fails part way
         paths: set[str] = set()
         for info in fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True)):
-            if info.base_name.endswith(".json") and info.base_name[:20].isdigit():
-                with fs.open_input_stream(info.path) as stream:
-                    for line in stream.read().decode().splitlines():
-                        action = json.loads(line) if line.strip() else {}
-                        for kind in ("add", "remove", "cdc"):
-                            if kind in action:
-                                paths.add(from_delta_path(action[kind]["path"]))
-            elif ".checkpoint" in info.base_name and info.base_name.endswith(".parquet"):
-                adds = pq.read_table(info.path, filesystem=fs, columns=["add"]).column("add").to_pylist()
-                paths.update(from_delta_path(a["path"]) for a in adds if a)
+            try:
+                paths.update(_files_named_in(fs, info))
+            except FileNotFoundError:
+                return None  # log clean-up removed it since the listing (found by a 200-fault chaos run)
         return paths
 
-    return retrying(uri, read_log)
+    # An entry that vanished was older than a checkpoint written before it went, which may not have been
+    # listed yet: its live files are named only there, so the log is listed and read again, never skipped.
+    for _ in range(LOG_READ_ATTEMPTS):
+        paths = retrying(uri, read_log)
+        if paths is not None:
+            return paths
+    raise OffsetlakeError(f"{uri}: the log changed under every one of {LOG_READ_ATTEMPTS} reads; run it again")
+
+
+def _files_named_in(fs, info) -> set[str]:
+    """The data files a log entry or a checkpoint names (none for any other file of the log)."""
+    if info.base_name.endswith(".json") and info.base_name[:20].isdigit():
+        paths: set[str] = set()
+        with fs.open_input_stream(info.path) as stream:
+            for line in stream.read().decode().splitlines():
+                action = json.loads(line) if line.strip() else {}
+                paths.update(from_delta_path(action[k]["path"]) for k in ("add", "remove", "cdc") if k in action)
+        return paths
+    if ".checkpoint" in info.base_name and info.base_name.endswith(".parquet"):
+        adds = pq.read_table(info.path, filesystem=fs, columns=["add"]).column("add").to_pylist()
+        return {from_delta_path(a["path"]) for a in adds if a}
+    return set()
 
 
 def cleanup(uri: str, older_than_seconds: int = DEFAULT_CLEANUP_AGE_SECONDS, dry_run: bool = False) -> CleanupResult:
