@@ -20,7 +20,7 @@ from offsetlake.operations.audit import audit, repair
 from offsetlake.operations.compaction import optimize
 from offsetlake.operations.maintenance import checkpoint, cleanup, vacuum
 from offsetlake.table import NOT_REWRITABLE
-from oracle import read_with_delta_rs
+from oracle import changes_with_delta_rs, read_with_delta_rs
 from support import assert_exactly_once, assert_job_failed_in_one_line, data_files_on_disk, produce, run_cli
 
 pytestmark = pytest.mark.slow
@@ -274,10 +274,8 @@ def test_delta_spark_reads_an_upsert_table_and_its_change_feed_as_offsetlake_wro
         rows = plain_types(table.drop_columns(["_commit_timestamp"])).to_pylist()
         return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True, default=str))
 
-    theirs = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
-    ours = pa.table(DeltaTable(cfg.table_path).load_cdf(starting_version=0))
-    seen = changes(theirs.load(cfg.table_path).toArrow())
-    assert seen == changes(ours)
+    seen = changes(change_reader(spark)(cfg.table_path, 0))
+    assert seen == changes(changes_with_delta_rs(cfg.table_path, 0))
     assert {r["_change_type"] for r in seen} == {"insert", "update_preimage", "update_postimage", "delete"}
 
 
@@ -376,23 +374,13 @@ def test_delta_spark_reads_an_avro_table_of_every_kind_of_field_with_its_key_and
     """Decimals (bytes and fixed), dates, timestamps, structs, arrays of structs, maps, enums, nullable
     fields, bytes, the key and the headers: delta-spark reads what Kafka holds, value for value and type for
     type, as the oracle decodes it with the registry's schema."""
-    from test_registry_formats import registry_section
+    from test_registry_formats import avro_pipeline
 
     from offsetlake.local.producer import registry_client
 
     monkeypatch.setenv("REGISTRY_USER", schema_registry.user)
     monkeypatch.setenv("REGISTRY_PASSWORD", schema_registry.password)
-    cfg, topic = pipeline(
-        partitions=3,
-        batch=SMALL_BATCHES,
-        format={
-            "type": "avro",
-            "schema": [],
-            "registry": registry_section(schema_registry),
-            "key": {"type": "string"},
-            "include_headers": True,
-        },
-    )
+    cfg, topic = avro_pipeline(pipeline, schema_registry, batch=SMALL_BATCHES)
     client = registry_client(schema_registry.url, schema_registry.user, schema_registry.password)
     produce(cfg.kafka, topic, 600, abort_share=0.2, bad_share=0.03, seed=89, make_record=order_maker(client, topic))
     ingest(spark, cfg)

@@ -54,9 +54,10 @@ def client(schema_registry):
     return registry_client(schema_registry.url, schema_registry.user, schema_registry.password)
 
 
-def avro_pipeline(pipeline, registry, **format_extra):
+def avro_pipeline(pipeline, registry, batch: dict | None = None, **format_extra):
     return pipeline(
         partitions=3,
+        **({"batch": batch} if batch else {}),
         format={
             "type": "avro",
             "schema": [],
