@@ -98,7 +98,7 @@ def ui(spark, bootstrap, tmp_path_factory):
         for pid in descendants(pids["scheduler"]):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        stack.stop(home)
+        stack.stop(home, timeout=10)  # graceful or not: a test teardown need not wait 30 s for it
 
 
 def test_the_ingest_task_reports_openlineage_inputs_and_outputs(ui):
