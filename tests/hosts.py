@@ -8,18 +8,14 @@ it: see .ci/run); it never skips.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import pwd
 import secrets
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -27,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from offsetlake.local import processes
+from offsetlake.local import postgres, processes
+from offsetlake.local.postgres import Postgres
 
 
 def require(ok: bool, what: str, how: str) -> None:
@@ -138,138 +135,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-@dataclass
-class Postgres:
-    """A PostgreSQL server from the machine's postgresql package, in a temporary directory, on 127.0.0.1."""
-
-    pid: int
-    port: int
-    root: Path
-    database: str = "airflow"
-    user: str = "airflow"
-
-    @property
-    def url(self) -> str:
-        return f"postgresql+psycopg2://{self.user}@127.0.0.1:{self.port}/{self.database}"
-
-    address: str = "127.0.0.1"  # where other hosts reach it (the network's root address, when given)
-
-    @property
-    def network_url(self) -> str:
-        return f"postgresql+psycopg2://{self.user}@{self.address}:{self.port}/{self.database}"
-
-    @staticmethod
-    def start(network: PrivateNetwork | None = None) -> Postgres:
-        """On 127.0.0.1; with `network`, also on the network's root address, trusting its hosts."""
-        bin_dir = _postgres_bin()
-        require(bin_dir is not None, "PostgreSQL (initdb, postgres)", "apt-get install postgresql")
-        # The server refuses to run as root: it runs as the postgres (or nobody) user, in a directory it owns.
-        root = Path(tempfile.mkdtemp(prefix="offsetlake-pg-"))
-        root.chmod(0o755)
-        data, sockets = root / "data", root / "sockets"
-        sockets.mkdir()
-        account = _server_account()
-        if account is not None:
-            os.chown(root, account.pw_uid, account.pw_gid)
-            os.chown(sockets, account.pw_uid, account.pw_gid)
-        demote = _demote(account)
-        init = subprocess.run(
-            [str(bin_dir / "initdb"), "-D", str(data), "-U", "airflow", "--auth=trust", "--encoding=UTF8", "--no-sync"],
-            capture_output=True,
-            text=True,
-            preexec_fn=demote,
-        )
-        assert init.returncode == 0, init.stderr[-2000:]
-        listen = "127.0.0.1"
-        if network is not None:
-            listen += f",{network.root_address}"
-            with open(data / "pg_hba.conf", "a") as hba:
-                hba.write(f"host all all {network.subnet}.0/24 trust\n")
-        port = free_port()
-        log = root / "postgres.log"
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                [
-                    str(bin_dir / "postgres"),
-                    "-D",
-                    str(data),
-                    "-p",
-                    str(port),
-                    "-k",
-                    str(sockets),
-                    "-c",
-                    f"listen_addresses={listen}",
-                    "-c",
-                    "fsync=off",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=demote,
-                start_new_session=True,
-            )
-        server = Postgres(proc.pid, port, root, address=network.root_address if network else "127.0.0.1")
-        wait_for(server._accepts, "PostgreSQL accepting connections", 60, proc, log)
-        server._create_database()
-        return server
-
-    def connect(self, database: str):
-        import psycopg2
-
-        return psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname=database, connect_timeout=3)
-
-    def _accepts(self) -> bool:
-        try:
-            self.connect("postgres").close()
-            return True
-        except Exception:
-            return False
-
-    def _create_database(self) -> None:
-        conn = self.connect("postgres")
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {self.database}")
-        conn.close()
-
-    def stop(self) -> None:
-        """Fast shutdown (SIGINT to the postmaster, by PID), then remove its files."""
-        try:
-            os.kill(self.pid, signal.SIGINT)
-        except ProcessLookupError:
-            pass
-        processes.stop(self.pid, timeout=30)
-        shutil.rmtree(self.root, ignore_errors=True)
+def start_postgres(network: PrivateNetwork | None = None, settings: dict[str, str] | None = None) -> Postgres:
+    """The product's PostgreSQL server (offsetlake.local.postgres); with a network, also on its root address,
+    trusting the network's hosts."""
+    require(postgres_installed(), "PostgreSQL (initdb, postgres)", "apt-get install postgresql")
+    if network is None:
+        return postgres.start(settings=settings)
+    return postgres.start(listen=(network.root_address,), trust_subnets=(f"{network.subnet}.0/24",), settings=settings)
 
 
-def _postgres_bin() -> Path | None:
-    found = shutil.which("initdb")
-    if found and (Path(os.path.realpath(found)).parent / "postgres").exists():
-        return Path(os.path.realpath(found)).parent
-    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"))
-    return Path(versions[-1]).parent if versions else None
-
-
-def _server_account():
-    if os.geteuid() != 0:
-        return None  # not root: the server runs as us
-    for name in ("postgres", "nobody"):
-        try:
-            return pwd.getpwnam(name)
-        except KeyError:
-            continue
-    pytest.fail("no postgres or nobody user to run PostgreSQL as (it refuses to run as root)", pytrace=False)
-
-
-def _demote(account):
-    if account is None:
-        return None
-
-    def become():
-        os.setgid(account.pw_gid)
-        os.setuid(account.pw_uid)
-
-    return become
+def postgres_installed() -> bool:
+    try:
+        postgres._bin_dir()
+        return True
+    except Exception:
+        return False
 
 
 @dataclass

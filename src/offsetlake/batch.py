@@ -39,7 +39,7 @@ from offsetlake.protocol.metadata import CommitMetadata, Records, Run, flat_offs
 from offsetlake.protocol.planning import BatchPlan, apply_data_loss, assign_slots, cap_ends, split_ranges, start_offsets
 from offsetlake.protocol.quarantine import WrittenFile, commit_quarantine
 from offsetlake.protocol.ranges import OffsetRange
-from offsetlake.protocol.upsert import Merge, latest_per_key, read_staging
+from offsetlake.protocol.upsert import Merge, after_last_truncate, latest_per_key, read_staging
 from offsetlake.read.tasks import TaskContext, TaskResults, parse_results, task_function
 from offsetlake.spark.session import is_local, session_of
 from offsetlake.table import check_mergeable, open_table
@@ -220,8 +220,10 @@ def commit_batch(
     if cfg.write.upsert:  # before the quarantine commits: a batch whose keys cannot be ordered writes nothing
         columns = table_columns(snapshot if snapshot is not None else open_table(cfg.table_path))
         rows_read = read_staging(cfg.table_path, [w.file for w in written.data], cfg.table.partition_by, columns)
-        winners = latest_per_key(rows_read, cfg.write.key, cfg.write.order_by, plan.batch)
-        merge = Merge(winners, cfg.write.key, cfg.write.order_by)
+        unavailable = cfg.format.debezium.unavailable_value if cfg.format.debezium_envelope else None
+        rows_read, truncated = after_last_truncate(rows_read, cfg.write.order_by, plan.batch)
+        winners = latest_per_key(rows_read, cfg.write.key, cfg.write.order_by, plan.batch, unavailable)
+        merge = Merge(winners, cfg.write.key, cfg.write.order_by, unavailable, truncated)
 
     def decide(table) -> Change | Settled:
         refused = verdict(read_ledger(table, cfg.name, list(plan.starts)), plan)

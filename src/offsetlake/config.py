@@ -192,12 +192,23 @@ class DebeziumSettings(_Strict):
     `change_lsn`, Oracle `scn`, MySQL `pos`, MongoDB `ord`. An event whose `source` lacks it is quarantined."""
     position_type: Literal[FIELD_TYPES] = "long"  # type: ignore[valid-type]
     """`json` only: the position column's type (registry formats take the writer schema's)."""
+    truncate: Literal["apply", "quarantine"] = "apply"
+    """A TRUNCATE event (op `t`; the connector sends it with `skipped.operations` not naming `t`): `apply`
+    empties the table in the commit of the batch that reads it (the key's events after it, by `write.order_by`
+    or, without it, in its partition, then apply); `quarantine` sends it to the quarantine, saying so."""
+    unavailable_value: StrictStr | None = Field(default="__debezium_unavailable_value", min_length=1)
+    """What the connector sends for a value it does not have: the connector's `unavailable.value.placeholder`
+    (its default here). PostgreSQL leaves a large (TOASTed) value out of an update that does not change it,
+    unless the table's REPLICA IDENTITY is FULL. A text column holding it keeps the row's current value: the
+    latest earlier value of its key in the batch, else the table's; it is never written. None: no such value."""
 
 
 class RecordFormat(_Strict):
-    type: Literal["json", "raw", "avro", "protobuf", "json_schema"]
-    """`json` with a declared `schema`; `raw` (key and value kept as bytes); or `avro`, `protobuf`,
-    `json_schema` in the Confluent wire format through a Schema Registry (their columns come from it)."""
+    type: Literal["json", "raw", "avro", "protobuf", "json_schema", "connect_json"]
+    """`json` with a declared `schema`; `raw` (key and value kept as bytes); `avro`, `protobuf`,
+    `json_schema` in the Confluent wire format through a Schema Registry (their columns come from it); or
+    `connect_json`, Kafka Connect's JsonConverter with `schemas.enable=true` (the columns come from each
+    value's own schema: formats/connect_json.py)."""
     schema_: list[SchemaField] = Field(default_factory=list, alias="schema")
     """The declared fields of a `json` value (registry formats take none)."""
     unknown_fields: Literal["drop", "keep"] = "drop"
@@ -227,16 +238,16 @@ class RecordFormat(_Strict):
     @property
     def evolves(self) -> bool:
         """The table's payload columns come from the registry and may grow."""
-        return self.type in REGISTRY_FORMATS and self.schema_file is None
+        return (self.type in REGISTRY_FORMATS and self.schema_file is None) or self.type == "connect_json"
 
     @model_validator(mode="after")
     def _schema_matches_type(self):
         if self.type == "json" and not self.schema_:
             raise ValueError("format 'json' needs a declared 'schema' (a list of fields)")
-        if self.type in ("raw", *REGISTRY_FORMATS) and self.schema_:
+        if self.type in ("raw", "connect_json", *REGISTRY_FORMATS) and self.schema_:
             raise ValueError(
                 f"format {self.type!r} takes no 'schema' (raw keeps bytes; registry formats read "
-                f"theirs from the registry or a schema_file)"
+                f"theirs from the registry or a schema_file; connect_json from each value)"
             )
         if self.schema_file is not None and self.type != "avro":
             raise ValueError("'schema_file' is for format 'avro' without a registry")

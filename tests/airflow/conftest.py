@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from hosts import Postgres
+from hosts import start_postgres
 
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="offsetlake-airflow-"))
-METADATA_DB = Postgres.start()
+METADATA_DB = start_postgres()
 
 AIRFLOW_ENV = {
     "AIRFLOW_HOME": str(AIRFLOW_HOME),

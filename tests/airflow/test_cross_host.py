@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from hosts import Host, Postgres, PrivateNetwork, Redis, S3Server, SparkStandalone, free_port, wait_for
+from hosts import Host, Postgres, PrivateNetwork, Redis, S3Server, SparkStandalone, free_port, start_postgres, wait_for
 from offsetlake.local import broker as embedded_broker
 from offsetlake.local import processes, stack
 from offsetlake.table import query
@@ -74,7 +74,7 @@ def test_the_dags_run_across_hosts_that_share_nothing_but_the_network(network, t
     try:
         store = S3Server.start(places["store"], store_host, hide=hide_all_but("store"))
         started.append(store)
-        postgres = Postgres.start(network)
+        postgres = start_postgres(network)
         started.append(postgres)
         redis = Redis.start(network.root_address, places["root"])
         started.append(redis)

@@ -101,7 +101,7 @@ def test_json_change_events_fold_to_the_source_table_with_deletes_and_snapshot_r
     cfg, topic = pipeline(
         partitions=3,
         batch={"max_records_per_batch": 250},
-        format={"type": "json", "schema": ROW_FIELDS, "envelope": "debezium"},
+        format={"type": "json", "schema": ROW_FIELDS, "envelope": "debezium", "debezium": {"truncate": "quarantine"}},
         write=UPSERT_BY_ID,
     )
     source = SourceTable(rows=60, wrap_share=0.3)

@@ -7,7 +7,7 @@ import pytest
 from offsetlake.config import DELETED_COLUMN, parse_pipeline
 from offsetlake.errors import UpsertKeyError
 from offsetlake.formats.records import convert
-from offsetlake.protocol.upsert import Merge, latest_per_key
+from offsetlake.protocol.upsert import Merge, after_last_truncate, latest_per_key
 from offsetlake.read.reader import MESSAGE_SCHEMA
 
 
@@ -124,3 +124,69 @@ def test_with_deletes_ignore_a_tombstone_is_no_row_at_all():
     rows, bad = convert(pipeline(deletes="ignore"), messages([(b"a", None), (b"b", b'{"id": 3}')]))
     assert rows.select(["kafka_key", DELETED_COLUMN]).to_pylist() == [{"kafka_key": "b", DELETED_COLUMN: False}]
     assert bad.num_rows == 0
+
+
+def change_rows(rows: list[tuple]) -> pa.Table:
+    """(key, partition, offset, position, op, note) per row: Debezium events as the staging files hold them."""
+    key, partition, offset, position, op, note = zip(*rows)
+    return pa.table(
+        {
+            "k": pa.array(key, pa.string()),
+            "note": pa.array(note, pa.string()),
+            "_debezium_op": pa.array(op, pa.string()),
+            "_debezium_position": pa.array(position, pa.int64()),
+            "kafka_topic": pa.array(["t"] * len(rows)),
+            "kafka_partition": pa.array(partition, pa.int32()),
+            "kafka_offset": pa.array(offset, pa.int64()),
+            DELETED_COLUMN: pa.array([o == "d" for o in op], pa.bool_()),
+        }
+    )
+
+
+def test_a_truncate_drops_what_came_before_it_by_position_and_keeps_what_came_after():
+    rows = change_rows(
+        [("a", 0, 1, 10, "c", "x"), ("b", 1, 1, 30, "c", "y"), (None, 0, 2, 20, "t", None), ("a", 0, 3, 40, "u", "z")]
+    )
+    after, truncated = after_last_truncate(rows, "_debezium_position")
+    assert truncated
+    assert after.select(["k", "kafka_offset"]).to_pylist() == [
+        {"k": "b", "kafka_offset": 1},  # another partition, but later at the source
+        {"k": "a", "kafka_offset": 3},
+    ]
+    assert after_last_truncate(rows.slice(0, 2), "_debezium_position") == (rows.slice(0, 2), False)
+
+
+def test_a_truncate_without_order_by_is_refused_beside_another_partition():
+    rows = change_rows([("a", 0, 1, 10, "c", "x"), (None, 1, 2, 20, "t", None)])
+    with pytest.raises(UpsertKeyError, match="a TRUNCATE and records of t.0. and t.1."):
+        after_last_truncate(rows, None, batch=4)
+    single = change_rows([("a", 0, 1, 10, "c", "x"), (None, 0, 2, 20, "t", None), ("b", 0, 3, 5, "c", "y")])
+    after, _ = after_last_truncate(single, None)
+    assert after.column("k").to_pylist() == ["b"]  # by offset: the position is not asked
+
+
+def test_an_unavailable_value_takes_the_keys_latest_earlier_value_else_stays_for_the_merge():
+    gone = "__debezium_unavailable_value"
+    rows = change_rows(
+        [
+            ("a", 0, 1, 10, "c", "first"),
+            ("a", 0, 2, 11, "u", gone),
+            ("b", 0, 3, 12, "u", gone),  # no earlier value of b in the batch: the table's is kept
+            ("a", 0, 4, 13, "u", "second"),
+            ("a", 0, 5, 14, "u", gone),
+            ("c", 0, 6, 15, "u", None),  # a real null is a value
+        ]
+    )
+    winners = latest_per_key(rows, ["k"], "_debezium_position", unavailable=gone)
+    assert winners.select(["k", "note"]).to_pylist() == [
+        {"k": "b", "note": gone},
+        {"k": "a", "note": "second"},
+        {"k": "c", "note": None},
+    ]
+    merge = Merge(winners, ["k"], "_debezium_position", unavailable=gone)
+    assert merge.unavailable_columns() == ["note"]
+    update = merge.assignments(winners.column_names, ["k", "note"], keep_target=True)
+    assert update['"note"'] == f"""CASE WHEN s."note" = '{gone}' THEN t."note" ELSE s."note" END"""
+    insert = merge.assignments(winners.column_names, ["k", "note"], keep_target=False)
+    assert insert['"note"'] == f"""CASE WHEN s."note" = '{gone}' THEN NULL ELSE s."note" END"""
+    assert insert['"k"'] == 's."k"' and f'"{DELETED_COLUMN}"' not in insert

@@ -5,10 +5,12 @@ A Debezium event is an envelope `{before, after, source, op, ts_ms, transaction}
 (update) carry the row in `after`; `d` carries the deleted row in `before` (with PostgreSQL's default
 replica identity only its key columns, which is all a delete needs). The tombstone Debezium writes after a
 `d` (for log compaction) is skipped by `records.convert`: the `d` did the delete, and on a compacted topic
-where the `d` is gone every older record of its key is gone with it. `t` (truncate) and `m` (message)
-events change no row of the table: they are quarantined, saying so, so that nobody mistakes them for
-applied. The source position (`source.lsn`, `source.pos`...: `format.debezium.position`) is kept as
-column `_debezium_position`, so `write.order_by` can order one key's events across partitions.
+where the `d` is gone every older record of its key is gone with it. `t` (truncate) empties the table
+(`format.debezium.truncate: apply`, the default: records.py keeps it as a row of op `t`, protocol/upsert.py
+applies it) or is quarantined; `m` (message) events change no row of the table: they are quarantined,
+saying so, so that nobody mistakes them for applied. The source position (`source.lsn`, `source.pos`...:
+`format.debezium.position`) is kept as column `_debezium_position`, so `write.order_by` can order one key's
+events across partitions.
 
 Runs in executors: no deltalake import here.
 """
@@ -26,6 +28,7 @@ from offsetlake.formats.values import coerce
 
 ROW_OPS = ("c", "r", "u")
 DELETE_OP = "d"
+TRUNCATE_OP = "t"
 OPS = (*ROW_OPS, DELETE_OP)
 ENVELOPE_FIELDS = ("before", "after", "source", "op")
 
@@ -42,8 +45,9 @@ def _op_error(op: object) -> NotAChangeEvent:
     return NotAChangeEvent(f"debezium: op {op!r} is not one of {', '.join(OPS)}")
 
 
-def json_event(raw: bytes, position: str, position_type: str) -> tuple[str, bytes, object]:
-    """(op, the row as JSON, the source position) of one JSON change event."""
+def json_event(raw: bytes, position: str, position_type: str, truncates: bool = False) -> tuple[str, bytes, object]:
+    """(op, the row as JSON, the source position) of one JSON change event. `truncates`: a TRUNCATE is an
+    event too (op `t`, an empty row)."""
     try:
         event = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as err:
@@ -53,10 +57,10 @@ def json_event(raw: bytes, position: str, position_type: str) -> tuple[str, byte
     if not isinstance(event, dict) or "op" not in event:
         raise NotAChangeEvent("debezium: value is not a change event (an object with 'op')")
     op = event["op"]
-    if op not in OPS:
+    if op not in OPS and not (truncates and op == TRUNCATE_OP):
         raise _op_error(op)
     side = "before" if op == DELETE_OP else "after"
-    row = event.get(side)
+    row = {} if op == TRUNCATE_OP else event.get(side)
     if not isinstance(row, dict):
         raise NotAChangeEvent(f"debezium: op {op!r} without an object in '{side}'")
     source = event.get("source")
@@ -96,10 +100,11 @@ def table_columns(event: pa.DataType, position: str) -> list[pa.Field]:
     ]
 
 
-def unwrap(events: pa.Table, position: str) -> tuple[pa.Table, dict[int, str]]:
+def unwrap(events: pa.Table, position: str, truncates: bool = False) -> tuple[pa.Table, dict[int, str]]:
     """Decoded change events (columns before, after, source, op...) as rows with op and position columns,
     and {row: why} for the events that are not a row's change (their rows are left in, to be dropped).
-    Raises NotAChangeEvent when the events' schema is not Debezium's."""
+    `truncates`: a TRUNCATE is an event too (op `t`, its row all null). Raises NotAChangeEvent when the
+    events' schema is not Debezium's."""
     columns = table_columns(pa.struct(list(events.schema)), position)
     op = events.column("op").combine_chunks()
     deleting = pc.fill_null(pc.equal(op, DELETE_OP), False)
@@ -111,6 +116,8 @@ def unwrap(events: pa.Table, position: str) -> tuple[pa.Table, dict[int, str]]:
     at = pc.struct_field(at, position)
     errors = {}
     for i, (o, present) in enumerate(zip(op.to_pylist(), pc.is_valid(row).to_pylist())):
+        if o == TRUNCATE_OP and truncates:
+            continue
         if o not in OPS:
             errors[i] = str(_op_error(o))
         elif not present:
@@ -118,6 +125,11 @@ def unwrap(events: pa.Table, position: str) -> tuple[pa.Table, dict[int, str]]:
     rows = pa.Table.from_struct_array(row) if len(row) else pa.schema(list(row_type)).empty_table()
     rows = rows.append_column(columns[-2], op.cast(pa.string())).append_column(columns[-1], at)
     return rows.cast(pa.schema(columns)), errors
+
+
+def truncate_rows(rows: pa.Table) -> pa.Array:
+    """Which rows are TRUNCATE events."""
+    return pc.fill_null(pc.equal(rows.column(DEBEZIUM_OP_COLUMN), TRUNCATE_OP), False).combine_chunks()
 
 
 def deletes(rows: pa.Table) -> pa.Array:

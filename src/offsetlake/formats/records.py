@@ -112,7 +112,7 @@ def initial_table_schema(cfg: PipelineConfig) -> pa.Schema:
     """The schema a new table is created with: registry formats take the latest schema of the value (and
     key) subject of the first topic."""
     fixed = table_schema(cfg)
-    if not cfg.format.evolves:
+    if not cfg.format.evolves or cfg.format.type == "connect_json":  # connect_json: columns come with the values
         return fixed
     from offsetlake.formats.registry import latest_arrow_type
 
@@ -213,6 +213,8 @@ def _split_tombstones(messages: pa.Table, key_values):
 def _upsert_rows(cfg: PipelineConfig, rows: pa.Table, kept: pa.Table, tombstones) -> tuple[pa.Table, pa.Table]:
     """Upsert mode: the rows with DELETED_COLUMN (a tombstone: its key, its lineage, no payload), and the
     quarantine rows of records whose key has a null column (they could never be found again)."""
+    if rows.num_rows == 0 and tombstones is None:  # (connect_json: maybe no payload column yet, not even the key)
+        return rows.append_column(pa.field(DELETED_COLUMN, pa.bool_()), pa.array([], pa.bool_())), _no_rows(cfg)
     deleted = pa.repeat(False, rows.num_rows)
     if cfg.format.debezium_envelope:
         deleted = debezium.deletes(rows)
@@ -238,8 +240,10 @@ def _upsert_rows(cfg: PipelineConfig, rows: pa.Table, kept: pa.Table, tombstones
     rows = rows.append_column(pa.field(DELETED_COLUMN, pa.bool_()), deleted)
     required = cfg.write.required
     no_key = functools.reduce(pc.or_, [pc.is_null(rows.column(c)) for c in required])
+    if _truncates(cfg):  # a TRUNCATE has no key: it is for every key
+        no_key = pc.and_(no_key, pc.invert(debezium.truncate_rows(rows)))
     if not pc.any(no_key).as_py():
-        return rows, quarantine_schema(cfg).empty_table()
+        return rows, _no_rows(cfg)
     bad = rows.filter(no_key)
     nulls = {c: pc.is_null(bad.column(c)).to_pylist() for c in required}
 
@@ -250,6 +254,15 @@ def _upsert_rows(cfg: PipelineConfig, rows: pa.Table, kept: pa.Table, tombstones
     return rows.filter(pc.invert(no_key)), _quarantine_rows(
         kept.filter(no_key), [error(i) for i in range(bad.num_rows)]
     )
+
+
+def _truncates(cfg: PipelineConfig) -> bool:
+    """TRUNCATE events are rows (op `t`) for the driver to apply, not quarantined."""
+    return cfg.format.debezium_envelope and cfg.format.debezium.truncate == "apply"
+
+
+def _no_rows(cfg: PipelineConfig) -> pa.Table:
+    return quarantine_schema(cfg).empty_table()
 
 
 def _without_deletes(payload: pa.Table, good: pa.Array | None, n: int) -> tuple[pa.Table, pa.Array]:
@@ -266,7 +279,7 @@ def _convert_debezium_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.
     positions, rows, ops, at, errors = [], [], [], [], {}
     for i, raw in enumerate(messages.column("value").to_pylist()):
         try:
-            op, row, where = debezium.json_event(raw, settings.position, settings.position_type)
+            op, row, where = debezium.json_event(raw, settings.position, settings.position_type, _truncates(cfg))
         except debezium.NotAChangeEvent as err:
             errors[i] = str(err)
             continue
@@ -400,6 +413,10 @@ def registry_decoders(cfg: PipelineConfig, key: bool = False):
     fmt = cfg.format
     assert fmt.key is not None or not key, "a key section for the key's decoders"
     kind = fmt.key.type if key and fmt.key is not None else fmt.type
+    if kind == "connect_json":
+        from offsetlake.formats.connect_json import ConnectDecoders
+
+        return ConnectDecoders.shared(key)
     return Decoders.shared(kind, fmt.registry, None if key else fmt.schema_file, key)
 
 
@@ -490,7 +507,8 @@ def _decode_group(decoder, positions: list[int], payloads: list[bytes], errors: 
 
 
 def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None):
-    """Avro, Protobuf, JSON Schema values: the payload columns are the table's plus what writers add."""
+    """Avro, Protobuf, JSON Schema and Connect JSON values: the payload columns are the table's plus what
+    writers add."""
     decoders = registry_decoders(cfg)
     fixed = {KEY_COLUMN, HEADERS_COLUMN, *LINEAGE_COLUMNS}
     current = [f for f in (columns if columns is not None else table_schema(cfg)) if f.name not in fixed]
@@ -504,17 +522,19 @@ def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schem
     )
     payload = payload.cast(pa.schema(_struct_fields(merged)))
     if envelope:
-        payload, rows = _unwrap_events(payload, rows, errors, position, current)
+        payload, rows = _unwrap_events(payload, rows, errors, position, current, _truncates(cfg))
     bad = sorted(errors)
     quarantine = _quarantine_rows(messages.take(pa.array(bad, pa.int64())), [errors[i] for i in bad])
     return payload, rows, quarantine
 
 
-def _unwrap_events(events: pa.Table, rows: pa.Array, errors: dict[int, str], position: str, current: list[pa.Field]):
+def _unwrap_events(
+    events: pa.Table, rows: pa.Array, errors: dict[int, str], position: str, current: list[pa.Field], truncates: bool
+):
     """Registry change events as rows (`debezium.unwrap`); the positions of events that are no row's change
     join `errors`."""
     try:
-        payload, not_rows = debezium.unwrap(events, position)
+        payload, not_rows = debezium.unwrap(events, position, truncates)
     except debezium.NotAChangeEvent as err:
         errors.update(dict.fromkeys(rows.to_pylist(), str(err)))
         return pa.schema(current).empty_table(), pa.array([], pa.int64())

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from offsetlake.errors import OffsetlakeError
 
-STACKS = ("kafka-broker", "delta-spark")
+STACKS = ("kafka-broker", "delta-spark", "kafka-connect")
 RESOLVE_TIMEOUT_SECONDS = 900
 
 

@@ -46,7 +46,7 @@ from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_f
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, ranges_json
 from offsetlake.protocol.ranges import OffsetRange
-from offsetlake.protocol.upsert import LINEAGE, fold, key_text
+from offsetlake.protocol.upsert import LINEAGE, after_last_truncate, fold, key_text
 from offsetlake.read.reader import read_range
 from offsetlake.table import open_table, query
 
@@ -149,7 +149,10 @@ def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -
         ranges = audited_ranges(tps, log_starts, ledger.offsets)
     columns = table_columns(table)
     reads, rows = _read_and_fold_input(cfg, ranges, columns)
-    winners, unordered = fold(rows, cfg.write.key, cfg.write.order_by)
+    unavailable = cfg.format.debezium.unavailable_value if cfg.format.debezium_envelope else None
+    if rows is not None:  # a TRUNCATE in the range: the table is what came after the last one
+        rows, _ = after_last_truncate(rows, cfg.write.order_by)
+    winners, unordered = fold(rows, cfg.write.key, cfg.write.order_by, unavailable)
     current = query(cfg.table_path, "SELECT * FROM t")
     report = UpsertAuditReport(cfg.name, table.version(), reads, compacted=_compacted(cluster, cfg.topics))
     report.table_rows = current.num_rows

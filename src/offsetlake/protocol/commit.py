@@ -56,6 +56,7 @@ from dataclasses import dataclass, field, replace
 import msgspec
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import Field as DeltaField
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
@@ -227,21 +228,43 @@ def _apply(table: DeltaTable, change: Change) -> int:
 def _apply_merge(table: DeltaTable, change: Change, merge: Merge) -> Committed:
     """Step 6: upsert the rows, delete the keys of the deleting ones; new columns (`evolve`) join the table."""
     decided_on = table.version()
-    keep = [DELETED_COLUMN]
-    metrics = (
-        table.merge(
-            merge.source,
-            merge.predicate(),
-            source_alias="s",
-            target_alias="t",
-            merge_schema=change.evolve,
-            commit_properties=_properties(change),
+    if merge.source.num_rows == 0 and merge.truncate:  # a TRUNCATE, nothing after it: the table emptied
+        deleted = table.delete(commit_properties=_properties(change))
+        return Committed(
+            decided_on + 1,
+            change,
+            merged={"inserted": 0, "updated": 0, "deleted": int(deleted.get("num_deleted_rows", 0))},
         )
-        .when_matched_delete(merge.deletions())
-        .when_matched_update_all(merge.updates(), except_cols=keep)
-        .when_not_matched_insert_all(f"NOT s.{DELETED_COLUMN}", except_cols=keep)
-        .execute()
-    )
+    if merge.source.num_rows == 0:  # a batch of tombstones only, say: nothing to merge (and its source may
+        # lack the key columns, on a table whose columns come with its events); its offsets commit on their own
+        return Committed(
+            _apply(table, replace(change, merge=None, actions=[])),
+            change,
+            merged=dict.fromkeys(("inserted", "updated", "deleted"), 0),
+        )
+    if _add_join_columns(table, merge):
+        decided_on += 1
+    keep = [DELETED_COLUMN]
+    merging = table.merge(
+        merge.source,
+        merge.predicate(),
+        source_alias="s",
+        target_alias="t",
+        merge_schema=change.evolve,
+        commit_properties=_properties(change),
+    ).when_matched_delete(merge.deletions())
+    if merge.truncate:  # every row the source does not bring back was truncated
+        merging = merging.when_not_matched_by_source_delete()
+    if merge.unavailable_columns():  # a value the connector did not send keeps the target's: column by column
+        columns, target = merge.source.column_names, table.schema().to_arrow().names
+        merging = merging.when_matched_update(merge.assignments(columns, target, keep_target=True), merge.updates())
+        merging = merging.when_not_matched_insert(
+            merge.assignments(columns, target, keep_target=False), f"NOT s.{DELETED_COLUMN}"
+        )
+    else:
+        merging = merging.when_matched_update_all(merge.updates(), except_cols=keep)
+        merging = merging.when_not_matched_insert_all(f"NOT s.{DELETED_COLUMN}", except_cols=keep)
+    metrics = merging.execute()
     counts = {k: int(metrics.get(f"num_target_rows_{k}", 0)) for k in ("inserted", "updated", "deleted")}
     if table.version() == decided_on:
         # delta-rs (1.6.6) writes no commit at all for a MERGE that changes no row (a batch of tombstones of
@@ -250,6 +273,22 @@ def _apply_merge(table: DeltaTable, change: Change, merge: Merge) -> Committed:
         # offsets commit on their own, on the same snapshot.
         return Committed(_apply(table, replace(change, merge=None, actions=[])), change, merged=counts)
     return Committed(decided_on + 1, change, merged=counts)  # no rebase, as in _apply
+
+
+def _add_join_columns(table: DeltaTable, merge: Merge) -> bool:
+    """The key (and order_by) columns the table lacks, added (nullable) in a commit of their own: a table
+    whose columns come with its events (format connect_json) has none before its first event, and a MERGE
+    cannot join on a column its target lacks. Lands on the decided snapshot or not at all (no rebase), so
+    no other writer's batch can slip in between the ledger's check and the MERGE. True if it committed."""
+    present = set(table.schema().to_arrow().names)
+    joined = [*merge.key, *([merge.order_by] if merge.order_by else [])]
+    missing = [merge.source.schema.field(c).with_nullable(True) for c in joined if c not in present]
+    if not missing:
+        return False
+    table.alter.add_columns(
+        [DeltaField.from_arrow(f) for f in missing], commit_properties=CommitProperties(max_commit_retries=0)
+    )
+    return True
 
 
 def _apply_evolving(uri: str, table: DeltaTable, change: Change) -> Committed:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from offsetlake.config import DELETED_COLUMN
+from offsetlake.config import DEBEZIUM_OP_COLUMN, DELETED_COLUMN
 from offsetlake.errors import UpsertKeyError
 from offsetlake.files import DataFile, read_with_partitions
 
@@ -35,17 +35,46 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Merge:
-    """What a MERGE commit applies: one row per key, DELETED_COLUMN saying which delete their key."""
+    """What a MERGE commit applies: one row per key, DELETED_COLUMN saying which delete their key.
+    `unavailable`: the value a Debezium connector sends for one it does not have (a TOASTed column an
+    update left unchanged); a text column holding it keeps the target's value, or null for a new row."""
 
     source: pa.Table
     key: list[str]
     order_by: str | None = None
+    unavailable: str | None = None
+    truncate: bool = False  # a TRUNCATE came before the source's rows: every other row of the table goes
+
+    def unavailable_columns(self) -> list[str]:
+        """The source's text columns where some row still holds the unavailable value."""
+        if self.unavailable is None:
+            return []
+        return [c for c in _text_columns(self.source, self.key) if _holds(self.source.column(c), self.unavailable)]
+
+    def assignments(self, columns: Sequence[str], target: Sequence[str], keep_target: bool) -> dict[str, str]:
+        """`column: expression` for every source column but DELETED_COLUMN: the source's value, and for an
+        unavailable one the target's (`keep_target`, an update, when the `target` columns have it) or null."""
+        unavailable = set(self.unavailable_columns())
+        marker = _literal(self.unavailable) if self.unavailable is not None else ""
+        out = {}
+        for column in columns:
+            if column == DELETED_COLUMN:
+                continue
+            quoted = _quoted(column)
+            out[quoted] = f"s.{quoted}"
+            if column in unavailable:
+                fallback = f"t.{quoted}" if keep_target and column in target else "NULL"
+                out[quoted] = f"CASE WHEN s.{quoted} = {marker} THEN {fallback} ELSE s.{quoted} END"
+        return out
 
     def predicate(self) -> str:
         """The join on the key, and each key column's range in this batch: delta-rs (1.6) prunes target files
         by their min/max statistics only for literal bounds in the predicate, not from the source, so without
-        them every MERGE reads the whole table (measured: 10 files scanned of 10 for a key in one)."""
+        them every MERGE reads the whole table (measured: 10 files scanned of 10 for a key in one). After a
+        TRUNCATE, the join alone: every target row must be seen, to be deleted."""
         join = [f"t.{_quoted(c)} = s.{_quoted(c)}" for c in self.key]
+        if self.truncate:
+            return " AND ".join(join)
         bounds = [
             f"t.{_quoted(c)} >= {low} AND t.{_quoted(c)} <= {high}" for c, (low, high) in self.key_ranges().items()
         ]
@@ -118,17 +147,51 @@ def read_staging(uri: str, files: Sequence[DataFile], partition_by: Sequence[str
 LINEAGE = ("kafka_topic", "kafka_partition", "kafka_offset")  # where a record is: what orders a key's records
 
 
-def latest_per_key(rows: pa.Table, key: Sequence[str], order_by: str | None, batch: int | None = None) -> pa.Table:
-    """One row per key: the winner as the module docstring says, in the rows' order."""
+def after_last_truncate(rows: pa.Table, order_by: str | None, batch: int | None = None) -> tuple[pa.Table, bool]:
+    """The rows after the batch's last TRUNCATE event (Debezium's op `t`), in their order, and whether it
+    had one. A TRUNCATE orders against the other rows by `order_by` (the source position), then offset; without
+    order_by only within its partition, so a batch of a TRUNCATE and rows of another partition is refused."""
+    if rows.num_rows == 0 or DEBEZIUM_OP_COLUMN not in rows.column_names:
+        return rows, False
+    truncating = pa.compute.fill_null(pa.compute.equal(rows.column(DEBEZIUM_OP_COLUMN), "t"), False)
+    if not pa.compute.any(truncating).as_py():
+        return rows, False
+    import polars as pl
+
+    frame = _ordering_frame(rows, [], order_by).with_columns(pl.Series("_truncate", truncating.combine_chunks()))
+    if order_by is None:
+        places = frame.select("kafka_topic", "kafka_partition").unique(maintain_order=True)
+        if places.height > 1:
+            where = f"batch {batch}" if batch is not None else "the batch"
+            first, other = places.row(0), places.row(1)
+            raise UpsertKeyError(
+                f"{where}: a TRUNCATE and records of {first[0]}[{first[1]}] and {other[0]}[{other[1]}]: Kafka orders "
+                f"records within one partition only; set write.order_by to the source position (_debezium_position)"
+            )
+    ordered = frame.sort([*([order_by] if order_by else []), "kafka_offset"], nulls_last=False, maintain_order=True)
+    last = int(ordered.get_column("_truncate").arg_true()[-1])
+    kept = ordered.slice(last + 1).filter(~pl.col("_truncate")).sort("_row")
+    return rows.take(kept.get_column("_row").to_arrow()), True
+
+
+def latest_per_key(
+    rows: pa.Table, key: Sequence[str], order_by: str | None, batch: int | None = None, unavailable: str | None = None
+) -> pa.Table:
+    """One row per key: the winner as the module docstring says, in the rows' order; with `unavailable`,
+    its unavailable text values first replaced by the latest earlier value of the key (`carry_values`)."""
     if rows.num_rows == 0:
         return rows
     frame = _ordering_frame(rows, key, order_by)
     if order_by is None:
         _refuse_keys_in_two_partitions(frame, list(key), batch)
+    if unavailable is not None:
+        rows = carry_values(rows, frame, key, order_by, unavailable)
     return _winners(rows, frame, key, order_by)
 
 
-def fold(rows: pa.Table | None, key: Sequence[str], order_by: str | None) -> tuple[pa.Table | None, set[str]]:
+def fold(
+    rows: pa.Table | None, key: Sequence[str], order_by: str | None, unavailable: str | None = None
+) -> tuple[pa.Table | None, set[str]]:
     """A whole range's fold (audit, repair): one row per key as `latest_per_key`, and the keys (as
     `key_text`) that without order_by arrive in two partitions: those have no order, and no winner."""
     if rows is None or rows.num_rows == 0:
@@ -136,6 +199,8 @@ def fold(rows: pa.Table | None, key: Sequence[str], order_by: str | None) -> tup
     import polars as pl
 
     frame = _ordering_frame(rows, key, order_by)
+    if unavailable is not None:
+        rows = carry_values(rows, frame, key, order_by, unavailable)
     unordered: set[str] = set()
     if order_by is None:
         places = frame.group_by(list(key)).agg(pl.struct("kafka_topic", "kafka_partition").n_unique().alias("n"))
@@ -144,6 +209,45 @@ def fold(rows: pa.Table | None, key: Sequence[str], order_by: str | None) -> tup
         if spread.height:
             frame = frame.join(spread.select(list(key)), on=list(key), how="anti", nulls_equal=True)
     return _winners(rows, frame, key, order_by), unordered
+
+
+def carry_values(
+    rows: pa.Table, frame: pl.DataFrame, key: Sequence[str], order_by: str | None, unavailable: str
+) -> pa.Table:
+    """`rows`, each text value equal to `unavailable` replaced by the same column's value in the latest
+    earlier row of its key (in the order winners are chosen in) that has one; kept where none has (the
+    MERGE then keeps the table's). A row inserted always carries every value, so the latest known value
+    is the row's current one."""
+    import polars as pl
+
+    columns = [c for c in _text_columns(rows, key) if _holds(rows.column(c), unavailable)]
+    if not columns:
+        return rows
+    flags = {f"_unavailable{i}": _equals(rows.column(c), unavailable) for i, c in enumerate(columns)}
+    ordering = [*([order_by] if order_by else []), "kafka_offset"]
+    ordered = frame.with_columns([pl.Series(name, flag) for name, flag in flags.items()]).sort(
+        ordering, nulls_last=False, maintain_order=True
+    )
+    sources = ordered.select(
+        "_row",
+        *(pl.when(~pl.col(name)).then(pl.col("_row")).forward_fill().over(list(key)).alias(name) for name in flags),
+    ).sort("_row")
+    for name, column in zip(flags, columns):
+        source = sources.get_column(name).fill_null(sources.get_column("_row")).to_arrow()
+        rows = rows.set_column(rows.schema.get_field_index(column), column, rows.column(column).take(source))
+    return rows
+
+
+def _text_columns(rows: pa.Table, key: Sequence[str]) -> list[str]:
+    return [f.name for f in rows.schema if f.name not in key and _is_string(f.type)]
+
+
+def _equals(values: pa.ChunkedArray, text: str) -> pa.Array:
+    return pa.compute.fill_null(pa.compute.equal(values, text), False).combine_chunks()
+
+
+def _holds(values: pa.ChunkedArray, text: str) -> bool:
+    return bool(pa.compute.any(pa.compute.equal(values, text)).as_py())
 
 
 def _ordering_frame(rows: pa.Table, key: Sequence[str], order_by: str | None) -> pl.DataFrame:

@@ -1,0 +1,253 @@
+"""A Kafka Connect worker running Debezium's PostgreSQL connector: the change-data-capture chain of the tests
+and `make demo` (PostgreSQL -> Debezium -> Kafka -> offsetlake), started with a pid file, stopped by PID.
+
+The worker is Kafka's standalone one (`ConnectStandalone`): one JVM, its connectors given as files on its
+command line, its source offsets (how far Debezium has read the database's WAL) in a file it flushes every
+`offset.flush.interval.ms`. Killed, it is started again on the same directory, reads the same files, and
+re-sends what it sent since its last flush: Debezium is at least once, and the pipeline downstream folds the
+repeats. Its REST API (on 127.0.0.1) tells a connector's state. The jars come from Maven Central through
+`offsetlake.local.jars` (`poms/kafka-connect.xml` pins Connect's runtime and Debezium).
+
+Measured on the 2-core machine this was written on (Connect 4.3.0, Debezium 3.6.1.Final, Java 17): the REST
+API answers 4-6 s after the JVM starts; Debezium's snapshot of a small database, another 2-3 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from offsetlake.errors import OffsetlakeError
+from offsetlake.local import jars, processes
+
+MARKER = "org.apache.kafka.connect.cli.ConnectStandalone"
+HEAP = os.environ.get("OFFSETLAKE_CONNECT_HEAP", "512m")
+WORKER_CONFIG = "worker.properties"
+START_TIMEOUT_SECONDS = 120
+
+LOG4J = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+logger.debezium.name = io.debezium
+logger.debezium.level = info
+"""
+
+
+class ConnectError(OffsetlakeError):
+    """The Connect worker or one of its connectors failed (the message says which, in one line)."""
+
+
+@dataclass
+class ConnectWorker:
+    """A running worker: `pid` is the JVM's own; its files (configuration, offsets, log) are in `work_dir`."""
+
+    pid: int
+    port: int
+    work_dir: Path
+    process: subprocess.Popen | None = field(default=None, repr=False, compare=False)  # when we started it
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.work_dir / "connect.log"
+
+    def status(self, connector: str) -> dict:
+        """Connect's status of a connector: {"connector": {"state"...}, "tasks": [{"state", "trace"?}...]}."""
+        return self._get(f"/connectors/{connector}/status")
+
+    def running(self, connector: str) -> bool:
+        """The connector and each of its tasks RUNNING; a FAILED one raises, naming the failure."""
+        try:
+            status = self.status(connector)
+        except (OSError, urllib.error.URLError, ValueError):
+            return False
+        for part in [status.get("connector", {}), *status.get("tasks", [])]:
+            if part.get("state") == "FAILED":
+                trace = (part.get("trace") or "no trace").strip().splitlines()[0]
+                raise ConnectError(f"Kafka Connect: connector {connector!r} failed: {trace} (see {self.log})")
+        states = [status.get("connector", {}).get("state"), *(t.get("state") for t in status.get("tasks", []))]
+        return len(states) > 1 and all(state == "RUNNING" for state in states)
+
+    def wait_running(self, connector: str, timeout: float = START_TIMEOUT_SECONDS) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.running(connector):
+            if not self.alive():
+                raise ConnectError(f"the Kafka Connect worker (pid {self.pid}) exited; see {self.log}")
+            if time.monotonic() > deadline:
+                raise ConnectError(f"connector {connector!r} not running within {timeout:.0f}s; see {self.log}")
+            time.sleep(0.5)
+
+    def alive(self) -> bool:
+        if self.process is not None:  # our child: its exit status, not its command line (read mid-exec)
+            return self.process.poll() is None
+        return processes.runs(self.pid, MARKER)
+
+    def _get(self, path: str) -> dict:
+        with urllib.request.urlopen(self.url + path, timeout=5) as response:
+            return json.loads(response.read())
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: offsets not flushed since the last flush are lost, and re-sent on restart."""
+        processes.kill(self.pid)
+
+    def stop(self) -> None:
+        processes.stop(self.pid, timeout=30)
+
+
+def start(
+    work_dir: Path | str,
+    bootstrap_servers: str,
+    connectors: dict[str, dict[str, str]] | None = None,
+    schemas_enable: bool = False,
+    flush_interval_ms: int = 5000,
+) -> ConnectWorker:
+    """A standalone worker on `work_dir` running `connectors` ({name: config}). Started again on the same
+    directory, it reuses its configuration (port, converters, connectors) and offsets: a restart.
+    `schemas_enable`: the JSON converter wraps each key and value as {schema, payload}."""
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    if not (work / WORKER_CONFIG).exists():
+        _configure(work, bootstrap_servers, connectors or {}, schemas_enable, flush_interval_ms)
+    port = int(_properties(work / WORKER_CONFIG)["listeners"].rsplit(":", 1)[1])
+    connector_files = sorted(str(p) for p in work.glob("connector-*.properties"))
+    with open(work / "connect.out", "ab") as out:
+        proc = subprocess.Popen(
+            [*_java(work), MARKER, str(work / WORKER_CONFIG), *connector_files],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    (work / "connect.pid").write_text(f"{proc.pid}\n")
+    worker = ConnectWorker(proc.pid, port, work, proc)
+    try:
+        for name in connectors or _names(work):
+            worker.wait_running(name)
+    except ConnectError:
+        processes.stop(proc.pid)
+        raise
+    return worker
+
+
+def debezium_postgres(
+    host: str,
+    port: int,
+    user: str,
+    database: str,
+    topic_prefix: str,
+    schemas: list[str],
+    password: str = "",
+    partitions: int = 1,
+    heartbeat_table: str | None = None,
+    **overrides: str,
+) -> dict[str, str]:
+    """The configuration of Debezium's PostgreSQL connector capturing `schemas` of `database` into topics
+    `<topic_prefix>.<schema>.<table>`, which Connect creates (`partitions` each; the embedded broker does not
+    create topics on its own). TRUNCATE is sent (Debezium skips it by default). `heartbeat_table`
+    (`schema.table`, with columns `id integer PRIMARY KEY, at timestamptz`): each heartbeat writes it, so the
+    slot's confirmed LSN passes every earlier change even when the WAL's last records are none of the captured
+    tables' (DDL, other databases). `overrides` win."""
+    config = {
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "tasks.max": "1",
+        "database.hostname": host,
+        "database.port": str(port),
+        "database.user": user,
+        "database.password": password,
+        "database.dbname": database,
+        "topic.prefix": topic_prefix,
+        "schema.include.list": ",".join(schemas),
+        "plugin.name": "pgoutput",
+        "slot.name": f"offsetlake_{topic_prefix}".replace(".", "_").replace("-", "_").lower(),
+        "publication.name": f"offsetlake_{topic_prefix}".replace(".", "_").replace("-", "_").lower(),
+        "publication.autocreate.mode": "filtered",
+        "skipped.operations": "none",
+        # Heartbeats let Debezium confirm the server's LSN to its slot while the captured tables are quiet,
+        # so the slot does not hold the database's WAL back (and "captured up to here" can be told).
+        "heartbeat.interval.ms": "1000",
+        "topic.creation.default.replication.factor": "-1",
+        "topic.creation.default.partitions": str(partitions),
+    }
+    if heartbeat_table is not None:
+        config["heartbeat.action.query"] = (
+            f"INSERT INTO {heartbeat_table} (id, at) VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = now()"
+        )
+    return {**config, **overrides}
+
+
+def _configure(
+    work: Path, bootstrap_servers: str, connectors: dict[str, dict[str, str]], schemas_enable: bool, flush_ms: int
+) -> None:
+    enable = "true" if schemas_enable else "false"
+    config = {
+        "bootstrap.servers": bootstrap_servers,
+        "listeners": f"http://127.0.0.1:{_free_port()}",
+        "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "key.converter.schemas.enable": enable,
+        "value.converter.schemas.enable": enable,
+        "offset.storage.file.filename": str(work / "offsets"),
+        "offset.flush.interval.ms": str(flush_ms),
+        # No plugin.path: Debezium is on the worker's classpath (one POM, one set of jars), and an empty one
+        # would scan the working directory.
+        # Debezium's producer: every event acknowledged by all in-sync replicas, resent without duplicates
+        # within one worker's life (a restarted worker still re-sends what it had not flushed).
+        "producer.acks": "all",
+        "producer.enable.idempotence": "true",
+    }
+    (work / WORKER_CONFIG).write_text("".join(f"{k}={v}\n" for k, v in config.items()))
+    for name, settings in connectors.items():
+        lines = [f"name={name}", *(f"{k}={v}" for k, v in settings.items())]
+        (work / f"connector-{name}.properties").write_text("\n".join(lines) + "\n")
+    (work / "log4j2.properties").write_text(LOG4J.format(log=work / "connect.log"))
+
+
+def _names(work: Path) -> list[str]:
+    return [_properties(p)["name"] for p in sorted(work.glob("connector-*.properties"))]
+
+
+def _properties(path: Path) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def _java(work: Path) -> list[str]:
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else "java"
+    return [
+        java,
+        f"-Xmx{HEAP}",
+        "-Xms64m",
+        "-XX:+UseG1GC",
+        "-XX:+ExitOnOutOfMemoryError",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={work / 'log4j2.properties'}",
+        "-cp",
+        jars.classpath("kafka-connect"),
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_from_pid_file(pid_file: Path | str) -> bool:
+    return processes.stop_from_pid_file(Path(pid_file), MARKER, timeout=30.0)
