@@ -241,3 +241,40 @@ def test_avro_change_events_fold_and_a_column_added_at_the_source_lands_in_its_m
     assert fields["_debezium_position"].type.type == "long"
     rows = assert_exactly_once(cfg, registry=client)
     assert 0 < rows < source.next_id - 1  # some rows deleted
+
+
+def test_a_truncate_empties_the_table_in_its_batchs_commit_even_with_nothing_after_it(spark, pipeline):
+    """TRUNCATE (op `t`, `format.debezium.truncate: apply`): the rows before it go; a TRUNCATE of an empty
+    table, or with nothing after it in its batch, still commits its offsets (delta-rs writes no commit for a
+    DELETE that removes nothing, so the ledger would never pass the batch)."""
+    cfg, topic = pipeline(
+        partitions=1,
+        format={"type": "json", "schema": ROW_FIELDS, "envelope": "debezium"},
+        write={**UPSERT_BY_ID, "order_by": "_debezium_position"},
+    )
+    events = JournaledProducer(cfg.kafka.bootstrap_servers)
+
+    def send(op: str, row_id: int | None, lsn: int) -> None:
+        row = None if row_id is None else {"id": row_id, "name": f"n{row_id}", "email": None}
+        value = {"op": op, "before": None, "after": row, "source": {"lsn": lsn, "ts_ms": lsn}}
+        events.produce(topic, json.dumps(value).encode(), key=None if row_id is None else SourceTable.key(row_id))
+
+    for lsn, row_id in enumerate([1, 2, 3], start=10):
+        send("c", row_id, lsn)
+    events.flush()
+    ingest(spark, cfg)
+    send("c", 4, 20)
+    send("t", None, 21)  # the batch ends with it: a DELETE of every row, and the offsets with it
+    events.flush()
+    ingest(spark, cfg)
+    table = DeltaTable(cfg.table_path)
+    assert table.to_pyarrow_table().num_rows == 0
+    emptied = table.version()
+    send("t", None, 22)  # the table is empty: nothing to delete, the offsets still commit
+    events.flush()
+    assert "committed" in [r.status for r in ingest(spark, cfg)]
+    assert DeltaTable(cfg.table_path).version() == emptied + 1
+    send("c", 5, 23)
+    events.flush()
+    ingest(spark, cfg)
+    assert DeltaTable(cfg.table_path).to_pyarrow_table().column("id").to_pylist() == [5]

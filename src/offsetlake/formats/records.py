@@ -277,11 +277,15 @@ def _convert_debezium_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.
     (`_convert_json`), its op and position become columns; a quarantined event keeps its own value."""
     settings = cfg.format.debezium
     positions, rows, ops, at, errors = [], [], [], [], {}
+    truncating: list[tuple[int, object]] = []  # (position, source position) of each TRUNCATE: no row to decode
     for i, raw in enumerate(messages.column("value").to_pylist()):
         try:
             op, row, where = debezium.json_event(raw, settings.position, settings.position_type, _truncates(cfg))
         except debezium.NotAChangeEvent as err:
             errors[i] = str(err)
+            continue
+        if op == debezium.TRUNCATE_OP:
+            truncating.append((i, where))
             continue
         positions.append(i)
         rows.append(row)
@@ -299,11 +303,19 @@ def _convert_debezium_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.
     payload = payload.append_column(pa.field(DEBEZIUM_OP_COLUMN, pa.string()), op_column)
     payload = payload.append_column(pa.field(DEBEZIUM_POSITION_COLUMN, at_column.type), at_column)
     kept = pa.array(positions, pa.int64()) if good is None else pa.array(positions, pa.int64()).take(good)
+    if truncating:  # their rows after the others', all null but op and position (the positions say where)
+        where, sources = zip(*truncating)
+        marks = {DEBEZIUM_OP_COLUMN: pa.repeat("t", len(where)), DEBEZIUM_POSITION_COLUMN: pa.array(sources)}
+        columns = [
+            marks[f.name].cast(f.type) if f.name in marks else pa.nulls(len(where), f.type) for f in payload.schema
+        ]
+        payload = pa.concat_tables([payload, pa.Table.from_arrays(columns, schema=payload.schema)])
+        kept = pa.concat_arrays([kept, pa.array(where, pa.int64())])
     bad_positions = sorted(errors)
     quarantine = _quarantine_rows(
         messages.take(pa.array(bad_positions, pa.int64())), [errors[i] for i in bad_positions]
     )
-    return payload, (None if not errors else kept), quarantine
+    return payload, (None if not errors and not truncating else kept), quarantine
 
 
 def _split_oversized(messages: pa.Table, limit: int) -> tuple[pa.Table, pa.Table | None]:

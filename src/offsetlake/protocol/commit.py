@@ -230,11 +230,10 @@ def _apply_merge(table: DeltaTable, change: Change, merge: Merge) -> Committed:
     decided_on = table.version()
     if merge.source.num_rows == 0 and merge.truncate:  # a TRUNCATE, nothing after it: the table emptied
         deleted = table.delete(commit_properties=_properties(change))
-        return Committed(
-            decided_on + 1,
-            change,
-            merged={"inserted": 0, "updated": 0, "deleted": int(deleted.get("num_deleted_rows", 0))},
-        )
+        merged = {"inserted": 0, "updated": 0, "deleted": int(deleted.get("num_deleted_rows", 0))}
+        if table.version() == decided_on:  # an empty table: no commit was written, as for a no-op MERGE below
+            return Committed(_apply(table, replace(change, merge=None, actions=[])), change, merged=merged)
+        return Committed(decided_on + 1, change, merged=merged)
     if merge.source.num_rows == 0:  # a batch of tombstones only, say: nothing to merge (and its source may
         # lack the key columns, on a table whose columns come with its events); its offsets commit on their own
         return Committed(
