@@ -132,11 +132,10 @@ def kafka_perf_test(bootstrap: str, topic: str, records: int, client: dict[str, 
     """Apache Kafka's kafka-consumer-perf-test reading `records` of `topic` under read_committed:
     {records, seconds, rate, fetch_rate} (fetch_rate leaves out the group join, as a reader's time would)."""
     from offsetlake.local.jars import classpath
+    from offsetlake.local.jvm import java
 
-    home = os.environ.get("JAVA_HOME")
-    java = str(Path(home) / "bin" / "java") if home else "java"
     properties = {"isolation.level": "read_committed", **(client or {})}
-    command = [java, "-Xmx1g", "-cp", classpath("kafka-tools"), "org.apache.kafka.tools.ConsumerPerformance"]
+    command = [java(), "-Xmx1g", "-cp", classpath("kafka-tools"), "org.apache.kafka.tools.ConsumerPerformance"]
     command += ["--bootstrap-server", bootstrap, "--topic", topic, "--num-records", str(records)]
     command += ["--hide-header", "--timeout", "30000"]
     for key, value in properties.items():

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from offsetlake.errors import KafkaError
-from offsetlake.local import jars, processes
+from offsetlake.local import jvm, processes
 
 HOST = "127.0.0.1"
 MARKER = "kafka.Kafka"
@@ -38,6 +38,7 @@ KAFKA_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
 HEAP = os.environ.get("OFFSETLAKE_BROKER_HEAP", "768m")
 CONFIG = "server.properties"
+INFO_LOGGERS = ("kafka.server.KafkaRaftServer", "kafka.server.BrokerServer")  # their info lines say a node is up
 
 # What every embedded node sets beyond Kafka's defaults, and why.
 COMMON = {
@@ -53,21 +54,6 @@ COMMON = {
     "auto.create.topics.enable": "false",  # a mistyped topic is an error, not a new empty topic
     "controlled.shutdown.enable": "true",
 }
-
-LOG4J = """\
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = warn
-rootLogger.appenderRef.file.ref = file
-logger.kafka.name = kafka.server.KafkaRaftServer
-logger.kafka.level = info
-logger.started.name = kafka.server.BrokerServer
-logger.started.level = info
-"""
 
 
 @dataclass
@@ -250,7 +236,7 @@ def _configure(
     lines = [f"{k}={v}" for k, v in config.items() if k != "cluster.id.for.offsetlake"]
     (node_dir / CONFIG).write_text("\n".join(lines) + "\n")
     (node_dir / "cluster.id").write_text(cluster_id + "\n")
-    (node_dir / "log4j2.properties").write_text(LOG4J.format(log=node_dir / "broker.log"))
+    (node_dir / "log4j2.properties").write_text(jvm.log4j2(node_dir / "broker.log", INFO_LOGGERS))
 
 
 def _protocol(listener: str) -> str:
@@ -271,20 +257,7 @@ def _node(pid: int, node_dir: Path, host: str) -> Broker:
 
 
 def _java(node_dir: Path) -> list[str]:
-    home = os.environ.get("JAVA_HOME")
-    java = str(Path(home) / "bin" / "java") if home else "java"
-    return [
-        java,
-        f"-Xmx{HEAP}",
-        "-Xms128m",
-        "-XX:+UseG1GC",
-        "-XX:MaxGCPauseMillis=20",
-        "-XX:+ExitOnOutOfMemoryError",
-        "-Djava.awt.headless=true",
-        f"-Dlog4j2.configurationFile={node_dir / 'log4j2.properties'}",
-        "-cp",
-        jars.classpath("kafka-broker"),
-    ]
+    return jvm.command("kafka-broker", HEAP, node_dir / "log4j2.properties", "-Xms128m", "-XX:MaxGCPauseMillis=20")
 
 
 def _format(node_dir: Path, netns: str | None) -> None:

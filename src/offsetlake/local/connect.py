@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.error
@@ -25,25 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from offsetlake.errors import OffsetlakeError
-from offsetlake.local import jars, processes
+from offsetlake.local import jvm, processes
+from offsetlake.local.broker import free_port
 
 MARKER = "org.apache.kafka.connect.cli.ConnectStandalone"
 HEAP = os.environ.get("OFFSETLAKE_CONNECT_HEAP", "512m")
 WORKER_CONFIG = "worker.properties"
 START_TIMEOUT_SECONDS = 120
-
-LOG4J = """\
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = warn
-rootLogger.appenderRef.file.ref = file
-logger.debezium.name = io.debezium
-logger.debezium.level = info
-"""
 
 
 class ConnectError(OffsetlakeError):
@@ -197,7 +184,7 @@ def _configure(
     enable = "true" if schemas_enable else "false"
     config = {
         "bootstrap.servers": bootstrap_servers,
-        "listeners": f"http://127.0.0.1:{_free_port()}",
+        "listeners": f"http://127.0.0.1:{free_port()}",
         "key.converter": "org.apache.kafka.connect.json.JsonConverter",
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
         "key.converter.schemas.enable": enable,
@@ -215,7 +202,7 @@ def _configure(
     for name, settings in connectors.items():
         lines = [f"name={name}", *(f"{k}={v}" for k, v in settings.items())]
         (work / f"connector-{name}.properties").write_text("\n".join(lines) + "\n")
-    (work / "log4j2.properties").write_text(LOG4J.format(log=work / "connect.log"))
+    (work / "log4j2.properties").write_text(jvm.log4j2(work / "connect.log", ("io.debezium",)))
 
 
 def _names(work: Path) -> list[str]:
@@ -228,25 +215,7 @@ def _properties(path: Path) -> dict[str, str]:
 
 
 def _java(work: Path) -> list[str]:
-    home = os.environ.get("JAVA_HOME")
-    java = str(Path(home) / "bin" / "java") if home else "java"
-    return [
-        java,
-        f"-Xmx{HEAP}",
-        "-Xms64m",
-        "-XX:+UseG1GC",
-        "-XX:+ExitOnOutOfMemoryError",
-        "-Djava.awt.headless=true",
-        f"-Dlog4j2.configurationFile={work / 'log4j2.properties'}",
-        "-cp",
-        jars.classpath("kafka-connect"),
-    ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return jvm.command("kafka-connect", HEAP, work / "log4j2.properties", "-Xms64m")
 
 
 def stop_from_pid_file(pid_file: Path | str) -> bool:

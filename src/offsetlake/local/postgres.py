@@ -14,7 +14,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from offsetlake.errors import OffsetlakeError
 from offsetlake.local import processes
+from offsetlake.local.broker import free_port
 
 # What Debezium's PostgreSQL connector needs of a server (pgoutput ships with PostgreSQL 10+): logical
 # decoding, and a replication slot and WAL sender for each connector (and a spare for a restarted one).
@@ -113,7 +113,7 @@ def start(
         with open(data / "pg_hba.conf", "a") as hba:
             hba.writelines(f"host all all {subnet} trust\n" for subnet in trust_subnets)
             hba.writelines(f"host replication all {subnet} trust\n" for subnet in trust_subnets)
-    port = port or _free_port()
+    port = port or free_port()
     parameters = {"listen_addresses": ",".join(("127.0.0.1", *listen)), "fsync": "off", **(settings or {})}
     command = [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(sockets)]
     for name, value in parameters.items():
@@ -185,9 +185,3 @@ def _demote(account):
         os.setuid(account.pw_uid)
 
     return become
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
