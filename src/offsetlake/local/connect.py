@@ -1,5 +1,5 @@
 """A Kafka Connect worker running Debezium's PostgreSQL connector: the change-data-capture chain of the tests
-and `make demo` (PostgreSQL -> Debezium -> Kafka -> offsetlake), started with a pid file, stopped by PID.
+(PostgreSQL -> Debezium -> Kafka -> offsetlake), started with a pid file, stopped by PID.
 
 The worker is Kafka's standalone one (`ConnectStandalone`): one JVM, its connectors given as files on its
 command line, its source offsets (how far Debezium has read the database's WAL) in a file it flushes every

@@ -1,6 +1,6 @@
 """A PostgreSQL server of the machine's postgresql package, in a directory of its own, stopped by PID.
 
-The demo's shop database (captured by Debezium: `settings=LOGICAL_DECODING`), the Airflow tests' metadata
+The captured database of the change-data-capture tests (`settings=LOGICAL_DECODING`), the Airflow tests' metadata
 database and the cross-host test's all start here. `initdb` makes a cluster with one superuser that every
 local connection is trusted as; the server listens on 127.0.0.1 (and any address given, e.g. a test network's)
 and keeps its socket in its own directory. Run as root (CI), the server runs as the `postgres` user (or
