@@ -220,7 +220,7 @@ def commit_batch(
     if cfg.write.upsert:  # before the quarantine commits: a batch whose keys cannot be ordered writes nothing
         columns = table_columns(snapshot if snapshot is not None else open_table(cfg.table_path))
         rows_read = read_staging(cfg.table_path, [w.file for w in written.data], cfg.table.partition_by, columns)
-        unavailable = cfg.format.debezium.unavailable_value if cfg.format.debezium_envelope else None
+        unavailable = cfg.format.unavailable_value
         rows_read, truncated = after_last_truncate(rows_read, cfg.write.order_by, plan.batch)
         winners = latest_per_key(rows_read, cfg.write.key, cfg.write.order_by, plan.batch, unavailable)
         merge = Merge(winners, cfg.write.key, cfg.write.order_by, unavailable, truncated)

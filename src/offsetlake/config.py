@@ -287,6 +287,12 @@ class RecordFormat(_Strict):
     def debezium_envelope(self) -> bool:
         return self.envelope == "debezium"
 
+    @property
+    def unavailable_value(self) -> str | None:
+        """The value a Debezium connector sends for one it does not have (`debezium.unavailable_value`), or
+        None when the values are not Debezium's."""
+        return self.debezium.unavailable_value if self.debezium_envelope else None
+
     def extra_columns(self) -> list[str]:
         """Columns besides the payload and the lineage: a Debezium event's, the key and the headers, when
         asked for."""

@@ -184,7 +184,7 @@ def test_an_unavailable_value_takes_the_keys_latest_earlier_value_else_stays_for
         {"k": "c", "note": None},
     ]
     merge = Merge(winners, ["k"], "_debezium_position", unavailable=gone)
-    assert merge.unavailable_columns() == ["note"]
+    assert merge.unavailable_columns == ["note"]
     update = merge.assignments(winners.column_names, ["k", "note"], keep_target=True)
     assert update['"note"'] == f"""CASE WHEN s."note" = '{gone}' THEN t."note" ELSE s."note" END"""
     insert = merge.assignments(winners.column_names, ["k", "note"], keep_target=False)

@@ -149,7 +149,7 @@ def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -
         ranges = audited_ranges(tps, log_starts, ledger.offsets)
     columns = table_columns(table)
     reads, rows = _read_and_fold_input(cfg, ranges, columns)
-    unavailable = cfg.format.debezium.unavailable_value if cfg.format.debezium_envelope else None
+    unavailable = cfg.format.unavailable_value
     if rows is not None:  # a TRUNCATE in the range: the table is what came after the last one
         rows, _ = after_last_truncate(rows, cfg.write.order_by)
     winners, unordered = fold(rows, cfg.write.key, cfg.write.order_by, unavailable)

@@ -18,6 +18,7 @@ Which row wins, per key:
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import pyarrow as pa
 from offsetlake.config import DEBEZIUM_OP_COLUMN, DELETED_COLUMN
 from offsetlake.errors import UpsertKeyError
 from offsetlake.files import DataFile, read_with_partitions
+from offsetlake.formats.debezium import truncate_rows
 
 if TYPE_CHECKING:
     import polars as pl
@@ -45,6 +47,7 @@ class Merge:
     unavailable: str | None = None
     truncate: bool = False  # a TRUNCATE came before the source's rows: every other row of the table goes
 
+    @functools.cached_property
     def unavailable_columns(self) -> list[str]:
         """The source's text columns where some row still holds the unavailable value."""
         if self.unavailable is None:
@@ -54,7 +57,7 @@ class Merge:
     def assignments(self, columns: Sequence[str], target: Sequence[str], keep_target: bool) -> dict[str, str]:
         """`column: expression` for every source column but DELETED_COLUMN: the source's value, and for an
         unavailable one the target's (`keep_target`, an update, when the `target` columns have it) or null."""
-        unavailable = set(self.unavailable_columns())
+        unavailable = set(self.unavailable_columns)
         marker = _literal(self.unavailable) if self.unavailable is not None else ""
         out = {}
         for column in columns:
@@ -153,12 +156,12 @@ def after_last_truncate(rows: pa.Table, order_by: str | None, batch: int | None 
     order_by only within its partition, so a batch of a TRUNCATE and rows of another partition is refused."""
     if rows.num_rows == 0 or DEBEZIUM_OP_COLUMN not in rows.column_names:
         return rows, False
-    truncating = pa.compute.fill_null(pa.compute.equal(rows.column(DEBEZIUM_OP_COLUMN), "t"), False)
+    truncating = truncate_rows(rows)
     if not pa.compute.any(truncating).as_py():
         return rows, False
     import polars as pl
 
-    frame = _ordering_frame(rows, [], order_by).with_columns(pl.Series("_truncate", truncating.combine_chunks()))
+    frame = _ordering_frame(rows, [], order_by).with_columns(pl.Series("_truncate", truncating))
     if order_by is None:
         places = frame.select("kafka_topic", "kafka_partition").unique(maintain_order=True)
         if places.height > 1:
@@ -168,7 +171,7 @@ def after_last_truncate(rows: pa.Table, order_by: str | None, batch: int | None 
                 f"{where}: a TRUNCATE and records of {first[0]}[{first[1]}] and {other[0]}[{other[1]}]: Kafka orders "
                 f"records within one partition only; set write.order_by to the source position (_debezium_position)"
             )
-    ordered = frame.sort([*([order_by] if order_by else []), "kafka_offset"], nulls_last=False, maintain_order=True)
+    ordered = frame.sort(_order(order_by), nulls_last=False, maintain_order=True)
     last = int(ordered.get_column("_truncate").arg_true()[-1])
     kept = ordered.slice(last + 1).filter(~pl.col("_truncate")).sort("_row")
     return rows.take(kept.get_column("_row").to_arrow()), True
@@ -224,9 +227,8 @@ def carry_values(
     if not columns:
         return rows
     flags = {f"_unavailable{i}": _equals(rows.column(c), unavailable) for i, c in enumerate(columns)}
-    ordering = [*([order_by] if order_by else []), "kafka_offset"]
     ordered = frame.with_columns([pl.Series(name, flag) for name, flag in flags.items()]).sort(
-        ordering, nulls_last=False, maintain_order=True
+        _order(order_by), nulls_last=False, maintain_order=True
     )
     sources = ordered.select(
         "_row",
@@ -250,6 +252,11 @@ def _holds(values: pa.ChunkedArray, text: str) -> bool:
     return bool(pa.compute.any(pa.compute.equal(values, text)).as_py())
 
 
+def _order(order_by: str | None) -> list[str]:
+    """What orders a key's rows, last wins: order_by (when set), then the offset."""
+    return [*([order_by] if order_by else []), "kafka_offset"]
+
+
 def _ordering_frame(rows: pa.Table, key: Sequence[str], order_by: str | None) -> pl.DataFrame:
     """The columns that decide which row of a key wins, and each row's position (`_row`)."""
     import polars as pl  # here: only upsert mode needs it (grouping by any key type, structs included)
@@ -262,8 +269,7 @@ def _ordering_frame(rows: pa.Table, key: Sequence[str], order_by: str | None) ->
 
 def _winners(rows: pa.Table, frame: pl.DataFrame, key: Sequence[str], order_by: str | None) -> pa.Table:
     """Per key of `frame`, the row with the greatest order_by (then offset), in the rows' order."""
-    ordering = [*([order_by] if order_by else []), "kafka_offset"]
-    winners = frame.sort(ordering, nulls_last=False).unique(subset=list(key), keep="last").sort("_row")
+    winners = frame.sort(_order(order_by), nulls_last=False).unique(subset=list(key), keep="last").sort("_row")
     return rows.take(winners.get_column("_row").to_arrow())
 
 
