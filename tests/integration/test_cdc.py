@@ -83,7 +83,7 @@ def test_a_captured_database_lands_typed_and_equal_to_its_source(
                 shop.add_column()
                 shop.truncate("orders")
             shop.run(20)
-            shop.wait_captured(f"offsetlake_{shop.schema}")
+            shop.wait_captured(connect.slot_name(shop.schema))
             for cfg in pipelines.values():
                 ingest(spark, cfg)
         for table, cfg in pipelines.items():
@@ -110,7 +110,7 @@ def test_kills_of_offsetlake_and_of_the_connect_worker_change_nothing(
         topic = f"{shop.schema}.{shop.schema}.customers"
         for round_ in range(2):
             # Killed before its first flush, the worker would take a new snapshot when started again, and a
-            # row deleted in between would never be deleted downstream (docs/usage/capture-postgresql.md).
+            # row deleted in between would never be deleted downstream (docs/how-to/capture-postgresql.md).
             wait_for(lambda: (work / "offsets").is_file(), "the worker's first offset flush", 60)
             sent = _end_offset(bootstrap, topic)
             shop.run(15)
@@ -121,7 +121,7 @@ def test_kills_of_offsetlake_and_of_the_connect_worker_change_nothing(
                 shop.truncate("customers")
                 shop.run(5)
             worker = connect.start(work, bootstrap)
-            shop.wait_captured(f"offsetlake_{shop.schema}")
+            shop.wait_captured(connect.slot_name(shop.schema))
             for cfg in pipelines.values():
                 point = rng.choice(faults.POINTS)
                 job = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": f"{point}:exit"})

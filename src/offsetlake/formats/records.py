@@ -305,7 +305,10 @@ def _convert_debezium_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.
     kept = pa.array(positions, pa.int64()) if good is None else pa.array(positions, pa.int64()).take(good)
     if truncating:  # their rows after the others', all null but op and position (the positions say where)
         where, sources = zip(*truncating)
-        marks = {DEBEZIUM_OP_COLUMN: pa.repeat("t", len(where)), DEBEZIUM_POSITION_COLUMN: pa.array(sources)}
+        marks = {
+            DEBEZIUM_OP_COLUMN: pa.repeat(debezium.TRUNCATE_OP, len(where)),
+            DEBEZIUM_POSITION_COLUMN: pa.array(sources),
+        }
         columns = [
             marks[f.name].cast(f.type) if f.name in marks else pa.nulls(len(where), f.type) for f in payload.schema
         ]

@@ -161,8 +161,8 @@ def debezium_postgres(
         "topic.prefix": topic_prefix,
         "schema.include.list": ",".join(schemas),
         "plugin.name": "pgoutput",
-        "slot.name": f"offsetlake_{topic_prefix}".replace(".", "_").replace("-", "_").lower(),
-        "publication.name": f"offsetlake_{topic_prefix}".replace(".", "_").replace("-", "_").lower(),
+        "slot.name": slot_name(topic_prefix),
+        "publication.name": slot_name(topic_prefix),
         "publication.autocreate.mode": "filtered",
         "skipped.operations": "none",
         # Heartbeats let Debezium confirm the server's LSN to its slot while the captured tables are quiet,
@@ -176,6 +176,12 @@ def debezium_postgres(
             f"INSERT INTO {heartbeat_table} (id, at) VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = now()"
         )
     return {**config, **overrides}
+
+
+def slot_name(topic_prefix: str) -> str:
+    """The replication slot (and publication) `debezium_postgres` names for a topic prefix: PostgreSQL
+    allows lower-case letters, digits and underscores only."""
+    return f"offsetlake_{topic_prefix}".replace(".", "_").replace("-", "_").lower()
 
 
 def _configure(
