@@ -1,11 +1,11 @@
 """The source database of the change-data-capture tests, and the oracle they check Delta against.
 
-`Shop` is a PostgreSQL schema of two tables with a column of each type users capture (numeric, date,
-timestamp with and without zone, jsonb, uuid, text[], bytea, an enum, large text), changed by a seeded
-random workload of multi-row transactions: inserts, updates of some columns, deletes, primary-key updates,
-and an `ALTER TABLE ... ADD COLUMN` mid-stream. The oracle is the database itself: once Debezium's slot
-has confirmed the workload's last LSN and the pipelines have ingested, each Delta table must equal
-`SELECT *` of its source table row by row and value by value, with the Delta type each column should have.
+`Shop` (offsetlake.local.shop, the demo's too) is a PostgreSQL schema of two tables with a column of each
+type users capture, changed by a seeded random workload of multi-row transactions: inserts, updates of some
+columns, deletes, primary-key updates, and an `ALTER TABLE ... ADD COLUMN` mid-stream. The oracle is the
+database itself: once Debezium's slot has confirmed the workload's last LSN and the pipelines have
+ingested, each Delta table must equal `SELECT *` of its source table row by row and value by value, with
+the Delta type each column should have.
 Nothing here reads offsetlake's code or verdicts: PostgreSQL's values (psycopg2) against the Delta table's
 (deltalake).
 """
@@ -13,16 +13,13 @@ Nothing here reads offsetlake's code or verdicts: PostgreSQL's values (psycopg2)
 from __future__ import annotations
 
 import datetime as dt
-import decimal
 import json
-import random
-import time
 import uuid
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from offsetlake.local.postgres import Postgres
+from offsetlake.local import shop
 
 UTC = dt.UTC
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -53,191 +50,17 @@ ORDER_TYPES = {
     "placed": TIMESTAMP,
     "status": pa.string(),
 }
-ADDED_COLUMN = ("country", "text", pa.string())
-
-SCHEMA_SQL = """
-CREATE TYPE {s}.tier AS ENUM ('bronze', 'silver', 'gold');
-CREATE TABLE {s}.customers (
-    id bigint PRIMARY KEY, name text NOT NULL, balance numeric(12, 2), born date, created timestamp(6),
-    seen timestamptz, prefs jsonb, token uuid, tags text[], photo bytea, tier {s}.tier, visits integer,
-    score double precision, active boolean, note text
-);
-CREATE TABLE {s}.heartbeat (id integer PRIMARY KEY, at timestamptz);
-CREATE TABLE {s}.orders (
-    id bigint PRIMARY KEY, customer_id bigint, amount numeric(10, 3), placed timestamptz, status text
-);
-"""
+# What Shop.add_column adds to customers, and its Delta type.
+ADDED_COLUMN = (shop.ADDED_COLUMN[0], pa.string())
 
 
-class Shop:
-    """One schema of the source database and the workload that changes it."""
-
-    def __init__(self, server: Postgres, schema: str, seed: int):
-        self.server, self.schema = server, schema
-        self.rng = random.Random(seed)
-        self.next_id = {"customers": 1, "orders": 1}
-        self.added_column = False
-        self.counts = {"insert": 0, "update": 0, "delete": 0, "key change": 0, "transactions": 0}
-
-    def create(self, customers: int = 20, orders: int = 20) -> None:
-        self.server.execute(f'CREATE SCHEMA "{self.schema}"', SCHEMA_SQL.format(s=self.schema))
-        self.transaction([self._insert("customers") for _ in range(customers)])
-        self.transaction([self._insert("orders") for _ in range(orders)])
-
-    def tables(self) -> list[str]:
-        return ["customers", "orders"]
-
-    # ---- the workload ---------------------------------------------------------------------------------
-
-    def run(self, transactions: int) -> None:
-        """`transactions` random transactions of 1-6 statements each."""
-        for _ in range(transactions):
-            self.transaction([self._statement() for _ in range(self.rng.randint(1, 6))])
-
-    def add_column(self) -> None:
-        """`ALTER TABLE customers ADD COLUMN country text`: later inserts and updates set it."""
-        name, sql_type, _ = ADDED_COLUMN
-        self.server.execute(f'ALTER TABLE "{self.schema}".customers ADD COLUMN {name} {sql_type}')
-        self.added_column = True
-
-    def truncate(self, table: str) -> None:
-        self.transaction([(f'TRUNCATE "{self.schema}".{table}', ())])
-        self.counts["truncate"] = self.counts.get("truncate", 0) + 1
-
-    def transaction(self, statements: list[tuple[str, tuple]]) -> None:
-        conn = self.server.connect()
-        try:
-            with conn, conn.cursor() as cur:
-                for sql, args in statements:
-                    cur.execute(sql, args)
-        finally:
-            conn.close()
-        self.counts["transactions"] += 1
-
-    def _statement(self) -> tuple[str, tuple]:
-        table = self.rng.choice(self.tables())
-        kind = self.rng.choices(["insert", "update", "delete", "key change", "many"], [4, 6, 2, 1, 1])[0]
-        if kind == "insert" or self.next_id[table] < 5:
-            return self._insert(table)
-        target = self.rng.randrange(1, self.next_id[table])  # may be gone: the statement then changes nothing
-        where = f'"{self.schema}".{table}'
-        if kind == "delete":
-            self.counts["delete"] += 1
-            return f"DELETE FROM {where} WHERE id = %s", (target,)
-        if kind == "key change":
-            self.counts["key change"] += 1
-            new = self._new_id(table)
-            return f"UPDATE {where} SET id = %s WHERE id = %s", (new, target)
-        values = self._values(table)
-        columns = self.rng.sample(sorted(c for c in values if c != "id"), self.rng.randint(1, 3))
-        assignments = ", ".join(f"{c} = %s" for c in columns)
-        self.counts["update"] += 1
-        if kind == "many":  # one statement, many rows
-            return f"UPDATE {where} SET {assignments} WHERE id %% 5 = %s", (
-                *(values[c] for c in columns),
-                self.rng.randrange(5),
-            )
-        return f"UPDATE {where} SET {assignments} WHERE id = %s", (*(values[c] for c in columns), target)
-
-    def _insert(self, table: str) -> tuple[str, tuple]:
-        values = self._values(table)
-        values["id"] = self._new_id(table)
-        self.counts["insert"] += 1
-        columns = ", ".join(values)
-        marks = ", ".join(["%s"] * len(values))
-        return f'INSERT INTO "{self.schema}".{table} ({columns}) VALUES ({marks})', tuple(values.values())
-
-    def _new_id(self, table: str) -> int:
-        self.next_id[table] += 1
-        return self.next_id[table] - 1
-
-    def _values(self, table: str) -> dict:
-        rng = self.rng
-        if table == "orders":
-            return {
-                "customer_id": rng.randrange(1, 1000),
-                "amount": _maybe(rng, decimal.Decimal(rng.randrange(-(10**9), 10**9)).scaleb(-3)),
-                "placed": _maybe(rng, _moment(rng).astimezone(dt.timezone(dt.timedelta(hours=rng.randint(-11, 12))))),
-                "status": rng.choice(["new", "paid", "shipped", None]),
-            }
-        values = {
-            "name": f"customer {rng.randrange(10**6)} ü",
-            "balance": _maybe(rng, decimal.Decimal(rng.randrange(-(10**11), 10**11)).scaleb(-2)),
-            "born": _maybe(rng, dt.date(1930, 1, 1) + dt.timedelta(days=rng.randrange(40_000))),
-            "created": _maybe(rng, _moment(rng).replace(tzinfo=None)),
-            "seen": _maybe(rng, _moment(rng)),
-            "prefs": _maybe(rng, json.dumps({"news": rng.random() < 0.5, "n": rng.randrange(100)})),
-            "token": _maybe(rng, str(uuid.UUID(int=rng.getrandbits(128)))),
-            "tags": _maybe(rng, [rng.choice(["a", "b", "vip", "é"]) for _ in range(rng.randrange(4))]),
-            "photo": _maybe(rng, rng.randbytes(rng.randrange(0, 40))),
-            "tier": _maybe(rng, rng.choice(["bronze", "silver", "gold"])),
-            "visits": _maybe(rng, rng.randrange(-(2**31), 2**31)),
-            "score": _maybe(rng, rng.uniform(-1e6, 1e6)),
-            "active": _maybe(rng, rng.random() < 0.5),
-            # Large and random: PostgreSQL stores it out of line (TOAST), and an update that leaves it alone
-            # does not send it (Debezium's placeholder stands in for it).
-            "note": _maybe(rng, rng.randbytes(rng.choice([8, 6000])).hex()),
-        }
-        if self.added_column:
-            values[ADDED_COLUMN[0]] = _maybe(rng, rng.choice(["DE", "IN", "BR"]))
-        return values
-
-    # ---- reading the source back ----------------------------------------------------------------------
-
-    def rows(self, table: str) -> dict[int, dict]:
-        """`SELECT *` of the table: {id: row}."""
-        conn = self.server.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(f'SELECT * FROM "{self.schema}".{table}')
-                names = [d.name for d in cur.description]
-                return {row[0]: dict(zip(names, row)) for row in cur.fetchall()}
-        finally:
-            conn.close()
-
+class Shop(shop.Shop):
     def types(self, table: str) -> dict[str, pa.DataType]:
+        """The Delta type each column of `table` must land as (the oracle's own table, above)."""
         types = dict(CUSTOMER_TYPES if table == "customers" else ORDER_TYPES)
         if table == "customers" and self.added_column:
-            types[ADDED_COLUMN[0]] = ADDED_COLUMN[2]
+            types[ADDED_COLUMN[0]] = ADDED_COLUMN[1]
         return types
-
-    def current_lsn(self) -> int:
-        conn = self.server.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT pg_current_wal_lsn() - '0/0'")
-                return int(cur.fetchone()[0])
-        finally:
-            conn.close()
-
-    def wait_captured(self, slot: str, timeout: float = 90) -> None:
-        """Until the connector's replication slot has confirmed every change made so far: Debezium confirms
-        an LSN once the events up to it are in Kafka (acknowledged) and its offsets flushed."""
-        target = self.current_lsn()
-        deadline = time.monotonic() + timeout
-        while True:
-            conn = self.server.connect()
-            try:
-                with conn.cursor() as cur:
-                    cur.execute(
-                        "SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s", (slot,)
-                    )
-                    found = cur.fetchone()
-            finally:
-                conn.close()
-            if found and found[0] is not None and int(found[0]) >= target:
-                return
-            assert time.monotonic() < deadline, f"slot {slot} confirmed {found} < {target} after {timeout:.0f}s"
-            time.sleep(0.5)
-
-
-def _maybe(rng: random.Random, value, null_share: float = 0.1):
-    return None if rng.random() < null_share else value
-
-
-def _moment(rng: random.Random) -> dt.datetime:
-    seconds = rng.randrange(-2 * 10**9, 3 * 10**9)
-    return dt.datetime(1970, 1, 1, tzinfo=UTC) + dt.timedelta(seconds=seconds, microseconds=rng.randrange(10**6))
 
 
 # ---- the oracle ---------------------------------------------------------------------------------------

@@ -24,11 +24,13 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
 from offsetlake import files
 from offsetlake.errors import ConfigError
+from offsetlake.formats.values import decimal_type
 
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
@@ -114,11 +116,27 @@ class SchemaField(_Strict):
 
     name: StrictStr = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     """The JSON field, and the column it becomes."""
-    type: Literal[FIELD_TYPES]  # type: ignore[valid-type]
-    """`timestamp`: RFC 3339 text (naive means UTC) or epoch milliseconds; `date`: `YYYY-MM-DD`; `binary`:
-    base64 text. No silent conversion between strings and numbers."""
+    type: StrictStr
+    """One of `string`, `long`, `int`, `double`, `float`, `boolean`, `timestamp`, `date`, `binary`, or
+    `decimal(p,s)` (precision 1 to 38). `timestamp`: RFC 3339 text (naive means UTC) or epoch milliseconds;
+    `date`: `YYYY-MM-DD`; `binary`: base64 text; `decimal(p,s)`: decimal text (exact) or a JSON number (a
+    double), never rounded: more decimal places than `s` is refused (with `format.envelope: debezium`, see
+    `format.debezium.decimal_handling_mode`). No silent conversion between strings and numbers."""
     required: StrictBool = False
     """A record without it (or with null) is quarantined."""
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, type_: str) -> str:
+        type_ = type_.replace(" ", "")  # `decimal(10, 2)` as written in SQL
+        declared = decimal_type(type_)
+        if declared is not None:
+            precision, scale = declared
+            if not 1 <= precision <= 38 or scale > precision:
+                raise ValueError(f"type {type_!r}: precision is 1 to 38, and scale 0 to the precision")
+        elif type_ not in FIELD_TYPES:
+            raise ValueError(f"type {type_!r} is not one of {', '.join(FIELD_TYPES)}, decimal(p,s)")
+        return type_
 
 
 class RegistrySettings(_Strict):
@@ -201,6 +219,11 @@ class DebeziumSettings(_Strict):
     (its default here). PostgreSQL leaves a large (TOASTed) value out of an update that does not change it,
     unless the table's REPLICA IDENTITY is FULL. A text column holding it keeps the row's current value: the
     latest earlier value of its key in the batch, else the table's; it is never written. None: no such value."""
+    decimal_handling_mode: Literal["precise", "string", "double"] = "precise"
+    """`json` only: the connector's `decimal.handling.mode`, which says how a declared `decimal(p,s)` field of
+    the row arrives when the JSON converter sends no schemas: `precise` (Debezium's default) as base64 text of
+    the unscaled value's bytes, `string` as decimal text, `double` as a JSON number. Each lands as the
+    declared `decimal(p,s)`."""
 
 
 class RecordFormat(_Strict):

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from offsetlake.config import KafkaSettings
+from offsetlake.connections import CONNECTIONS_FILE_ENV
 from offsetlake.local import broker_security, stack
 from offsetlake.local import schema_registry as embedded_registry
 from offsetlake.local.broker import free_port
@@ -40,16 +41,19 @@ from support import (
 )
 
 pytestmark = pytest.mark.slow
+HANDED_OVER = CONNECTIONS_FILE_ENV.encode()
 
 
 class ProcessWatch(BackgroundSampler):
-    """Samples /proc/*/cmdline and /proc/*/environ of every process, 10 times a second, for `needles`."""
+    """Samples /proc/*/cmdline and /proc/*/environ of every process, 10 times a second, for `needles`; and
+    notes the connections files handed to jobs (the variable that names one, in a job's environment)."""
 
     def __init__(self, *needles: str, owners: set[int] = frozenset()):
         super().__init__()
         self.needles = [n.encode() for n in needles]
         self.owners = {str(pid) for pid in owners}  # processes that hold a secret by design (the registry server)
         self.found: list[str] = []
+        self.connections_files: set[str] = set()
         self.samples = 0
 
     def sample(self) -> None:
@@ -62,6 +66,10 @@ class ProcessWatch(BackgroundSampler):
                     data = (proc / part).read_bytes()
                 except OSError:
                     continue
+                if part == "environ":
+                    self.connections_files.update(
+                        v.decode() for k, _, v in (e.partition(b"=") for e in data.split(b"\0")) if k == HANDED_OVER
+                    )
                 if any(n in data for n in self.needles):
                     self.found.append(f"/proc/{proc.name}/{part}: {(proc / 'cmdline').read_bytes()[:200]!r}")
 
@@ -130,6 +138,8 @@ def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(sec
         (conf_dir / "spark-defaults.conf").write_text(
             f"spark.eventLog.enabled true\nspark.eventLog.compress false\nspark.eventLog.dir file://{event_logs}\n"
         )
+        task_tmp = tmp_path / "tmp"  # the tasks' TMPDIR: where the connections file is handed over, then deleted
+        task_tmp.mkdir()
         from cryptography.fernet import Fernet
 
         env = stack.environment(
@@ -138,7 +148,11 @@ def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(sec
             REPO,
             pipelines,
             spark_master="local[2]",
-            extra={"AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(), "SPARK_CONF_DIR": str(conf_dir)},
+            extra={
+                "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
+                "SPARK_CONF_DIR": str(conf_dir),
+                "TMPDIR": str(task_tmp),
+            },
         )
         with ProcessWatch(kafka_secret, wrong_secret, registry_secret, owners={registry.pid}) as watch:
             try:
@@ -201,7 +215,9 @@ def test_credentials_from_airflow_connections_reach_the_job_and_nothing_else(sec
     for secret in (kafka_secret, wrong_secret, registry_secret):
         for root in (home, event_logs, lake, pipelines):
             assert files_containing(root, secret.encode()) == [], (root, secret)
-    assert not list(Path("/tmp").glob("offsetlake-connections-*/connections.json"))  # handed over, then deleted
+    # Handed over in a file under the tasks' TMPDIR, then deleted.
+    assert watch.connections_files and all(Path(f).parent.parent == task_tmp for f in watch.connections_files)
+    assert not any(Path(f).exists() for f in watch.connections_files)
 
 
 def _task_logs(home: Path) -> str:

@@ -63,7 +63,8 @@ def test_the_dag_file_parses_into_five_dags_per_pipeline(monkeypatch, airflow_db
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
     kinds = ("ingest", "stream", "backfill", "recovery", "maintenance")
-    assert set(bag.dags) == {f"offsetlake__{p}__{k}" for p in ("demo_events", "demo_avro", "demo_users") for k in kinds}
+    demos = ("demo_events", "demo_avro", "demo_users", "demo_shop_customers", "demo_shop_orders")
+    assert set(bag.dags) == {f"offsetlake__{p}__{k}" for p in demos for k in kinds}
     ingest_dag = bag.dags["offsetlake__demo_events__ingest"]
     assert ingest_dag.max_active_runs == 1 and not ingest_dag.catchup
     assert type(bag.dags["offsetlake__demo_events__backfill"].timetable).__name__ == "NullTimetable"  # manual only
@@ -89,7 +90,7 @@ def test_nothing_machine_specific_is_baked_into_a_dag(monkeypatch, airflow_db):
     from offsetlake.config import list_pipelines
 
     # Each demo pipeline's ingest, stream, backfill, recovery and maintenance steps.
-    assert len(steps) == 5 * len(list_pipelines(REPO / "include" / "pipelines")) == 15, steps
+    assert len(steps) == 5 * len(list_pipelines(REPO / "include" / "pipelines")) == 25, steps
     for dag_id, t in steps:
         baked = json.dumps({f: getattr(t, f) for f in t.template_fields}, default=str)
         for machine_specific in ("127.0.0.1", "localhost", sys.executable, str(REPO)):

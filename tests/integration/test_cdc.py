@@ -136,6 +136,72 @@ def test_kills_of_offsetlake_and_of_the_connect_worker_change_nothing(
         worker.stop()
 
 
+# The orders table's row as a pipeline declares it when the JSON converter sends no schemas (numeric(10, 3),
+# timestamptz as Debezium's ZonedTimestamp text): tests/source_db.py's ORDER_TYPES, written out by hand.
+ORDERS_DECLARED = [
+    {"name": "id", "type": "long", "required": True},
+    {"name": "customer_id", "type": "long"},
+    {"name": "amount", "type": "decimal(10,3)"},
+    {"name": "placed", "type": "timestamp"},
+    {"name": "status", "type": "string"},
+]
+
+
+def test_without_schemas_each_decimal_handling_mode_lands_as_the_declared_decimal(
+    spark, source_db, bootstrap, pipelines_dir, lake, tmp_path
+):
+    """`schemas.enable=false`: the pipeline declares the row's types. One connector per decimal.handling.mode
+    (base64 of the unscaled bytes, text, a double) captures the same tables; each orders table equals the
+    source's, its amounts the declared decimal(10,3)."""
+    shop = Shop(source_db, unique("shop").lower(), seed=42)
+    shop.create()
+    modes = {mode: f"{shop.schema}_{mode}" for mode in ("precise", "string", "double")}  # mode: topic prefix
+    connectors = {
+        prefix: connect.debezium_postgres(
+            "127.0.0.1",
+            source_db.port,
+            source_db.user,
+            source_db.database,
+            prefix,
+            [shop.schema],
+            heartbeat_table=f"{shop.schema}.heartbeat",
+            **{"decimal.handling.mode": mode},
+        )
+        for mode, prefix in modes.items()
+    }
+    worker = connect.start(tmp_path / "connect", bootstrap, connectors, schemas_enable=False)
+    try:
+        pipelines = {}
+        for mode, prefix in modes.items():
+            name = write_pipeline(
+                pipelines_dir,
+                bootstrap,
+                [f"{prefix}.{shop.schema}.orders"],
+                lake,
+                name=f"orders_{mode}",
+                format={
+                    "type": "json",
+                    "schema": ORDERS_DECLARED,
+                    "envelope": "debezium",
+                    "debezium": {"decimal_handling_mode": mode},
+                },
+                write={"mode": "upsert", "key": ["id"], "order_by": "_debezium_position"},
+            )
+            pipelines[mode] = load(pipelines_dir, name)
+        for _ in range(2):
+            shop.run(25)
+            for prefix in modes.values():
+                shop.wait_captured(connect.slot_name(prefix))
+            for cfg in pipelines.values():
+                ingest(spark, cfg)
+        source = shop.rows("orders")
+        assert any(row["amount"] is not None and row["amount"] < 0 for row in source)  # signed bytes: both signs
+        for cfg in pipelines.values():
+            assert_table_is_source(cfg.table_path, source, shop.types("orders"))
+    finally:
+        worker.stop()
+
+
 def _end_offset(bootstrap: str, topic: str) -> int:
     from confluent_kafka import Consumer, TopicPartition
 

@@ -1,12 +1,17 @@
 """Debezium change events as rows (`formats/debezium.py`): the pure logic, for JSON and for any registry
 format's decoded events (Avro, Protobuf and JSON Schema all decode to the same struct columns)."""
 
+import base64
+import decimal
 import json
 
 import pyarrow as pa
 import pytest
 
+from offsetlake.config import parse_pipeline
 from offsetlake.formats import debezium
+from offsetlake.formats.records import convert
+from offsetlake.read.reader import MESSAGE_SCHEMA
 
 ROW = pa.struct([("id", pa.int64()), ("name", pa.string())])
 SOURCE = pa.struct([("lsn", pa.int64()), ("db", pa.string())])
@@ -89,3 +94,85 @@ def test_json_events_that_change_no_row_say_why(event, reason):
 def test_a_json_event_wrapped_by_the_converter_gives_its_row():
     event = {"schema": {"type": "struct"}, "payload": {"op": "u", "after": {"id": 7}, "source": {"lsn": 99}}}
     assert debezium.json_event(json.dumps(event).encode(), "lsn", "long") == ("u", b'{"id":7}', 99)
+
+
+def _price_pipeline(mode: str):
+    row = [{"name": "id", "type": "long", "required": True}, {"name": "price", "type": "decimal(10,2)"}]
+    return parse_pipeline(
+        {
+            "name": "p",
+            "topics": ["t"],
+            "kafka": {"bootstrap_servers": "x:1"},
+            "table": {"path": "/tmp/x"},
+            "write": {"mode": "upsert", "key": ["id"]},
+            "format": {
+                "type": "json",
+                "envelope": "debezium",
+                "debezium": {"decimal_handling_mode": mode},
+                "schema": row,
+            },
+        },
+        "p.yaml",
+    )
+
+
+def _price_events(prices: list) -> pa.Table:
+    events = [{"op": "c", "after": {"id": i, "price": p}, "source": {"lsn": i}} for i, p in enumerate(prices)]
+    values = [json.dumps(e) for e in events]
+    n = len(values)
+    return pa.Table.from_arrays(
+        [
+            pa.array([None] * n, pa.binary()),
+            pa.array([v.encode() for v in values], pa.binary()),
+            pa.array(["t"] * n),
+            pa.array([0] * n, pa.int32()),
+            pa.array(range(n), pa.int64()),
+            pa.array([0] * n, pa.timestamp("ms")),
+        ],
+        schema=MESSAGE_SCHEMA,
+    )
+
+
+def _unscaled_base64(unscaled: int) -> str:
+    return base64.b64encode(unscaled.to_bytes(unscaled.bit_length() // 8 + 1, "big", signed=True)).decode()
+
+
+@pytest.mark.parametrize(
+    "mode, sent",
+    [
+        ("precise", [_unscaled_base64(12345), _unscaled_base64(-1), _unscaled_base64(0), None]),
+        ("string", ["123.45", "-0.01", "0", None]),
+        ("double", [123.45, -0.01, 0.0, None]),
+    ],
+)
+def test_each_decimal_handling_mode_lands_as_the_declared_decimal(mode, sent):
+    """What Debezium's decimal.handling.mode sends without schemas (base64 of the unscaled bytes, text, a
+    double) becomes the declared decimal(10,2), value for value."""
+    cfg = _price_pipeline(mode)
+    rows, bad = convert(cfg, _price_events(sent))
+    assert bad.num_rows == 0, bad.column("error").to_pylist()
+    assert rows.schema.field("price").type == pa.decimal128(10, 2)
+    want = [decimal.Decimal("123.45"), decimal.Decimal("-0.01"), decimal.Decimal("0.00"), None]
+    assert rows.column("price").to_pylist() == want
+
+
+NOT_BASE64 = (
+    "debezium: field 'price' is not base64 of a decimal's unscaled bytes "
+    "(format.debezium.decimal_handling_mode: precise)"
+)
+
+
+@pytest.mark.parametrize(
+    "mode, sent, reason",
+    [
+        ("precise", 123.45, NOT_BASE64),
+        ("precise", "not base64!", NOT_BASE64),
+        ("string", "123.456", "field 'price': 123.456 has more than 2 decimal places, the scale of decimal(10,2)"),
+        ("string", "123456789.00", "field 'price': 123456789.00 out of range for decimal(10,2)"),
+        ("double", True, "field 'price': expected a decimal as text or a number, got bool"),
+    ],
+)
+def test_a_decimal_that_does_not_fit_its_mode_or_type_is_quarantined_saying_why(mode, sent, reason):
+    cfg = _price_pipeline(mode)
+    rows, bad = convert(cfg, _price_events([sent]))
+    assert rows.num_rows == 0 and bad.column("error").to_pylist() == [reason]

@@ -13,11 +13,11 @@ from offsetlake.files import delta_stats, write_files
 from offsetlake.formats import arrow_json
 from offsetlake.formats import records as formats
 from offsetlake.formats.records import (
-    ARROW_TYPES,
     QUARANTINE_SCHEMA,
     BadRecord,
     FastDecoder,
     _parse_record,
+    arrow_type,
     convert,
     table_schema,
 )
@@ -195,9 +195,25 @@ EVERY_TYPE = {
         {"name": "dt", "type": "date", "required": True},
         {"name": "bin", "type": "binary"},
         {"name": "class", "type": "string"},
+        {"name": "dec", "type": "decimal(12,3)"},
     ],
 }
 EDGE_VALUES = [
+    '"12.5"',
+    '"-0.001"',
+    '"1.2345"',
+    '"123456789.123"',
+    '"1234567890.1"',
+    '"1_0"',
+    '" 1.5"',
+    '"1e2"',
+    '"1E-3"',
+    '"NaN"',
+    '".5"',
+    '"5."',
+    "12.345",
+    "0.1",
+    "123456789012.5",
     '"a"',
     '"\\u00e9"',
     '"\\ud800"',
@@ -268,8 +284,9 @@ VALID = {
     "dt": '"2026-01-02"',
     "bin": '"aGk="',
     "class": '"c"',
+    "dec": '"12.5"',
 }
-KEYS = ["s", "l", "i", "d", "f", "b", "t", "dt", "bin", "class", "x", "\\u0073", "S"]
+KEYS = ["s", "l", "i", "d", "f", "b", "t", "dt", "bin", "class", "dec", "x", "\\u0073", "S"]
 
 
 @st.composite
@@ -316,7 +333,7 @@ def assert_chunk_agrees_with_reference(values):
             expected_bad.append((offset, str(err)))
     assert rows.column("kafka_offset").to_pylist() == [o for o, _ in expected]
     for f in fields:
-        want = pa.array([r[f.name] for _, r in expected], ARROW_TYPES[f.type])
+        want = pa.array([r[f.name] for _, r in expected], arrow_type(f.type))
         assert rows.column(f.name).combine_chunks().equals(want), (f.name, values)
     assert list(zip(bad.column("kafka_offset").to_pylist(), bad.column("error").to_pylist())) == expected_bad
     return rows.num_rows
@@ -354,9 +371,9 @@ def test_arrow_json_reader_takes_chunks_of_ordinary_records_itself():
     """Guards the tests above: Arrow's reader really decides chunks of good records, in every form of
     timestamp it reads itself, and hands a chunk with one bad record back."""
     fields = pipeline(EVERY_TYPE).format.schema_
-    schema = pa.schema([(f.name, ARROW_TYPES[f.type]) for f in fields])
+    schema = pa.schema([(f.name, arrow_type(f.type)) for f in fields])
     ordinary = [
-        b'{"s":"a","l":1,"d":2.5,"t":"2026-01-02T03:04:05Z","dt":"2026-01-02","bin":"aGk=","class":"c"}',
+        b'{"s":"a","l":1,"d":2.5,"t":"2026-01-02T03:04:05Z","dt":"2026-01-02","bin":"aGk=","class":"c","dec":"-1.5"}',
         b' {"s":"b","f":0.1,"b":false,"t":"2026-01-02T03:04:05.123+02:00","dt":"2026-01-03"}\t',
     ]
     naive = [b'{"s":"a","t":"2026-01-02 03:04:05.5","dt":"2026-01-02"}']
@@ -364,10 +381,12 @@ def test_arrow_json_reader_takes_chunks_of_ordinary_records_itself():
         assert arrow_json.read_columns(fields, pa.array(values, pa.binary()), schema, coerce) is not None
     columns = arrow_json.read_columns(fields, pa.array(ordinary + naive, pa.binary()), schema, coerce)
     assert columns is not None and columns[6].to_pylist()[2] == dt.datetime(2026, 1, 2, 3, 4, 5, 500000, dt.UTC)
+    assert columns[10].type == pa.decimal128(12, 3) and str(columns[10][0].as_py()) == "-1.500"
     for bad in (
         b'{"s":1,"dt":"2026-01-02"}',
         b'{"s":"a"}',
         b'{"s":"a","dt":"2026-01-02","d":NaN}',
+        b'{"s":"a","dt":"2026-01-02","dec":1.5}',  # a decimal as a JSON number: the record path reads it
         b'{"s":"a","dt":"2026-01-02"}{"s":"a","dt":"2026-01-02"}',
         b" ",
         None,

@@ -15,7 +15,8 @@ only when all of these hold:
   (no string-to-number, no float-to-integer, integers in range, a key given twice is an error);
 - required fields are present and not null, and numbers are finite (Arrow accepts NaN and Infinity);
 - timestamps are strict RFC 3339 text (read by Arrow's cast; year 0 excluded, which Python refuses),
-  other timestamp, date and binary values go through the reference's own coercion, column by column.
+  other timestamp, date, binary and decimal values go through the reference's own coercion, column by
+  column (a decimal sent as a JSON number sends its chunk record by record: Arrow reads it as a double).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def read_columns(fields: list[SchemaField], values: pa.Array, schema: pa.Schema,
     if not (pc.all(pc.starts_with(trimmed, "{")).as_py() and pc.all(pc.ends_with(trimmed, "}")).as_py()):
         return None
     document = _lines(values)
-    parsed_as = pa.schema([(f.name, _PARSED_AS[f.type]) for f in fields])
+    parsed_as = pa.schema([(f.name, _PARSED_AS.get(f.type, pa.string())) for f in fields])  # decimal(p,s): text
     try:
         table = pj.read_json(
             pa.BufferReader(document),
@@ -94,7 +95,7 @@ def _finish(column: pa.Array, type_: str, target: pa.DataType, coerce) -> pa.Arr
         return column.cast(target)
     if type_ == "timestamp":
         return _timestamps(column, target, coerce)
-    if type_ in ("date", "binary"):
+    if type_ in ("date", "binary") or type_ not in _PARSED_AS:  # decimal text: the reference reads it exactly
         return _by_reference(column, type_, target, coerce)
     return column
 

@@ -17,6 +17,9 @@ Runs in executors: no deltalake import here.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import decimal
 import json
 
 import msgspec
@@ -45,9 +48,12 @@ def _op_error(op: object) -> NotAChangeEvent:
     return NotAChangeEvent(f"debezium: op {op!r} is not one of {', '.join(OPS)}")
 
 
-def json_event(raw: bytes, position: str, position_type: str, truncates: bool = False) -> tuple[str, bytes, object]:
+def json_event(
+    raw: bytes, position: str, position_type: str, truncates: bool = False, scaled_bytes: dict[str, int] | None = None
+) -> tuple[str, bytes, object]:
     """(op, the row as JSON, the source position) of one JSON change event. `truncates`: a TRUNCATE is an
-    event too (op `t`, an empty row)."""
+    event too (op `t`, an empty row). `scaled_bytes` ({field: scale}): decimals the connector sent as base64
+    of their unscaled bytes (`decimal.handling.mode=precise` without schemas), given back as decimal text."""
     try:
         event = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as err:
@@ -70,7 +76,25 @@ def json_event(raw: bytes, position: str, position_type: str, truncates: bool = 
         at = None if source[position] is None else coerce(source[position], position_type)
     except (TypeError, ValueError, OverflowError) as err:
         raise NotAChangeEvent(f"debezium: source.{position}: {err}") from None
+    for name, scale in (scaled_bytes or {}).items():
+        if row.get(name) is not None:
+            row[name] = _scaled_text(row[name], name, scale)
     return op, msgspec.json.encode(row), at
+
+
+def _scaled_text(value: object, name: str, scale: int) -> str:
+    """A decimal Kafka Connect's JSON converter wrote as bytes (base64 of the unscaled value, big-endian two's
+    complement) as decimal text at `scale`."""
+    try:
+        if not isinstance(value, str):
+            raise ValueError
+        unscaled = int.from_bytes(base64.b64decode(value, validate=True), "big", signed=True)
+    except (ValueError, binascii.Error):
+        raise NotAChangeEvent(
+            f"debezium: field {name!r} is not base64 of a decimal's unscaled bytes "
+            "(format.debezium.decimal_handling_mode: precise)"
+        ) from None
+    return str(decimal.Decimal(unscaled).scaleb(-scale))
 
 
 def envelope_type(current: list[pa.Field], position: str) -> pa.DataType:

@@ -39,7 +39,7 @@ from offsetlake.config import (
 )
 from offsetlake.formats import arrow_json, debezium
 from offsetlake.formats.evolution import Incompatible, merge_type
-from offsetlake.formats.values import INT32, INT64, check_unicode, coerce
+from offsetlake.formats.values import INT32, INT64, check_unicode, coerce, decimal_type
 
 ARROW_TYPES = {
     "string": pa.string(),
@@ -52,6 +52,14 @@ ARROW_TYPES = {
     "date": pa.date32(),
     "binary": pa.binary(),
 }
+
+
+def arrow_type(type_: str) -> pa.DataType:
+    """The column type of a declared field type (config.SchemaField.type)."""
+    declared = decimal_type(type_)
+    return pa.decimal128(*declared) if declared is not None else ARROW_TYPES[type_]
+
+
 LINEAGE_SCHEMA = pa.schema(
     [
         ("kafka_topic", pa.string()),
@@ -91,7 +99,7 @@ def table_schema(cfg: PipelineConfig) -> pa.Schema:
     if fmt.type == "raw":
         payload = [pa.field("key", pa.binary()), pa.field("value", pa.binary())]
     elif fmt.type == "json":
-        payload = [pa.field(f.name, ARROW_TYPES[f.type]) for f in fmt.schema_]
+        payload = [pa.field(f.name, arrow_type(f.type)) for f in fmt.schema_]
     elif fmt.schema_file:
         payload = list(_struct_fields(registry_decoders(cfg).file_type()))
     else:
@@ -140,7 +148,7 @@ def _fixed_key_type(key: KeyFormat | None) -> pa.DataType | None:
     if key is None or key.type in REGISTRY_FORMATS:
         return None
     if key.type == "json":
-        return pa.struct([pa.field(f.name, ARROW_TYPES[f.type]) for f in key.schema_])
+        return pa.struct([pa.field(f.name, arrow_type(f.type)) for f in key.schema_])
     return pa.binary() if key.type == "raw" else pa.string()
 
 
@@ -276,11 +284,17 @@ def _convert_debezium_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.
     """JSON change events: each event's row goes through the declared schema as a plain JSON value would
     (`_convert_json`), its op and position become columns; a quarantined event keeps its own value."""
     settings = cfg.format.debezium
+    scaled_bytes = None
+    if settings.decimal_handling_mode == "precise":
+        declared = {f.name: decimal_type(f.type) for f in cfg.format.schema_}
+        scaled_bytes = {name: d[1] for name, d in declared.items() if d is not None}
     positions, rows, ops, at, errors = [], [], [], [], {}
     truncating: list[tuple[int, object]] = []  # (position, source position) of each TRUNCATE: no row to decode
     for i, raw in enumerate(messages.column("value").to_pylist()):
         try:
-            op, row, where = debezium.json_event(raw, settings.position, settings.position_type, _truncates(cfg))
+            op, row, where = debezium.json_event(
+                raw, settings.position, settings.position_type, _truncates(cfg), scaled_bytes
+            )
         except debezium.NotAChangeEvent as err:
             errors[i] = str(err)
             continue
@@ -354,7 +368,7 @@ def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa
     if cfg.format.unknown_fields == "keep":
         return _convert_json_records(cfg, messages)
     fields = cfg.format.schema_
-    schema = pa.schema([pa.field(f.name, ARROW_TYPES[f.type]) for f in fields])
+    schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in fields])
     values = messages.column("value")
     payloads, kept, quarantines = [], [], [quarantine_schema(cfg).empty_table()]
     for start in range(0, messages.num_rows, ARROW_JSON_CHUNK):
@@ -409,8 +423,8 @@ def _convert_json_records(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.T
         good_rows = pa.array([i for i, r in enumerate(records) if r is not None], pa.int64())
         good = [records[i] for i in good_rows.to_pylist()]
     get = fast.getter if fast else operator.itemgetter
-    columns = [pa.array(list(map(get(f.name), good)), ARROW_TYPES[f.type]) for f in fields]
-    schema = [pa.field(f.name, ARROW_TYPES[f.type]) for f in fields]
+    columns = [pa.array(list(map(get(f.name), good)), arrow_type(f.type)) for f in fields]
+    schema = [pa.field(f.name, arrow_type(f.type)) for f in fields]
     if keep_unknown:
         columns.append(pa.array(unknown, pa.string()))
         schema.append(pa.field(UNKNOWN_FIELDS_COLUMN, pa.string()))

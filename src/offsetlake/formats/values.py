@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import decimal
+import functools
 import math
+import re
 
 INT32 = (-(2**31), 2**31 - 1)
 
 INT64 = (-(2**63), 2**63 - 1)
+# A declared `decimal(p,s)`: Delta's (and Spark's) precision 1 to 38, scale 0 to p.
+DECIMAL_TYPE = re.compile(r"^decimal\((\d{1,2}),(\d{1,2})\)$")
+_DECIMAL_TEXT = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")  # no spaces, `_`, NaN or Infinity
+_EXACT = decimal.Context(prec=80, traps=[decimal.InvalidOperation])  # beyond any decimal(38, s) and its scale
 
 
 def check_unicode(text: str) -> None:
@@ -56,7 +63,45 @@ def coerce(value, type_: str):
         if not isinstance(value, str):
             raise TypeError(f"expected base64 text, got {type(value).__name__}")
         return base64.b64decode(value, validate=True)
+    declared = decimal_type(type_)
+    if declared is not None:
+        return to_decimal(value, *declared)
     raise TypeError(f"unsupported type {type_}")
+
+
+@functools.lru_cache(maxsize=64)
+def decimal_type(type_: str) -> tuple[int, int] | None:
+    """(precision, scale) of a declared `decimal(p,s)`; None for any other type."""
+    match = DECIMAL_TYPE.match(type_)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def to_decimal(value, precision: int, scale: int) -> decimal.Decimal:
+    """Decimal text (exact), or a JSON number (read as a double: exact to 15 significant digits), at `scale`.
+    Never rounded: more decimal places than the scale, or more digits before the point than the precision
+    leaves room for, is refused."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise TypeError(f"expected a decimal as text or a number, got {type(value).__name__}")
+    if isinstance(value, str):
+        if not _DECIMAL_TEXT.match(value):
+            raise ValueError(f"{value[:40]!r} is not a decimal number")
+        exact = decimal.Decimal(value)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("number is not finite")
+        exact = decimal.Decimal(repr(value))  # the shortest text that reads back as this double
+    else:
+        exact = decimal.Decimal(value)
+    declared = f"decimal({precision},{scale})"
+    try:
+        scaled = exact.quantize(decimal.Decimal(1).scaleb(-scale), context=_EXACT)
+    except decimal.InvalidOperation:
+        raise OverflowError(f"{value} out of range for {declared}") from None
+    if scaled != exact:
+        raise ValueError(f"{value} has more than {scale} decimal places, the scale of {declared}")
+    if scaled and scaled.adjusted() >= precision - scale:
+        raise OverflowError(f"{value} out of range for {declared}")
+    return scaled
 
 
 def timestamp(value) -> dt.datetime:

@@ -8,7 +8,9 @@ up:   broker on 127.0.0.1:19092, demo events (with aborted transactions and a fe
       pipeline: a Schema Registry on 127.0.0.1:18081, events in Avro (schema 1,
       then schema 2 with a field more) and one triggered run of its ingest DAG. And the upsert
       pipeline: events keyed by user (some deleting their user) and one triggered run of its
-      ingest DAG, whose table holds each user's latest event.
+      ingest DAG, whose table holds each user's latest event. And change data capture
+      (local/demo_shop.py): a shop database in PostgreSQL on 127.0.0.1:15432 changing live, Debezium's
+      connector in a Kafka Connect worker, and two upsert pipelines streaming its tables.
 down: everything above, stopped by its pid file.
 """
 
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from offsetlake.config import load_pipeline, project_home
 from offsetlake.errors import OffsetlakeError, TableError
-from offsetlake.local import broker, processes, schema_registry, stack
+from offsetlake.local import broker, demo_shop, processes, schema_registry, stack
 
 PIPELINE = "demo_events"
 AVRO_PIPELINE = "demo_avro"
@@ -95,6 +97,9 @@ def up() -> None:
     _cli("produce", "--pipeline", AVRO_PIPELINE, "--count", "2000", "--schema-version", "2")
     print("producing events keyed by user (500 users, one in twenty a tombstone deleting its user)")
     _cli("produce", "--pipeline", UPSERT_PIPELINE, "--count", "5000", "--keys", "500", "--tombstone-share", "0.05")
+    if not _port_free(demo_shop.PORT):
+        raise OffsetlakeError(f"port {demo_shop.PORT} on 127.0.0.1 (the demo's PostgreSQL) is taken")
+    shop = demo_shop.up(base, f"127.0.0.1:{BROKER_PORT}")
 
     home = base / "airflow"
     # The example consumer DAG (dags/offsetlake_examples.py) runs on every change of demo_events' table.
@@ -124,12 +129,21 @@ def up() -> None:
     api.wait_for_dag(upsert_ingest)
     api.unpause(upsert_ingest)  # mode: batch, hourly; and one run now
     api.trigger(upsert_ingest)
+    shop_streams = {name: f"offsetlake__{name}__stream" for name in demo_shop.PIPELINES}
+    for dag_id in shop_streams.values():
+        api.wait_for_dag(dag_id)
+        api.unpause(dag_id)  # mode: stream: the tables follow the shop's changes from now on
     committed = _wait_for_commits(cfg, dags["stream"], started_ms, timeout=300)
     api.unpause(dags["recovery"])  # its daily audit needs the table the stream made
     avro_cfg = load_pipeline(AVRO_PIPELINE)
     avro_committed = _wait_for_commits(avro_cfg, avro_ingest, started_ms, timeout=300)
     upsert_cfg = load_pipeline(UPSERT_PIPELINE)
     upsert_committed = _wait_for_commits(upsert_cfg, upsert_ingest, started_ms, timeout=300)
+    shop_cfgs = {name: load_pipeline(name) for name in demo_shop.PIPELINES}
+    shop_committed = {
+        name: _wait_for_commits(shop_cfgs[name], dag_id, started_ms, timeout=300)
+        for name, dag_id in shop_streams.items()
+    }
     events = _wait_for_asset_event(api, f"offsetlake.{PIPELINE}", timeout=120)
     _cli("status", "--pipeline", PIPELINE)
     _cli("history", "--pipeline", PIPELINE, "--limit", "5")
@@ -140,6 +154,10 @@ Asset events: {_describe_events(events)}; each starts {consumer}
 Avro:         {avro_ingest}: {_describe(avro_committed)}; columns {_columns(avro_cfg)}
               (schema registry {registry.url}; table {avro_cfg.table_path})
 Upsert:       {upsert_ingest}: {_describe(upsert_committed)}; {_current_state(upsert_cfg)}
+Capture:      PostgreSQL 127.0.0.1:{demo_shop.PORT} (psql -h 127.0.0.1 -p {demo_shop.PORT} -U {demo_shop.USER} {demo_shop.DATABASE})
+              -> Debezium in Kafka Connect ({base}/connect/connect.out) -> {", ".join(shop_streams.values())}
+              customers: {demo_shop.describe(shop, "customers", shop_cfgs["demo_shop_customers"])}
+              orders:    {demo_shop.describe(shop, "orders", shop_cfgs["demo_shop_orders"])}
 Airflow UI:   {base_url}   login: {stack.USER} / {stack.password(home)}
 offsetlake:   {base_url}/plugin/offsetlake (lag, commits, audit; also a tab on each DAG)
 metrics:      {base_url}/offsetlake/metrics (Prometheus)
@@ -155,6 +173,9 @@ stop it all:  make down""")
         raise OffsetlakeError(f"the Avro ingest DAG committed nothing within 300 s; see {home}/scheduler.log")
     if not upsert_committed:
         raise OffsetlakeError(f"the upsert ingest DAG committed nothing within 300 s; see {home}/scheduler.log")
+    for name, commits in shop_committed.items():
+        if not commits:
+            raise OffsetlakeError(f"the {name} stream DAG committed nothing within 300 s; see {home}/scheduler.log")
     if not events:
         raise OffsetlakeError(
             f"no Asset event for {PIPELINE} within 120 s of its first commit; see {home}/triggerer.log"
@@ -244,6 +265,8 @@ def down() -> None:
         print("stopped the demo producer")
     if processes.stop_from_pid_file(base / "registry.pid", "offsetlake.local.schema_registry"):
         print("stopped the schema registry")
+    for what in demo_shop.down(base):
+        print(f"stopped {what}")
     print("broker stopped" if broker.stop_from_pid_file(base / "broker.pid") else "broker was not running")
 
 

@@ -1,0 +1,85 @@
+"""The demo's change data capture: a shop database in PostgreSQL changing live, captured by Debezium's
+PostgreSQL connector in a Kafka Connect worker into topics `demo.shop.<table>`, which the upsert pipelines
+`demo_shop_customers` and `demo_shop_orders` stream into Delta tables. Everything lives under the demo's
+directory and is started and stopped by PID; started again, it continues (same database, same connector
+offsets, same tables).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from offsetlake.errors import OffsetlakeError
+from offsetlake.local import connect, postgres, processes
+from offsetlake.local.shop import Shop
+
+PORT = 15432
+DATABASE = "shop"
+USER = "offsetlake"
+SCHEMA = "shop"
+TOPIC_PREFIX = "demo"  # topics demo.shop.customers and demo.shop.orders
+PIPELINES = ("demo_shop_customers", "demo_shop_orders")
+SHOP_MARKER = "offsetlake.local.shop"
+
+
+def up(base: Path, bootstrap_servers: str) -> Shop:
+    """PostgreSQL with the shop (made on the first run), the Connect worker capturing it, and the process
+    changing it every two seconds."""
+    first_run = not (base / "postgres" / "data").exists()
+    server = postgres.start(
+        DATABASE,
+        USER,
+        settings=postgres.LOGICAL_DECODING,
+        port=PORT,
+        pid_file=base / "postgres.pid",
+        root=base / "postgres",
+    )
+    shop = Shop(server, SCHEMA, seed=1)
+    if first_run:
+        shop.create(customers=50, orders=100)
+    else:
+        shop.resume()
+    print(f"PostgreSQL on 127.0.0.1:{PORT}: database {DATABASE}, schema {SCHEMA} (customers, orders)")
+    config = connect.debezium_postgres(
+        "127.0.0.1", PORT, USER, DATABASE, TOPIC_PREFIX, [SCHEMA], heartbeat_table=f"{SCHEMA}.heartbeat"
+    )
+    worker = connect.start(base / "connect", bootstrap_servers, {"demo-shop": config}, schemas_enable=True)
+    print(f"Kafka Connect worker (pid {worker.pid}) running Debezium's PostgreSQL connector: topics demo.shop.*")
+    with open(base / "shop.log", "ab") as log:
+        changer = subprocess.Popen(
+            [sys.executable, "-m", SHOP_MARKER, "--port", str(PORT), "--user", USER, "--database", DATABASE]
+            + ["--schema", SCHEMA, "--every", "2"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    (base / "shop.pid").write_text(f"{changer.pid}\n")
+    print(f"the shop changes live (pid {changer.pid}): inserts, updates, deletes, key changes every 2 s")
+    return shop
+
+
+def down(base: Path) -> list[str]:
+    """Stop the shop's changes, the Connect worker and PostgreSQL (in that order: the connector holds a
+    replication connection). Returns what was running."""
+    stopped = []
+    if processes.stop_from_pid_file(base / "shop.pid", SHOP_MARKER):
+        stopped.append("the shop's changes")
+    if connect.stop_from_pid_file(base / "connect" / "connect.pid"):
+        stopped.append("the Kafka Connect worker")
+    if postgres.stop_from_pid_file(base / "postgres.pid"):
+        stopped.append("PostgreSQL")
+    return stopped
+
+
+def describe(shop: Shop, table: str, cfg) -> str:
+    """The source table's row count beside the Delta table's."""
+    from offsetlake.table import query
+
+    try:
+        rows = query(cfg.table_path, "SELECT count(*) AS n FROM t").column("n")[0].as_py()
+    except OffsetlakeError:
+        rows = 0
+    return f"{len(shop.rows(table))} rows in PostgreSQL, {rows} in {cfg.table_path}"

@@ -1,0 +1,228 @@
+"""make bench's change-data-capture line: a 10-table PostgreSQL workload captured by Debezium's PostgreSQL
+connector (a Kafka Connect worker, JsonConverter with schemas) into the embedded Apache Kafka broker, applied
+to Delta by ten offsetlake upsert pipelines (format connect_json, envelope debezium) in one Spark session.
+
+1. Throughput: each table gets `--events` inserts, then updates of half its rows and deletes of a tenth,
+   committed and captured (the replication slot confirmed their last LSN) before offsetlake starts; then
+   each pipeline ingests its backlog. Events per second = change events applied / seconds of the ingests
+   (after a warm-up ingest, so that no measured batch pays for Spark's first run). Each table is then
+   checked against its source (row count and sum of amounts).
+2. Delay: the workload commits `--rate` transactions a second for `--seconds`, while one loop ingests the
+   ten pipelines in turn, as one process serving ten tables would. Each row carries `changed_at`, the
+   clock at its statement in its (one-statement) transaction; the delay of a change is its Delta commit's
+   time (the change data feed's `_commit_timestamp`) minus that: median and p99 over every insert and
+   update the feed holds from this phase.
+
+    python tests/benchmarks/bench_cdc.py [--events 20000] [--rate 100] [--seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from offsetlake.batch import ingest
+from offsetlake.config import parse_pipeline
+from offsetlake.local import broker as embedded_broker
+from offsetlake.local import connect, postgres
+from offsetlake.spark.session import build_session
+from offsetlake.table import query
+
+TABLES = [f"t{i}" for i in range(10)]
+SCHEMA = "bench"
+PREFIX = "cdc"
+TABLE_SQL = "CREATE TABLE bench.{t} (id bigint PRIMARY KEY, amount numeric(12, 2), name text, changed_at timestamptz)"
+
+
+def pipeline(bootstrap: str, lake: Path, table: str):
+    return parse_pipeline(
+        {
+            "name": f"cdc_{table}",
+            "topics": [f"{PREFIX}.{SCHEMA}.{table}"],
+            "kafka": {"bootstrap_servers": bootstrap},
+            "table": {"path": str(lake / table)},
+            "format": {"type": "connect_json", "envelope": "debezium"},
+            "write": {"mode": "upsert", "key": ["id"], "order_by": "_debezium_position"},
+            "batch": {"max_records_per_batch": 10_000_000, "max_records_per_task": 250_000},
+        },
+        f"cdc_{table}.yaml",
+    )
+
+
+def backlog(server: postgres.Postgres, events: int) -> int:
+    """Per table: `events` inserts, updates of every second row, deletes of every tenth. Returns the events."""
+    statements = []
+    for t in TABLES:
+        statements += [
+            f"INSERT INTO {SCHEMA}.{t} SELECT g, g * 0.01, 'row ' || g, clock_timestamp() "
+            f"FROM generate_series(1, {events}) g",
+            f"UPDATE {SCHEMA}.{t} SET amount = amount + 1, changed_at = clock_timestamp() WHERE id % 2 = 0",
+            f"DELETE FROM {SCHEMA}.{t} WHERE id % 10 = 0",
+        ]
+    server.execute(*statements)
+    return len(TABLES) * (events + events // 2 + events // 10)
+
+
+def steady_workload(server: postgres.Postgres, rate: float, seconds: float, first_id: int, stop: threading.Event):
+    """`rate` one-statement transactions a second on random tables: inserts, updates and deletes."""
+    rng = random.Random(7)
+    conn = server.connect()
+    conn.autocommit = True
+    next_id = first_id
+    started = time.monotonic()
+    sent = 0
+    try:
+        with conn.cursor() as cur:
+            while not stop.is_set() and time.monotonic() - started < seconds:
+                t = rng.choice(TABLES)
+                kind = rng.choices(["insert", "update", "delete"], [5, 4, 1])[0]
+                if kind == "insert":
+                    next_id += 1
+                    cur.execute(
+                        f"INSERT INTO {SCHEMA}.{t} VALUES (%s, %s, 'steady', clock_timestamp())",
+                        (next_id, rng.randrange(10**6) / 100),
+                    )
+                elif kind == "update":
+                    cur.execute(
+                        f"UPDATE {SCHEMA}.{t} SET amount = %s, changed_at = clock_timestamp() WHERE id = %s",
+                        (rng.randrange(10**6) / 100, rng.randrange(1, next_id)),
+                    )
+                else:
+                    cur.execute(f"DELETE FROM {SCHEMA}.{t} WHERE id = %s", (rng.randrange(1, next_id),))
+                sent += 1
+                time.sleep(max(0.0, started + sent / rate - time.monotonic()))
+    finally:
+        conn.close()
+
+
+def check_tables(server: postgres.Postgres, cfgs: dict) -> None:
+    """Each Delta table holds its source's rows: the same count and sum of amounts."""
+    conn = server.connect()
+    try:
+        with conn.cursor() as cur:
+            for t, cfg in cfgs.items():
+                cur.execute(f"SELECT count(*), coalesce(sum(amount), 0) FROM {SCHEMA}.{t}")
+                want = cur.fetchone()
+                got = query(cfg.table_path, "SELECT count(*) AS n, sum(amount) AS s FROM t").to_pylist()[0]
+                if (got["n"], got["s"] or 0) != (want[0], want[1]):
+                    raise SystemExit(f"{t}: the Delta table holds {got}, the source {want}")
+    finally:
+        conn.close()
+
+
+def delays(cfgs: dict, since_ms: int) -> list[float]:
+    """Seconds from each insert's and update's statement to the Delta commit holding it, after `since_ms`."""
+    out: list[float] = []
+    for cfg in cfgs.values():
+        feed = pa.table(DeltaTable(cfg.table_path).load_cdf(starting_version=0))
+        changed = feed.filter(
+            pc.and_(
+                pc.is_in(feed.column("_change_type"), pa.array(["insert", "update_postimage"])),
+                pc.greater(feed.column("changed_at"), pa.scalar(since_ms * 1000, pa.timestamp("us", tz="UTC"))),
+            )
+        )
+        committed, stated = (_micros(changed.column(name)) for name in ("_commit_timestamp", "changed_at"))
+        out += ((committed - stated) / 1e6).tolist()
+    return out
+
+
+def _micros(column: pa.ChunkedArray):
+    """Microseconds since the epoch, whatever the column's timestamp unit."""
+    return column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_numpy()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=20_000, help="inserts per table in the backlog")
+    parser.add_argument("--rate", type=float, default=100, help="transactions a second in the delay phase")
+    parser.add_argument("--seconds", type=float, default=60, help="length of the delay phase")
+    parser.add_argument("--workdir", type=Path)
+    args = parser.parse_args(argv)
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="offsetlake-bench-cdc-"))
+    log = lambda *a: print(*a, flush=True)  # noqa: E731
+    broker = embedded_broker.start(work / "broker")
+    server = postgres.start("shop", "bench", settings=postgres.LOGICAL_DECODING)
+    worker = None
+    spark = build_session("offsetlake-bench-cdc", "local[2]")
+    try:
+        bootstrap = broker.bootstrap_servers
+        server.execute(f"CREATE SCHEMA {SCHEMA}", *(TABLE_SQL.format(t=t) for t in TABLES))
+        server.execute(f"CREATE TABLE {SCHEMA}.heartbeat (id integer PRIMARY KEY, at timestamptz)")
+        config = connect.debezium_postgres(
+            "127.0.0.1",
+            server.port,
+            server.user,
+            server.database,
+            PREFIX,
+            [SCHEMA],
+            heartbeat_table=f"{SCHEMA}.heartbeat",
+        )
+        worker = connect.start(work / "connect", bootstrap, {PREFIX: config}, schemas_enable=True)
+        lake = work / "lake"
+        cfgs = {t: pipeline(bootstrap, lake, t) for t in TABLES}
+        server.execute(*(f"INSERT INTO {SCHEMA}.{t} VALUES (0, 0, 'warm-up', clock_timestamp())" for t in TABLES))
+        server.wait_confirmed(connect.slot_name(PREFIX), timeout=300)
+        for cfg in cfgs.values():  # warm-up: Spark's first run, and each table created
+            ingest(spark, cfg)
+
+        log(f"cdc: {len(TABLES)} tables, {args.events:,} inserts each, then updates of half and deletes of a tenth")
+        started = time.perf_counter()
+        events = backlog(server, args.events)
+        server.wait_confirmed(connect.slot_name(PREFIX), timeout=1800)
+        captured = time.perf_counter() - started
+        log(f"  Debezium captured {events:,} events in {captured:.0f} s ({events / captured:,.0f} events/s)")
+        started = time.perf_counter()
+        applied = sum(r.records for cfg in cfgs.values() for r in ingest(spark, cfg))
+        seconds = time.perf_counter() - started
+        check_tables(server, cfgs)
+        log(
+            f"cdc applied: {applied:,} change events into {len(TABLES)} Delta tables in {seconds:.1f} s: "
+            f"{applied / seconds:,.0f} events/s (tables equal to their source)"
+        )
+
+        since_ms = int(time.time() * 1000)
+        stop = threading.Event()
+        writer = threading.Thread(
+            target=steady_workload, args=(server, args.rate, args.seconds, args.events + 1, stop), daemon=True
+        )
+        writer.start()
+        rounds = 0
+        while writer.is_alive():
+            for cfg in cfgs.values():
+                ingest(spark, cfg)
+            rounds += 1
+        server.wait_confirmed(connect.slot_name(PREFIX), timeout=300)
+        for cfg in cfgs.values():
+            ingest(spark, cfg)
+        check_tables(server, cfgs)
+        found = sorted(delays(cfgs, since_ms))
+        p99 = found[min(len(found) - 1, int(0.99 * len(found)))]
+        log(
+            f"cdc delay, source statement -> Delta commit, {args.rate:.0f} transactions/s for {args.seconds:.0f} s, "
+            f"ten pipelines in turn in one Spark session ({rounds} rounds): median {statistics.median(found):.1f} s, "
+            f"p99 {p99:.1f} s over {len(found):,} changes"
+        )
+    finally:
+        spark.stop()
+        if worker is not None:
+            worker.stop()
+        server.stop()
+        embedded_broker.stop(broker.pid)
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
