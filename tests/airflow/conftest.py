@@ -51,5 +51,16 @@ def airflow_db():
     return AIRFLOW_HOME
 
 
+@pytest.fixture(autouse=True)
+def no_task_context_left_behind():
+    """`dag.test()` runs tasks in this process and leaves Airflow's task context (AIRFLOW_CTX_DAG_ID...) in
+    os.environ, where a later test's job would record itself as run by Airflow: each test's is removed."""
+    before = {n: v for n, v in os.environ.items() if n.startswith("AIRFLOW_CTX_")}
+    yield
+    for name in [n for n in os.environ if n.startswith("AIRFLOW_CTX_")]:
+        del os.environ[name]
+    os.environ.update(before)
+
+
 def pytest_sessionfinish(session, exitstatus):
     METADATA_DB.stop()
