@@ -126,6 +126,9 @@ def delays(cfgs: dict, since_ms: int) -> list[float]:
     out: list[float] = []
     for cfg in cfgs.values():
         feed = pa.table(DeltaTable(cfg.table_path).load_cdf(starting_version=0))
+        feed = feed.cast(
+            pa.schema([f.with_type(pa.string()) if pa.types.is_string_view(f.type) else f for f in feed.schema])
+        )
         changed = feed.filter(
             pc.and_(
                 pc.is_in(feed.column("_change_type"), pa.array(["insert", "update_postimage"])),

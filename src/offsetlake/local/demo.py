@@ -66,31 +66,13 @@ def up() -> None:
         str(BROKER_PORT),
     )
     _cli("produce", "--pipeline", PIPELINE, "--count", "20000", "--abort-share", "0.2", "--bad-share", "0.002")
-    with open(base / "producer.log", "ab") as log:
-        producer = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "offsetlake.cli",
-                "produce",
-                "--pipeline",
-                PIPELINE,
-                "--count",
-                "300",
-                "--every",
-                "5",
-                "--abort-share",
-                "0.2",
-                "--bad-share",
-                "0.002",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    (base / "producer.pid").write_text(f"{producer.pid}\n")
-    print(f"demo producer running (pid {producer.pid}): 300 events every 5 s, some in aborted transactions")
+    producer = processes.start_background(
+        [sys.executable, "-m", "offsetlake.cli", "produce", "--pipeline", PIPELINE, "--count", "300", "--every", "5"]
+        + ["--abort-share", "0.2", "--bad-share", "0.002"],
+        base / "producer.log",
+        base / "producer.pid",
+    )
+    print(f"demo producer running (pid {producer}): 300 events every 5 s, some in aborted transactions")
     registry = schema_registry.start(base / "registry", port=REGISTRY_PORT, pid_file=base / "registry.pid")
     print(f"schema registry on {registry.url}; producing Avro events, schema 1 then schema 2 (adds 'country')")
     _cli("produce", "--pipeline", AVRO_PIPELINE, "--count", "5000", "--abort-share", "0.2", "--bad-share", "0.002")

@@ -7,7 +7,6 @@ offsets, same tables).
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -47,17 +46,13 @@ def up(base: Path, bootstrap_servers: str) -> Shop:
     )
     worker = connect.start(base / "connect", bootstrap_servers, {"demo-shop": config}, schemas_enable=True)
     print(f"Kafka Connect worker (pid {worker.pid}) running Debezium's PostgreSQL connector: topics demo.shop.*")
-    with open(base / "shop.log", "ab") as log:
-        changer = subprocess.Popen(
-            [sys.executable, "-m", SHOP_MARKER, "--port", str(PORT), "--user", USER, "--database", DATABASE]
-            + ["--schema", SCHEMA, "--every", "2"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    (base / "shop.pid").write_text(f"{changer.pid}\n")
-    print(f"the shop changes live (pid {changer.pid}): inserts, updates, deletes, key changes every 2 s")
+    changer = processes.start_background(
+        [sys.executable, "-m", SHOP_MARKER, "--port", str(PORT), "--user", USER, "--database", DATABASE]
+        + ["--schema", SCHEMA, "--every", "2"],
+        base / "shop.log",
+        base / "shop.pid",
+    )
+    print(f"the shop changes live (pid {changer}): inserts, updates, deletes, key changes every 2 s")
     return shop
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -94,3 +95,14 @@ def stop_all(pids: list[int], timeout: float = 20.0) -> None:
     for pid in pids:
         if _alive(pid, False):
             kill(pid)
+
+
+def start_background(command: list[str], log: Path, pid_file: Path) -> int:
+    """Run `command` in a session of its own, its output appended to `log`, its PID written to `pid_file`
+    (for `stop_from_pid_file`). Returns the PID."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    pid_file.write_text(f"{proc.pid}\n")
+    return proc.pid
