@@ -37,18 +37,24 @@ def source_db():
     server.stop()
 
 
-def capture(source_db, bootstrap: str, work, schema: str, schemas_enable: bool, **settings) -> connect.ConnectWorker:
-    """A Connect worker running Debezium on `schema`, into topics `<schema>.<schema>.<table>`."""
-    config = connect.debezium_postgres(
+def connector(source_db, prefix: str, schema: str, **settings: str) -> dict[str, str]:
+    """Debezium's configuration capturing `schema` (heartbeats into its heartbeat table) into topics
+    `<prefix>.<schema>.<table>`."""
+    return connect.debezium_postgres(
         "127.0.0.1",
         source_db.port,
         source_db.user,
         source_db.database,
-        schema,
+        prefix,
         [schema],
         heartbeat_table=f"{schema}.heartbeat",
         **settings,
     )
+
+
+def capture(source_db, bootstrap: str, work, schema: str, schemas_enable: bool) -> connect.ConnectWorker:
+    """A Connect worker running Debezium on `schema`, into topics `<schema>.<schema>.<table>`."""
+    config = connector(source_db, schema, schema)
     return connect.start(work, bootstrap, {schema: config}, schemas_enable=schemas_enable)
 
 
@@ -157,16 +163,7 @@ def test_without_schemas_each_decimal_handling_mode_lands_as_the_declared_decima
     shop.create()
     modes = {mode: f"{shop.schema}_{mode}" for mode in ("precise", "string", "double")}  # mode: topic prefix
     connectors = {
-        prefix: connect.debezium_postgres(
-            "127.0.0.1",
-            source_db.port,
-            source_db.user,
-            source_db.database,
-            prefix,
-            [shop.schema],
-            heartbeat_table=f"{shop.schema}.heartbeat",
-            **{"decimal.handling.mode": mode},
-        )
+        prefix: connector(source_db, prefix, shop.schema, **{"decimal.handling.mode": mode})
         for mode, prefix in modes.items()
     }
     worker = connect.start(tmp_path / "connect", bootstrap, connectors, schemas_enable=False)

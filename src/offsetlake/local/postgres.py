@@ -193,7 +193,7 @@ def stop_from_pid_file(pid_file: Path) -> bool:
     if not processes.runs(pid, "postgres"):
         return False
     arguments = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    root = Path(arguments[arguments.index("-D") + 1]).parent  # start's temporary directory
+    root = Path(arguments[arguments.index("-D") + 1]).parent  # stop removes it only if `start` made it temporary
     Postgres(pid, 0, root).stop()
     return True
 
