@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -372,24 +373,32 @@ def stream(
     run: Run | None = None,
     max_seconds: float | None = None,
     on_batch=None,
+    tables: Callable[[], list[PipelineConfig]] | None = None,
 ) -> int:
-    """Ingest in a loop in one Spark session until `stop` is set (SIGTERM) or max_seconds pass."""
+    """Ingest in a loop in one Spark session until `stop` is set (SIGTERM) or max_seconds pass.
+
+    `tables`: a pipeline with a table per topic (offsetlake.topic_tables) gives the single-table pipelines
+    of its tables, asked again before each round (a topic created meanwhile joins); each round catches up
+    each table in turn. Without it, the one table of `cfg`."""
     interval = cfg.stream_interval_seconds if interval is None else interval
     run = msgspec.structs.replace(run or Run.here(), via="stream")  # its commits say they are a stream's
     deadline = time.monotonic() + max_seconds if max_seconds else None
     parent = os.getppid()
     committed = 0
-    tidy = StreamCompaction(cfg, run)
+    tidy: dict[str, StreamCompaction] = {}
     warning = cfg.maintenance.stream_window_warning(interval)
     if warning:
         log.warning("stream %s: %s", cfg.name, warning)
     while not stop.is_set():
-        for result in ingest(spark, cfg, run, stop):
-            if result.status == "committed":
-                committed += 1
-                tidy.after(result)
-            if on_batch:
-                on_batch(result)
+        for one in tables() if tables else [cfg]:
+            for result in ingest(spark, one, run, stop):
+                if result.status == "committed":
+                    committed += 1
+                    tidy.setdefault(one.table_path, StreamCompaction(one, run)).after(result)
+                if on_batch:
+                    on_batch(result)
+            if stop.is_set():
+                break
         if deadline and time.monotonic() >= deadline:
             break
         stop.wait(interval)

@@ -13,11 +13,15 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from offsetlake.config import PipelineConfig, load_pipeline
 from offsetlake.errors import ConfigError, OffsetlakeError, one_line
 from offsetlake.operations.maintenance import DEFAULT_CLEANUP_AGE_SECONDS
 from offsetlake.protocol.metadata import Run
+
+if TYPE_CHECKING:
+    from offsetlake.topic_tables import PipelineTable
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -123,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=DESCRIPTIONS[name])
         p.add_argument("--pipeline", required=True, help="pipeline name (include/pipelines/NAME.yaml)")
         p.add_argument("--pipelines-dir", help="folder of pipeline YAML files (default: include/pipelines)")
+        p.add_argument(
+            "--table",
+            help="one table of a pipeline that writes a table per topic (table.path with {table} or {topic}); "
+            "status, history, audit, ingest and stream take all of them without it",
+        )
         return p
 
     p = command("status", "ledger vs Kafka end offsets (lag) per partition")
@@ -278,27 +287,68 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
 
 
-def _pipeline(args) -> PipelineConfig:
-    """The pipeline, with its Airflow connections (kafka.connection, format.registry.connection) applied:
-    handed over by the operator's task (offsetlake.connections), or read through Airflow where it runs."""
+def _loaded(args) -> PipelineConfig:
+    """The pipeline as its file says (topic patterns, a table path per topic), with its Airflow connections
+    (kafka.connection, format.registry.connection) applied: handed over by the operator's task
+    (offsetlake.connections), or read through Airflow where it runs."""
     from offsetlake.connections import resolve_connections
 
     return resolve_connections(load_pipeline(args.pipeline, args.pipelines_dir))
 
 
+def _pipeline(args) -> PipelineConfig:
+    """The one table the command acts on, as a single-table pipeline (`--table` of a per-topic pipeline)."""
+    from offsetlake.topic_tables import only_table
+
+    return only_table(_loaded(args), args.table)
+
+
+def _pipeline_tables(args) -> list[PipelineTable]:
+    """The tables a command that takes all of them acts on: the pipeline's (as of the cluster's topics
+    now), or `--table`'s."""
+    from offsetlake.topic_tables import pipeline_tables, select
+
+    cfg = _loaded(args)
+    return select(pipeline_tables(cfg), cfg, args.table)
+
+
+def _heading(table: PipelineTable) -> str | None:
+    """A line above each table's part of the output, when a command covers several."""
+    return f"== {table.label}: {table.cfg.table_path}" if table.name is not None else None
+
+
 def cmd_status(args) -> int:
     from offsetlake.operations.status import format_status, status
 
-    rows = status(_pipeline(args))
-    print(json.dumps([r.as_dict() for r in rows]) if args.json else format_status(rows))
+    tables = _pipeline_tables(args)
+    out = []
+    for table in tables:
+        rows = status(table.cfg)
+        if args.json:
+            out.extend({**r.as_dict(), **_table_field(table)} for r in rows)
+        else:
+            out.extend(filter(None, [_heading(table), format_status(rows)]))
+    print(json.dumps(out) if args.json else "\n".join(out))
     return 0
+
+
+def _table_field(table: PipelineTable) -> dict:
+    """JSON output of a per-topic pipeline: each row names its table."""
+    return {} if table.name is None else {"table": table.name}
 
 
 def cmd_history(args) -> int:
     from offsetlake.operations.status import format_history, history
 
-    rows = history(_pipeline(args), args.limit)
-    print(json.dumps([r.as_dict() for r in rows]) if args.json else format_history(rows))
+    tables = _pipeline_tables(args)
+    out = []
+    for table in tables:
+        rows = history(table.cfg, args.limit)
+        if args.json:
+            out.extend({**r.as_dict(), **_table_field(table)} for r in rows)
+        else:
+            out.extend(filter(None, [_heading(table), format_history(rows)]))
+    print(json.dumps(out) if args.json else "\n".join(out))
     return 0
 
 
@@ -333,33 +383,61 @@ def _spark(args, cfg: PipelineConfig, job: str):
 
 
 def cmd_ingest(args) -> int:
+    """Each table in turn in one Spark session. A table that fails does not stop the others; the command
+    fails afterwards, naming each failed table and why."""
     from offsetlake.batch import ingest
-
-    cfg = _pipeline(args)
     from offsetlake.spark.session import startup_report
 
+    tables = _pipeline_tables(args)
     first_job = None
-    with _spark(args, cfg, "ingest") as spark:  # under spark-submit it starts while Kafka is checked
-        _check_reachable(cfg)
-        for result in ingest(spark, cfg, _run(args)):
-            print(result.summary(), flush=True)
-            first_job = first_job or result.spark_job
+    failed: list[str] = []
+    with _spark(args, tables[0].cfg, "ingest") as spark:  # under spark-submit it starts while Kafka is checked
+        for table in tables:
+            try:
+                _check_reachable(table.cfg)
+                for result in ingest(spark, table.cfg, _run(args)):
+                    print(f"{table.name}: {result.summary()}" if table.name else result.summary(), flush=True)
+                    first_job = first_job or result.spark_job
+            except Exception as err:  # noqa: BLE001 - one table's failure is reported, the others go on
+                if len(tables) == 1:
+                    raise
+                failed.append(f"{table.name} ({one_line(err)})")
+                print(f"{table.name}: failed: {one_line(err)}", file=sys.stderr, flush=True)
         report = startup_report(spark.ready_at, first_job)
     if report:
         print(report, flush=True)
+    if failed:
+        raise OffsetlakeError(f"ingest failed for {len(failed)} of {len(tables)} tables: {'; '.join(failed)}")
     return 0
 
 
 def cmd_stream(args) -> int:
     from offsetlake.batch import print_progress, stream
+    from offsetlake.topic_tables import pipeline_tables, select
 
-    cfg = _pipeline(args)
+    cfg = _loaded(args)
+    tables = select(pipeline_tables(cfg), cfg, args.table)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())  # finish the batch in flight, then leave
-    with _spark(args, cfg, "stream") as spark:  # under spark-submit it starts while Kafka is checked
-        _check_reachable(cfg)
-        n = stream(spark, cfg, stop, args.interval, _run(args), max_seconds=args.max_seconds, on_batch=print_progress)
+
+    def current_tables() -> list[PipelineConfig]:
+        """Listed again before each round: a topic created meanwhile that matches gets its table."""
+        return [t.cfg for t in select(pipeline_tables(cfg), cfg, args.table)]
+
+    with _spark(args, tables[0].cfg, "stream") as spark:  # under spark-submit it starts while Kafka is checked
+        for table in tables:
+            _check_reachable(table.cfg)
+        n = stream(
+            spark,
+            tables[0].cfg,
+            stop,
+            args.interval,
+            _run(args),
+            max_seconds=args.max_seconds,
+            on_batch=print_progress,
+            tables=current_tables,
+        )
     print(f"stream stopped after {n} committed batches", flush=True)
     return 0
 
@@ -388,14 +466,25 @@ def cmd_audit(args) -> int:
     from offsetlake.operations.audit import audit
     from offsetlake.operations.backfill import parse_ranges
 
-    cfg = _pipeline(args)
-    report = audit(cfg, parse_ranges(args.ranges) if args.ranges else None)
-    print(json.dumps(report.as_dict()) if args.json else report.format())
-    if not report.ok:
-        raise OffsetlakeError(
-            f"audit found {report.problem_count()} {_problems(cfg)} and "
-            f"{len(report.continuity) + len(report.sanity)} ledger issues in {cfg.name}"
-        )
+    tables = _pipeline_tables(args)
+    if args.ranges and len(tables) > 1:
+        raise ConfigError("--ranges: name the table they are in with --table")
+    out, bad = [], []
+    for table in tables:
+        cfg = table.cfg
+        report = audit(cfg, parse_ranges(args.ranges) if args.ranges else None)
+        if args.json:
+            out.append({**report.as_dict(), **_table_field(table)})
+        else:
+            out.extend(filter(None, [_heading(table), report.format()]))
+        if not report.ok:
+            bad.append(
+                f"{report.problem_count()} {_problems(cfg)} and "
+                f"{len(report.continuity) + len(report.sanity)} ledger issues in {table.label}"
+            )
+    print(json.dumps(out[0] if len(tables) == 1 and tables[0].name is None else out) if args.json else "\n".join(out))
+    if bad:
+        raise OffsetlakeError(f"audit found {'; '.join(bad)}")
     return 0
 
 
@@ -595,11 +684,16 @@ def _check_reachable(cfg: PipelineConfig) -> None:
 
 def cmd_produce(args) -> int:
     from offsetlake.local.producer import demo_event, ensure_topic, keyed, produce
+    from offsetlake.topic_tables import for_topic, matching_topics, per_topic
 
-    cfg = _pipeline(args)
+    cfg = _loaded(args)  # the topic may not exist yet: produce creates it
     topic = args.topic or cfg.topics[0]
-    if topic not in cfg.topics:
+    if topic.startswith("^"):
+        raise ConfigError(f"--topic: pipeline {cfg.name!r} reads topics by pattern ({topic}); name one")
+    if topic not in matching_topics(cfg, [topic]):
         raise ConfigError(f"--topic {topic!r} is not one of pipeline {cfg.name!r}'s topics: {cfg.topics}")
+    if per_topic(cfg):
+        cfg = for_topic(cfg, topic)
     ensure_topic(cfg.kafka, topic, args.partitions)
     make_record = _demo_records(cfg, topic, args.schema_version)
     if args.keys:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import string
 from pathlib import Path
 from typing import Any, Literal
 
@@ -340,7 +341,24 @@ PUT_IF_ABSENT = {"conditional_put": "etag", "aws_conditional_put": "etag"}
 class TableSettings(_Strict):
     path: StrictStr
     """The Delta table's location: a local path (relative to the project) or an object-store URI
-    (`s3://bucket/prefix`; delta-rs' other schemes by the same keys, untested)."""
+    (`s3://bucket/prefix`; delta-rs' other schemes by the same keys, untested). `{table}` (the topic's
+    last dot-separated segment) or `{topic}` in it gives each topic a table (and a ledger) of its own:
+    `lake/shop/{table}`."""
+
+    @field_validator("path")
+    @classmethod
+    def _known_placeholders(cls, path: str) -> str:
+        try:
+            fields = path_placeholders(path)
+        except ValueError:
+            fields = None
+        if fields is None or "{{" in path or "}}" in path:
+            raise ValueError(f"{path!r}: braces are only for the placeholders {{table}} and {{topic}}")
+        unknown = sorted(fields - {"table", "topic"})
+        if unknown:
+            raise ValueError(f"{path!r}: unknown placeholder {{{unknown[0]}}}: use {{table}} or {{topic}}")
+        return path
+
     partition_by: list[StrictStr] = Field(default_factory=list)
     """Partition columns (columns of the table)."""
     storage_options: dict[StrictStr, StrictStr] = Field(default_factory=dict)
@@ -503,7 +521,21 @@ class PipelineConfig(_Strict):
     name: StrictStr = Field(pattern=NAME_RE)
     """Must match the file name."""
     topics: list[StrictStr] = Field(min_length=1)
-    """One or more topics read into one table."""
+    """One or more topics, read into one table, or into a table each when `table.path` holds `{table}` or
+    `{topic}`. An entry starting with `^` is a regular expression matched against the cluster's topics
+    when a run starts (`^pg\\.shop\\..*`): a topic created later that matches is read by the next run."""
+
+    @field_validator("topics")
+    @classmethod
+    def _valid_patterns(cls, topics: list[str]) -> list[str]:
+        for topic in topics:
+            if topic.startswith("^"):
+                try:
+                    re.compile(topic)
+                except re.error as err:
+                    raise ValueError(f"{topic!r} is not a valid regular expression: {err}") from None
+        return topics
+
     kafka: KafkaSettings
     """The Kafka cluster, and how offsetlake's clients talk to it."""
     table: TableSettings
@@ -563,6 +595,13 @@ class PipelineConfig(_Strict):
             raise ValueError("write.key names a Kafka lineage column: a key is the record's own (kafka_key, say)")
         if len(set(self.topics)) != len(self.topics):
             raise ValueError("topics lists a topic twice")
+        if self.quarantine is not None and bool(path_placeholders(self.table.path)) != bool(
+            path_placeholders(self.quarantine.path)
+        ):
+            raise ValueError(
+                "table.path and quarantine.path: both or neither hold {table}/{topic} (each table needs "
+                "a quarantine table of its own)"
+            )
         if self.mode == "stream" and "schedule" in self.model_fields_set and self.schedule is not None:
             raise ValueError(
                 "schedule is the ingest DAG's, for mode 'batch'; in mode 'stream' the stream DAG "
@@ -607,6 +646,11 @@ class PipelineConfig(_Strict):
     @property
     def consumer_group(self) -> str:
         return f"offsetlake.{self.name}"
+
+
+def path_placeholders(path: str) -> set[str]:
+    """The `{...}` fields of a table path (`{{` and `}}` are literal braces): `{table}`, `{topic}`."""
+    return {field for _, field, _, _ in string.Formatter().parse(path) if field is not None}
 
 
 def redact_client(client: dict[str, Any]) -> dict[str, Any]:

@@ -245,6 +245,16 @@ class KafkaCluster:
 
         return self._retrying("cannot read cluster metadata (is the broker reachable?)", read)
 
+    def topic_names(self) -> list[str]:
+        """Every topic this client may see, but Kafka's internal ones (`__consumer_offsets`, ...): what a
+        topic pattern is matched against."""
+
+        def read() -> list[str]:
+            metadata = self.admin.list_topics(timeout=self.timeout)
+            return sorted(t for t in metadata.topics if not t.startswith("__"))
+
+        return self._retrying("cannot read cluster metadata (is the broker reachable?)", read)
+
     def _refused_or_unknown(self, topic: str) -> NoReturn:
         """A topic missing from the cluster's metadata is unknown, or hidden from this client by the ACLs
         (no DESCRIBE): asked by name (DescribeTopicPartitions, which never creates a topic), the broker says

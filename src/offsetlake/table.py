@@ -7,6 +7,7 @@ Python workers are forked: DeltaTable objects live on the driver only.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Set as AbstractSet
@@ -196,6 +197,9 @@ def check_store(uri: str, what: str = "table") -> None:
     (found by the S3 chaos run: a job started while the store was away for 2 s failed here); it is asked
     again, with backoff, for the table's `retry_seconds` (as every other call on the table) before failing."""
     if not is_object_store(uri):
+        local = uri.removeprefix("file://")
+        if os.path.exists(local) and not os.path.isdir(local):
+            raise StorageError(f"{what} {uri} is a file, not a directory: a Delta table is a directory")
         return
     options = {**(storage_options(uri) or {}), "max_retries": "2", "retry_timeout": "5s"}
     bound = retry_seconds(uri)

@@ -9,6 +9,13 @@ normalised. Results travel by XCom: each Spark step returns the commits its
 task try made. Asset events do not come from tasks: the table's Asset watches
 the table (`table_asset`), so a stream's batches, maintenance and changes made
 outside Airflow are announced like an ingest.
+
+A pipeline that writes a table per topic (`table.path` with `{table}` or `{topic}`,
+offsetlake.topic_tables) gets the same DAGs, with the Spark step mapped: a `tables`
+task lists the tables as of the run (a topic created since joins), and the step
+runs once per table (`.expand(table=...)`, labelled with the table's name), so
+each table's state, retries and logs show on their own. Its stream DAG keeps one
+task: one Spark session catching up each table in turn.
 """
 
 from __future__ import annotations
@@ -22,21 +29,28 @@ from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 from offsetlake.airflow.operator import RETRIES, OffsetlakeOperator
 from offsetlake.airflow.triggers import TableChangeTrigger
 from offsetlake.config import PipelineConfig, list_pipelines, load_pipeline
+from offsetlake.topic_tables import is_pattern, per_topic
 
 START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
-def table_asset(cfg: PipelineConfig | str) -> Asset:
+def table_asset(cfg: PipelineConfig | str, table: str | None = None) -> Asset:
     """The pipeline's table as an Airflow Asset, watched: every change of the table is an Asset event
     (`triggers.TableChangeTrigger`). Schedule downstream DAGs on this object (`schedule=[table_asset("P")]`),
-    not on a plain `Asset` of the same name, which would define the Asset without its watcher."""
+    not on a plain `Asset` of the same name, which would define the Asset without its watcher.
+
+    `table`: one table of a pipeline that writes a table per topic (`table_asset("shop", "orders")`)."""
+    from offsetlake.topic_tables import table_path
+
     if isinstance(cfg, str):
         cfg = load_pipeline(cfg)
-    uri = cfg.table_path if "://" in cfg.table_path else f"file://{cfg.table_path}"
+    path = table_path(cfg, table)
+    name = cfg.name if table is None else f"{cfg.name}.{table}"
+    uri = path if "://" in path else f"file://{path}"
     watcher = AssetWatcher(
-        name=f"offsetlake_{cfg.name}_changes", trigger=TableChangeTrigger(pipeline=cfg.name, table=cfg.table_path)
+        name=f"offsetlake_{name}_changes".replace(".", "_"), trigger=TableChangeTrigger(pipeline=cfg.name, table=path)
     )
-    return Asset(name=f"offsetlake.{cfg.name}", uri=uri, watchers=[watcher])
+    return Asset(name=f"offsetlake.{name}", uri=uri, watchers=[watcher])
 
 
 def retry_policy(cfg: PipelineConfig, command: str) -> dict:
@@ -75,7 +89,7 @@ def ingest_dag(cfg: PipelineConfig) -> DAG:
         schedule=schedule,
         description=f"Ingest {', '.join(cfg.topics)} into {cfg.table_path}, exactly once",
     ) as dag:
-        OffsetlakeOperator(task_id="ingest", pipeline=cfg.name, command="ingest", **retry_policy(cfg, "ingest"))
+        spark_step(cfg, "ingest", "ingest")
     return dag
 
 
@@ -115,7 +129,7 @@ def backfill_dag(cfg: PipelineConfig) -> DAG:
         "additionalProperties": False,
         "required": ["topic", "partition", "start", "end"],
         "properties": {
-            "topic": {"type": "string", "enum": list(cfg.topics)},
+            "topic": _topic_field(cfg),
             "partition": {"type": "integer", "minimum": 0},
             "start": {"type": "integer", "minimum": 0},
             "end": {"type": "integer", "minimum": 1},
@@ -123,6 +137,7 @@ def backfill_dag(cfg: PipelineConfig) -> DAG:
     }
     params = {
         "pipeline": Param(cfg.name, type="string", enum=[cfg.name], description="the pipeline this DAG runs"),
+        **_table_param(cfg, "the table whose ranges these are"),
         "ranges": Param(
             [],
             type="array",
@@ -153,18 +168,19 @@ def backfill_dag(cfg: PipelineConfig) -> DAG:
             return backfill_ranges(cfg, dict(params))
 
         ranges = validate()  # type: ignore[call-arg]  # Airflow's @task: a call makes the task
-        step = OffsetlakeOperator(
-            task_id="backfill",
-            pipeline=cfg.name,
-            command="backfill",
+        spark_step(
+            cfg,
+            "backfill",
+            "backfill",
             arguments=[
                 "--ranges",
                 "{{ ti.xcom_pull(task_ids='validate') }}",
                 "--dry-run",
                 "{{ 'true' if params.dry_run else 'false' }}",
             ],
+            after=ranges,
+            one_table=True,
         )
-        ranges >> step
     return dag
 
 
@@ -174,13 +190,14 @@ def recovery_dag(cfg: PipelineConfig) -> DAG:
         "additionalProperties": False,
         "required": ["topic", "partition", "offset"],
         "properties": {
-            "topic": {"type": "string", "enum": list(cfg.topics)},
+            "topic": _topic_field(cfg),
             "partition": {"type": "integer", "minimum": 0},
             "offset": {"type": "integer", "minimum": 0},
         },
     }
     params = {
         "pipeline": Param(cfg.name, type="string", enum=[cfg.name]),
+        **_table_param(cfg, "the table to audit (empty: every table); needed for reset"),
         "repair": Param(False, type="boolean", description="backfill what the audit finds"),
         "cleanup": Param(False, type="boolean", description="delete files no commit references"),
         "cleanup_older_than_seconds": Param(3600, type="integer", minimum=60),
@@ -223,9 +240,54 @@ def validated_step(cfg: PipelineConfig, form: str, task_id: str, command: str, f
 
     pull = "{{{{ ti.xcom_pull(task_ids='validate')['{}'] }}}}".format
     arguments = [item for flag, key in flags.items() for item in (flag, pull(key))]
-    validate() >> OffsetlakeOperator(  # type: ignore[call-arg]  # Airflow's @task: a call makes the task
-        task_id=task_id, pipeline=cfg.name, command=command, arguments=arguments, **retry_policy(cfg, command)
-    )
+    spark_step(cfg, task_id, command, arguments, after=validate())  # type: ignore[call-arg]  # a call makes the task
+
+
+def spark_step(
+    cfg: PipelineConfig,
+    task_id: str,
+    command: str,
+    arguments: list[str] | None = None,
+    after=None,
+    one_table: bool = False,
+) -> None:
+    """The DAG's Spark step, after `after` (a task) if given. A pipeline with a table per topic gets a
+    `tables` task (the form's `table`, or every table now; `one_table`: the form must name one) and the
+    step mapped over its list, each task labelled with its table."""
+    settings = {"pipeline": cfg.name, "command": command, "arguments": arguments or [], **retry_policy(cfg, command)}
+    if not per_topic(cfg):
+        step = OffsetlakeOperator(task_id=task_id, **settings)
+        if after is not None:
+            after >> step
+        return
+
+    @task(task_id="tables")
+    def tables(params=None) -> list[str]:
+        from offsetlake.airflow.forms import form_tables
+        from offsetlake.connections import resolve_connections
+
+        return form_tables(resolve_connections(cfg), dict(params or {}), one=one_table)
+
+    names = tables()  # type: ignore[call-arg]  # Airflow's @task: a call makes the task
+    if after is not None:
+        after >> names
+    OffsetlakeOperator.partial(task_id=task_id, map_index_template="{{ task.table }}", **settings).expand(table=names)
+
+
+def _table_param(cfg: PipelineConfig, description: str) -> dict[str, Param]:
+    """The form's `table` field, for a pipeline with a table per topic (the tables are known only at run
+    time: the `tables` task checks the name)."""
+    if not per_topic(cfg):
+        return {}
+    return {"table": Param("", type="string", maxLength=249, description=description)}
+
+
+def _topic_field(cfg: PipelineConfig) -> dict:
+    """A form's topic: one of the pipeline's topics, or any name when they are patterns (checked by the
+    validate task against the cluster)."""
+    if any(is_pattern(t) for t in cfg.topics):
+        return {"type": "string", "minLength": 1, "maxLength": 249}
+    return {"type": "string", "enum": list(cfg.topics)}
 
 
 def maintenance_dag(cfg: PipelineConfig) -> DAG:
@@ -233,6 +295,7 @@ def maintenance_dag(cfg: PipelineConfig) -> DAG:
     columns = cfg.data_columns()
     params = {
         "pipeline": Param(cfg.name, type="string", enum=[cfg.name]),
+        **_table_param(cfg, "the table to maintain (empty: every table)"),
         "optimize": Param(True, type="boolean", description="compact small files (dataChange=false)"),
         "target_file_mb": Param(settings.target_file_mb, type="integer", minimum=1, maximum=4096),
         "zorder_by": Param(

@@ -45,10 +45,41 @@ def check_pipeline(cfg: PipelineConfig, conf: dict) -> None:
         raise ConfigError(f"unknown pipeline {name!r}: this DAG runs pipeline {cfg.name!r}")
 
 
+def form_tables(cfg: PipelineConfig, conf: dict, cluster: KafkaCluster | None = None, one: bool = False) -> list[str]:
+    """The tables a per-topic pipeline's Spark step is mapped over: the form's `table`, or (empty) every
+    table the pipeline has now; `one`: the form must name one. [] for a pipeline with one table, whose
+    form has no `table` to fill in."""
+    from offsetlake.topic_tables import per_topic, pipeline_tables, select
+
+    check_pipeline(cfg, conf)
+    name = conf.get("table") or None
+    if name is not None and (not isinstance(name, str) or not re.match(r"^[A-Za-z0-9_.\-]{1,249}$", name)):
+        raise ConfigError(f"table must be a table's name (letters, digits, '.', '_', '-'), got {name!r}")
+    if not per_topic(cfg):
+        if name is not None:
+            raise ConfigError(f"table {name!r}: pipeline {cfg.name!r} writes one table; leave table empty")
+        return []
+    tables = select(pipeline_tables(cfg, cluster), cfg, name)
+    if one and name is None:
+        known = ", ".join(t.name or "" for t in tables)
+        raise ConfigError(f"table: name the table (pipeline {cfg.name!r} writes one per topic: {known})")
+    return [t.name or "" for t in tables]
+
+
+def _form_table(cfg: PipelineConfig, conf: dict, cluster: KafkaCluster | None) -> PipelineConfig:
+    """The single-table pipeline of the form's `table` (or the pipeline's one table, its topic patterns
+    resolved)."""
+    from offsetlake.topic_tables import only_table
+
+    return only_table(cfg, conf.get("table") or None, cluster)
+
+
 def backfill_ranges(cfg: PipelineConfig, conf: dict, cluster: KafkaCluster | None = None) -> str:
-    """The `--ranges` argument for jobs/backfill.py: explicit ranges, or a time window resolved to offsets."""
+    """The `--ranges` argument for jobs/backfill.py: explicit ranges, or a time window resolved to offsets
+    (of the form's `table`, for a pipeline that writes a table per topic)."""
     check_pipeline(cfg, conf)
     cluster = cluster or KafkaCluster(cfg.kafka)
+    cfg = _form_table(cfg, conf, cluster)
     raw_ranges = conf.get("ranges") or []
     window = (conf.get("time_from"), conf.get("time_to"))
     if raw_ranges and any(window):
@@ -99,6 +130,8 @@ def _flags(conf: dict, keys: tuple[str, ...], default: bool) -> dict[str, bool]:
 def recovery_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
     """Arguments for jobs/recovery.py, as strings, from the recovery form."""
     check_pipeline(cfg, conf)
+    from offsetlake.topic_tables import per_topic
+
     flags = _flags(conf, ("repair", "cleanup", "reset"), default=False)
     older = _integer(conf.get("cleanup_older_than_seconds", 3600), "cleanup_older_than_seconds", minimum=60)
     args = {
@@ -115,6 +148,9 @@ def recovery_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
     items = conf.get("reset_offsets") or []
     if not items:
         raise ConfigError("reset is true but reset_offsets is empty")
+    if per_topic(cfg) and not conf.get("table"):
+        raise ConfigError("reset: name the table whose ledger moves (table)")
+    cfg = _form_table(cfg, conf, None)
     reason = conf.get("reset_reason") or ""
     if not isinstance(reason, str) or not SAFE_TEXT.match(reason):
         raise ConfigError(

@@ -27,8 +27,9 @@ class Snapshot:
     cfg: PipelineConfig
     partitions: list[PartitionStatus]
     commits: list[HistoryEntry]  # the pipeline's newest commits, oldest first
-    version: int | None  # the table's, None before the first commit
+    version: int | None  # the table's, None before the first commit (or with a table per topic)
     error: str | None = None  # Kafka or the table could not be read: what was wrong
+    tables: list[dict] = field(default_factory=list)  # a table per topic: each one's name, path, version, lag
 
     @property
     def total_lag(self) -> int:
@@ -48,14 +49,39 @@ class Snapshot:
 
 
 def snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
-    """Lag, the newest `limit` commits (none for `limit=0`) and the table's version."""
-    partitions, commits, version, errors = [], [], None, []
+    """Lag, the newest `limit` commits (none for `limit=0`) and the table's version. A pipeline with a
+    table per topic: every table's partitions and commits together (each partition names its topic),
+    and each table's own figures in `tables`."""
     from offsetlake.connections import resolve_connections
+    from offsetlake.topic_tables import pipeline_tables
 
     try:
         cfg = resolve_connections(cfg)  # kafka.connection, table.connection: read where the view runs
     except Exception as err:  # noqa: BLE001 - shown on the page, one line
         return Snapshot(cfg, [], [], None, f"connections: {_line(err)}")
+    try:
+        tables = pipeline_tables(cfg)
+    except Exception as err:  # noqa: BLE001
+        return Snapshot(cfg, [], [], None, f"Kafka: {_line(err)}")
+    if tables[0].name is None:
+        return table_snapshot(tables[0].cfg, limit)
+    parts = [(t, table_snapshot(t.cfg, limit)) for t in tables]
+    return Snapshot(
+        cfg,
+        [p for _, snap in parts for p in snap.partitions],
+        sorted((h for _, snap in parts for h in snap.commits), key=lambda h: h.timestamp),
+        None,
+        "; ".join(f"{t.name}: {snap.error}" for t, snap in parts if snap.error) or None,
+        [
+            {"name": t.name, "path": t.cfg.table_path, "version": snap.version, "lag": snap.total_lag}
+            for t, snap in parts
+        ],
+    )
+
+
+def table_snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
+    """`snapshot` of one table (a single-table pipeline, connections resolved)."""
+    partitions, commits, version, errors = [], [], None, []
     try:
         partitions = status(cfg)
     except Exception as err:  # noqa: BLE001 - shown on the page, one line
@@ -88,19 +114,20 @@ class CommitTotals:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seen: dict[str, int] = {}  # pipeline -> last version counted
+        self._seen: dict[str, int] = {}  # table path -> last version counted
         self._totals: dict[str, Totals] = {}
 
     def update(self, cfg: PipelineConfig) -> Totals:
         with self._lock:
-            totals = self._totals.setdefault(cfg.name, Totals())
-            seen = self._seen.get(cfg.name)
+            key = cfg.table_path  # a pipeline with a table per topic counts each table's
+            totals = self._totals.setdefault(key, Totals())
+            seen = self._seen.get(key)
             if seen is None:  # counting starts now: a counter's value is what happened while it ran
                 current = table_version(cfg.table_path)
-                self._seen[cfg.name] = -1 if current is None else current
+                self._seen[key] = -1 if current is None else current
                 return totals
             for commit in commits_after(cfg.table_path, seen):
-                self._seen[cfg.name] = commit.version
+                self._seen[key] = commit.version
                 meta = commit.meta
                 if meta is None or meta.pipeline != cfg.name:
                     continue
@@ -116,8 +143,28 @@ class CommitTotals:
             return totals
 
 
+def labelled_tables(configs: list[PipelineConfig]) -> list[tuple[str, PipelineConfig]]:
+    """Each table the metrics describe, with its `pipeline` label: the pipeline's name, or for a table per
+    topic `pipeline/table` (the tables as of now; a pipeline whose tables cannot be listed keeps its name,
+    and its snapshot says why)."""
+    from offsetlake.connections import resolve_connections
+    from offsetlake.topic_tables import per_topic, pipeline_tables
+
+    out: list[tuple[str, PipelineConfig]] = []
+    for cfg in configs:
+        if not per_topic(cfg):
+            out.append((cfg.name, cfg))
+            continue
+        try:
+            out.extend((t.label, t.cfg) for t in pipeline_tables(resolve_connections(cfg)))
+        except Exception:  # noqa: BLE001 - offsetlake_up says it
+            out.append((cfg.name, cfg))
+    return out
+
+
 def prometheus_text(configs: list[PipelineConfig], totals: CommitTotals) -> bytes:
-    """The Prometheus text exposition of every pipeline's lag and commit counters."""
+    """The Prometheus text exposition of every pipeline's lag and commit counters (per table, for a
+    pipeline with a table per topic: label `pipeline/table`)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
@@ -159,31 +206,31 @@ def prometheus_text(configs: list[PipelineConfig], totals: CommitTotals) -> byte
             last = GaugeMetricFamily(
                 "offsetlake_last_batch_duration_seconds", "The newest batch's duration", labels=["pipeline"]
             )
-            for cfg in configs:
+            for name, cfg in labelled_tables(configs):
                 snap = snapshot(cfg, limit=0)  # the counters read the commits themselves
-                up.add_metric([cfg.name], 0 if snap.error else 1)
+                up.add_metric([name], 0 if snap.error else 1)
                 for p in snap.partitions:
-                    labels = [cfg.name, p.topic, str(p.partition)]
+                    labels = [name, p.topic, str(p.partition)]
                     lag.add_metric(labels, p.lag)
                     end.add_metric(labels, p.end)
                     if p.committed is not None:
                         committed.add_metric(labels, p.committed)
                 if snap.partitions:
-                    total_lag.add_metric([cfg.name], snap.total_lag)
+                    total_lag.add_metric([name], snap.total_lag)
                 if snap.version is not None:
-                    version.add_metric([cfg.name], snap.version)
+                    version.add_metric([name], snap.version)
                 try:
                     t = totals.update(cfg)
                 except Exception:  # noqa: BLE001 - offsetlake_up already says the table could not be read
                     continue
-                rows.add_metric([cfg.name], t.rows)
-                quarantined.add_metric([cfg.name], t.quarantined)
-                conflicts.add_metric([cfg.name], t.conflicts)
+                rows.add_metric([name], t.rows)
+                quarantined.add_metric([name], t.quarantined)
+                conflicts.add_metric([name], t.conflicts)
                 for kind, n in sorted(t.commits.items()):
-                    commits.add_metric([cfg.name, kind], n)
-                duration.add_metric([cfg.name], t.batches, t.batch_seconds_sum)
+                    commits.add_metric([name, kind], n)
+                duration.add_metric([name], t.batches, t.batch_seconds_sum)
                 if t.last_batch_seconds is not None:
-                    last.add_metric([cfg.name], t.last_batch_seconds)
+                    last.add_metric([name], t.last_batch_seconds)
             yield from (
                 lag,
                 total_lag,

@@ -63,9 +63,12 @@ MAX_RETRY_DELAY = dt.timedelta(minutes=10)
 
 
 class OffsetlakeOperator(SparkSubmitOperator):
-    """Run `offsetlake <command> --pipeline <pipeline> <arguments>` through spark-submit.
+    """Run `offsetlake <command> --pipeline <pipeline> [--table <table>] <arguments>` through spark-submit.
 
-    :param pipeline: the pipeline's name (include/pipelines/<pipeline>.yaml). (templated)
+    :param pipeline: the pipeline's name (``include/pipelines/<pipeline>.yaml``). (templated)
+    :param table: one table of a pipeline that writes a table per topic (its ``table.path`` holds
+        ``{table}`` or ``{topic}``); the DAGs map one task per table with ``.expand(table=...)``.
+        None: the pipeline's one table (or, for ``ingest`` and ``stream``, all of them). (templated)
     :param command: ``ingest``, ``stream``, ``backfill``, ``recover`` or ``maintain``.
     :param arguments: further arguments of that command, e.g. ``["--ranges", "t:0:0-100"]``;
         pass only what a validation task has normalised. (templated)
@@ -79,13 +82,14 @@ class OffsetlakeOperator(SparkSubmitOperator):
     (or the driver on the cluster). A killed job commits nothing it had not committed.
     """
 
-    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "pipeline", "arguments")
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "pipeline", "table", "arguments")
 
     def __init__(
         self,
         *,
         pipeline: str,
         command: str,
+        table: str | None = None,
         arguments: Sequence[str] = (),
         conn_id: str = "spark_default",
         **kwargs: Any,
@@ -99,6 +103,7 @@ class OffsetlakeOperator(SparkSubmitOperator):
         kwargs.setdefault("max_retry_delay", MAX_RETRY_DELAY)
         super().__init__(conn_id=conn_id, **kwargs)
         self.pipeline = pipeline
+        self.table = table
         self.command = command
         self.arguments = list(arguments)
 
@@ -114,16 +119,26 @@ class OffsetlakeOperator(SparkSubmitOperator):
             ti.run_id,
             "--try-number",
             str(ti.try_number),
+            *(["--table", self.table] if self.table else []),
             *self.arguments,
         ]
         self.conf = {**spark_conf(self._master()), **(self.conf or {})}
         started = dt.datetime.now(dt.UTC)
         from offsetlake.config import load_pipeline
         from offsetlake.connections import read_connections, resolve_connections
+        from offsetlake.topic_tables import only_table, per_topic
 
         cfg = load_pipeline(self.pipeline)
         connections = read_connections(cfg)  # once, here: through Airflow's API and its secrets backends
         cfg = resolve_connections(cfg, connections)  # this process reads the table too (table.connection)
+        if self.table or not per_topic(cfg):
+            cfg = only_table(cfg, self.table)  # the table this task reads back (and checks is up to date)
+        else:  # every table of a per-topic pipeline, in one job (a stream): nothing to read back here
+            self._cfg = None
+            with self._handed_to_the_job(connections):
+                super().execute(context)
+            return {"pipeline": cfg.name, "submitted": True}
+        self._cfg = cfg
         submitted = not self._up_to_date(cfg)
         if submitted:
             with self._handed_to_the_job(connections):
@@ -147,8 +162,12 @@ class OffsetlakeOperator(SparkSubmitOperator):
 
         from offsetlake.config import load_pipeline
         from offsetlake.operations.lineage import pipeline_datasets
+        from offsetlake.topic_tables import per_topic
 
-        inputs, output = pipeline_datasets(load_pipeline(self.pipeline), getattr(self, "_committed", None))
+        cfg = getattr(self, "_cfg", None) or load_pipeline(self.pipeline)
+        if per_topic(cfg):  # every table of a per-topic pipeline in one job: no one table to name
+            return OperatorLineage()
+        inputs, output = pipeline_datasets(cfg, getattr(self, "_committed", None))
         return OperatorLineage(inputs=inputs, outputs=[output])
 
     @contextlib.contextmanager

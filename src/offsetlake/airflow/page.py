@@ -33,6 +33,16 @@ PAGE = """<!doctype html>
   <span>total lag <b data-testid="total-lag">{{ p.total_lag }}</b></span>
  </div>
  <div class="muted">table {{ p.table }}</div>
+ {% if p.tables %}
+ <h3>Tables (one per topic)</h3>
+ <table data-testid="tables"><tr><th class="l">table</th><th class="l">path</th><th>version</th><th>lag</th></tr>
+ {% for t in p.tables %}
+  <tr data-testid="table" data-table="{{ t.name }}"><td class="l">{{ t.name }}</td><td class="l muted">{{ t.path }}</td>
+   <td data-testid="table-version">{{ t.version if t.version is not none else "-" }}</td>
+   <td data-testid="table-lag">{{ t.lag }}</td></tr>
+ {% endfor %}
+ </table>
+ {% endif %}
  {% if p.error %}<p class="bad" data-testid="error">{{ p.error }}</p>{% endif %}
  <div>last audit:
  {% if p.audit %}<span class="{{ 'ok' if p.audit.state == 'success' else 'bad' }}" data-testid="audit">{{ p.audit.verdict }}</span>

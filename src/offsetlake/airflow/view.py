@@ -110,6 +110,7 @@ def _pipeline_view(name: str) -> dict:
         "topics": list(cfg.topics),
         "table": cfg.table_path,
         "version": snap.version,
+        "tables": snap.tables,
         "error": snap.error,
         "partitions": [p.as_dict() for p in snap.partitions],
         "total_lag": snap.total_lag,

@@ -27,6 +27,7 @@ from pathlib import Path
 from offsetlake.config import load_pipeline, project_home
 from offsetlake.errors import OffsetlakeError, TableError
 from offsetlake.local import broker, demo_shop, processes, schema_registry, stack
+from offsetlake.topic_tables import for_topic
 
 PIPELINE = "demo_events"
 AVRO_PIPELINE = "demo_avro"
@@ -111,20 +112,20 @@ def up() -> None:
     api.wait_for_dag(upsert_ingest)
     api.unpause(upsert_ingest)  # mode: batch, hourly; and one run now
     api.trigger(upsert_ingest)
-    shop_streams = {name: f"offsetlake__{name}__stream" for name in demo_shop.PIPELINES}
-    for dag_id in shop_streams.values():
-        api.wait_for_dag(dag_id)
-        api.unpause(dag_id)  # mode: stream: the tables follow the shop's changes from now on
+    shop_stream = f"offsetlake__{demo_shop.PIPELINE}__stream"
+    api.wait_for_dag(shop_stream)
+    api.unpause(shop_stream)  # mode: stream: the tables follow the shop's changes from now on
     committed = _wait_for_commits(cfg, dags["stream"], started_ms, timeout=300)
     api.unpause(dags["recovery"])  # its daily audit needs the table the stream made
     avro_cfg = load_pipeline(AVRO_PIPELINE)
     avro_committed = _wait_for_commits(avro_cfg, avro_ingest, started_ms, timeout=300)
     upsert_cfg = load_pipeline(UPSERT_PIPELINE)
     upsert_committed = _wait_for_commits(upsert_cfg, upsert_ingest, started_ms, timeout=300)
-    shop_cfgs = {name: load_pipeline(name) for name in demo_shop.PIPELINES}
+    shop_tables = {
+        table: for_topic(load_pipeline(demo_shop.PIPELINE), f"demo.shop.{table}") for table in demo_shop.TABLES
+    }
     shop_committed = {
-        name: _wait_for_commits(shop_cfgs[name], dag_id, started_ms, timeout=300)
-        for name, dag_id in shop_streams.items()
+        table: _wait_for_commits(cfg, shop_stream, started_ms, timeout=300) for table, cfg in shop_tables.items()
     }
     events = _wait_for_asset_event(api, f"offsetlake.{PIPELINE}", timeout=120)
     _cli("status", "--pipeline", PIPELINE)
@@ -137,9 +138,9 @@ Avro:         {avro_ingest}: {_describe(avro_committed)}; columns {_columns(avro
               (schema registry {registry.url}; table {avro_cfg.table_path})
 Upsert:       {upsert_ingest}: {_describe(upsert_committed)}; {_current_state(upsert_cfg)}
 Capture:      PostgreSQL 127.0.0.1:{demo_shop.PORT} (psql -h 127.0.0.1 -p {demo_shop.PORT} -U {demo_shop.USER} {demo_shop.DATABASE})
-              -> Debezium in Kafka Connect ({base}/connect/connect.out) -> {", ".join(shop_streams.values())}
-              customers: {demo_shop.describe(shop, "customers", shop_cfgs["demo_shop_customers"])}
-              orders:    {demo_shop.describe(shop, "orders", shop_cfgs["demo_shop_orders"])}
+              -> Debezium in Kafka Connect ({base}/connect/connect.out) -> {shop_stream} (a table per topic)
+              customers: {demo_shop.describe(shop, "customers", shop_tables["customers"])}
+              orders:    {demo_shop.describe(shop, "orders", shop_tables["orders"])}
 Airflow UI:   {base_url}   login: {stack.USER} / {stack.password(home)}
 offsetlake:   {base_url}/plugin/offsetlake (lag, commits, audit; also a tab on each DAG)
 metrics:      {base_url}/offsetlake/metrics (Prometheus)
@@ -155,9 +156,11 @@ stop it all:  make down""")
         raise OffsetlakeError(f"the Avro ingest DAG committed nothing within 300 s; see {home}/scheduler.log")
     if not upsert_committed:
         raise OffsetlakeError(f"the upsert ingest DAG committed nothing within 300 s; see {home}/scheduler.log")
-    for name, commits in shop_committed.items():
+    for table, commits in shop_committed.items():
         if not commits:
-            raise OffsetlakeError(f"the {name} stream DAG committed nothing within 300 s; see {home}/scheduler.log")
+            raise OffsetlakeError(
+                f"{shop_stream} committed nothing to table {table} within 300 s; see {home}/scheduler.log"
+            )
     if not events:
         raise OffsetlakeError(
             f"no Asset event for {PIPELINE} within 120 s of its first commit; see {home}/triggerer.log"

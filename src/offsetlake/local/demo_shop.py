@@ -1,6 +1,6 @@
 """The demo's change data capture: a shop database in PostgreSQL changing live, captured by Debezium's
-PostgreSQL connector in a Kafka Connect worker into topics `demo.shop.<table>`, which the upsert pipelines
-`demo_shop_customers` and `demo_shop_orders` stream into Delta tables. Everything lives under the demo's
+PostgreSQL connector in a Kafka Connect worker into topics `demo.shop.<table>`, which the upsert pipeline
+`demo_shop` streams into a Delta table per topic (`table.path` with `{table}`). Everything lives under the demo's
 directory and is started and stopped by PID; started again, it continues (same database, same connector
 offsets, same tables).
 """
@@ -19,7 +19,8 @@ DATABASE = "shop"
 USER = "offsetlake"
 SCHEMA = "shop"
 TOPIC_PREFIX = "demo"  # topics demo.shop.customers and demo.shop.orders
-PIPELINES = ("demo_shop_customers", "demo_shop_orders")
+PIPELINE = "demo_shop"  # a table per topic
+TABLES = ("customers", "orders")  # the shop's tables (and the pipeline's; the heartbeat table is left out)
 SHOP_MARKER = "offsetlake.local.shop"
 
 

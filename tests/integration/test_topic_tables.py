@@ -1,0 +1,141 @@
+"""One pipeline, a table per topic, on the real broker: a topic pattern and `table.path` with `{table}`.
+Each table is checked row by row against what Kafka holds (the oracle, per topic); a topic created later
+gets its table at the next run; a table that fails does not stop the others; status, history and audit
+list or select the tables.
+
+The commands run in this process (`offsetlake.cli.main`) with the test session's Spark: the JVM of the
+worker, not one per command. Everything else (Kafka, Delta, the ledger) is the product's own path."""
+
+from __future__ import annotations
+
+import json
+import re
+from contextlib import contextmanager
+
+import pytest
+
+from offsetlake import cli
+from offsetlake.topic_tables import for_topic
+from oracle import assert_exactly_once
+from support import create_topic, load, produce, unique, write_pipeline
+
+
+@pytest.fixture
+def offsetlake(spark, monkeypatch, capsys):
+    """`offsetlake <args>` in this process: (exit code, stdout, stderr)."""
+
+    @contextmanager
+    def the_tests_session(args, cfg, job):
+        yield _Session(spark)
+
+    monkeypatch.setattr(cli, "_spark", the_tests_session)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = cli.main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+class _Session:
+    """What cli._spark yields (a LazySession): the session, already up."""
+
+    def __init__(self, spark):
+        self.spark, self.ready_at = spark, None
+
+    def __getattr__(self, name):
+        return getattr(self.spark, name)
+
+
+def test_a_pattern_with_a_table_per_topic_ingests_each_topic_exactly_once(offsetlake, bootstrap, pipelines_dir, lake):
+    prefix = unique("db")
+    for table, records in (("a", 300), ("b", 150)):
+        create_topic(bootstrap, f"{prefix}.s.{table}", 2)
+    unrelated = f"{prefix}.x.z"
+    create_topic(bootstrap, unrelated, 1)
+    name = write_pipeline(
+        pipelines_dir,
+        bootstrap,
+        [f"^{re.escape(prefix)}\\.s\\."],
+        lake,
+        table={"path": str(lake / "{table}")},
+        quarantine={"path": str(lake / "{table}_quarantine")},
+    )
+    cfg = load(pipelines_dir, name)
+    for table, records in (("a", 300), ("b", 150)):
+        produce(cfg.kafka, f"{prefix}.s.{table}", records, transactional_share=0.5, abort_share=0.2, seed=7)
+    produce(cfg.kafka, unrelated, 20, seed=1)
+    where = ("--pipeline", name, "--pipelines-dir", str(pipelines_dir))
+
+    code, out, err = offsetlake("ingest", *where)
+
+    assert code == 0, err
+    assert re.search(r"^a: batch \d+: committed", out, re.M) and re.search(r"^b: batch \d+: committed", out, re.M), out
+    assert sorted(p.name for p in lake.iterdir()) == ["a", "b"]  # nothing of the unrelated topic
+    for table in ("a", "b"):
+        assert_exactly_once(for_topic(cfg, f"{prefix}.s.{table}"))
+
+    # A topic created later that matches: the next run gives it a table. One whose table path is taken
+    # by a plain file fails alone, in one line naming it; the others commit.
+    create_topic(bootstrap, f"{prefix}.s.c", 3)
+    produce(cfg.kafka, f"{prefix}.s.c", 200, transactional_share=0.5, abort_share=0.2, seed=8)
+    create_topic(bootstrap, f"{prefix}.s.d", 1)
+    produce(cfg.kafka, f"{prefix}.s.d", 40, seed=9)
+    produce(cfg.kafka, f"{prefix}.s.a", 50, seed=10)
+    (lake / "d").write_text("not a table")
+
+    code, out, err = offsetlake("ingest", *where)
+
+    assert code == 1
+    assert err.strip().splitlines()[-1].startswith("offsetlake: error: ingest failed for 1 of 4 tables: d ("), err
+    for table in ("a", "b", "c"):
+        assert_exactly_once(for_topic(cfg, f"{prefix}.s.{table}"))
+
+    (lake / "d").unlink()
+    code, out, err = offsetlake("ingest", *where, "--table", "d")
+    assert code == 0, err
+    assert_exactly_once(for_topic(cfg, f"{prefix}.s.d"))
+
+    code, out, _ = offsetlake("status", *where, "--json")
+    rows = json.loads(out)
+    assert {r["table"] for r in rows} == {"a", "b", "c", "d"} and all(r["lag"] == 0 for r in rows)
+    assert sum(1 for r in rows if r["table"] == "c") == 3  # one row per partition of its topic
+
+    code, out, err = offsetlake("audit", *where)
+    assert code == 0, err
+    assert [line for line in out.splitlines() if line.startswith("== ")] == [
+        f"== {name}/{t}: {lake / t}" for t in ("a", "b", "c", "d")
+    ]
+
+    code, out, _ = offsetlake("history", *where, "--table", "a", "--json")
+    entries = json.loads(out)
+    assert len(entries) >= 2 and {e["table"] for e in entries} == {"a"}
+
+
+def test_commands_on_one_table_refuse_in_one_line_without_it(offsetlake, bootstrap, pipelines_dir, lake):
+    prefix = unique("db")
+    for table in ("a", "b"):
+        create_topic(bootstrap, f"{prefix}.{table}", 1)
+    name = write_pipeline(
+        pipelines_dir,
+        bootstrap,
+        [f"^{re.escape(prefix)}\\."],
+        lake,
+        table={"path": str(lake / "{table}")},
+        quarantine={"path": str(lake / "{table}_quarantine")},
+    )
+    where = ("--pipeline", name, "--pipelines-dir", str(pipelines_dir))
+
+    for args, expected in (
+        (("backfill", "--ranges", f"{prefix}.a:0:0-1"), "name one with --table (its tables: a, b)"),
+        (("status", "--table", "c"), f"--table 'c': pipeline '{name}' has no such table (its tables: a, b)"),
+        (("audit", "--ranges", f"{prefix}.a:0:0-1"), "--ranges: name the table they are in with --table"),
+    ):
+        code, out, err = offsetlake(*args, *where)
+        assert code == 1 and len(err.strip().splitlines()) == 1 and expected in err, (args, err)
+    assert not lake.exists()  # nothing written
+
+    single = write_pipeline(pipelines_dir, bootstrap, [f"{prefix}.a"], lake)
+    code, _, err = offsetlake("status", "--pipeline", single, "--pipelines-dir", str(pipelines_dir), "--table", "a")
+    assert code == 1 and "writes one table" in err and "--table is for a table.path with {table}" in err

@@ -1,0 +1,113 @@
+"""A pipeline's tables from its topics (offsetlake.topic_tables): patterns, a table per topic, and the
+one-line refusals. Pure: the cluster's topic list is given."""
+
+import pytest
+
+from offsetlake.config import parse_pipeline
+from offsetlake.errors import ConfigError
+from offsetlake.topic_tables import only_table, resolve, select, table_path
+
+CLUSTER = ["pg.shop.orders", "pg.shop.customers", "pg.shop.heartbeat", "pg.crm.orders", "__consumer_offsets"]
+
+
+def pipeline(**overrides):
+    doc = {
+        "name": "shop",
+        "topics": ["^pg\\.shop\\."],
+        "kafka": {"bootstrap_servers": "127.0.0.1:9092"},
+        "table": {"path": "/lake/shop/{table}"},
+        "format": {"type": "json", "schema": [{"name": "id", "type": "long"}]},
+        **overrides,
+    }
+    return parse_pipeline(doc, "shop.yaml")
+
+
+def error_for(call) -> str:
+    with pytest.raises(ConfigError) as err:
+        call()
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_a_pattern_with_a_table_path_template_gives_a_table_and_quarantine_per_topic():
+    tables = resolve(pipeline(), CLUSTER)
+
+    assert [(t.name, t.cfg.topics, t.cfg.table_path, t.cfg.quarantine_path) for t in tables] == [
+        ("customers", ["pg.shop.customers"], "/lake/shop/customers", "/lake/shop/customers_quarantine"),
+        ("heartbeat", ["pg.shop.heartbeat"], "/lake/shop/heartbeat", "/lake/shop/heartbeat_quarantine"),
+        ("orders", ["pg.shop.orders"], "/lake/shop/orders", "/lake/shop/orders_quarantine"),
+    ]
+    assert [t.label for t in tables][0] == "shop/customers"
+    assert {t.cfg.name for t in tables} == {"shop"}  # one pipeline: its name keys each table's ledger
+
+
+def test_a_negative_lookahead_leaves_a_topic_out_and_named_topics_join_the_matches():
+    cfg = pipeline(topics=["^pg\\.shop\\.(?!heartbeat$)", "pg.crm.orders"], table={"path": "/lake/{topic}"})
+
+    tables = resolve(cfg, CLUSTER)
+
+    assert [t.name for t in tables] == ["pg.shop.customers", "pg.shop.orders", "pg.crm.orders"]
+    assert tables[2].cfg.table_path == "/lake/pg.crm.orders"
+
+
+def test_a_pattern_into_one_table_reads_every_matching_topic_and_never_an_internal_one():
+    cfg = pipeline(topics=["^pg\\.", "^__"], table={"path": "/lake/all"})
+
+    (table,) = resolve(cfg, CLUSTER)
+
+    assert table.name is None and table.cfg.table_path == "/lake/all"
+    assert table.cfg.topics == ["pg.crm.orders", "pg.shop.customers", "pg.shop.heartbeat", "pg.shop.orders"]
+
+
+def test_a_later_topic_that_matches_gets_its_table_at_the_next_resolution():
+    cfg = pipeline()
+    before = [t.name for t in resolve(cfg, CLUSTER)]
+
+    after = [t.name for t in resolve(cfg, [*CLUSTER, "pg.shop.refunds"])]
+
+    assert after == [*before, "refunds"]
+
+
+def test_refusals_name_what_was_wrong():
+    assert "match no topic in Kafka" in error_for(lambda: resolve(pipeline(topics=["^nothing\\."]), CLUSTER))
+    clash = error_for(lambda: resolve(pipeline(topics=["^pg\\."]), CLUSTER))
+    assert "'pg.crm.orders' and 'pg.shop.orders' both give table 'orders'" in clash and "{topic}" in clash
+    tables = resolve(pipeline(), CLUSTER)
+    assert "has no such table (its tables: customers, heartbeat, orders)" in error_for(
+        lambda: select(tables, pipeline(), "refund")
+    )
+    one = pipeline(topics=["pg.shop.orders"], table={"path": "/lake/orders"})
+    assert "writes one table (/lake/orders)" in error_for(lambda: select(resolve(one, CLUSTER), one, "orders"))
+
+
+def test_a_command_on_one_table_needs_the_table_named_only_for_a_per_topic_pipeline():
+    class Cluster:
+        def topic_names(self):
+            return CLUSTER
+
+    assert only_table(pipeline(), "orders", Cluster()).topics == ["pg.shop.orders"]
+    assert "name one with --table (its tables: customers, heartbeat, orders)" in error_for(
+        lambda: only_table(pipeline(), None, Cluster())
+    )
+    one = pipeline(topics=["pg.shop.orders"], table={"path": "/lake/orders"})
+    assert only_table(one, None) is one  # named topics, one table: no Kafka asked
+
+
+def test_a_table_path_is_known_from_the_name_alone():
+    assert table_path(pipeline(), "orders") == "/lake/shop/orders"
+    on_s3 = {"path": "s3://b/{topic}", "storage_options": {"conditional_put": "etag"}}
+    assert table_path(pipeline(table=on_s3), "pg.shop.orders") == "s3://b/pg.shop.orders"
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"table": {"path": "/lake/{tabel}"}}, "unknown placeholder {tabel}: use {table} or {topic}"),
+        ({"table": {"path": "/lake/{table"}}, "braces are only for the placeholders {table} and {topic}"),
+        ({"table": {"path": "/lake/{{x}}"}}, "braces are only for the placeholders"),
+        ({"topics": ["^pg\\.(shop"]}, "is not a valid regular expression"),
+        ({"quarantine": {"path": "/lake/q"}}, "both or neither hold {table}/{topic}"),
+    ],
+)
+def test_the_pipeline_file_is_refused_in_one_line(overrides, expected):
+    assert expected in error_for(lambda: pipeline(**overrides))
