@@ -61,8 +61,12 @@ class BatchResult:
     files: set[str] = field(default_factory=set)  # data files the commit added
     spark_job: tuple[float, float] | None = None  # epoch seconds its Spark job was submitted and ended
     merged: dict[str, int] | None = None  # upsert mode: the MERGE's rows inserted, updated, deleted
+    table: str | None = None  # a stream over a table per topic: whose batch this was (its path)
 
     def summary(self) -> str:
+        return f"{self.table}: {self._summary()}" if self.table else self._summary()
+
+    def _summary(self) -> str:
         if self.status == "up_to_date":
             return "up to date: nothing new to ingest"
         if self.status != "committed":
@@ -392,6 +396,8 @@ def stream(
     while not stop.is_set():
         for one in tables() if tables else [cfg]:
             for result in ingest(spark, one, run, stop):
+                if tables:
+                    result.table = one.table_path
                 if result.status == "committed":
                     committed += 1
                     tidy.setdefault(one.table_path, StreamCompaction(one, run)).after(result)

@@ -13,7 +13,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from offsetlake.config import PipelineConfig, load_pipeline
 from offsetlake.errors import ConfigError, OffsetlakeError, one_line
@@ -321,7 +321,7 @@ def cmd_status(args) -> int:
     from offsetlake.operations.status import format_status, status
 
     tables = _pipeline_tables(args)
-    out = []
+    out: list[Any] = []  # JSON rows, or lines of text
     for table in tables:
         rows = status(table.cfg)
         if args.json:
@@ -341,7 +341,7 @@ def cmd_history(args) -> int:
     from offsetlake.operations.status import format_history, history
 
     tables = _pipeline_tables(args)
-    out = []
+    out: list[Any] = []  # JSON rows, or lines of text
     for table in tables:
         rows = history(table.cfg, args.limit)
         if args.json:
@@ -469,7 +469,8 @@ def cmd_audit(args) -> int:
     tables = _pipeline_tables(args)
     if args.ranges and len(tables) > 1:
         raise ConfigError("--ranges: name the table they are in with --table")
-    out, bad = [], []
+    out: list[Any] = []  # JSON reports, or lines of text
+    bad: list[str] = []
     for table in tables:
         cfg = table.cfg
         report = audit(cfg, parse_ranges(args.ranges) if args.ranges else None)

@@ -75,6 +75,11 @@ def test_the_dag_file_parses_into_five_dags_per_pipeline(monkeypatch, airflow_db
     steps = [t for t in ingest_dag.tasks if isinstance(t, SparkSubmitOperator)]
     assert [type(t) for t in steps] == [OffsetlakeOperator]
     assert steps[0]._conn_id == "spark_default" and (steps[0].pipeline, steps[0].command) == ("demo_events", "ingest")
+    # demo_shop writes a table per topic: its steps are mapped over a `tables` task, but its stream's.
+    shop = {kind: bag.dags[f"offsetlake__demo_shop__{kind}"] for kind in kinds}
+    for kind, step in (("ingest", "ingest"), ("backfill", "backfill"), ("recovery", "recovery")):
+        assert shop[kind].task_dict[step].is_mapped and shop[kind].task_dict[step].upstream_task_ids >= {"tables"}
+    assert not shop["stream"].task_dict["stream"].is_mapped and "tables" not in shop["stream"].task_dict
 
 
 def test_nothing_machine_specific_is_baked_into_a_dag(monkeypatch, airflow_db):
@@ -157,7 +162,7 @@ def test_a_pipeline_with_a_table_per_topic_maps_one_ingest_task_per_table(
     )
     cfg = load(pipelines_dir, name)
     tables = {t: for_topic(cfg, f"{prefix}.{t}") for t in ("a", "b")}
-    for t, one in tables.items():
+    for one in tables.values():
         produce(one.kafka, one.topics[0], 200, transactional_share=0.5, abort_share=0.2, seed=3)
     ingest(spark, tables["a"])
 

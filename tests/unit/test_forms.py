@@ -2,7 +2,7 @@
 
 import pytest
 
-from offsetlake.airflow.forms import backfill_ranges, recovery_args
+from offsetlake.airflow.forms import backfill_ranges, form_tables, recovery_args
 from offsetlake.config import parse_pipeline
 from offsetlake.errors import ConfigError
 
@@ -137,3 +137,43 @@ def test_maintenance_form_normalises_and_refuses():
     ]:
         with pytest.raises(ConfigError, match=why):
             maintenance_args(cfg, bad)
+
+
+def per_topic_cfg():
+    doc = {
+        "name": "p",
+        "topics": ["^pg\\.shop\\."],
+        "kafka": {"bootstrap_servers": "x:1"},
+        "table": {"path": "/lake/{table}"},
+        "format": {"type": "raw"},
+    }
+    return parse_pipeline(doc, "p.yaml")
+
+
+class ShopCluster:
+    def topic_names(self):
+        return ["pg.shop.customers", "pg.shop.orders"]
+
+    def partitions(self, topics):
+        return [(t, p) for t in topics for p in range(2)]
+
+
+def test_a_per_topic_pipelines_forms_name_a_table_or_take_every_one():
+    cfg, cluster = per_topic_cfg(), ShopCluster()
+
+    assert form_tables(cfg, {}, cluster) == ["customers", "orders"]
+    assert form_tables(cfg, {"table": "orders"}, cluster) == ["orders"]
+    with pytest.raises(ConfigError, match=r"table: name the table .*customers, orders"):
+        form_tables(cfg, {}, cluster, one=True)
+    with pytest.raises(ConfigError, match="has no such table"):
+        form_tables(cfg, {"table": "refunds"}, cluster)
+    with pytest.raises(ConfigError, match="table must be a table's name"):
+        form_tables(cfg, {"table": "../etc"}, cluster)
+    assert form_tables(CFG, {}, cluster) == []
+    with pytest.raises(ConfigError, match="writes one table; leave table empty"):
+        form_tables(CFG, {"table": "orders"}, cluster)
+
+    ranges = {"ranges": [{"topic": "pg.shop.orders", "partition": 1, "start": 0, "end": 5}]}
+    assert backfill_ranges(cfg, {**ranges, "table": "orders"}, cluster) == "pg.shop.orders:1:0-5"
+    with pytest.raises(ConfigError, match="is not one of the pipeline's topics"):
+        backfill_ranges(cfg, {**ranges, "table": "customers"}, cluster)

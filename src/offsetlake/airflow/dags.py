@@ -268,7 +268,7 @@ def spark_step(
 
         return form_tables(resolve_connections(cfg), dict(params or {}), one=one_table)
 
-    names = tables()  # type: ignore[call-arg]  # Airflow's @task: a call makes the task
+    names = tables()  # Airflow's @task: a call makes the task
     if after is not None:
         after >> names
     OffsetlakeOperator.partial(task_id=task_id, map_index_template="{{ task.table }}", **settings).expand(table=names)
