@@ -2,7 +2,7 @@
 
 - reference/pipeline.md and reference/pipeline.schema.json: from the pydantic models that read a pipeline
   file (offsetlake.config; each field's docstring is its description);
-- reference/cli.md: from the `offsetlake` argument parser (offsetlake.cli.build_parser);
+- reference/cli.md: from the `offsetlake` argument parser (offsetlake.cli_arguments.build_parser);
 - reference/operator.md: from OffsetlakeOperator's docstring.
 
 `python docs/generate.py` writes them (`make docs` does, before building the site); `--check` fails
@@ -112,7 +112,7 @@ def _text(text: str) -> str:
 
 
 def cli_page() -> str:
-    from offsetlake.cli import build_parser
+    from offsetlake.cli_arguments import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

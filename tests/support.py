@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -91,6 +92,19 @@ def write_pipeline(
     directory.mkdir(parents=True, exist_ok=True)
     (directory / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return name
+
+
+def write_per_topic_pipeline(directory: Path, bootstrap: str, prefix: str, lake: Path) -> str:
+    """A pipeline reading every topic named `<prefix>.…` (a pattern) into a table per topic, `lake/<last
+    segment>` (and its quarantine beside it). Returns its name."""
+    return write_pipeline(
+        directory,
+        bootstrap,
+        [f"^{re.escape(prefix)}\\."],
+        lake,
+        table={"path": str(lake / "{table}")},
+        quarantine={"path": str(lake / "{table}_quarantine")},
+    )
 
 
 def new_pipeline(bootstrap: str, pipelines_dir: Path, lake: Path, partitions: int = 3, records: int = 0, **overrides):

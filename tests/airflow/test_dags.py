@@ -139,27 +139,18 @@ def test_a_pipeline_with_a_table_per_topic_maps_one_ingest_task_per_table(
 ):
     """A `tables` task lists the tables as of the run; the Spark step runs once per table, labelled with
     its name: the table already caught up submits no Spark job, the other commits its topic exactly once."""
-    import re
-
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
 
     from offsetlake.airflow.dags import ingest_dag
     from offsetlake.topic_tables import for_topic
-    from support import create_topic, load, unique, write_pipeline
+    from support import create_topic, load, unique, write_per_topic_pipeline
 
     monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(pipelines_dir))  # the DAG file and the tasks read it
     prefix = unique("db")
     for table in ("a", "b"):
         create_topic(bootstrap, f"{prefix}.{table}", 2)
-    name = write_pipeline(
-        pipelines_dir,
-        bootstrap,
-        [f"^{re.escape(prefix)}\\."],
-        lake,
-        table={"path": str(lake / "{table}")},
-        quarantine={"path": str(lake / "{table}_quarantine")},
-    )
+    name = write_per_topic_pipeline(pipelines_dir, bootstrap, prefix, lake)
     cfg = load(pipelines_dir, name)
     tables = {t: for_topic(cfg, f"{prefix}.{t}") for t in ("a", "b")}
     for one in tables.values():

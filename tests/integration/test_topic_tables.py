@@ -19,7 +19,7 @@ import pytest
 from offsetlake import cli
 from offsetlake.topic_tables import for_topic
 from oracle import assert_exactly_once
-from support import create_topic, load, produce, unique, write_pipeline
+from support import create_topic, load, produce, unique, write_per_topic_pipeline, write_pipeline
 
 
 @pytest.fixture
@@ -56,14 +56,7 @@ def test_a_pattern_with_a_table_per_topic_ingests_each_topic_exactly_once(offset
         create_topic(bootstrap, f"{prefix}.s.{table}", 2)
     unrelated = f"{prefix}.x.z"
     create_topic(bootstrap, unrelated, 1)
-    name = write_pipeline(
-        pipelines_dir,
-        bootstrap,
-        [f"^{re.escape(prefix)}\\.s\\."],
-        lake,
-        table={"path": str(lake / "{table}")},
-        quarantine={"path": str(lake / "{table}_quarantine")},
-    )
+    name = write_per_topic_pipeline(pipelines_dir, bootstrap, f"{prefix}.s", lake)
     cfg = load(pipelines_dir, name)
     for table, records in (("a", 300), ("b", 150)):
         produce(cfg.kafka, f"{prefix}.s.{table}", records, transactional_share=0.5, abort_share=0.2, seed=7)
@@ -132,14 +125,7 @@ def test_commands_on_one_table_refuse_in_one_line_without_it(offsetlake, bootstr
     prefix = unique("db")
     for table in ("a", "b"):
         create_topic(bootstrap, f"{prefix}.{table}", 1)
-    name = write_pipeline(
-        pipelines_dir,
-        bootstrap,
-        [f"^{re.escape(prefix)}\\."],
-        lake,
-        table={"path": str(lake / "{table}")},
-        quarantine={"path": str(lake / "{table}_quarantine")},
-    )
+    name = write_per_topic_pipeline(pipelines_dir, bootstrap, prefix, lake)
     where = ("--pipeline", name, "--pipelines-dir", str(pipelines_dir))
 
     for args, expected in (
