@@ -289,7 +289,7 @@ def _cmdline(pid: int) -> bytes:
 def _answers(cluster: SparkStandalone) -> bool:
     try:
         return cluster.state().get("status") == "ALIVE"
-    except OSError:
+    except (OSError, ValueError):  # ValueError: while it starts, the master's UI may answer /json/ with a page
         return False
 
 

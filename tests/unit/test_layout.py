@@ -86,3 +86,11 @@ def test_what_runs_in_executors_never_imports_deltalake():
 
 def test_spark_set_up_imports_nothing_else_of_offsetlake():
     assert {t for t in imports_of("spark") if not t.startswith("offsetlake.spark")} == set()
+
+
+def test_test_files_have_unique_names():
+    """pytest imports test files by their base name (no packages under tests/): two of one name in different
+    folders make the second an error at collection."""
+    tests = Path(__file__).resolve().parents[1]
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
