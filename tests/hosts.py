@@ -213,6 +213,18 @@ class SparkStandalone:
             master_log,
         )
         cluster = SparkStandalone(host, master.pid, 0, work, port, ui_port)
+        try:  # a start that fails stops what it started: nobody else knows its PIDs yet
+            cluster._start_worker(master, master_log, worker_log, spark_class, env, hide, cores, memory, worker_ui_port)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def _start_worker(
+        self, master, master_log, worker_log, spark_class, env, hide, cores, memory, worker_ui_port
+    ) -> None:
+        """Wait for the master, then start the worker and wait until it registered."""
+        cluster, host, work = self, self.host, self.work_dir
         wait_for(lambda: _answers(cluster), "Spark master", 90, master, master_log)
         worker = _popen(
             host.command(
@@ -242,7 +254,6 @@ class SparkStandalone:
             worker,
             worker_log,
         )
-        return cluster
 
     def executor_pids(self) -> list[int]:
         """The executor JVMs the worker runs now (CoarseGrainedExecutorBackend, its descendants)."""
