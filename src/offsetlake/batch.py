@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 import pyarrow as pa
@@ -43,6 +44,9 @@ from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.protocol.upsert import Merge, after_last_truncate, latest_per_key, read_staging
 from offsetlake.read.tasks import TaskContext, TaskResults, parse_results, task_function
 from offsetlake.spark.session import is_local, session_of
+
+if TYPE_CHECKING:
+    from offsetlake.topic_tables import PipelineTable
 from offsetlake.table import check_mergeable, open_table
 
 log = logging.getLogger("offsetlake.batch")
@@ -61,7 +65,7 @@ class BatchResult:
     files: set[str] = field(default_factory=set)  # data files the commit added
     spark_job: tuple[float, float] | None = None  # epoch seconds its Spark job was submitted and ended
     merged: dict[str, int] | None = None  # upsert mode: the MERGE's rows inserted, updated, deleted
-    table: str | None = None  # a stream over a table per topic: whose batch this was (its path)
+    table: str | None = None  # a pipeline with a table per topic: whose batch this was (the table's name)
 
     def summary(self) -> str:
         return f"{self.table}: {self._summary()}" if self.table else self._summary()
@@ -377,13 +381,13 @@ def stream(
     run: Run | None = None,
     max_seconds: float | None = None,
     on_batch=None,
-    tables: Callable[[], list[PipelineConfig]] | None = None,
+    tables: Callable[[], list[PipelineTable]] | None = None,
 ) -> int:
     """Ingest in a loop in one Spark session until `stop` is set (SIGTERM) or max_seconds pass.
 
-    `tables`: a pipeline with a table per topic (offsetlake.topic_tables) gives the single-table pipelines
-    of its tables, asked again before each round (a topic created meanwhile joins); each round catches up
-    each table in turn. Without it, the one table of `cfg`."""
+    `tables`: the pipeline's tables (offsetlake.topic_tables), asked again before each round (a topic
+    created meanwhile joins); each round catches up each table in turn, and a table with a name (a table
+    per topic) labels its batches. Without it, the one table of `cfg`."""
     interval = cfg.stream_interval_seconds if interval is None else interval
     run = msgspec.structs.replace(run or Run.here(), via="stream")  # its commits say they are a stream's
     deadline = time.monotonic() + max_seconds if max_seconds else None
@@ -394,10 +398,9 @@ def stream(
     if warning:
         log.warning("stream %s: %s", cfg.name, warning)
     while not stop.is_set():
-        for one in tables() if tables else [cfg]:
+        for name, one in [(t.name, t.cfg) for t in tables()] if tables else [(None, cfg)]:
             for result in ingest(spark, one, run, stop):
-                if tables:
-                    result.table = one.table_path
+                result.table = name
                 if result.status == "committed":
                     committed += 1
                     tidy.setdefault(one.table_path, StreamCompaction(one, run)).after(result)

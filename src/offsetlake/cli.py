@@ -79,18 +79,23 @@ def _heading(table: PipelineTable) -> str | None:
     return f"== {table.label}: {table.cfg.table_path}" if table.name is not None else None
 
 
-def cmd_status(args) -> int:
-    from offsetlake.operations.status import format_status, status
-
-    tables = _pipeline_tables(args)
+def _print_each_table(args, rows_of, text_of) -> None:
+    """`status` and `history`: each table's rows (`rows_of(cfg)`), as JSON rows naming their table, or as
+    text (`text_of(rows)`) under a heading per table."""
     out: list[Any] = []  # JSON rows, or lines of text
-    for table in tables:
-        rows = status(table.cfg)
+    for table in _pipeline_tables(args):
+        rows = rows_of(table.cfg)
         if args.json:
             out.extend({**r.as_dict(), **_table_field(table)} for r in rows)
         else:
-            out.extend(filter(None, [_heading(table), format_status(rows)]))
+            out.extend(filter(None, [_heading(table), text_of(rows)]))
     print(json.dumps(out) if args.json else "\n".join(out))
+
+
+def cmd_status(args) -> int:
+    from offsetlake.operations.status import format_status, status
+
+    _print_each_table(args, status, format_status)
     return 0
 
 
@@ -102,15 +107,7 @@ def _table_field(table: PipelineTable) -> dict:
 def cmd_history(args) -> int:
     from offsetlake.operations.status import format_history, history
 
-    tables = _pipeline_tables(args)
-    out: list[Any] = []  # JSON rows, or lines of text
-    for table in tables:
-        rows = history(table.cfg, args.limit)
-        if args.json:
-            out.extend({**r.as_dict(), **_table_field(table)} for r in rows)
-        else:
-            out.extend(filter(None, [_heading(table), format_history(rows)]))
-    print(json.dumps(out) if args.json else "\n".join(out))
+    _print_each_table(args, lambda cfg: history(cfg, args.limit), format_history)
     return 0
 
 
@@ -158,7 +155,8 @@ def cmd_ingest(args) -> int:
             try:
                 _check_reachable(table.cfg)
                 for result in ingest(spark, table.cfg, _run(args)):
-                    print(f"{table.name}: {result.summary()}" if table.name else result.summary(), flush=True)
+                    result.table = table.name
+                    print(result.summary(), flush=True)
                     first_job = first_job or result.spark_job
             except Exception as err:  # noqa: BLE001 - one table's failure is reported, the others go on
                 if len(tables) == 1:
@@ -175,17 +173,16 @@ def cmd_ingest(args) -> int:
 
 def cmd_stream(args) -> int:
     from offsetlake.batch import print_progress, stream
-    from offsetlake.topic_tables import pipeline_tables, select
 
-    cfg = _loaded(args)
-    tables = select(pipeline_tables(cfg), cfg, args.table)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())  # finish the batch in flight, then leave
 
-    def current_tables() -> list[PipelineConfig]:
+    def current_tables() -> list[PipelineTable]:
         """Listed again before each round: a topic created meanwhile that matches gets its table."""
-        return [t.cfg for t in select(pipeline_tables(cfg), cfg, args.table)]
+        return _pipeline_tables(args)
+
+    tables = current_tables()
 
     with _spark(args, tables[0].cfg, "stream") as spark:  # under spark-submit it starts while Kafka is checked
         for table in tables:

@@ -246,12 +246,11 @@ class KafkaCluster:
         return self._retrying("cannot read cluster metadata (is the broker reachable?)", read)
 
     def topic_names(self) -> list[str]:
-        """Every topic this client may see, but Kafka's internal ones (`__consumer_offsets`, ...): what a
-        topic pattern is matched against."""
+        """Every topic this client may see: what a topic pattern is matched against
+        (offsetlake.topic_tables, which leaves Kafka's internal topics out)."""
 
         def read() -> list[str]:
-            metadata = self.admin.list_topics(timeout=self.timeout)
-            return sorted(t for t in metadata.topics if not t.startswith("__"))
+            return sorted(self.admin.list_topics(timeout=self.timeout).topics)
 
         return self._retrying("cannot read cluster metadata (is the broker reachable?)", read)
 

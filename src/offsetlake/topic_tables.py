@@ -27,6 +27,7 @@ from offsetlake.config import PipelineConfig, path_placeholders, register_storag
 from offsetlake.errors import ConfigError
 
 PATTERN_PREFIX = "^"
+INTERNAL_PREFIX = "__"  # Kafka's own topics (__consumer_offsets, __transaction_state): never a pattern's
 PLACEHOLDERS = ("table", "topic")
 
 
@@ -66,7 +67,7 @@ def matching_topics(cfg: PipelineConfig, cluster_topics: Iterable[str]) -> list[
     chosen: list[str] = []
     for entry in cfg.topics:
         found = (
-            [t for t in cluster_topics if re.match(entry, t) and not t.startswith("__")]
+            [t for t in cluster_topics if re.match(entry, t) and not t.startswith(INTERNAL_PREFIX)]
             if is_pattern(entry)
             else [entry]
         )

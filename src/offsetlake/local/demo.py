@@ -121,9 +121,8 @@ def up() -> None:
     avro_committed = _wait_for_commits(avro_cfg, avro_ingest, started_ms, timeout=300)
     upsert_cfg = load_pipeline(UPSERT_PIPELINE)
     upsert_committed = _wait_for_commits(upsert_cfg, upsert_ingest, started_ms, timeout=300)
-    shop_tables = {
-        table: for_topic(load_pipeline(demo_shop.PIPELINE), f"demo.shop.{table}") for table in demo_shop.TABLES
-    }
+    shop_cfg = load_pipeline(demo_shop.PIPELINE)
+    shop_tables = {table: for_topic(shop_cfg, f"demo.shop.{table}") for table in demo_shop.TABLES}
     shop_committed = {
         table: _wait_for_commits(cfg, shop_stream, started_ms, timeout=300) for table, cfg in shop_tables.items()
     }
