@@ -416,7 +416,12 @@ class WriteSettings(_Strict):
     """`append`: every record is a new row. `upsert`: the table holds the latest row per `key`; a batch is
     one Delta MERGE committed with its offsets, the record with the highest offset per key winning."""
     key: list[StrictStr] = Field(default_factory=list)
-    """Upsert only: the columns that identify a row (payload columns, `kafka_key` or raw's `key`)."""
+    """Upsert only: the columns that identify a row (payload columns, `kafka_key` or raw's `key`). With a
+    table per topic, every table's, but those named in `keys`."""
+    keys: dict[StrictStr, list[StrictStr]] = Field(default_factory=dict)
+    """Upsert with a table per topic (`table.path` holding `{table}` or `{topic}`): the key of each table
+    named here (by its name, as `--table` takes it); the others take `key`. For a database whose tables'
+    primary keys differ: `{order_lines: [order_id, line_no]}`."""
     order_by: StrictStr | None = None
     """Upsert only: a column (an event time, a source LSN) whose greatest value wins, within a batch and
     across batches, so that one key may arrive in several partitions. Without it a key must keep to one
@@ -434,13 +439,22 @@ class WriteSettings(_Strict):
 
     @model_validator(mode="after")
     def _key_for_upsert(self):
-        if self.mode == "upsert" and not self.key:
+        if self.mode == "upsert" and not self.key and not self.keys:
             raise ValueError("write.mode 'upsert' needs write.key: the columns that identify a row")
-        if self.mode == "append" and (self.key or self.order_by):
-            raise ValueError("write.key and write.order_by are for write.mode 'upsert'")
+        if self.mode == "append" and (self.key or self.keys or self.order_by):
+            raise ValueError("write.key, write.keys and write.order_by are for write.mode 'upsert'")
         if len(set(self.key)) != len(self.key):
             raise ValueError("write.key lists a column twice")
+        for table, key in self.keys.items():
+            if not key:
+                raise ValueError(f"write.keys.{table} is empty: a key names at least one column")
+            if len(set(key)) != len(key):
+                raise ValueError(f"write.keys.{table} lists a column twice")
         return self
+
+    def key_of(self, table: str | None) -> list[str]:
+        """The key of a table of the pipeline (None: its only table)."""
+        return self.keys.get(table, self.key) if table is not None else self.key
 
     @property
     def upsert(self) -> bool:
@@ -577,9 +591,15 @@ class PipelineConfig(_Strict):
         for col in self.maintenance.zorder_by:
             if col not in self.data_columns() and not self.format.evolves:
                 raise ValueError(f"maintenance.zorder_by column {col!r} is not a data column of the table")
-        for col in [*self.write.key, *([self.write.order_by] if self.write.order_by else [])]:
+        keys = [col for key in self.write.keys.values() for col in key]
+        for col in [*self.write.key, *keys, *([self.write.order_by] if self.write.order_by else [])]:
             if col not in columns and not self.format.evolves:
                 raise ValueError(f"write column {col!r} is not a column of the table")
+        if self.write.keys and not path_placeholders(self.table.path):
+            raise ValueError(
+                "write.keys gives tables of a table per topic their keys; this pipeline writes one table "
+                f"({self.table.path}): use write.key"
+            )
         write = self.write
         if write.order_by and write.deletes == "tombstone" and write.upsert and not self.format.debezium_envelope:
             raise ValueError(
@@ -591,7 +611,7 @@ class PipelineConfig(_Strict):
                 "format.envelope 'debezium' needs write.mode 'upsert' (a change stream's table is its source "
                 "table's current state) with write.key naming the source table's key columns"
             )
-        if set(self.write.key) & set(LINEAGE_COLUMNS):
+        if set([*self.write.key, *keys]) & set(LINEAGE_COLUMNS):
             raise ValueError("write.key names a Kafka lineage column: a key is the record's own (kafka_key, say)")
         if len(set(self.topics)) != len(self.topics):
             raise ValueError("topics lists a topic twice")

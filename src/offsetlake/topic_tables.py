@@ -102,12 +102,21 @@ def resolve(cfg: PipelineConfig, cluster_topics: Iterable[str]) -> list[Pipeline
 
 def for_topic(cfg: PipelineConfig, topic: str) -> PipelineConfig:
     """The single-table pipeline of one topic of a per-topic pipeline: its table and quarantine paths
-    rendered, their storage options registered."""
+    rendered, its key (`write.keys`, else `write.key`), their storage options registered."""
     fields = {"table": topic.rsplit(".", 1)[-1], "topic": topic}
     update: dict = {
         "topics": [topic],
         "table": cfg.table.model_copy(update={"path": cfg.table.path.format(**fields)}),
     }
+    if cfg.write.upsert:
+        name = table_name(topic, cfg.table.path)
+        key = cfg.write.key_of(name)
+        if not key:
+            raise ConfigError(
+                f"pipeline {cfg.name!r}: table {name!r} (topic {topic!r}) has no key: give write.key "
+                f"(every table's) or write.keys.{name}"
+            )
+        update["write"] = cfg.write.model_copy(update={"key": key, "keys": {}})
     if cfg.quarantine is not None:
         update["quarantine"] = cfg.quarantine.model_copy(update={"path": cfg.quarantine.path.format(**fields)})
     one = cfg.model_copy(update=update)

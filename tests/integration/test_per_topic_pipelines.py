@@ -18,7 +18,7 @@ import pytest
 
 from offsetlake import cli
 from offsetlake.topic_tables import for_topic
-from oracle import assert_exactly_once
+from oracle import assert_exactly_once, read_with_delta_rs
 from support import create_topic, load, produce, unique, write_per_topic_pipeline, write_pipeline
 
 
@@ -140,3 +140,34 @@ def test_commands_on_one_table_refuse_in_one_line_without_it(offsetlake, bootstr
     single = write_pipeline(pipelines_dir, bootstrap, [f"{prefix}.a"], lake)
     code, _, err = offsetlake("status", "--pipeline", single, "--pipelines-dir", str(pipelines_dir), "--table", "a")
     assert code == 1 and "writes one table" in err and "--table is for a table.path with {table}" in err
+
+
+def test_tables_of_one_pipeline_upsert_on_their_own_keys(offsetlake, bootstrap, pipelines_dir, lake):
+    """`write.keys` gives a table its own key; the others take `write.key`. Each table is checked against
+    the fold of what Kafka holds on the key the test expects of it."""
+    prefix = unique("db")
+    for table in ("by_user", "by_event"):
+        create_topic(bootstrap, f"{prefix}.{table}", 1)  # one partition: a user's records keep their order
+    name = write_pipeline(
+        pipelines_dir,
+        bootstrap,
+        [f"^{re.escape(prefix)}\\."],
+        lake,
+        table={"path": str(lake / "{table}")},
+        quarantine={"path": str(lake / "{table}_quarantine")},
+        write={"mode": "upsert", "key": ["user_id"], "keys": {"by_event": ["event_id"]}},
+    )
+    cfg = load(pipelines_dir, name)
+    for table in ("by_user", "by_event"):
+        produce(cfg.kafka, f"{prefix}.{table}", 400, transactional_share=0.5, abort_share=0.2, seed=12)
+
+    code, out, err = offsetlake("ingest", "--pipeline", name, "--pipelines-dir", str(pipelines_dir))
+
+    assert code == 0, err
+    by_user, by_event = for_topic(cfg, f"{prefix}.by_user"), for_topic(cfg, f"{prefix}.by_event")
+    assert (by_user.write.key, by_event.write.key) == (["user_id"], ["event_id"])
+    for one in (by_user, by_event):
+        assert_exactly_once(one)
+    users = read_with_delta_rs(by_user.table_path).column("user_id").to_pylist()
+    events = read_with_delta_rs(by_event.table_path).column("event_id").to_pylist()
+    assert len(users) == len(set(users)) < len(events) == len(set(events))  # the same records, other keys

@@ -99,9 +99,42 @@ def test_a_table_path_is_known_from_the_name_alone():
     assert table_path(pipeline(table=on_s3), "pg.shop.orders") == "s3://b/pg.shop.orders"
 
 
+def test_each_table_takes_its_key_from_write_keys_or_else_write_key():
+    schema = [{"name": n, "type": "long"} for n in ("id", "order_id", "line_no")]
+    upsert = {"mode": "upsert", "key": ["id"], "keys": {"orders": ["order_id", "line_no"]}}
+    tables = resolve(pipeline(format={"type": "json", "schema": schema}, write=upsert), CLUSTER)
+
+    assert {t.name: t.cfg.write.key for t in tables} == {
+        "customers": ["id"],
+        "heartbeat": ["id"],
+        "orders": ["order_id", "line_no"],
+    }
+    assert all(t.cfg.write.keys == {} for t in tables)  # a table's pipeline is a plain single-table one
+
+
+def test_a_table_without_a_key_is_refused_naming_it_and_where_to_give_one():
+    schema = [{"name": n, "type": "long"} for n in ("id", "order_id")]
+    only_orders = {"mode": "upsert", "keys": {"orders": ["order_id"]}}
+    cfg = pipeline(format={"type": "json", "schema": schema}, write=only_orders)
+
+    assert [t.name for t in resolve(cfg, ["pg.shop.orders"])] == ["orders"]
+    assert error_for(lambda: resolve(cfg, CLUSTER)) == (
+        "pipeline 'shop': table 'customers' (topic 'pg.shop.customers') has no key: give write.key "
+        "(every table's) or write.keys.customers"
+    )
+
+
 @pytest.mark.parametrize(
     "overrides, expected",
     [
+        (
+            {"table": {"path": "/lake/one"}, "write": {"mode": "upsert", "keys": {"orders": ["id"]}}},
+            "this pipeline writes one table (/lake/one): use write.key",
+        ),
+        ({"write": {"mode": "upsert", "keys": {"orders": ["nope"]}}}, "write column 'nope' is not a column"),
+        ({"write": {"mode": "upsert", "keys": {"orders": []}}}, "write.keys.orders is empty"),
+        ({"write": {"mode": "upsert", "keys": {"orders": ["id", "id"]}}}, "write.keys.orders lists a column twice"),
+        ({"write": {"keys": {"orders": ["id"]}}}, "write.key, write.keys and write.order_by are for"),
         ({"table": {"path": "/lake/{tabel}"}}, "unknown placeholder {tabel}: use {table} or {topic}"),
         ({"table": {"path": "/lake/{table"}}, "braces are only for the placeholders {table} and {topic}"),
         ({"table": {"path": "/lake/{{x}}"}}, "braces are only for the placeholders"),
