@@ -42,6 +42,7 @@ CUSTOMER_TYPES = {
     "score": pa.float64(),
     "active": pa.bool_(),
     "note": pa.string(),
+    "codes": pa.list_(pa.int32()),
 }
 ORDER_TYPES = {
     "id": pa.int64(),
@@ -66,9 +67,22 @@ class Shop(shop.Shop):
 # ---- the oracle ---------------------------------------------------------------------------------------
 
 
-def assert_table_is_source(table_path: str, source: dict[int, dict], types: dict[str, pa.DataType]) -> int:
+# The one thing a table cannot know. PostgreSQL sends an update's new row without its TOASTed values that
+# the update left unchanged (REPLICA IDENTITY DEFAULT), and Debezium turns a primary-key change into a
+# delete of the old key (its key columns only) and a create of the new one holding the placeholder for
+# those values: no event carries them. Such a value of a moved row may be null in the table, until an
+# update sets it; it is counted, and never another value. The workload's TOASTable values are a few
+# bytes or several KB, so "large" is unambiguous at this size.
+TOASTABLE = ("note", "photo", "tags", "codes")
+LARGE = 1000
+
+
+def assert_table_is_source(
+    table_path: str, source: dict[int, dict], types: dict[str, pa.DataType], moved: set[int] = frozenset()
+) -> int:
     """The Delta table holds exactly the source's rows (by id), each column of its expected type and each
-    value equal to PostgreSQL's. Returns the number of rows."""
+    value equal to PostgreSQL's, but a large value of a `moved` row (see above), which may be null. Returns
+    how many values were null for that reason."""
     data = DeltaTable(table_path).to_pyarrow_table()
     for name, expected in types.items():
         assert name in data.column_names, f"column {name!r} missing from {table_path}: {data.column_names}"
@@ -84,14 +98,27 @@ def assert_table_is_source(table_path: str, source: dict[int, dict], types: dict
         f"{table_path}: {len(missing)} rows missing {missing[:5]}, {len(unexpected)} unexpected "
         f"{where if unexpected else ''}"
     )
-    wrong = []
+    wrong, left_out = [], 0
     for key, expected in source.items():
         for name in types:
             want, got = _as_delta(expected[name]), rows[key][name]
-            if want != got:
-                wrong.append(f"id {key} {name}: source {want!r}, table {got!r}")
+            if want != got and got is None and key in moved and name in TOASTABLE and _size(want) > LARGE:
+                left_out += 1
+            elif want != got:
+                wrong.append(f"id {key} {name}: source {_shown(want)}, table {_shown(got)}")
     assert not wrong, f"{len(wrong)} values differ:\n" + "\n".join(wrong[:10])
-    return len(rows)
+    return left_out
+
+
+def _size(value) -> int:
+    if isinstance(value, list):
+        return sum(len(str(v)) for v in value)
+    return len(value) if isinstance(value, str | bytes) else 0
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else f"{text[:200]}... ({_size(value)} bytes)"
 
 
 def _as_delta(value):

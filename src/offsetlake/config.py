@@ -218,8 +218,9 @@ class DebeziumSettings(_Strict):
     unavailable_value: StrictStr | None = Field(default="__debezium_unavailable_value", min_length=1)
     """What the connector sends for a value it does not have: the connector's `unavailable.value.placeholder`
     (its default here). PostgreSQL leaves a large (TOASTed) value out of an update that does not change it,
-    unless the table's REPLICA IDENTITY is FULL. A text column holding it keeps the row's current value: the
-    latest earlier value of its key in the batch, else the table's; it is never written. None: no such value."""
+    unless the table's REPLICA IDENTITY is FULL. A column holding it (text, json, bytea, text and integer
+    arrays, each in the connector's shape of it) keeps the row's current value: the latest earlier value of
+    its key in the batch, else the table's; it is never written. None: no such value."""
     decimal_handling_mode: Literal["precise", "string", "double"] = "precise"
     """`json` only: the connector's `decimal.handling.mode`, which says how a declared `decimal(p,s)` field of
     the row arrives when the JSON converter sends no schemas: `precise` (Debezium's default) as base64 text of

@@ -2,7 +2,8 @@
 workload of the change-data-capture tests (tests/source_db.py holds their oracle).
 
 `Shop` is a PostgreSQL schema of two tables with a column of each type users capture (numeric, date,
-timestamp with and without zone, jsonb, uuid, text[], bytea, an enum, large text), changed by a seeded
+timestamp with and without zone, jsonb, uuid, text[], bytea, an enum, integer[]; the text, arrays and
+bytea sometimes large enough for PostgreSQL to store them out of line, TOASTed), changed by a seeded
 random workload of multi-row transactions: inserts, updates of some columns, deletes, primary-key updates,
 an `ALTER TABLE ... ADD COLUMN` and a TRUNCATE when asked. `python -m offsetlake.local.shop` keeps one
 changing (the demo's, started and stopped by PID).
@@ -28,7 +29,7 @@ CREATE TYPE {s}.tier AS ENUM ('bronze', 'silver', 'gold');
 CREATE TABLE {s}.customers (
     id bigint PRIMARY KEY, name text NOT NULL, balance numeric(12, 2), born date, created timestamp(6),
     seen timestamptz, prefs jsonb, token uuid, tags text[], photo bytea, tier {s}.tier, visits integer,
-    score double precision, active boolean, note text
+    score double precision, active boolean, note text, codes integer[]
 );
 CREATE TABLE {s}.heartbeat (id integer PRIMARY KEY, at timestamptz);
 CREATE TABLE {s}.orders (
@@ -45,6 +46,7 @@ class Shop:
         self.rng = random.Random(seed)
         self.next_id = {"customers": 1, "orders": 1}
         self.added_column = False
+        self.moved: set[int] = set()  # ids a primary-key change gave a row (if its old id still had one)
         self.counts = {"insert": 0, "update": 0, "delete": 0, "key change": 0, "transactions": 0}
 
     def create(self, customers: int = 20, orders: int = 20) -> None:
@@ -56,10 +58,12 @@ class Shop:
         return ["customers", "orders"]
 
     def resume(self) -> None:
-        """Continue a shop made earlier (by another process): new ids follow the tables' highest."""
+        """Continue a shop made earlier (by another process): new ids follow the tables' highest; a column
+        added to the shop since it was made is added to it."""
         conn = self.server.connect()
         try:
-            with conn.cursor() as cur:
+            with conn, conn.cursor() as cur:
+                cur.execute(f'ALTER TABLE "{self.schema}".customers ADD COLUMN IF NOT EXISTS codes integer[]')
                 for table in self.tables():
                     cur.execute(f'SELECT coalesce(max(id), 0) FROM "{self.schema}".{table}')
                     self.next_id[table] = int(cur.fetchone()[0]) + 1
@@ -112,6 +116,8 @@ class Shop:
         if kind == "key change":
             self.counts["key change"] += 1
             new = self._new_id(table)
+            if table == "customers":
+                self.moved.add(new)
             return f"UPDATE {where} SET id = %s WHERE id = %s", (new, target)
         values = self._values(table)
         columns = self.rng.sample(sorted(c for c in values if c != "id"), self.rng.randint(1, 3))
@@ -153,8 +159,8 @@ class Shop:
             "seen": _maybe(rng, _moment(rng)),
             "prefs": _maybe(rng, json.dumps({"news": rng.random() < 0.5, "n": rng.randrange(100)})),
             "token": _maybe(rng, str(uuid.UUID(int=rng.getrandbits(128)))),
-            "tags": _maybe(rng, [rng.choice(["a", "b", "vip", "é"]) for _ in range(rng.randrange(4))]),
-            "photo": _maybe(rng, rng.randbytes(rng.randrange(0, 40))),
+            "tags": _maybe(rng, _tags(rng)),
+            "photo": _maybe(rng, rng.randbytes(rng.choice([rng.randrange(0, 40), 6000]))),
             "tier": _maybe(rng, rng.choice(["bronze", "silver", "gold"])),
             "visits": _maybe(rng, rng.randrange(-(2**31), 2**31)),
             "score": _maybe(rng, rng.uniform(-1e6, 1e6)),
@@ -162,6 +168,7 @@ class Shop:
             # Large and random: PostgreSQL stores it out of line (TOAST), and an update that leaves it alone
             # does not send it (Debezium's placeholder stands in for it).
             "note": _maybe(rng, rng.randbytes(rng.choice([8, 6000])).hex()),
+            "codes": _maybe(rng, [rng.randrange(-(2**31), 2**31) for _ in range(rng.choice([3, 2000]))]),
         }
         if self.added_column:
             values[ADDED_COLUMN[0]] = _maybe(rng, rng.choice(["DE", "IN", "BR"]))
@@ -183,6 +190,13 @@ class Shop:
     def wait_captured(self, slot: str, timeout: float = 90) -> None:
         """Until the connector's replication slot has confirmed every change made so far."""
         self.server.wait_confirmed(slot, timeout)
+
+
+def _tags(rng: random.Random) -> list[str]:
+    """A few short tags, or (a third of the time) hundreds of random ones: large enough to be TOASTed."""
+    if rng.random() < 1 / 3:
+        return [rng.randbytes(4).hex() for _ in range(800)]
+    return [rng.choice(["a", "b", "vip", "é"]) for _ in range(rng.randrange(4))]
 
 
 def _maybe(rng: random.Random, value, null_share: float = 0.1):

@@ -42,6 +42,7 @@ from offsetlake.files import action_partition_values, conform, write_files
 from offsetlake.formats.records import convert
 from offsetlake.kafka import KafkaCluster
 from offsetlake.operations.ledger_checks import audited_ranges, continuity_issues, sanity_issues
+from offsetlake.protocol import unavailable as placeholders
 from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, commit, new_attempt_id
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, ranges_json
@@ -196,6 +197,7 @@ def _compare(report: UpsertAuditReport, cfg, winners, unordered: set[str], curre
     for row in current.to_pylist():
         by_key.setdefault(key_text(row, key), []).append(row)
     data_columns = [c for c in current.column_names if c not in LINEAGE_COLUMNS]
+    unknown = _unknown_values(cfg, columns)
     kept = []
     for k, found in by_key.items():
         if len(found) > 1:
@@ -216,7 +218,7 @@ def _compare(report: UpsertAuditReport, cfg, winners, unordered: set[str], curre
         if want[DELETED_COLUMN]:
             report.unexpected.append(k)
         elif [row[c] for c in LINEAGE] != [want[c] for c in LINEAGE] or any(
-            row.get(c) != want.get(c) for c in data_columns
+            row.get(c) != want.get(c) and not unknown(c, want.get(c)) for c in data_columns
         ):
             report.wrong.append(k)
     report.missing = sorted(k for k, row in folded.items() if not row[DELETED_COLUMN] and k not in by_key)
@@ -231,7 +233,39 @@ def _compare(report: UpsertAuditReport, cfg, winners, unordered: set[str], curre
     )
     if kept:
         live.append(pa.Table.from_pylist(kept, schema=current.schema))
-    report.rebuilt = pa.concat_tables([conform(part, columns) for part in live]) if live else columns.empty_table()
+    rebuilt = pa.concat_tables([conform(part, columns) for part in live]) if live else columns.empty_table()
+    report.rebuilt = _unknown_from_table(rebuilt, current, key, cfg.format.unavailable_value)
+
+
+def _unknown_values(cfg: PipelineConfig, columns: pa.Schema):
+    """Whether a folded value is Debezium's unavailable value: no record in the range holds the column's
+    value (a TOASTed one that no event in the range sent), so the fold cannot say it and the table's stands."""
+    marker = cfg.format.unavailable_value
+    shapes = {} if marker is None else {f.name: placeholders.placeholder(f.type, marker) for f in columns}
+
+    def unknown(column: str, value: object) -> bool:
+        return value is not None and value == shapes.get(column)
+
+    return unknown
+
+
+def _unknown_from_table(rebuilt: pa.Table, current: pa.Table, key: list[str], marker: str | None) -> pa.Table:
+    """A rebuild never writes the unavailable value: a column the fold does not know keeps the table's
+    value for its key (null for a key the table lacks)."""
+    if marker is None:
+        return rebuilt
+    columns = placeholders.holding_columns(rebuilt, key, marker)
+    if not columns:
+        return rebuilt
+    now = {key_text(row, key): row for row in current.select([*key, *columns]).to_pylist()}
+    keys = [key_text(row, key) for row in rebuilt.select(key).to_pylist()]
+    for column in columns:
+        field = rebuilt.schema.field(column)
+        unknown = placeholders.holds(rebuilt.column(column), marker).to_pylist()
+        values = rebuilt.column(column).to_pylist()
+        known = [now.get(k, {}).get(column) if u else v for k, u, v in zip(keys, unknown, values)]
+        rebuilt = rebuilt.set_column(rebuilt.schema.get_field_index(column), field, pa.array(known, field.type))
+    return rebuilt
 
 
 @dataclass

@@ -243,6 +243,7 @@ def _apply_merge(table: DeltaTable, change: Change, merge: Merge) -> Committed:
         )
     if _add_join_columns(table, merge):
         decided_on += 1
+    merge = merge.for_target(table.schema().to_arrow().names)
     keep = [DELETED_COLUMN]
     merging = table.merge(
         merge.source,

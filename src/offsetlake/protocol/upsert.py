@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -30,6 +30,7 @@ from offsetlake.config import DEBEZIUM_OP_COLUMN, DELETED_COLUMN
 from offsetlake.errors import UpsertKeyError
 from offsetlake.files import DataFile, read_with_partitions
 from offsetlake.formats.debezium import truncate_rows
+from offsetlake.protocol import unavailable as placeholders
 
 if TYPE_CHECKING:
     import polars as pl
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
 class Merge:
     """What a MERGE commit applies: one row per key, DELETED_COLUMN saying which delete their key.
     `unavailable`: the value a Debezium connector sends for one it does not have (a TOASTed column an
-    update left unchanged); a text column holding it keeps the target's value, or null for a new row."""
+    update left unchanged; protocol/unavailable.py); a column holding it keeps the target's value, or null
+    for a new row."""
 
     source: pa.Table
     key: list[str]
@@ -49,16 +51,32 @@ class Merge:
 
     @functools.cached_property
     def unavailable_columns(self) -> list[str]:
-        """The source's text columns where some row still holds the unavailable value."""
+        """The source's columns where some row still holds the unavailable value."""
         if self.unavailable is None:
             return []
-        return [c for c in _text_columns(self.source, self.key) if _holds(self.source.column(c), self.unavailable)]
+        return placeholders.holding_columns(self.source, self.key, self.unavailable)
+
+    def for_target(self, target: Sequence[str]) -> Merge:
+        """This merge for a target with columns `target`: the unavailable value in a column the target
+        lacks becomes null in the source. There is no current value to keep, and delta-rs (1.6) writes a
+        column that `merge_schema` adds straight from the source, whatever expression assigns it."""
+        new = [c for c in self.unavailable_columns if c not in target]
+        if not new:
+            return self
+        assert self.unavailable is not None  # unavailable_columns is empty without it
+        source = self.source
+        for column in new:
+            values = source.column(column)
+            blanked = pa.compute.if_else(
+                placeholders.holds(values, self.unavailable), pa.nulls(len(values), values.type), values
+            )
+            source = source.set_column(source.schema.get_field_index(column), source.schema.field(column), blanked)
+        return replace(self, source=source)
 
     def assignments(self, columns: Sequence[str], target: Sequence[str], keep_target: bool) -> dict[str, str]:
         """`column: expression` for every source column but DELETED_COLUMN: the source's value, and for an
         unavailable one the target's (`keep_target`, an update, when the `target` columns have it) or null."""
         unavailable = set(self.unavailable_columns)
-        marker = _literal(self.unavailable) if self.unavailable is not None else ""
         out = {}
         for column in columns:
             if column == DELETED_COLUMN:
@@ -66,6 +84,8 @@ class Merge:
             quoted = _quoted(column)
             out[quoted] = f"s.{quoted}"
             if column in unavailable:
+                assert self.unavailable is not None  # unavailable_columns is empty without it
+                marker = placeholders.sql_literal(self.source.schema.field(column).type, self.unavailable)
                 fallback = f"t.{quoted}" if keep_target and column in target else "NULL"
                 out[quoted] = f"CASE WHEN s.{quoted} = {marker} THEN {fallback} ELSE s.{quoted} END"
         return out
@@ -217,16 +237,16 @@ def fold(
 def carry_values(
     rows: pa.Table, frame: pl.DataFrame, key: Sequence[str], order_by: str | None, unavailable: str
 ) -> pa.Table:
-    """`rows`, each text value equal to `unavailable` replaced by the same column's value in the latest
-    earlier row of its key (in the order winners are chosen in) that has one; kept where none has (the
-    MERGE then keeps the table's). A row inserted always carries every value, so the latest known value
-    is the row's current one."""
+    """`rows`, each value that is the `unavailable` placeholder (protocol/unavailable.py) replaced by the
+    same column's value in the latest earlier row of its key (in the order winners are chosen in) that has
+    one; kept where none has (the MERGE then keeps the table's). A row inserted always carries every value,
+    so the latest known value is the row's current one."""
     import polars as pl
 
-    columns = [c for c in _text_columns(rows, key) if _holds(rows.column(c), unavailable)]
+    columns = placeholders.holding_columns(rows, key, unavailable)
     if not columns:
         return rows
-    flags = {f"_unavailable{i}": _equals(rows.column(c), unavailable) for i, c in enumerate(columns)}
+    flags = {f"_unavailable{i}": placeholders.holds(rows.column(c), unavailable) for i, c in enumerate(columns)}
     ordered = frame.with_columns([pl.Series(name, flag) for name, flag in flags.items()]).sort(
         _order(order_by), nulls_last=False, maintain_order=True
     )
@@ -238,18 +258,6 @@ def carry_values(
         source = sources.get_column(name).fill_null(sources.get_column("_row")).to_arrow()
         rows = rows.set_column(rows.schema.get_field_index(column), column, rows.column(column).take(source))
     return rows
-
-
-def _text_columns(rows: pa.Table, key: Sequence[str]) -> list[str]:
-    return [f.name for f in rows.schema if f.name not in key and _is_string(f.type)]
-
-
-def _equals(values: pa.ChunkedArray, text: str) -> pa.Array:
-    return pa.compute.fill_null(pa.compute.equal(values, text), False).combine_chunks()
-
-
-def _holds(values: pa.ChunkedArray, text: str) -> bool:
-    return bool(pa.compute.any(pa.compute.equal(values, text)).as_py())
 
 
 def _order(order_by: str | None) -> list[str]:
