@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from offsetlake import faults
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import OffsetlakeError, TableError, TableMissing
+from offsetlake.errors import OffsetlakeError, TableError, TableMissing, one_line
 from offsetlake.formats.evolution import Incompatible, adds_columns, merge_schema, plain_schema
 from offsetlake.formats.records import initial_table_schema, quarantine_schema, table_schema
 from offsetlake.kafka import TP, KafkaCluster, Stopped
@@ -387,7 +387,9 @@ def stream(
 
     `tables`: the pipeline's tables (offsetlake.topic_tables), asked again before each round (a topic
     created meanwhile joins); each round catches up each table in turn, and a table with a name (a table
-    per topic) labels its batches. Without it, the one table of `cfg`."""
+    per topic) labels its batches. A named table that fails is logged and tried again next round while the
+    others go on; a round in which every table fails ends the stream with the first one's error (Airflow
+    retries it), as a single table's failure does. Without `tables`, the one table of `cfg`."""
     interval = cfg.stream_interval_seconds if interval is None else interval
     run = msgspec.structs.replace(run or Run.here(), via="stream")  # its commits say they are a stream's
     deadline = time.monotonic() + max_seconds if max_seconds else None
@@ -398,16 +400,26 @@ def stream(
     if warning:
         log.warning("stream %s: %s", cfg.name, warning)
     while not stop.is_set():
-        for name, one in [(t.name, t.cfg) for t in tables()] if tables else [(None, cfg)]:
-            for result in ingest(spark, one, run, stop):
-                result.table = name
-                if result.status == "committed":
-                    committed += 1
-                    tidy.setdefault(one.table_path, StreamCompaction(one, run)).after(result)
-                if on_batch:
-                    on_batch(result)
+        round_tables = [(t.name, t.cfg) for t in tables()] if tables else [(None, cfg)]
+        failed: list[Exception] = []
+        for name, one in round_tables:
+            try:
+                for result in ingest(spark, one, run, stop):
+                    result.table = name
+                    if result.status == "committed":
+                        committed += 1
+                        tidy.setdefault(one.table_path, StreamCompaction(one, run)).after(result)
+                    if on_batch:
+                        on_batch(result)
+            except Exception as err:
+                if name is None:
+                    raise
+                failed.append(err)
+                log.warning("stream %s: table %s failed (tried again next round): %s", cfg.name, name, one_line(err))
             if stop.is_set():
                 break
+        if failed and len(failed) == len(round_tables):
+            raise failed[0]
         if deadline and time.monotonic() >= deadline:
             break
         stop.wait(interval)

@@ -185,8 +185,17 @@ def cmd_stream(args) -> int:
     tables = current_tables()
 
     with _spark(args, tables[0].cfg, "stream") as spark:  # under spark-submit it starts while Kafka is checked
+        unreachable = []
         for table in tables:
-            _check_reachable(table.cfg)
+            try:
+                _check_reachable(table.cfg)
+            except Exception as err:  # noqa: BLE001 - a table per topic: the stream tries it again each round
+                if table.name is None:
+                    raise
+                unreachable.append(err)
+                print(f"{table.name}: failed: {one_line(err)}", file=sys.stderr, flush=True)
+        if len(unreachable) == len(tables):
+            raise unreachable[0]
         n = stream(
             spark,
             tables[0].cfg,

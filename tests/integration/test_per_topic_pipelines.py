@@ -9,12 +9,14 @@ worker, not one per command. Everything else (Kafka, Delta, the ledger) is the p
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
 from contextlib import contextmanager
 
 import pytest
+from deltalake import DeltaTable
 
 from offsetlake import cli
 from offsetlake.topic_tables import for_topic
@@ -50,7 +52,9 @@ class _Session:
         return getattr(self.spark, name)
 
 
-def test_a_pattern_with_a_table_per_topic_ingests_each_topic_exactly_once(offsetlake, bootstrap, pipelines_dir, lake):
+def test_a_pattern_with_a_table_per_topic_ingests_each_topic_exactly_once(
+    offsetlake, bootstrap, pipelines_dir, lake, caplog
+):
     prefix = unique("db")
     for table in ("a", "b"):
         create_topic(bootstrap, f"{prefix}.s.{table}", 2)
@@ -107,7 +111,13 @@ def test_a_pattern_with_a_table_per_topic_ingests_each_topic_exactly_once(offset
     entries = json.loads(out)
     assert len(entries) >= 2 and {e["table"] for e in entries} == {"a"}
 
-    # A stream lists the topics again each round: a topic created while it runs gets its table.
+    # A stream lists the topics again each round: a topic created while it runs gets its table. A table
+    # that fails (a new topic whose table path is a plain file) is tried each round while the others go on.
+    create_topic(bootstrap, f"{prefix}.s.f", 1)
+    produce(cfg.kafka, f"{prefix}.s.f", 10, seed=12)
+    (lake / "f").write_text("not a table")
+    produce(cfg.kafka, f"{prefix}.s.a", 20, seed=13)
+
     def later_topic():
         time.sleep(2)
         create_topic(bootstrap, f"{prefix}.s.e", 1)
@@ -115,10 +125,15 @@ def test_a_pattern_with_a_table_per_topic_ingests_each_topic_exactly_once(offset
 
     creator = threading.Thread(target=later_topic)
     creator.start()
-    code, out, err = offsetlake("stream", *where, "--interval", "0.5", "--max-seconds", "10")
+    with caplog.at_level(logging.WARNING, logger="offsetlake"):
+        code, out, err = offsetlake("stream", *where, "--interval", "0.5", "--max-seconds", "10")
     creator.join()
     assert code == 0, err
-    assert_exactly_once(for_topic(cfg, f"{prefix}.s.e"))
+    assert f"f: failed: table {lake / 'f'} is a file, not a directory" in err
+    for table in ("a", "e"):
+        assert_exactly_once(for_topic(cfg, f"{prefix}.s.{table}"))
+    failures = [r.getMessage() for r in caplog.records if "failed (tried again next round)" in r.getMessage()]
+    assert len(failures) >= 2 and all("table f failed" in m for m in failures), failures
 
 
 def test_commands_on_one_table_refuse_in_one_line_without_it(offsetlake, bootstrap, pipelines_dir, lake):
@@ -171,3 +186,17 @@ def test_tables_of_one_pipeline_upsert_on_their_own_keys(offsetlake, bootstrap, 
     users = read_with_delta_rs(by_user.table_path).column("user_id").to_pylist()
     events = read_with_delta_rs(by_event.table_path).column("event_id").to_pylist()
     assert len(users) == len(set(users)) < len(events) == len(set(events))  # the same records, other keys
+
+    # The Prometheus endpoint's text: each table labelled `pipeline/table`, caught up, with its own rows.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from offsetlake.airflow.metrics import CommitTotals, prometheus_text
+
+    text = prometheus_text([cfg], CommitTotals()).decode()
+    samples = {
+        (s.name, s.labels.get("pipeline")): s.value for f in text_string_to_metric_families(text) for s in f.samples
+    }
+    for one in (by_user, by_event):
+        label = f"{name}/{one.topics[0].rsplit('.', 1)[-1]}"
+        assert samples[("offsetlake_up", label)] == 1 and samples[("offsetlake_pipeline_lag_records", label)] == 0
+        assert samples[("offsetlake_table_version", label)] == DeltaTable(one.table_path).version(), label

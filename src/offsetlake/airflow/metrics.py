@@ -143,22 +143,23 @@ class CommitTotals:
             return totals
 
 
-def labelled_tables(configs: list[PipelineConfig]) -> list[tuple[str, PipelineConfig]]:
-    """Each table the metrics describe, with its `pipeline` label: the pipeline's name, or for a table per
-    topic `pipeline/table` (the tables as of now; a pipeline whose tables cannot be listed keeps its name,
-    and its snapshot says why)."""
+def labelled_tables(configs: list[PipelineConfig]) -> list[tuple[str, PipelineConfig, bool]]:
+    """Each table the metrics describe: its `pipeline` label (the pipeline's name, or for a table per topic
+    `pipeline/table`), its config, and whether that is already one table's with its connections resolved
+    (the tables as of now; a pipeline whose tables cannot be listed keeps its name, and its snapshot says
+    why)."""
     from offsetlake.connections import resolve_connections
     from offsetlake.topic_tables import per_topic, pipeline_tables
 
-    out: list[tuple[str, PipelineConfig]] = []
+    out: list[tuple[str, PipelineConfig, bool]] = []
     for cfg in configs:
         if not per_topic(cfg):
-            out.append((cfg.name, cfg))
+            out.append((cfg.name, cfg, False))
             continue
         try:
-            out.extend((t.label, t.cfg) for t in pipeline_tables(resolve_connections(cfg)))
+            out.extend((t.label, t.cfg, True) for t in pipeline_tables(resolve_connections(cfg)))
         except Exception:  # noqa: BLE001 - offsetlake_up says it
-            out.append((cfg.name, cfg))
+            out.append((cfg.name, cfg, False))
     return out
 
 
@@ -206,8 +207,9 @@ def prometheus_text(configs: list[PipelineConfig], totals: CommitTotals) -> byte
             last = GaugeMetricFamily(
                 "offsetlake_last_batch_duration_seconds", "The newest batch's duration", labels=["pipeline"]
             )
-            for name, cfg in labelled_tables(configs):
-                snap = snapshot(cfg, limit=0)  # the counters read the commits themselves
+            for name, cfg, one_table in labelled_tables(configs):
+                # limit 0: the counters read the commits themselves
+                snap = table_snapshot(cfg, limit=0) if one_table else snapshot(cfg, limit=0)
                 up.add_metric([name], 0 if snap.error else 1)
                 for p in snap.partitions:
                     labels = [name, p.topic, str(p.partition)]
