@@ -41,7 +41,14 @@ from offsetlake.protocol.metadata import CommitMetadata, Records, Run, flat_offs
 from offsetlake.protocol.planning import BatchPlan, apply_data_loss, assign_slots, cap_ends, split_ranges, start_offsets
 from offsetlake.protocol.quarantine import WrittenFile, commit_quarantine
 from offsetlake.protocol.ranges import OffsetRange
-from offsetlake.protocol.upsert import Merge, after_last_truncate, latest_per_key, read_staging
+from offsetlake.protocol.upsert import (
+    Merge,
+    after_last_truncate,
+    after_snapshot_end,
+    latest_per_key,
+    read_staging,
+    stale_as_deleted,
+)
 from offsetlake.read.tasks import TaskContext, TaskResults, parse_results, task_function
 from offsetlake.spark.session import is_local, session_of
 
@@ -231,8 +238,10 @@ def commit_batch(
         rows_read = read_staging(cfg.table_path, [w.file for w in written.data], cfg.table.partition_by, columns)
         unavailable = cfg.format.unavailable_value
         rows_read, truncated = after_last_truncate(rows_read, cfg.write.order_by, plan.batch)
+        rows_read, snapshot_end = after_snapshot_end(rows_read)
         winners = latest_per_key(rows_read, cfg.write.key, cfg.write.order_by, plan.batch, unavailable)
-        merge = Merge(winners, cfg.write.key, cfg.write.order_by, unavailable, truncated)
+        winners = stale_as_deleted(winners, snapshot_end)
+        merge = Merge(winners, cfg.write.key, cfg.write.order_by, unavailable, truncated, snapshot_end)
 
     def decide(table) -> Change | Settled:
         refused = verdict(read_ledger(table, cfg.name, list(plan.starts)), plan)

@@ -215,6 +215,14 @@ class DebeziumSettings(_Strict):
     """A TRUNCATE event (op `t`; the connector sends it with `skipped.operations` not naming `t`): `apply`
     empties the table in the commit of the batch that reads it (the key's events after it, by `write.order_by`
     or, without it, in its partition, then apply); `quarantine` sends it to the quarantine, saying so."""
+    snapshot: Literal["replace", "keep"] | None = None
+    """What a snapshot's end does (a connector takes a new snapshot when it starts without offsets, as after a
+    crash before its first offset flush, or with `snapshot.mode` `always`): `replace` deletes the rows of the
+    table that are older than the snapshot and that it did not read, in the commit of the batch holding the
+    table's last snapshot read (`source.snapshot` `last_in_data_collection`); those rows were deleted at the
+    source while no change was captured. `keep` leaves them. Needs a position that grows with the source's
+    log across snapshots; default: `replace` for PostgreSQL's `lsn`, SQL Server's `change_lsn` and
+    `commit_lsn` and Oracle's `scn`, `keep` for others (MySQL's `pos` restarts with each binlog file)."""
     unavailable_value: StrictStr | None = Field(default="__debezium_unavailable_value", min_length=1)
     """What the connector sends for a value it does not have: the connector's `unavailable.value.placeholder`
     (its default here). PostgreSQL leaves a large (TOASTed) value out of an update that does not change it,
@@ -226,6 +234,16 @@ class DebeziumSettings(_Strict):
     the row arrives when the JSON converter sends no schemas: `precise` (Debezium's default) as base64 text of
     the unscaled value's bytes, `string` as decimal text, `double` as a JSON number. Each lands as the
     declared `decimal(p,s)`."""
+
+    @property
+    def replaces_on_snapshot(self) -> bool:
+        """`snapshot`, or its default for the position."""
+        if self.snapshot is not None:
+            return self.snapshot == "replace"
+        return self.position in GROWING_POSITIONS
+
+
+GROWING_POSITIONS = ("lsn", "change_lsn", "commit_lsn", "scn")  # source positions that only grow
 
 
 class RecordFormat(_Strict):

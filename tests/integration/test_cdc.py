@@ -228,6 +228,59 @@ def test_without_schemas_each_decimal_handling_mode_lands_as_the_declared_decima
         worker.stop()
 
 
+def test_a_worker_that_lost_its_offsets_snapshots_again_and_the_rows_deleted_meanwhile_go(
+    spark, source_db, bootstrap, pipelines_dir, lake, tmp_path
+):
+    """A Connect worker SIGKILLed before its first offset flush takes a new snapshot when started again,
+    and sends no delete for a row deleted while it was down. The new snapshot's end deletes every row it
+    did not read (`format.debezium.snapshot: replace`): the tables end equal to the source."""
+    shop = Shop(source_db, unique("shop").lower(), seed=43)
+    shop.create()
+    work = tmp_path / "connect"
+    config = {shop.schema: connector(source_db, shop.schema, shop.schema)}
+    worker = connect.start(work, bootstrap, config, schemas_enable=True, flush_interval_ms=3_600_000)
+    try:
+        pipelines = table_pipelines(bootstrap, pipelines_dir, lake, shop, shop.schema)
+        topics = {table: cfg.topics[0] for table, cfg in pipelines.items()}
+        wait_for(lambda: all(_end_offset(bootstrap, t) >= 20 for t in topics.values()), "the first snapshot", 90)
+        shop.run(10)
+        for cfg in pipelines.values():
+            ingest(spark, cfg)
+        before = {table: set(shop.rows(table)) for table in topics}
+        assert not (work / "offsets").exists(), "the worker flushed its offsets: it would not snapshot again"
+        worker.kill()
+        shop.run(30)  # while no worker captures: deletes, updates, inserts, key changes
+        gone = {table: before[table] - set(shop.rows(table)) for table in topics}
+        settings = work / connect.WORKER_CONFIG  # started again, the worker flushes its offsets every 2 s
+        settings.write_text(
+            settings.read_text().replace("offset.flush.interval.ms=3600000", "offset.flush.interval.ms=2000")
+        )
+        worker = connect.start(work, bootstrap)
+        shop.run(10)
+        shop.wait_captured(connect.slot_name(shop.schema))
+        for cfg in pipelines.values():
+            ingest(spark, cfg)
+        for table, cfg in pipelines.items():
+            assert_table_is_source(cfg.table_path, shop.rows(table), shop.types(table), shop.moved)
+            report = audit_upsert(cfg)
+            assert report.ok, report.format()
+        assert all(len(_snapshot_ends(bootstrap, t)) == 2 for t in topics.values()), "not two snapshots"
+        assert sum(map(len, gone.values())) > 0, "no row was deleted while the worker was down: nothing tested"
+    finally:
+        worker.stop()
+
+
+def _snapshot_ends(bootstrap: str, topic: str) -> list[int]:
+    """The source positions of the events that end a snapshot of the topic's table (the test's own reading
+    of Debezium's `source.snapshot`)."""
+    ends = []
+    for record in read_committed(bootstrap, topic).values():
+        event = json.loads(record.value)["payload"] if record.value else None
+        if event and event["op"] == "r" and event["source"].get("snapshot") in ("last_in_data_collection", "last"):
+            ends.append(event["source"]["lsn"])
+    return ends
+
+
 def _end_offset(bootstrap: str, topic: str) -> int:
     from confluent_kafka import Consumer, TopicPartition
 

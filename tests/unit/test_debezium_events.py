@@ -36,7 +36,8 @@ def test_registry_events_become_rows_from_after_and_deletes_from_before_with_op_
             {"before": None, "after": None, "source": {"lsn": 14}, "op": "c"},
         ]
     )
-    rows, not_rows = debezium.unwrap(table, "lsn")
+    rows, not_rows, ending = debezium.unwrap(table, "lsn")
+    assert ending == []  # a source without `snapshot` ends no snapshot
     assert rows.column_names == ["id", "name", "_debezium_op", "_debezium_position"]
     assert rows.slice(0, 3).to_pylist() == [
         {"id": 1, "name": "a", "_debezium_op": "r", "_debezium_position": 10},
@@ -93,10 +94,35 @@ def test_json_events_that_change_no_row_say_why(event, reason):
 
 def test_a_json_event_wrapped_by_the_converter_gives_its_row():
     event = {"schema": {"type": "struct"}, "payload": {"op": "u", "after": {"id": 7}, "source": {"lsn": 99}}}
-    assert debezium.json_event(json.dumps(event).encode(), "lsn", "long") == ("u", b'{"id":7}', 99)
+    assert debezium.json_event(json.dumps(event).encode(), "lsn", "long") == ("u", b'{"id":7}', 99, False)
 
 
-def _price_pipeline(mode: str):
+@pytest.mark.parametrize(
+    "op, snapshot, ends",
+    [
+        ("r", "last_in_data_collection", True),
+        ("r", "last", True),
+        ("r", "true", False),
+        ("r", "first_in_data_collection", False),
+        ("r", "incremental", False),
+        ("u", "last", False),  # only a snapshot read ends a snapshot
+        ("r", None, False),
+    ],
+)
+def test_the_last_read_of_a_tables_snapshot_ends_it_in_json_and_registry_events(op, snapshot, ends):
+    source = {"lsn": 5, **({"snapshot": snapshot} if snapshot else {})}
+    event = {"op": op, "after": {"id": 1, "name": "n"}, "source": source}
+    assert debezium.json_event(json.dumps(event).encode(), "lsn", "long")[3] is ends
+
+    with_snapshot = pa.struct([("lsn", pa.int64()), ("snapshot", pa.string())])
+    table = pa.Table.from_pylist(
+        [{**event, "before": None}],
+        schema=pa.schema([("before", ROW), ("after", ROW), ("source", with_snapshot), ("op", pa.string())]),
+    )
+    assert debezium.unwrap(table, "lsn")[2] == ([0] if ends else [])
+
+
+def _price_pipeline(mode: str, **debezium_settings):
     row = [{"name": "id", "type": "long", "required": True}, {"name": "price", "type": "decimal(10,2)"}]
     return parse_pipeline(
         {
@@ -108,7 +134,7 @@ def _price_pipeline(mode: str):
             "format": {
                 "type": "json",
                 "envelope": "debezium",
-                "debezium": {"decimal_handling_mode": mode},
+                "debezium": {"decimal_handling_mode": mode, **debezium_settings},
                 "schema": row,
             },
         },
@@ -176,3 +202,22 @@ def test_a_decimal_that_does_not_fit_its_mode_or_type_is_quarantined_saying_why(
     cfg = _price_pipeline(mode)
     rows, bad = convert(cfg, _price_events([sent]))
     assert rows.num_rows == 0 and bad.column("error").to_pylist() == [reason]
+
+
+def test_a_json_snapshots_end_is_a_marker_row_beside_its_read_unless_snapshots_keep_rows():
+    events = [
+        {"op": "r", "after": {"id": 1, "price": "1.00"}, "source": {"lsn": 7, "snapshot": "true"}},
+        {"op": "r", "after": {"id": 2, "price": "2.00"}, "source": {"lsn": 7, "snapshot": "last_in_data_collection"}},
+    ]
+    messages = _price_events([0, 0]).set_column(
+        1, "value", pa.array([json.dumps(e).encode() for e in events], pa.binary())
+    )
+    rows, quarantined = convert(_price_pipeline("string"), messages)
+    assert quarantined.num_rows == 0
+    assert rows.select(["id", "_debezium_op", "_debezium_position", "kafka_offset"]).to_pylist() == [
+        {"id": 1, "_debezium_op": "r", "_debezium_position": 7, "kafka_offset": 0},
+        {"id": 2, "_debezium_op": "r", "_debezium_position": 7, "kafka_offset": 1},
+        {"id": None, "_debezium_op": "snapshot_end", "_debezium_position": 7, "kafka_offset": 1},
+    ]
+    keep = _price_pipeline("string", snapshot="keep")
+    assert convert(keep, messages)[0].column("_debezium_op").to_pylist() == ["r", "r"]

@@ -7,7 +7,14 @@ import pytest
 from offsetlake.config import DELETED_COLUMN, parse_pipeline
 from offsetlake.errors import UpsertKeyError
 from offsetlake.formats.records import convert
-from offsetlake.protocol.upsert import Merge, after_last_truncate, latest_per_key
+from offsetlake.protocol.upsert import (
+    Merge,
+    SnapshotEnd,
+    after_last_truncate,
+    after_snapshot_end,
+    latest_per_key,
+    stale_as_deleted,
+)
 from offsetlake.read.reader import MESSAGE_SCHEMA
 
 
@@ -163,6 +170,28 @@ def test_a_truncate_without_order_by_is_refused_beside_another_partition():
     single = change_rows([("a", 0, 1, 10, "c", "x"), (None, 0, 2, 20, "t", None), ("b", 0, 3, 5, "c", "y")])
     after, _ = after_last_truncate(single, None)
     assert after.column("k").to_pylist() == ["b"]  # by offset: the position is not asked
+
+
+def test_a_snapshots_end_deletes_the_rows_older_than_it_that_it_did_not_read():
+    rows = change_rows(
+        [
+            ("a", 0, 1, 10, "c", "old"),  # before a connector lost its offsets
+            ("b", 0, 2, 11, "c", "old"),  # deleted at the source while no change was captured: never read again
+            ("a", 0, 3, 50, "r", "now"),  # the new snapshot, taken at position 50
+            ("a", 0, 3, 50, "snapshot_end", None),  # its marker (formats/debezium.py): the same record
+            ("c", 0, 4, 45, "u", "late"),  # a transaction open when the snapshot began: after it, kept
+        ]
+    )
+    rows, end = after_snapshot_end(rows)
+    assert end == SnapshotEnd(50, "t", 0, 3)
+    assert "snapshot_end" not in rows.column("_debezium_op").to_pylist()
+    winners = stale_as_deleted(latest_per_key(rows, ["k"], "_debezium_position"), end)
+    assert {r["k"]: r[DELETED_COLUMN] for r in winners.to_pylist()} == {"a": False, "b": True, "c": False}
+
+    merge = Merge(winners, ["k"], "_debezium_position", snapshot_end=end)
+    assert merge.predicate() == 't."k" = s."k"'  # every target row seen: one the batch lacks may be stale
+    assert merge.stale() == 't."_debezium_position" < 50'
+    assert after_snapshot_end(rows) == (rows, None) and stale_as_deleted(winners, None) is winners
 
 
 def test_an_unavailable_value_takes_the_keys_latest_earlier_value_else_stays_for_the_merge():

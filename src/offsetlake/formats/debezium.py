@@ -12,6 +12,12 @@ saying so, so that nobody mistakes them for applied. The source position (`sourc
 `format.debezium.position`) is kept as column `_debezium_position`, so `write.order_by` can order one key's
 events across partitions.
 
+A snapshot read that ends its table's snapshot (`source.snapshot` `last_in_data_collection`, or `last`)
+also gives a marker row (op `snapshot_end`, its position; `format.debezium.snapshot: replace`): every row
+of the table older than that snapshot and not read by it is gone from the source (a connector that lost
+its offsets takes a new snapshot, and sends no delete for a row deleted meanwhile), so protocol/upsert.py
+deletes it. Every snapshot read carries the position the snapshot was taken at.
+
 Runs in executors: no deltalake import here.
 """
 
@@ -32,6 +38,8 @@ from offsetlake.formats.values import coerce
 ROW_OPS = ("c", "r", "u")
 DELETE_OP = "d"
 TRUNCATE_OP = "t"
+SNAPSHOT_END_OP = "snapshot_end"  # never Debezium's: a marker row of ours, never written
+SNAPSHOT_ENDS = ("last_in_data_collection", "last")  # source.snapshot of a table's last snapshot read
 OPS = (*ROW_OPS, DELETE_OP)
 ENVELOPE_FIELDS = ("before", "after", "source", "op")
 
@@ -50,10 +58,11 @@ def _op_error(op: object) -> NotAChangeEvent:
 
 def json_event(
     raw: bytes, position: str, position_type: str, truncates: bool = False, scaled_bytes: dict[str, int] | None = None
-) -> tuple[str, bytes, object]:
-    """(op, the row as JSON, the source position) of one JSON change event. `truncates`: a TRUNCATE is an
-    event too (op `t`, an empty row). `scaled_bytes` ({field: scale}): decimals the connector sent as base64
-    of their unscaled bytes (`decimal.handling.mode=precise` without schemas), given back as decimal text."""
+) -> tuple[str, bytes, object, bool]:
+    """(op, the row as JSON, the source position, whether it ends its table's snapshot) of one JSON change
+    event. `truncates`: a TRUNCATE is an event too (op `t`, an empty row). `scaled_bytes` ({field: scale}):
+    decimals the connector sent as base64 of their unscaled bytes (`decimal.handling.mode=precise` without
+    schemas), given back as decimal text."""
     try:
         event = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as err:
@@ -79,7 +88,7 @@ def json_event(
     for name, scale in (scaled_bytes or {}).items():
         if row.get(name) is not None:
             row[name] = _scaled_text(row[name], name, scale)
-    return op, msgspec.json.encode(row), at
+    return op, msgspec.json.encode(row), at, op == "r" and source.get("snapshot") in SNAPSHOT_ENDS
 
 
 def _scaled_text(value: object, name: str, scale: int) -> str:
@@ -124,11 +133,11 @@ def table_columns(event: pa.DataType, position: str) -> list[pa.Field]:
     ]
 
 
-def unwrap(events: pa.Table, position: str, truncates: bool = False) -> tuple[pa.Table, dict[int, str]]:
+def unwrap(events: pa.Table, position: str, truncates: bool = False) -> tuple[pa.Table, dict[int, str], list[int]]:
     """Decoded change events (columns before, after, source, op...) as rows with op and position columns,
-    and {row: why} for the events that are not a row's change (their rows are left in, to be dropped).
-    `truncates`: a TRUNCATE is an event too (op `t`, its row all null). Raises NotAChangeEvent when the
-    events' schema is not Debezium's."""
+    {row: why} for the events that are not a row's change (their rows are left in, to be dropped), and the
+    rows that end their table's snapshot. `truncates`: a TRUNCATE is an event too (op `t`, its row all
+    null). Raises NotAChangeEvent when the events' schema is not Debezium's."""
     columns = table_columns(pa.struct(list(events.schema)), position)
     op = events.column("op").combine_chunks()
     deleting = pc.fill_null(pc.equal(op, DELETE_OP), False)
@@ -148,12 +157,32 @@ def unwrap(events: pa.Table, position: str, truncates: bool = False) -> tuple[pa
             errors[i] = f"debezium: op {o!r} without a row in '{'before' if o == DELETE_OP else 'after'}'"
     rows = pa.Table.from_struct_array(row) if len(row) else pa.schema(list(row_type)).empty_table()
     rows = rows.append_column(columns[-2], op.cast(pa.string())).append_column(columns[-1], at)
-    return rows.cast(pa.schema(columns)), errors
+    return rows.cast(pa.schema(columns)), errors, _snapshot_ends(events.column("source").combine_chunks(), op)
+
+
+def _snapshot_ends(source: pa.Array, op: pa.Array) -> list[int]:
+    """The events that end their table's snapshot: a read whose source.snapshot says so (a writer schema
+    without the field, or an old one where it is a boolean, ends none)."""
+    kind = source.type
+    if kind.get_field_index("snapshot") < 0 or not pa.types.is_string(kind.field("snapshot").type):
+        return []
+    ending = pc.and_(pc.equal(op, "r"), pc.is_in(pc.struct_field(source, "snapshot"), pa.array(SNAPSHOT_ENDS)))
+    return pc.indices_nonzero(pc.fill_null(ending, False)).to_pylist()
 
 
 def truncate_rows(rows: pa.Table) -> pa.Array:
     """Which rows are TRUNCATE events."""
     return pc.fill_null(pc.equal(rows.column(DEBEZIUM_OP_COLUMN), TRUNCATE_OP), False).combine_chunks()
+
+
+def snapshot_end_rows(rows: pa.Table) -> pa.Array:
+    """Which rows are the marker of a table's snapshot end."""
+    return pc.fill_null(pc.equal(rows.column(DEBEZIUM_OP_COLUMN), SNAPSHOT_END_OP), False).combine_chunks()
+
+
+def marker_rows(rows: pa.Table) -> pa.Array:
+    """Which rows are no row of the table, but a TRUNCATE or a snapshot's end."""
+    return pc.or_(truncate_rows(rows), snapshot_end_rows(rows))
 
 
 def deletes(rows: pa.Table) -> pa.Array:

@@ -248,8 +248,8 @@ def _upsert_rows(cfg: PipelineConfig, rows: pa.Table, kept: pa.Table, tombstones
     rows = rows.append_column(pa.field(DELETED_COLUMN, pa.bool_()), deleted)
     required = cfg.write.required
     no_key = functools.reduce(pc.or_, [pc.is_null(rows.column(c)) for c in required])
-    if _truncates(cfg):  # a TRUNCATE has no key: it is for every key
-        no_key = pc.and_(no_key, pc.invert(debezium.truncate_rows(rows)))
+    if cfg.format.debezium_envelope:  # a TRUNCATE or a snapshot's end has no key: it is for every key
+        no_key = pc.and_(no_key, pc.invert(debezium.marker_rows(rows)))
     if not pc.any(no_key).as_py():
         return rows, _no_rows(cfg)
     bad = rows.filter(no_key)
@@ -289,10 +289,12 @@ def _convert_debezium_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.
         declared = {f.name: decimal_type(f.type) for f in cfg.format.schema_}
         scaled_bytes = {name: d[1] for name, d in declared.items() if d is not None}
     positions, rows, ops, at, errors = [], [], [], [], {}
-    truncating: list[tuple[int, object]] = []  # (position, source position) of each TRUNCATE: no row to decode
+    # (message, source position) of each TRUNCATE (no row to decode) and each snapshot end (a row besides)
+    truncating: list[tuple[int, object]] = []
+    ending: list[tuple[int, object]] = []
     for i, raw in enumerate(messages.column("value").to_pylist()):
         try:
-            op, row, where = debezium.json_event(
+            op, row, where, ends_snapshot = debezium.json_event(
                 raw, settings.position, settings.position_type, _truncates(cfg), scaled_bytes
             )
         except debezium.NotAChangeEvent as err:
@@ -301,6 +303,8 @@ def _convert_debezium_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.
         if op == debezium.TRUNCATE_OP:
             truncating.append((i, where))
             continue
+        if ends_snapshot and settings.replaces_on_snapshot:
+            ending.append((i, where))
         positions.append(i)
         rows.append(row)
         ops.append(op)
@@ -317,22 +321,27 @@ def _convert_debezium_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.
     payload = payload.append_column(pa.field(DEBEZIUM_OP_COLUMN, pa.string()), op_column)
     payload = payload.append_column(pa.field(DEBEZIUM_POSITION_COLUMN, at_column.type), at_column)
     kept = pa.array(positions, pa.int64()) if good is None else pa.array(positions, pa.int64()).take(good)
-    if truncating:  # their rows after the others', all null but op and position (the positions say where)
-        where, sources = zip(*truncating)
-        marks = {
-            DEBEZIUM_OP_COLUMN: pa.repeat(debezium.TRUNCATE_OP, len(where)),
-            DEBEZIUM_POSITION_COLUMN: pa.array(sources),
-        }
-        columns = [
-            marks[f.name].cast(f.type) if f.name in marks else pa.nulls(len(where), f.type) for f in payload.schema
-        ]
-        payload = pa.concat_tables([payload, pa.Table.from_arrays(columns, schema=payload.schema)])
-        kept = pa.concat_arrays([kept, pa.array(where, pa.int64())])
+    for op, marked in ((debezium.TRUNCATE_OP, truncating), (debezium.SNAPSHOT_END_OP, ending)):
+        if marked:
+            where, sources = zip(*marked)
+            payload, kept = _with_markers(payload, kept, op, list(where), pa.array(sources))
     bad_positions = sorted(errors)
     quarantine = _quarantine_rows(
         messages.take(pa.array(bad_positions, pa.int64())), [errors[i] for i in bad_positions]
     )
-    return payload, (None if not errors and not truncating else kept), quarantine
+    return payload, (None if not errors and not truncating and not ending else kept), quarantine
+
+
+def _with_markers(
+    payload: pa.Table, kept: pa.Array, op: str, where: list[int], sources: pa.Array
+) -> tuple[pa.Table, pa.Array]:
+    """`payload` and its message positions `kept`, with a marker row (op `op`, all null but op and source
+    position) per message in `where` after the others' (a TRUNCATE, a snapshot's end: the positions say
+    where they fall)."""
+    marks = {DEBEZIUM_OP_COLUMN: pa.repeat(op, len(where)), DEBEZIUM_POSITION_COLUMN: sources}
+    columns = [marks[f.name].cast(f.type) if f.name in marks else pa.nulls(len(where), f.type) for f in payload.schema]
+    payload = pa.concat_tables([payload, pa.Table.from_arrays(columns, schema=payload.schema)])
+    return payload, pa.concat_arrays([kept, pa.array(where, pa.int64())])
 
 
 def _split_oversized(messages: pa.Table, limit: int) -> tuple[pa.Table, pa.Table | None]:
@@ -551,22 +560,28 @@ def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schem
     )
     payload = payload.cast(pa.schema(_struct_fields(merged)))
     if envelope:
-        payload, rows = _unwrap_events(payload, rows, errors, position, current, _truncates(cfg))
+        payload, rows = _unwrap_events(payload, rows, errors, position, current, cfg)
     bad = sorted(errors)
     quarantine = _quarantine_rows(messages.take(pa.array(bad, pa.int64())), [errors[i] for i in bad])
     return payload, rows, quarantine
 
 
 def _unwrap_events(
-    events: pa.Table, rows: pa.Array, errors: dict[int, str], position: str, current: list[pa.Field], truncates: bool
+    events: pa.Table, rows: pa.Array, errors: dict[int, str], position: str, current: list[pa.Field], cfg
 ):
-    """Registry change events as rows (`debezium.unwrap`); the positions of events that are no row's change
-    join `errors`."""
+    """Registry change events as rows (`debezium.unwrap`), with a marker row for each snapshot's end; the
+    positions of events that are no row's change join `errors`."""
     try:
-        payload, not_rows = debezium.unwrap(events, position, truncates)
+        payload, not_rows, ending = debezium.unwrap(events, position, _truncates(cfg))
     except debezium.NotAChangeEvent as err:
         errors.update(dict.fromkeys(rows.to_pylist(), str(err)))
         return pa.schema(current).empty_table(), pa.array([], pa.int64())
+    ending = [j for j in ending if j not in not_rows]
+    if ending and cfg.format.debezium.replaces_on_snapshot:
+        events_ending = pa.array(ending, pa.int64())
+        sources = payload.column(DEBEZIUM_POSITION_COLUMN).combine_chunks().take(events_ending)
+        where = rows.take(events_ending).to_pylist()
+        payload, rows = _with_markers(payload, rows, debezium.SNAPSHOT_END_OP, where, sources)
     if not not_rows:
         return payload, rows
     positions = rows.to_pylist()

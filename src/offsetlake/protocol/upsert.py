@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from offsetlake.config import DEBEZIUM_OP_COLUMN, DELETED_COLUMN
+from offsetlake.config import DEBEZIUM_OP_COLUMN, DEBEZIUM_POSITION_COLUMN, DELETED_COLUMN
 from offsetlake.errors import UpsertKeyError
 from offsetlake.files import DataFile, read_with_partitions
-from offsetlake.formats.debezium import truncate_rows
+from offsetlake.formats.debezium import snapshot_end_rows, truncate_rows
 from offsetlake.protocol import unavailable as placeholders
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ class Merge:
     order_by: str | None = None
     unavailable: str | None = None
     truncate: bool = False  # a TRUNCATE came before the source's rows: every other row of the table goes
+    snapshot_end: SnapshotEnd | None = None  # a snapshot ended: target rows older than it, not read, go
 
     @functools.cached_property
     def unavailable_columns(self) -> list[str]:
@@ -94,9 +95,9 @@ class Merge:
         """The join on the key, and each key column's range in this batch: delta-rs (1.6) prunes target files
         by their min/max statistics only for literal bounds in the predicate, not from the source, so without
         them every MERGE reads the whole table (measured: 10 files scanned of 10 for a key in one). After a
-        TRUNCATE, the join alone: every target row must be seen, to be deleted."""
+        TRUNCATE or a snapshot's end, the join alone: every target row must be seen, to be deleted."""
         join = [f"t.{_quoted(c)} = s.{_quoted(c)}" for c in self.key]
-        if self.truncate:
+        if self.truncate or self.snapshot_end is not None:
             return " AND ".join(join)
         bounds = [
             f"t.{_quoted(c)} >= {low} AND t.{_quoted(c)} <= {high}" for c, (low, high) in self.key_ranges().items()
@@ -132,6 +133,11 @@ class Merge:
             return condition
         column = _quoted(self.order_by)
         return f"{condition} AND (t.{column} IS NULL OR s.{column} >= t.{column})"
+
+    def stale(self) -> str:
+        """Which target rows a snapshot's end deletes: those older than it (it read every row it did not)."""
+        assert self.snapshot_end is not None, "a merge after a snapshot's end"
+        return f"t.{_quoted(DEBEZIUM_POSITION_COLUMN)} < {_literal(self.snapshot_end.position)}"
 
     @property
     def deletes(self) -> int:
@@ -195,6 +201,53 @@ def after_last_truncate(rows: pa.Table, order_by: str | None, batch: int | None 
     last = int(ordered.get_column("_truncate").arg_true()[-1])
     kept = ordered.slice(last + 1).filter(~pl.col("_truncate")).sort("_row")
     return rows.take(kept.get_column("_row").to_arrow()), True
+
+
+@dataclass(frozen=True)
+class SnapshotEnd:
+    """The latest snapshot's end among a batch's (or a range's) rows: its position, and where its marker
+    is in Kafka."""
+
+    position: int | str
+    topic: str
+    partition: int
+    offset: int
+
+
+def after_snapshot_end(rows: pa.Table) -> tuple[pa.Table, SnapshotEnd | None]:
+    """The rows without the marker rows of a snapshot's end (formats/debezium.py), and the latest such end
+    (None: no snapshot ended in them)."""
+    if rows.num_rows == 0 or DEBEZIUM_OP_COLUMN not in rows.column_names:
+        return rows, None
+    ending = snapshot_end_rows(rows)
+    if not pa.compute.any(ending).as_py():
+        return rows, None
+    markers = rows.filter(ending).select([DEBEZIUM_POSITION_COLUMN, *LINEAGE]).to_pylist()
+    last = max(markers, key=lambda m: (m[DEBEZIUM_POSITION_COLUMN], m["kafka_offset"]))
+    end = SnapshotEnd(
+        last[DEBEZIUM_POSITION_COLUMN], last["kafka_topic"], last["kafka_partition"], last["kafka_offset"]
+    )
+    return rows.filter(pa.compute.invert(ending)), end
+
+
+def stale_as_deleted(winners: pa.Table | None, end: SnapshotEnd | None) -> pa.Table | None:
+    """`winners`, each one the snapshot that ended did not read (the row was gone at the source) marked as a
+    delete: older than the snapshot, and not an event after the snapshot's end in its partition (a
+    transaction that was open when the snapshot began has older positions, and comes after it)."""
+    if winners is None or end is None or winners.num_rows == 0:
+        return winners
+    compute = pa.compute
+    older = compute.less(winners.column(DEBEZIUM_POSITION_COLUMN), end.position)
+    after_end = compute.and_(
+        compute.and_(
+            compute.equal(winners.column("kafka_topic"), end.topic),
+            compute.equal(winners.column("kafka_partition"), end.partition),
+        ),
+        compute.greater(winners.column("kafka_offset"), end.offset),
+    )
+    stale = compute.fill_null(compute.and_(older, compute.invert(after_end)), False)
+    deleted = compute.or_(winners.column(DELETED_COLUMN), stale)
+    return winners.set_column(winners.schema.get_field_index(DELETED_COLUMN), DELETED_COLUMN, deleted)
 
 
 def latest_per_key(
