@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import collections
 import datetime as dt
+import decimal
 import io
 import json
 import struct
@@ -510,6 +511,13 @@ def coerce(value, t: pa.DataType):
         return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
     if pa.types.is_date(t):
         return dt.date.fromisoformat(value) if isinstance(value, str) else value
+    if pa.types.is_decimal(t):  # decimal text exactly, a number as its shortest text; never rounded
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise TypeError(f"a decimal given as {type(value).__name__}")
+        exact = decimal.Decimal(value if isinstance(value, str) else repr(value))
+        if exact.as_tuple().exponent < -t.scale:
+            raise ValueError(f"{value!r} has more places than scale {t.scale}")
+        return exact.quantize(decimal.Decimal(1).scaleb(-t.scale))
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         return base64.b64decode(value, validate=True) if isinstance(value, str) else bytes(value)
     if pa.types.is_floating(t) and (isinstance(value, bool) or not isinstance(value, (int, float))):

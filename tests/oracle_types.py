@@ -5,6 +5,7 @@ column offsetlake gives another type than the docs promise is a finding, not a s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -29,6 +30,15 @@ DECLARED_TYPES = {
     "date": pa.date32(),
     "binary": pa.binary(),
 }
+DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
+
+
+def declared_type(name: str) -> pa.DataType:
+    """A declared field type (docs/reference/pipeline.md) as Arrow: a name above, or `decimal(p,s)`."""
+    found = DECIMAL.fullmatch(name)
+    return pa.decimal128(int(found[1]), int(found[2])) if found else DECLARED_TYPES[name]
+
+
 LINEAGE_TYPES = {
     "kafka_topic": pa.string(),
     "kafka_partition": pa.int32(),
@@ -46,7 +56,7 @@ def expected_columns(cfg) -> dict[str, pa.DataType]:
     if fmt.type == "raw":
         columns.update(key=pa.binary(), value=pa.binary())
     elif fmt.type == "json":
-        columns.update({f.name: DECLARED_TYPES[f.type] for f in fmt.schema_})
+        columns.update({f.name: declared_type(f.type) for f in fmt.schema_})
     if fmt.unknown_fields == "keep":
         columns[UNKNOWN_FIELDS_COLUMN] = pa.string()
     if fmt.envelope == "debezium":
@@ -55,7 +65,7 @@ def expected_columns(cfg) -> dict[str, pa.DataType]:
     if fmt.key is not None and fmt.key.type in ("raw", "string"):
         columns[KEY_COLUMN] = pa.binary() if fmt.key.type == "raw" else pa.string()
     elif fmt.key is not None and fmt.key.type == "json":
-        columns[KEY_COLUMN] = pa.struct([(f.name, DECLARED_TYPES[f.type]) for f in fmt.key.schema_])
+        columns[KEY_COLUMN] = pa.struct([(f.name, declared_type(f.type)) for f in fmt.key.schema_])
     if fmt.include_headers:
         columns[HEADERS_COLUMN] = HEADERS_TYPE
     columns.update(LINEAGE_TYPES)

@@ -3,8 +3,9 @@ Each table is checked row by row against what Kafka holds (the oracle, per topic
 gets its table at the next run; a table that fails does not stop the others; status, history and audit
 list or select the tables.
 
-The commands run in this process (`offsetlake.cli.main`) with the test session's Spark: the JVM of the
-worker, not one per command. Everything else (Kafka, Delta, the ledger) is the product's own path."""
+The commands run in this process (`offsetlake.cli.main`, the `offsetlake` fixture of conftest.py) with the
+test session's Spark: the JVM of the worker, not one per command. Everything else (Kafka, Delta, the
+ledger) is the product's own path."""
 
 from __future__ import annotations
 
@@ -13,43 +14,12 @@ import logging
 import re
 import threading
 import time
-from contextlib import contextmanager
 
-import pytest
 from deltalake import DeltaTable
 
-from offsetlake import cli
 from offsetlake.topic_tables import for_topic
 from oracle import assert_exactly_once, read_with_delta_rs
 from support import create_topic, load, produce, unique, write_per_topic_pipeline, write_pipeline
-
-
-@pytest.fixture
-def offsetlake(spark, monkeypatch, capsys):
-    """`offsetlake <args>` in this process: (exit code, stdout, stderr)."""
-
-    @contextmanager
-    def the_tests_session(args, cfg, job):
-        yield _Session(spark)
-
-    monkeypatch.setattr(cli, "_spark", the_tests_session)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = cli.main(list(args))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
-
-
-class _Session:
-    """What cli._spark yields (a LazySession): the session, already up."""
-
-    def __init__(self, spark):
-        self.spark, self.ready_at = spark, None
-
-    def __getattr__(self, name):
-        return getattr(self.spark, name)
 
 
 def test_a_pattern_with_a_table_per_topic_ingests_each_topic_exactly_once(
