@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "docs"))
 import generate  # noqa: E402 - docs/generate.py
 
+DOCS = REPO / "docs"
 HEADER = "# yaml-language-server: $schema=../../docs/reference/pipeline.schema.json"
 
 
@@ -88,3 +89,16 @@ def test_the_schema_refuses_what_the_loader_refuses():
     assert list(validator.iter_errors({**good, "tpoics": ["x"]}))  # a misspelt key
     assert list(validator.iter_errors({**good, "on_data_loss": "ignore"}))  # a value not allowed
     assert list(validator.iter_errors({**good, "batch": {"max_records_per_batch": "many"}}))  # a wrong type
+
+
+def test_every_snippet_include_is_intact_and_names_a_file_that_exists():
+    """`--8<-- "file"` lines (pymdownx.snippets): a formatter that took one for Python would leave text the
+    build keeps silently; each names a file under docs/examples/ or the repository."""
+    includes = []
+    for page in DOCS.rglob("*.md"):
+        text = page.read_text()
+        assert "8 < --" not in text, f"{page}: a snippet include was reformatted"
+        includes += re.findall(r'^--8<-- "([^":]+)', text, flags=re.M)
+    assert includes, "no page includes a snippet"
+    for name in includes:
+        assert (DOCS / "examples" / name).is_file() or (DOCS.parent / name).is_file(), name

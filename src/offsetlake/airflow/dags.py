@@ -342,6 +342,15 @@ def pipeline_dags(cfg: PipelineConfig) -> list[DAG]:
 
 
 def build_dags(directory: str | Path | None = None) -> dict[str, DAG]:
+    """Every pipeline's DAGs, by DAG id: for each file in `include/pipelines/` (or `directory`) its ingest,
+    stream, backfill, recovery and maintenance DAGs. A DAG file needs only
+
+    ```python
+    from offsetlake.airflow.dags import build_dags
+
+    globals().update(build_dags())
+    ```
+    """
     dags: dict[str, DAG] = {}
     for name in list_pipelines(directory):
         for dag in pipeline_dags(load_pipeline(name, directory)):
