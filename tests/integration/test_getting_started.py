@@ -16,14 +16,17 @@ from support import JournaledProducer, create_topic, load
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "getting-started"
 CUSTOMERS = ("ana", "bo", "chen")
+ORDERS = 300
+# Each customer's sum of amounts, from what the test produces (order i: customer i % 3, amount i + 0.50).
+AMOUNTS = tuple(int(sum(i + 0.5 for i in range(ORDERS) if i % 3 == k)) for k in range(len(CUSTOMERS)))
 
 
 def test_a_topic_of_ones_own_becomes_a_table_that_the_example_reads(
-    offsetlake, bootstrap, tmp_path, monkeypatch, capsys
+    offsetlake, spark, bootstrap, tmp_path, monkeypatch, capsys
 ):
     create_topic(bootstrap, "orders", 3)
     producer = JournaledProducer(bootstrap)
-    for i in range(300):
+    for i in range(ORDERS):
         order = {
             "order_id": f"o{i}",
             "customer": CUSTOMERS[i % 3],
@@ -57,3 +60,19 @@ def test_a_topic_of_ones_own_becomes_a_table_that_the_example_reads(
     assert "300 orders; table version 1" in shown, shown
     for customer in CUSTOMERS:  # polars' table: one line per customer, 100 orders each
         assert re.search(rf"│ {customer}\s+┆ 100\s+┆", shown), shown
+
+    # Integrations: the same table from Spark (delta-spark), DuckDB, Polars and pandas.
+    integrations = Path(EXAMPLES).parent / "integrations"
+    runpy.run_path(str(integrations / "spark.py"), init_globals={"spark": spark}, run_name="__main__")
+    shown = capsys.readouterr().out
+    assert all(re.search(rf"\|\s+{c}\|\s+100\|", shown) for c in CUSTOMERS), shown
+    assert re.search(r"\|\s+1\|\s+WRITE\|\{\"pipeline\":\"orde", shown), shown  # the ledger's userMetadata
+    runpy.run_path(str(integrations / "duckdb_query.py"), run_name="__main__")
+    shown = capsys.readouterr().out
+    assert all(re.search(rf"│ {c}\s+│\s+100 │\s+{a}\.00 │", shown) for c, a in zip(CUSTOMERS, AMOUNTS)), shown
+    runpy.run_path(str(integrations / "polars_read.py"), run_name="__main__")
+    shown = capsys.readouterr().out
+    assert "order_id" in shown and "shape: (5, 5)" in shown, shown
+    runpy.run_path(str(integrations / "pandas_read.py"), run_name="__main__")
+    shown = capsys.readouterr().out
+    assert all(re.search(rf"{c}\s+{a}\.00", shown) for c, a in zip(CUSTOMERS, AMOUNTS)), shown
