@@ -94,9 +94,9 @@ def write_pipeline(
     return name
 
 
-def write_per_topic_pipeline(directory: Path, bootstrap: str, prefix: str, lake: Path) -> str:
+def write_per_topic_pipeline(directory: Path, bootstrap: str, prefix: str, lake: Path, **overrides) -> str:
     """A pipeline reading every topic named `<prefix>.…` (a pattern) into a table per topic, `lake/<last
-    segment>` (and its quarantine beside it). Returns its name."""
+    segment>` (and its quarantine beside it); `overrides` as `write_pipeline`'s. Returns its name."""
     return write_pipeline(
         directory,
         bootstrap,
@@ -104,6 +104,7 @@ def write_per_topic_pipeline(directory: Path, bootstrap: str, prefix: str, lake:
         lake,
         table={"path": str(lake / "{table}")},
         quarantine={"path": str(lake / "{table}_quarantine")},
+        **overrides,
     )
 
 

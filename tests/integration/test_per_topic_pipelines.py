@@ -133,15 +133,8 @@ def test_tables_of_one_pipeline_upsert_on_their_own_keys(offsetlake, bootstrap, 
     prefix = unique("db")
     for table in ("by_user", "by_event"):
         create_topic(bootstrap, f"{prefix}.{table}", 1)  # one partition: a user's records keep their order
-    name = write_pipeline(
-        pipelines_dir,
-        bootstrap,
-        [f"^{re.escape(prefix)}\\."],
-        lake,
-        table={"path": str(lake / "{table}")},
-        quarantine={"path": str(lake / "{table}_quarantine")},
-        write={"mode": "upsert", "key": ["user_id"], "keys": {"by_event": ["event_id"]}},
-    )
+    upsert = {"mode": "upsert", "key": ["user_id"], "keys": {"by_event": ["event_id"]}}
+    name = write_per_topic_pipeline(pipelines_dir, bootstrap, prefix, lake, write=upsert)
     cfg = load(pipelines_dir, name)
     for table in ("by_user", "by_event"):
         produce(cfg.kafka, f"{prefix}.{table}", 400, transactional_share=0.5, abort_share=0.2, seed=12)
