@@ -238,10 +238,10 @@ def commit_batch(
         rows_read = read_staging(cfg.table_path, [w.file for w in written.data], cfg.table.partition_by, columns)
         unavailable = cfg.format.unavailable_value
         rows_read, truncated = after_last_truncate(rows_read, cfg.write.order_by, plan.batch)
-        rows_read, snapshot_end = after_snapshot_end(rows_read)
+        rows_read, snapshot_ends = after_snapshot_end(rows_read)
         winners = latest_per_key(rows_read, cfg.write.key, cfg.write.order_by, plan.batch, unavailable)
-        winners = stale_as_deleted(winners, snapshot_end)
-        merge = Merge(winners, cfg.write.key, cfg.write.order_by, unavailable, truncated, snapshot_end)
+        winners = stale_as_deleted(winners, snapshot_ends)
+        merge = Merge(winners, cfg.write.key, cfg.write.order_by, unavailable, truncated, snapshot_ends)
 
     def decide(table) -> Change | Settled:
         refused = verdict(read_ledger(table, cfg.name, list(plan.starts)), plan)

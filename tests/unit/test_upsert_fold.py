@@ -182,16 +182,27 @@ def test_a_snapshots_end_deletes_the_rows_older_than_it_that_it_did_not_read():
             ("c", 0, 4, 45, "u", "late"),  # a transaction open when the snapshot began: after it, kept
         ]
     )
-    rows, end = after_snapshot_end(rows)
-    assert end == SnapshotEnd(50, "t", 0, 3)
+    rows, ends = after_snapshot_end(rows)
+    assert ends == (SnapshotEnd(50, "t", 0, 3),)
     assert "snapshot_end" not in rows.column("_debezium_op").to_pylist()
-    winners = stale_as_deleted(latest_per_key(rows, ["k"], "_debezium_position"), end)
+    winners = stale_as_deleted(latest_per_key(rows, ["k"], "_debezium_position"), ends)
     assert {r["k"]: r[DELETED_COLUMN] for r in winners.to_pylist()} == {"a": False, "b": True, "c": False}
 
-    merge = Merge(winners, ["k"], "_debezium_position", snapshot_end=end)
+    merge = Merge(winners, ["k"], "_debezium_position", snapshot_ends=ends)
     assert merge.predicate() == 't."k" = s."k"'  # every target row seen: one the batch lacks may be stale
-    assert merge.stale() == 't."_debezium_position" < 50'
-    assert after_snapshot_end(rows) == (rows, None) and stale_as_deleted(winners, None) is winners
+    assert merge.stale() == """(t.kafka_topic = 't' AND t."_debezium_position" < 50)"""
+    assert after_snapshot_end(rows) == (rows, ()) and stale_as_deleted(winners, ()) is winners
+
+
+def test_a_snapshots_end_concerns_its_own_topic_only():
+    rows = change_rows(
+        [("a", 0, 1, 10, "c", "old"), ("b", 0, 2, 60, "r", "now"), ("b", 0, 2, 60, "snapshot_end", None)]
+    )
+    other = change_rows([("x", 0, 7, 5, "c", "other table")])  # another topic (source table), older
+    other = other.set_column(other.schema.get_field_index("kafka_topic"), "kafka_topic", pa.array(["u"]))
+    rows, ends = after_snapshot_end(pa.concat_tables([rows, other]))
+    winners = stale_as_deleted(latest_per_key(rows, ["k"], "_debezium_position"), ends)
+    assert {r["k"]: r[DELETED_COLUMN] for r in winners.to_pylist()} == {"a": True, "b": False, "x": False}
 
 
 def test_an_unavailable_value_takes_the_keys_latest_earlier_value_else_stays_for_the_merge():

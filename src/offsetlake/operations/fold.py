@@ -49,6 +49,7 @@ from offsetlake.protocol.metadata import CommitMetadata, Records, Run, ranges_js
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.protocol.upsert import (
     LINEAGE,
+    SnapshotEnd,
     after_last_truncate,
     after_snapshot_end,
     fold,
@@ -158,12 +159,12 @@ def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -
     columns = table_columns(table)
     reads, rows = _read_and_fold_input(cfg, ranges, columns)
     unavailable = cfg.format.unavailable_value
-    snapshot_end = None
+    snapshot_ends: tuple[SnapshotEnd, ...] = ()
     if rows is not None:  # a TRUNCATE in the range: the table is what came after the last one
         rows, _ = after_last_truncate(rows, cfg.write.order_by)
-        rows, snapshot_end = after_snapshot_end(rows)  # a snapshot's end: older rows it did not read are gone
+        rows, snapshot_ends = after_snapshot_end(rows)  # a snapshot's end: older rows it did not read are gone
     winners, unordered = fold(rows, cfg.write.key, cfg.write.order_by, unavailable)
-    winners = stale_as_deleted(winners, snapshot_end)
+    winners = stale_as_deleted(winners, snapshot_ends)
     current = query(cfg.table_path, "SELECT * FROM t")
     report = UpsertAuditReport(cfg.name, table.version(), reads, compacted=_compacted(cluster, cfg.topics))
     report.table_rows = current.num_rows

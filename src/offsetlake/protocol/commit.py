@@ -255,7 +255,7 @@ def _apply_merge(table: DeltaTable, change: Change, merge: Merge) -> Committed:
     ).when_matched_delete(merge.deletions())
     if merge.truncate:  # every row the source does not bring back was truncated
         merging = merging.when_not_matched_by_source_delete()
-    elif merge.snapshot_end is not None:  # a snapshot ended: older rows it did not read are gone at the source
+    elif merge.snapshot_ends:  # a snapshot ended: older rows it did not read are gone at the source
         merging = merging.when_not_matched_by_source_delete(merge.stale())
     if merge.unavailable_columns:  # a value the connector did not send keeps the target's: column by column
         columns, target = merge.source.column_names, table.schema().to_arrow().names

@@ -22,7 +22,7 @@ import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -48,7 +48,7 @@ class Merge:
     order_by: str | None = None
     unavailable: str | None = None
     truncate: bool = False  # a TRUNCATE came before the source's rows: every other row of the table goes
-    snapshot_end: SnapshotEnd | None = None  # a snapshot ended: target rows older than it, not read, go
+    snapshot_ends: tuple[SnapshotEnd, ...] = ()  # snapshots that ended: their topic's older rows not read go
 
     @functools.cached_property
     def unavailable_columns(self) -> list[str]:
@@ -97,7 +97,7 @@ class Merge:
         them every MERGE reads the whole table (measured: 10 files scanned of 10 for a key in one). After a
         TRUNCATE or a snapshot's end, the join alone: every target row must be seen, to be deleted."""
         join = [f"t.{_quoted(c)} = s.{_quoted(c)}" for c in self.key]
-        if self.truncate or self.snapshot_end is not None:
+        if self.truncate or self.snapshot_ends:
             return " AND ".join(join)
         bounds = [
             f"t.{_quoted(c)} >= {low} AND t.{_quoted(c)} <= {high}" for c, (low, high) in self.key_ranges().items()
@@ -135,9 +135,14 @@ class Merge:
         return f"{condition} AND (t.{column} IS NULL OR s.{column} >= t.{column})"
 
     def stale(self) -> str:
-        """Which target rows a snapshot's end deletes: those older than it (it read every row it did not)."""
-        assert self.snapshot_end is not None, "a merge after a snapshot's end"
-        return f"t.{_quoted(DEBEZIUM_POSITION_COLUMN)} < {_literal(self.snapshot_end.position)}"
+        """Which target rows a snapshot's end deletes: its topic's rows older than it (it read every row that
+        was still there)."""
+        assert self.snapshot_ends, "a merge after a snapshot's end"
+        position = _quoted(DEBEZIUM_POSITION_COLUMN)
+        return " OR ".join(
+            f"(t.kafka_topic = {_literal(end.topic)} AND t.{position} < {_literal(end.position)})"
+            for end in self.snapshot_ends
+        )
 
     @property
     def deletes(self) -> int:
@@ -205,8 +210,8 @@ def after_last_truncate(rows: pa.Table, order_by: str | None, batch: int | None 
 
 @dataclass(frozen=True)
 class SnapshotEnd:
-    """The latest snapshot's end among a batch's (or a range's) rows: its position, and where its marker
-    is in Kafka."""
+    """The latest snapshot's end of one topic (one source table) among a batch's (or a range's) rows: its
+    position, and where its marker is in Kafka."""
 
     position: int | str
     topic: str
@@ -214,39 +219,47 @@ class SnapshotEnd:
     offset: int
 
 
-def after_snapshot_end(rows: pa.Table) -> tuple[pa.Table, SnapshotEnd | None]:
-    """The rows without the marker rows of a snapshot's end (formats/debezium.py), and the latest such end
-    (None: no snapshot ended in them)."""
+def after_snapshot_end(rows: pa.Table) -> tuple[pa.Table, tuple[SnapshotEnd, ...]]:
+    """The rows without the marker rows of a snapshot's end (formats/debezium.py), and per topic the latest
+    such end (none: no snapshot ended in them). A topic is one source table: its snapshot says nothing of
+    another topic's rows, in a table fed by several."""
     if rows.num_rows == 0 or DEBEZIUM_OP_COLUMN not in rows.column_names:
-        return rows, None
+        return rows, ()
     ending = snapshot_end_rows(rows)
     if not pa.compute.any(ending).as_py():
-        return rows, None
-    markers = rows.filter(ending).select([DEBEZIUM_POSITION_COLUMN, *LINEAGE]).to_pylist()
-    last = max(markers, key=lambda m: (m[DEBEZIUM_POSITION_COLUMN], m["kafka_offset"]))
-    end = SnapshotEnd(
-        last[DEBEZIUM_POSITION_COLUMN], last["kafka_topic"], last["kafka_partition"], last["kafka_offset"]
+        return rows, ()
+    latest: dict[str, dict[str, Any]] = {}
+    for m in rows.filter(ending).select([DEBEZIUM_POSITION_COLUMN, *LINEAGE]).to_pylist():
+        now = latest.get(m["kafka_topic"])
+        if now is None or (m[DEBEZIUM_POSITION_COLUMN], m["kafka_offset"]) > (
+            now[DEBEZIUM_POSITION_COLUMN],
+            now["kafka_offset"],
+        ):
+            latest[m["kafka_topic"]] = m
+    ends = tuple(
+        SnapshotEnd(m[DEBEZIUM_POSITION_COLUMN], m["kafka_topic"], m["kafka_partition"], m["kafka_offset"])
+        for m in latest.values()
     )
-    return rows.filter(pa.compute.invert(ending)), end
+    return rows.filter(pa.compute.invert(ending)), ends
 
 
-def stale_as_deleted(winners: pa.Table | None, end: SnapshotEnd | None) -> pa.Table | None:
-    """`winners`, each one the snapshot that ended did not read (the row was gone at the source) marked as a
-    delete: older than the snapshot, and not an event after the snapshot's end in its partition (a
-    transaction that was open when the snapshot began has older positions, and comes after it)."""
-    if winners is None or end is None or winners.num_rows == 0:
+def stale_as_deleted(winners: pa.Table | None, ends: tuple[SnapshotEnd, ...]) -> pa.Table | None:
+    """`winners`, each one a snapshot that ended did not read (the row was gone at the source) marked as a
+    delete: of the snapshot's topic, older than it, and not an event after the snapshot's end in its
+    partition (a transaction that was open when the snapshot began has older positions, and comes after)."""
+    if winners is None or not ends or winners.num_rows == 0:
         return winners
     compute = pa.compute
-    older = compute.less(winners.column(DEBEZIUM_POSITION_COLUMN), end.position)
-    after_end = compute.and_(
-        compute.and_(
-            compute.equal(winners.column("kafka_topic"), end.topic),
+    deleted = winners.column(DELETED_COLUMN)
+    for end in ends:
+        topic = compute.equal(winners.column("kafka_topic"), end.topic)
+        older = compute.less(winners.column(DEBEZIUM_POSITION_COLUMN), end.position)
+        after_end = compute.and_(
             compute.equal(winners.column("kafka_partition"), end.partition),
-        ),
-        compute.greater(winners.column("kafka_offset"), end.offset),
-    )
-    stale = compute.fill_null(compute.and_(older, compute.invert(after_end)), False)
-    deleted = compute.or_(winners.column(DELETED_COLUMN), stale)
+            compute.greater(winners.column("kafka_offset"), end.offset),
+        )
+        stale = compute.and_(compute.and_(topic, older), compute.invert(after_end))
+        deleted = compute.or_(deleted, compute.fill_null(stale, False))
     return winners.set_column(winners.schema.get_field_index(DELETED_COLUMN), DELETED_COLUMN, deleted)
 
 
