@@ -512,6 +512,8 @@ def coerce(value, t: pa.DataType):
     if pa.types.is_date(t):
         return dt.date.fromisoformat(value) if isinstance(value, str) else value
     if pa.types.is_decimal(t):  # decimal text exactly, a number as its shortest text; never rounded
+        if isinstance(value, decimal.Decimal):  # a registry format's decimal, decoded as one
+            return value
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise TypeError(f"a decimal given as {type(value).__name__}")
         exact = decimal.Decimal(value if isinstance(value, str) else repr(value))

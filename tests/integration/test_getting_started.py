@@ -40,7 +40,9 @@ def test_a_topic_of_ones_own_becomes_a_table_that_the_example_reads(
     shutil.copy(EXAMPLES / "orders.yaml", pipelines / "orders.yaml")
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", bootstrap)
     monkeypatch.setenv("OFFSETLAKE_LAKE", str(tmp_path / "lake"))
-    monkeypatch.chdir(tmp_path)  # the commands find include/pipelines/ where they run
+    monkeypatch.chdir(tmp_path)  # the commands find include/pipelines/ where they run,
+    monkeypatch.delenv("OFFSETLAKE_HOME", raising=False)  # as a newcomer's shell has it (the Airflow tests
+    monkeypatch.delenv("OFFSETLAKE_PIPELINES_DIR", raising=False)  # of this session set both)
 
     code, out, err = offsetlake("ingest", "--pipeline", "orders")
     assert code == 0, err

@@ -23,6 +23,9 @@ from offsetlake.local.postgres import Postgres
 
 UTC = dt.UTC
 ADDED_COLUMN = ("country", "text")  # what add_column adds to customers
+# A large value's size: random (incompressible) and above PostgreSQL's ~2 kB row threshold, so it is stored
+# out of line (TOASTed), small enough to keep the change events light.
+LARGE_BYTES = 2800
 
 SCHEMA_SQL = """
 CREATE TYPE {s}.tier AS ENUM ('bronze', 'silver', 'gold');
@@ -160,15 +163,15 @@ class Shop:
             "prefs": _maybe(rng, json.dumps({"news": rng.random() < 0.5, "n": rng.randrange(100)})),
             "token": _maybe(rng, str(uuid.UUID(int=rng.getrandbits(128)))),
             "tags": _maybe(rng, _tags(rng)),
-            "photo": _maybe(rng, rng.randbytes(rng.choice([rng.randrange(0, 40), 6000]))),
+            "photo": _maybe(rng, rng.randbytes(rng.choice([rng.randrange(0, 40), LARGE_BYTES]))),
             "tier": _maybe(rng, rng.choice(["bronze", "silver", "gold"])),
             "visits": _maybe(rng, rng.randrange(-(2**31), 2**31)),
             "score": _maybe(rng, rng.uniform(-1e6, 1e6)),
             "active": _maybe(rng, rng.random() < 0.5),
             # Large and random: PostgreSQL stores it out of line (TOAST), and an update that leaves it alone
             # does not send it (Debezium's placeholder stands in for it).
-            "note": _maybe(rng, rng.randbytes(rng.choice([8, 6000])).hex()),
-            "codes": _maybe(rng, [rng.randrange(-(2**31), 2**31) for _ in range(rng.choice([3, 2000]))]),
+            "note": _maybe(rng, rng.randbytes(rng.choice([8, LARGE_BYTES // 2])).hex()),
+            "codes": _maybe(rng, [rng.randrange(-(2**31), 2**31) for _ in range(rng.choice([3, LARGE_BYTES // 4]))]),
         }
         if self.added_column:
             values[ADDED_COLUMN[0]] = _maybe(rng, rng.choice(["DE", "IN", "BR"]))
@@ -195,7 +198,7 @@ class Shop:
 def _tags(rng: random.Random) -> list[str]:
     """A few short tags, or (a third of the time) hundreds of random ones: large enough to be TOASTed."""
     if rng.random() < 1 / 3:
-        return [rng.randbytes(4).hex() for _ in range(800)]
+        return [rng.randbytes(4).hex() for _ in range(LARGE_BYTES // 8)]
     return [rng.choice(["a", "b", "vip", "é"]) for _ in range(rng.randrange(4))]
 
 
