@@ -200,8 +200,19 @@ class Api:
                     raise
                 time.sleep(2)
 
-    def unpause(self, dag_id: str) -> None:
-        self._call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    def unpause(self, dag_id: str, timeout: float = 60) -> None:
+        """Unpause a DAG. On SQLite (the demo's metadata database) the API server answers 500 when the
+        audit-log insert of the request waits out SQLite's 5 s lock timeout while the scheduler and the
+        tasks write; setting the flag again is harmless, so a 500 is asked again until `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+                return
+            except OffsetlakeError as err:
+                if "HTTP 500" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
 
     def asset_events(self, name: str, limit: int = 100) -> list[dict]:
         """The newest events of the Asset called `name`, newest first ([] while it has none)."""
