@@ -170,14 +170,19 @@ def _snapshot_ends(source: pa.Array, op: pa.Array) -> list[int]:
     return pc.indices_nonzero(pc.fill_null(ending, False)).to_pylist()
 
 
+def _rows_of(rows: pa.Table, op: str) -> pa.Array:
+    """Which rows have op `op`."""
+    return pc.fill_null(pc.equal(rows.column(DEBEZIUM_OP_COLUMN), op), False).combine_chunks()
+
+
 def truncate_rows(rows: pa.Table) -> pa.Array:
     """Which rows are TRUNCATE events."""
-    return pc.fill_null(pc.equal(rows.column(DEBEZIUM_OP_COLUMN), TRUNCATE_OP), False).combine_chunks()
+    return _rows_of(rows, TRUNCATE_OP)
 
 
 def snapshot_end_rows(rows: pa.Table) -> pa.Array:
     """Which rows are the marker of a table's snapshot end."""
-    return pc.fill_null(pc.equal(rows.column(DEBEZIUM_OP_COLUMN), SNAPSHOT_END_OP), False).combine_chunks()
+    return _rows_of(rows, SNAPSHOT_END_OP)
 
 
 def marker_rows(rows: pa.Table) -> pa.Array:
@@ -187,4 +192,4 @@ def marker_rows(rows: pa.Table) -> pa.Array:
 
 def deletes(rows: pa.Table) -> pa.Array:
     """Which rows are deletes."""
-    return pc.fill_null(pc.equal(rows.column(DEBEZIUM_OP_COLUMN), DELETE_OP), False).combine_chunks()
+    return _rows_of(rows, DELETE_OP)

@@ -243,7 +243,8 @@ def _apply_merge(table: DeltaTable, change: Change, merge: Merge) -> Committed:
         )
     if _add_join_columns(table, merge):
         decided_on += 1
-    merge = merge.for_target(table.schema().to_arrow().names)
+    target = table.schema().to_arrow().names  # after the join columns: what the MERGE's target has
+    merge = merge.for_target(target)
     keep = [DELETED_COLUMN]
     merging = table.merge(
         merge.source,
@@ -258,7 +259,7 @@ def _apply_merge(table: DeltaTable, change: Change, merge: Merge) -> Committed:
     elif merge.snapshot_ends:  # a snapshot ended: older rows it did not read are gone at the source
         merging = merging.when_not_matched_by_source_delete(merge.stale())
     if merge.unavailable_columns:  # a value the connector did not send keeps the target's: column by column
-        columns, target = merge.source.column_names, table.schema().to_arrow().names
+        columns = merge.source.column_names
         merging = merging.when_matched_update(merge.assignments(columns, target, keep_target=True), merge.updates())
         merging = merging.when_not_matched_insert(
             merge.assignments(columns, target, keep_target=False), f"NOT s.{DELETED_COLUMN}"

@@ -25,13 +25,13 @@ import pyarrow.compute as pc
 def placeholder(kind: pa.DataType, marker: str) -> object | None:
     """The value a column of type `kind` holds in place of a value the connector does not have; None for a
     type that never holds one (a number, a date: never TOASTed)."""
-    if _is_string(kind):
+    if is_text(kind):
         return marker
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
         return marker.encode()
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         item = kind.value_type
-        if _is_string(item):
+        if is_text(item):
             return [marker]
         if pa.types.is_int32(item) or pa.types.is_int64(item):
             return list(marker.encode())
@@ -69,7 +69,7 @@ def sql_literal(kind: pa.DataType, marker: str) -> str:
         return "'" + wanted.replace("'", "''") + "'"
     if isinstance(wanted, bytes):
         return f"X'{wanted.hex()}'"
-    if isinstance(wanted, list) and _is_string(kind.value_type):
+    if isinstance(wanted, list) and is_text(kind.value_type):
         return "make_array('" + marker.replace("'", "''") + "')"
     if isinstance(wanted, list):
         arrow = "Int32" if pa.types.is_int32(kind.value_type) else "Int64"
@@ -77,5 +77,6 @@ def sql_literal(kind: pa.DataType, marker: str) -> str:
     raise ValueError(f"a column of type {kind} never holds the unavailable value")
 
 
-def _is_string(kind: pa.DataType) -> bool:
+def is_text(kind: pa.DataType) -> bool:
+    """A string column, in any of Arrow's layouts."""
     return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind))

@@ -110,7 +110,7 @@ class Merge:
         ranges = {}
         for column in self.key:
             values = self.source.column(column)
-            if self.source.num_rows == 0 or not (_is_integer(values.type) or _is_string(values.type)):
+            if self.source.num_rows == 0 or not (_is_integer(values.type) or placeholders.is_text(values.type)):
                 continue
             bounds = pa.compute.min_max(values)
             low, high = bounds["min"].as_py(), bounds["max"].as_py()
@@ -151,10 +151,6 @@ class Merge:
 
 def _is_integer(kind: pa.DataType) -> bool:
     return bool(pa.types.is_integer(kind))
-
-
-def _is_string(kind: pa.DataType) -> bool:
-    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind))
 
 
 def _literal(value: int | str) -> str:
