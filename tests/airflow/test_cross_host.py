@@ -153,7 +153,7 @@ def test_the_dags_run_across_hosts_that_share_nothing_but_the_network(network, t
         stream_id = f"offsetlake__{name}__stream"
         api.wait_for_dag(stream_id)
         api.unpause(stream_id)
-        stream_run = api.trigger(stream_id, {"max_seconds": 20})
+        stream_run = api.trigger(stream_id, {"max_seconds": 10})
         assert api.wait_for_run(stream_id, stream_run, timeout=600) == "success", _logs(places)
         assert_exactly_once(cfg)  # caught up to the LSO, over S3
 
