@@ -2,8 +2,10 @@
 
 - reference/pipeline.md and reference/pipeline.schema.json: from the pydantic models that read a pipeline
   file (offsetlake.config; each field's docstring is its description);
-- reference/cli.md: from the `offsetlake` argument parser (offsetlake.cli_arguments.build_parser);
-- reference/operator.md: from OffsetlakeOperator's docstring.
+- reference/cli.md: from the `offsetlake` argument parser (offsetlake.cli_arguments.build_parser).
+
+The Python API's pages (reference/operator.md, reference/python.md) are rendered by mkdocstrings from the
+docstrings when the site is built.
 
 `python docs/generate.py` writes them (`make docs` does, before building the site); `--check` fails
 naming each page that differs from what the code gives (tests/unit/test_docs.py runs it in `make test`).
@@ -12,9 +14,7 @@ naming each page that differs from what the code gives (tests/unit/test_docs.py 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -159,35 +159,6 @@ def _cli_default(action: argparse.Action) -> str:
     return f"`{action.default}`"
 
 
-def operator_page() -> str:
-    from offsetlake.airflow.operator import OffsetlakeOperator
-
-    doc = inspect.cleandoc(OffsetlakeOperator.__doc__ or "")
-    params = re.findall(r"^:param (\w+): (.*?)(?=^:param |\n\n|\Z)", doc, flags=re.S | re.M)
-    summary = doc.split("\n\n", 1)[0]
-    rest = [p for p in doc.split("\n\n")[1:] if not p.startswith(":param")]
-    rows = [f"| `{name}` | {_text(text.replace('``', '`'))} |" for name, text in params]
-    return "\n".join(
-        [
-            GENERATED,
-            "",
-            "# `OffsetlakeOperator`",
-            "",
-            _text(summary.replace("``", "`")),
-            "",
-            "```python",
-            "from offsetlake.airflow.operator import OffsetlakeOperator",
-            "```",
-            "",
-            "| parameter | meaning |",
-            "|---|---|",
-            *rows,
-            "",
-            *(_text(p.replace("``", "`")) + "\n" for p in rest),
-        ]
-    )
-
-
 def pages() -> dict[str, str]:
     from offsetlake.cli import pipeline_json_schema
 
@@ -195,7 +166,6 @@ def pages() -> dict[str, str]:
         "reference/pipeline.md": pipeline_page(),
         "reference/pipeline.schema.json": json.dumps(pipeline_json_schema(), indent=2) + "\n",
         "reference/cli.md": cli_page(),
-        "reference/operator.md": operator_page(),
     }
 
 

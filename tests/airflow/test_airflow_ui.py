@@ -33,6 +33,8 @@ from support import REPO, assert_exactly_once, new_pipeline, pipeline_commits, p
 pytestmark = pytest.mark.slow
 CHROMIUM = "/usr/bin/chromium"
 WITHIN = 300  # seconds from a commit to the downstream DAG's start
+PICTURES = REPO / "docs" / "images"  # the docs include these pictures of the real UI, taken here
+PICTURE_NAMES = ("offsetlake-view.png", "airflow-dags.png", "airflow-run-graph.png", "airflow-trigger-form.png")
 
 
 @pytest.fixture(scope="module")
@@ -231,9 +233,23 @@ def test_the_offsetlake_view_in_a_real_browser_shows_what_status_says(ui, tmp_pa
             frame.locator(f"section[data-pipeline='{cfg.name}']").wait_for(timeout=60_000)
             assert frame.locator("section[data-testid=pipeline]").count() == 1  # this DAG's pipeline only
             page.screenshot(path=str(tmp_path / "airflow-offsetlake-dag-tab.png"))
+
+            # The docs' pictures, from this Airflow (written where the docs include them, so they stay current):
+            # the view, the DAG list, a run's graph and the backfill's trigger form.
+            _picture(page, f"{base}/offsetlake/?pipeline={cfg.name}", view, "offsetlake-view.png")
+            page.goto(f"{base}/dags")
+            _picture(page, None, page.get_by_text(f"offsetlake__{cfg.name}__ingest").first, "airflow-dags.png")
+            ingest_id = f"offsetlake__{cfg.name}__ingest"
+            page.goto(f"{base}/dags/{ingest_id}/runs/{ui['ingest_run']}")
+            page.get_by_title("Show Graph (Press g)").first.click(timeout=60_000)
+            _picture(page, None, page.locator(".react-flow__node").first, "airflow-run-graph.png")
+            page.goto(f"{base}/dags/offsetlake__{cfg.name}__backfill")
+            page.get_by_role("button", name="Trigger").first.click(timeout=60_000)
+            _picture(page, None, page.get_by_role("dialog").get_by_text("ranges").first, "airflow-trigger-form.png")
         finally:
             browser.close()
     assert (tmp_path / "offsetlake-view.png").stat().st_size > 10_000
+    assert all((PICTURES / name).stat().st_size > 10_000 for name in PICTURE_NAMES)
 
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -250,6 +266,18 @@ def test_the_offsetlake_view_in_a_real_browser_shows_what_status_says(ui, tmp_pa
         assert samples[("offsetlake_lag_records", labels)] == p["lag"]
     assert samples[("offsetlake_pipeline_lag_records", (("pipeline", cfg.name),))] == sum(p["lag"] for p in status)
     assert samples[("offsetlake_up", (("pipeline", cfg.name),))] == 1
+
+
+def _picture(page, url: str | None, shown, name: str) -> None:
+    """A screenshot for the docs, once `shown` is on the page; replaced whole (the docs build may be reading)."""
+    if url:
+        page.goto(url)
+    shown.wait_for(timeout=60_000)
+    page.wait_for_timeout(1500)  # the rest of the page draws (the UI polls its API: the network is never idle)
+    PICTURES.mkdir(exist_ok=True)
+    partial = PICTURES / f".partial-{name}"  # a dot file: the docs build skips it
+    page.screenshot(path=str(partial))
+    os.replace(partial, PICTURES / name)
 
 
 def _log_in(page, user: str, password: str) -> None:

@@ -5,7 +5,11 @@ against Kafka. The versions are those of src/offsetlake/local/poms/delta-spark.x
 from __future__ import annotations
 
 import json
+import os
+import runpy
 from collections.abc import Callable
+from pathlib import Path
+from unittest import mock
 
 import pyarrow as pa
 import pytest
@@ -24,6 +28,7 @@ from oracle import changes_with_delta_rs, read_with_delta_rs
 from support import assert_exactly_once, assert_job_failed_in_one_line, data_files_on_disk, produce, run_cli
 
 pytestmark = pytest.mark.slow
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "integrations"
 SMALL_BATCHES = {"max_records_per_batch": 300, "max_records_per_task": 100}
 
 
@@ -393,18 +398,12 @@ def test_delta_spark_reads_an_avro_table_of_every_kind_of_field_with_its_key_and
 
 def s3a_reader(spark, s3) -> Callable[[str], pa.Table]:
     """delta-spark reading `s3://` tables of the moto server through Hadoop's S3A (hadoop-aws), configured for
-    the server's bucket alone, as a Spark user would for their bucket (docs: how-to/object-storage.md)."""
+    the server's bucket by the docs' example (docs/examples/integrations/spark_s3.py), credentials added."""
+    with mock.patch.dict(os.environ, {"LAKE_BUCKET": s3.bucket, "S3_ENDPOINT": s3.url}):
+        runpy.run_path(str(EXAMPLES / "spark_s3.py"), init_globals={"spark": spark})
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
-    bucket = f"fs.s3a.bucket.{s3.bucket}"
-    for key, value in {
-        "endpoint": s3.url,
-        "endpoint.region": "us-east-1",
-        "access.key": s3.access_key,
-        "secret.key": s3.secret_key,
-        "path.style.access": "true",
-        "connection.ssl.enabled": "false",
-    }.items():
-        hadoop.set(f"{bucket}.{key}", value)
+    hadoop.set(f"fs.s3a.bucket.{s3.bucket}.access.key", s3.access_key)
+    hadoop.set(f"fs.s3a.bucket.{s3.bucket}.secret.key", s3.secret_key)
     read = reader(spark)
     return lambda uri: read(uri.replace("s3://", "s3a://", 1))
 

@@ -1,13 +1,14 @@
-"""Getting started as the page shows it (docs/getting-started.md): the example pipeline file and script it
-includes (docs/examples/getting-started/) on a topic of the test's broker: `offsetlake ingest`, `status`
-and `history`, then the script reading the table. The table is checked against Kafka by the oracle, the
-script's figures against what the test produced."""
+"""Getting started as the page shows it (docs/getting-started.md): the example pipeline file, transcript and
+script it includes (docs/examples/getting-started/) on a topic of the test's broker. Each command of the
+transcript runs and must print what the page shows; the table is checked against Kafka by the oracle; the
+script must print what the page shows, and its figures are those of what the test produced."""
 
 from __future__ import annotations
 
 import json
 import re
 import runpy
+import shlex
 import shutil
 from pathlib import Path
 
@@ -44,24 +45,21 @@ def test_a_topic_of_ones_own_becomes_a_table_that_the_example_reads(
     monkeypatch.delenv("OFFSETLAKE_HOME", raising=False)  # as a newcomer's shell has it (the Airflow tests
     monkeypatch.delenv("OFFSETLAKE_PIPELINES_DIR", raising=False)  # of this session set both)
 
-    code, out, err = offsetlake("ingest", "--pipeline", "orders")
-    assert code == 0, err
-    assert "committed" in out and "300 rows" in out, out
-
-    code, out, err = offsetlake("status", "--pipeline", "orders")
-    assert code == 0, err
-    assert "total lag: 0" in out, out
-
-    code, out, err = offsetlake("history", "--pipeline", "orders")
-    assert code == 0, err
-    assert "ingest" in out and "orders[0]" in out, out
+    # The page's transcript (session.console), command by command: the same output, to the character.
+    for command, shown in _transcript(EXAMPLES / "session.console"):
+        if command[0] == "export":  # the page's addresses; the test's own are set above
+            assert {a.split("=")[0] for a in command[1:]} == {"KAFKA_BOOTSTRAP_SERVERS", "OFFSETLAKE_LAKE"}
+            continue
+        assert command[0] == "offsetlake", command
+        code, out, err = offsetlake(*command[1:])
+        assert code == 0, err
+        assert out.rstrip("\n") == shown, f"$ {shlex.join(command)}\n{out}"
 
     assert_exactly_once(load(pipelines, "orders"))
     runpy.run_path(str(EXAMPLES / "read_orders.py"), run_name="__main__")
     shown = capsys.readouterr().out
-    assert "300 orders; table version 1" in shown, shown
-    for customer in CUSTOMERS:  # polars' table: one line per customer, 100 orders each
-        assert re.search(rf"│ {customer}\s+┆ 100\s+┆", shown), shown
+    assert shown.rstrip("\n") == (EXAMPLES / "read_orders.out").read_text().rstrip("\n"), shown
+    assert all(re.search(rf"│ {c}\s+┆ 100\s+┆ {a}\.00", shown) for c, a in zip(CUSTOMERS, AMOUNTS)), shown
 
     # Integrations: the same table from Spark (delta-spark), DuckDB, Polars and pandas.
     integrations = Path(EXAMPLES).parent / "integrations"
@@ -78,3 +76,14 @@ def test_a_topic_of_ones_own_becomes_a_table_that_the_example_reads(
     runpy.run_path(str(integrations / "pandas_read.py"), run_name="__main__")
     shown = capsys.readouterr().out
     assert all(re.search(rf"{c}\s+{a}\.00", shown) for c, a in zip(CUSTOMERS, AMOUNTS)), shown
+
+
+def _transcript(path: Path) -> list[tuple[list[str], str]]:
+    """A console transcript's commands (`$ ` lines), each with the output the page shows under it."""
+    steps: list[tuple[list[str], list[str]]] = []
+    for line in path.read_text().splitlines():
+        if line.startswith("$ "):
+            steps.append((shlex.split(line[2:]), []))
+        else:
+            steps[-1][1].append(line)
+    return [(command, "\n".join(lines)) for command, lines in steps]

@@ -12,6 +12,7 @@ import json
 import os
 import random
 import re
+import runpy
 import signal
 import time
 from pathlib import Path
@@ -454,6 +455,22 @@ def test_the_upsert_oracle_fails_a_change_feed_that_does_not_replay_to_the_table
     assert not oracle.change_feed_replays(bad)
     with pytest.raises(AssertionError, match="change data feed does not replay"):
         assert_exactly_once(bad)
+
+
+def test_the_docs_change_feed_example_counts_what_the_batches_did(spark, pipeline, capsys, monkeypatch):
+    """docs/examples/integrations/change_feed.py on a real upsert table of two batches, the second updating
+    and deleting keys of the first: every kind of change is there, pre- and post-images paired, and the
+    inserts at least as many as the rows the table holds (each row was inserted once)."""
+    cfg, topic = pipeline(partitions=2, **UPSERT)
+    for seed in (21, 22):
+        produce(cfg.kafka, topic, 300, transactional_share=0.5, abort_share=0.2, seed=seed, make_record=keyed_event)
+        ingest(spark, cfg)
+    monkeypatch.setenv("OFFSETLAKE_TABLE", cfg.table_path)
+    runpy.run_path(str(Path(__file__).resolve().parents[2] / "docs/examples/integrations/change_feed.py"))
+    counts = {kind: int(n) for kind, n in re.findall(r"│ (\w+)\s+┆ (\d+)", capsys.readouterr().out)}
+    assert set(counts) == {"insert", "update_preimage", "update_postimage", "delete"}, counts
+    assert counts["update_preimage"] == counts["update_postimage"]
+    assert counts["insert"] >= DeltaTable(cfg.table_path).to_pyarrow_table().num_rows > 0
 
 
 def test_a_restore_rewinds_the_upserts_and_optimize_keeps_the_fold(spark, pipeline):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +103,83 @@ def test_every_snippet_include_is_intact_and_names_a_file_that_exists():
     assert includes, "no page includes a snippet"
     for name in includes:
         assert (DOCS / "examples" / name).is_file() or (DOCS.parent / name).is_file(), name
+
+
+def blocks_in_docs(*languages: str) -> list[tuple[str, str]]:
+    """Every code block of those languages written on a page (the README's and the docs'), not included."""
+    found = []
+    for page in [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        for language, block in re.findall(r"```(\w*)\n(.*?)```", page.read_text(), flags=re.S):
+            if language in languages and "--8<--" not in block:
+                found.append((str(page.relative_to(REPO)), block))
+    return found
+
+
+def shell_commands(block: str) -> list[list[str]]:
+    """The commands of a shell block: continuation lines joined, a console's `$ ` prompt and comments dropped."""
+    lines = block.replace("\\\n", " ").splitlines()
+    commands = [line[2:] if line.startswith("$ ") else line for line in lines if not line.startswith((" ", "\t"))]
+    return [words for words in (shlex.split(c, comments=True) for c in commands) if words]
+
+
+def test_every_offsetlake_and_make_command_a_page_shows_is_one_the_code_takes(capsys):
+    from offsetlake.cli_arguments import build_parser
+
+    targets = set(re.findall(r"^([a-z][\w-]*):", (REPO / "Makefile").read_text(), flags=re.M))
+    checked = 0
+    for page, block in blocks_in_docs("sh", "console"):
+        for words in shell_commands(block):
+            if words[0] == "offsetlake":
+                try:
+                    build_parser().parse_args(words[1:])
+                except SystemExit as exit:
+                    if exit.code == 0:  # --help
+                        continue
+                    raise AssertionError(f"{page}: `{shlex.join(words)}`: {capsys.readouterr().err}") from None
+                checked += 1
+            elif words[0] == "make":
+                assert set(w for w in words[1:] if "=" not in w) <= targets, f"{page}: `{shlex.join(words)}`"
+                checked += 1
+    assert checked > 20
+
+
+def test_every_key_of_a_pipeline_fragment_a_page_shows_is_a_key_of_the_pipeline_file():
+    schema = yaml.safe_load(generate.pages()["reference/pipeline.schema.json"])
+    fragments = [(page, yaml.safe_load(block)) for page, block in blocks_in_docs("yaml")]
+    assert len(fragments) > 5
+    for page, fragment in fragments:
+        unknown = _unknown_keys(fragment, schema, schema)
+        assert not unknown, f"{page}: keys the pipeline file does not have: {unknown}"
+
+
+def _unknown_keys(value, node: dict, root: dict, path: str = "") -> list[str]:
+    """The keys of `value` (at any depth) that the JSON Schema `node` does not define."""
+    if "$ref" in node:
+        node = root["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+    alternatives = node.get("anyOf") or node.get("oneOf")
+    if alternatives:  # a key is known if one alternative knows it
+        found = [_unknown_keys(value, alt, root, path) for alt in alternatives if _is_object(alt, root)]
+        return min(found, key=len) if found else []
+    if not isinstance(value, dict) or not _is_object(node, root):
+        return []
+    unknown = []
+    for key, inner in value.items():
+        if key in node.get("properties", {}):
+            unknown += _unknown_keys(inner, node["properties"][key], root, f"{path}{key}.")
+        elif not node.get("additionalProperties"):
+            unknown.append(f"{path}{key}")
+    return unknown
+
+
+def _is_object(node: dict, root: dict) -> bool:
+    if "$ref" in node:
+        node = root["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+    return node.get("type") == "object" or "properties" in node
+
+
+def test_the_delta_spark_the_docs_name_is_the_one_the_tests_resolve():
+    """The docs' Spark session asks Maven Central for the delta-spark release the POM pins for the tests."""
+    pom = (REPO / "src" / "offsetlake" / "local" / "poms" / "delta-spark.xml").read_text()
+    line, version = (re.search(rf"<{p}>([^<]+)</{p}>", pom).group(1) for p in ("spark.line", "delta.version"))
+    session = (DOCS / "examples" / "integrations" / "spark_session.py").read_text()
+    assert f'"io.delta:delta-spark_{line}_2.13:{version}"' in session

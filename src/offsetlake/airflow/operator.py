@@ -53,17 +53,20 @@ JOBS = {
     "recover": "recovery",
     "maintain": "maintenance",
 }
-# Tries after the first, per command; waits of 30 s, 60 s, 120 s... at most 10 minutes. Ingest and
-# stream are what a schedule relies on. A backfill is refused for reasons a retry does not change (a
-# range past the ledger, below the log start) and someone is watching it; `recover` fails when the
-# audit finds damage, which running it again finds again: neither is retried.
 RETRIES = {"ingest": 3, "stream": 5, "backfill": 0, "recover": 0, "maintain": 1}
+"""Tries after the first, per command; `retries=` given to the operator wins. Ingest and stream are what a
+schedule relies on. A backfill is refused for reasons a retry does not change (a range past the ledger,
+below the log start) and someone is watching it; `recover` fails when the audit finds damage, which running
+it again finds again: neither is retried."""
 RETRY_DELAY = dt.timedelta(seconds=30)
 MAX_RETRY_DELAY = dt.timedelta(minutes=10)
 
 
 class OffsetlakeOperator(SparkSubmitOperator):
     """Run `offsetlake <command> --pipeline <pipeline> [--table <table>] <arguments>` through spark-submit.
+
+    ``on_kill`` is SparkSubmitOperator's: it goes to the hook, which stops spark-submit
+    (or the driver on the cluster). A killed job commits nothing it had not committed.
 
     :param pipeline: the pipeline's name (``include/pipelines/<pipeline>.yaml``). (templated)
     :param table: one table of a pipeline that writes a table per topic (its ``table.path`` holds
@@ -77,12 +80,10 @@ class OffsetlakeOperator(SparkSubmitOperator):
     :param kwargs: anything ``SparkSubmitOperator`` takes (``conf``, ``executor_memory``, ...);
         ``conf`` given here wins over offsetlake's settings, and ``retries``, ``retry_delay``,
         ``retry_exponential_backoff``, ``max_retry_delay`` over the defaults (``RETRIES``).
-
-    ``on_kill`` is SparkSubmitOperator's: it goes to the hook, which stops spark-submit
-    (or the driver on the cluster). A killed job commits nothing it had not committed.
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "pipeline", "table", "arguments")
+    """SparkSubmitOperator's templated fields, and `pipeline`, `table` and `arguments`."""
 
     def __init__(
         self,
@@ -108,6 +109,15 @@ class OffsetlakeOperator(SparkSubmitOperator):
         self.arguments = list(arguments)
 
     def execute(self, context) -> dict:  # type: ignore[override]  # the commits, as XCom (BaseOperator's is Any)
+        """Submit the command's job, then return what this task try committed (its XCom).
+
+        An `ingest` first compares the ledger with Kafka's end offsets in the task's own process: with
+        nothing new to read it submits no Spark job. The commits are read back from the table's history by
+        dag id, run id and try number (a retry: those of every try of its run).
+
+        :returns: `{"versions", "kinds", "rows", "ranges", "submitted"}`; for a stream over every table of
+            a per-topic pipeline, `{"pipeline", "submitted"}`.
+        """
         ti = context["ti"]
         self.application = str(project_home() / "jobs" / f"{JOBS[self.command]}.py")
         self.application_args = [
