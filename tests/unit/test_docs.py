@@ -183,3 +183,14 @@ def test_the_delta_spark_the_docs_name_is_the_one_the_tests_resolve():
     line, version = (re.search(rf"<{p}>([^<]+)</{p}>", pom).group(1) for p in ("spark.line", "delta.version"))
     session = (DOCS / "examples" / "integrations" / "spark_session.py").read_text()
     assert f'"io.delta:delta-spark_{line}_2.13:{version}"' in session
+
+
+def test_the_prerequisites_the_readme_and_getting_started_name_are_the_packages_make_installs():
+    script = (REPO / ".ci" / "system-packages.sh").read_text()
+    packages = set(re.findall(r"missing\+=\(([\w.-]+)\)", script))
+    assert len(packages) == 6, packages
+    for page in (REPO / "README.md", DOCS / "getting-started.md"):
+        text = " ".join(page.read_text().split())
+        shown = text[text.index("**Prerequisites:**") :].split("`make`", 1)[0]
+        assert "six Debian packages" in shown, page
+        assert set(re.findall(r"`([\w.-]+)`", shown)) == packages, page
