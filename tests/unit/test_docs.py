@@ -194,3 +194,29 @@ def test_the_prerequisites_the_readme_and_getting_started_name_are_the_packages_
         shown = text[text.index("**Prerequisites:**") :].split("`make`", 1)[0]
         assert "six Debian packages" in shown, page
         assert set(re.findall(r"`([\w.-]+)`", shown)) == packages, page
+
+
+def test_the_capture_how_to_configures_what_the_tested_chain_configures():
+    """The PostgreSQL, Connect worker and connector settings the how-to shows are those the CDC tests run
+    with (offsetlake.local.postgres and .connect): each key, and each value that is not the reader's own."""
+    from offsetlake.local import connect, postgres
+
+    page = (DOCS / "how-to" / "capture-postgresql.md").read_text()
+    blocks = re.findall(r"```(?:ini|properties)\n(.*?)```", page, flags=re.S)
+    settings = [dict(_setting(line) for line in b.splitlines() if line.strip() and line[0] != "#") for b in blocks]
+    server, worker, shown = settings
+    assert server == postgres.LOGICAL_DECODING
+    tested = connect.debezium_postgres(
+        "db.example.com", 5432, "debezium", "shop", "pg", ["shop"], heartbeat_table="shop.heartbeat"
+    )
+    readers_own = {"database.password", "heartbeat.interval.ms"}  # a secret; the tests' 1 s beats quicker
+    assert {k: v for k, v in shown.items() if k not in readers_own} == {
+        k: v for k, v in tested.items() if k in shown and k not in readers_own
+    }
+    assert set(shown) <= set(tested) and set(tested) - set(shown) <= {"tasks.max"}
+    assert worker == connect.converters(schemas_enable=True)
+
+
+def _setting(line: str) -> tuple[str, str]:
+    key, _, value = line.partition("=")
+    return key.strip(), value.split("#", 1)[0].strip()

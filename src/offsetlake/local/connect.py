@@ -184,17 +184,24 @@ def slot_name(topic_prefix: str) -> str:
     return f"offsetlake_{topic_prefix}".replace(".", "_").replace("-", "_").lower()
 
 
-def _configure(
-    work: Path, bootstrap_servers: str, connectors: dict[str, dict[str, str]], schemas_enable: bool, flush_ms: int
-) -> None:
+def converters(schemas_enable: bool) -> dict[str, str]:
+    """The worker's converters: Kafka Connect's JSON converter for keys and values, with or without schemas."""
     enable = "true" if schemas_enable else "false"
-    config = {
-        "bootstrap.servers": bootstrap_servers,
-        "listeners": f"http://127.0.0.1:{free_port()}",
+    return {
         "key.converter": "org.apache.kafka.connect.json.JsonConverter",
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
         "key.converter.schemas.enable": enable,
         "value.converter.schemas.enable": enable,
+    }
+
+
+def _configure(
+    work: Path, bootstrap_servers: str, connectors: dict[str, dict[str, str]], schemas_enable: bool, flush_ms: int
+) -> None:
+    config = {
+        "bootstrap.servers": bootstrap_servers,
+        "listeners": f"http://127.0.0.1:{free_port()}",
+        **converters(schemas_enable),
         "offset.storage.file.filename": str(work / "offsets"),
         "offset.flush.interval.ms": str(flush_ms),
         # No plugin.path: Debezium is on the worker's classpath (one POM, one set of jars), and an empty one
