@@ -13,23 +13,23 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 # `make test` runs two pytest-xdist workers, each taking whole files (--dist loadfile) in collection order: the
 # longest files first, so that no long file starts last while the other worker sits idle. Seconds per file in
-# a serial run of 2026-11-26 (--durations=0); every other file is shorter and keeps its place.
+# `make test` of 2026-11-27 (two workers, --durations=0); every other file is shorter and keeps its place.
 LONGEST_FIRST = (
-    "tests/chaos/test_chaos.py",  # ~200-240 s
-    "tests/airflow/test_cross_host.py",  # ~140
-    "tests/airflow/test_dags.py",  # ~150, in many tests
-    "tests/integration/test_delta_spark.py",  # ~140
-    "tests/integration/test_failover.py",  # ~110
-    "tests/integration/test_failures.py",  # ~100
-    "tests/integration/test_oracle.py",  # ~100
-    "tests/integration/test_cdc.py",  # ~80
-    "tests/airflow/test_airflow_connections.py",  # ~80
-    "tests/airflow/test_airflow_ui.py",  # ~70
-    "tests/integration/test_upsert.py",
-    "tests/airflow/test_scheduler_kill.py",
-    "tests/airflow/test_end_to_end.py",
-    "tests/integration/test_broker_restart.py",
-    "tests/integration/test_object_storage.py",
+    "tests/chaos/test_chaos.py",  # ~250-390 s, by the seed's mode
+    "tests/airflow/test_cross_host.py",  # ~250
+    "tests/airflow/test_dags.py",  # ~190, in many tests
+    "tests/integration/test_delta_spark.py",  # ~160
+    "tests/integration/test_cdc.py",  # ~140
+    "tests/integration/test_failures.py",  # ~125
+    "tests/airflow/test_airflow_ui.py",  # ~125
+    "tests/integration/test_failover.py",  # ~120
+    "tests/integration/test_upsert.py",  # ~115
+    "tests/integration/test_object_storage.py",  # ~85
+    "tests/integration/test_broker_restart.py",  # ~85
+    "tests/integration/test_oracle.py",  # ~85
+    "tests/airflow/test_airflow_connections.py",  # ~65
+    "tests/airflow/test_scheduler_kill.py",  # ~60
+    "tests/airflow/test_end_to_end.py",  # ~50
 )
 
 
