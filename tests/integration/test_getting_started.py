@@ -63,7 +63,10 @@ def test_a_topic_of_ones_own_becomes_a_table_that_the_example_reads(
 
     # Integrations: the same table from Spark (delta-spark), DuckDB, Polars and pandas.
     integrations = Path(EXAMPLES).parent / "integrations"
-    runpy.run_path(str(integrations / "spark.py"), init_globals={"spark": spark}, run_name="__main__")
+    # The docs' session (getOrCreate: this test's, which has delta-spark and its SQL extension), then the script.
+    session = runpy.run_path(str(integrations / "spark_session.py"), run_name="__main__")["spark"]
+    assert session is spark
+    runpy.run_path(str(integrations / "spark.py"), init_globals={"spark": session}, run_name="__main__")
     shown = capsys.readouterr().out
     assert all(re.search(rf"\|\s+{c}\|\s+100\|", shown) for c in CUSTOMERS), shown
     assert re.search(r"\|\s+1\|\s+WRITE\|\{\"pipeline\":\"orde", shown), shown  # the ledger's userMetadata
