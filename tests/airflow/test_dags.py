@@ -249,22 +249,25 @@ def test_backfill_form_errors_stop_before_spark(pipeline, conf, why):
 
 
 @pytest.mark.parametrize(
-    "conf",
+    "conf, field",
     [
-        {"pipeline": "someone_else"},  # unknown pipeline
-        {"ranges": [{"topic": "TOPIC", "partition": 0, "start": "0; rm -rf /", "end": 10}]},  # non-integer offset
-        {"ranges": [{"topic": "../../etc", "partition": 0, "start": 0, "end": 10}]},  # path as a topic
-        {"dry_run": "yes"},
+        ({"pipeline": "someone_else"}, "pipeline"),  # unknown pipeline
+        (
+            {"ranges": [{"topic": "TOPIC", "partition": 0, "start": "0; rm -rf /", "end": 10}]},
+            "ranges",
+        ),  # not an offset
+        ({"ranges": [{"topic": "../../etc", "partition": 0, "start": 0, "end": 10}]}, "ranges"),  # path as a topic
+        ({"dry_run": "yes"}, "dry_run"),
     ],
 )
-def test_backfill_form_type_errors_are_rejected_at_trigger(pipeline, conf):
+def test_backfill_form_type_errors_are_rejected_at_trigger(pipeline, conf, field):
     from airflow.sdk.definitions.param import ParamValidationError
 
     from offsetlake.airflow.dags import backfill_dag
 
     cfg, topic = pipeline(records=10)
     conf = json.loads(json.dumps(conf).replace("TOPIC", topic))
-    with pytest.raises(ParamValidationError):
+    with pytest.raises(ParamValidationError, match=rf"\bparam {field}\b"):  # the field the form refused
         backfill_dag(cfg).test(run_conf=conf)
     assert not DeltaTable.is_deltatable(cfg.table_path)  # refused before anything ran: nothing written
 
@@ -481,7 +484,8 @@ def test_maintenance_form_errors_stop_before_spark(pipeline, conf, refused_by):
     cfg, topic = pipeline(records=10)
     dag = maintenance_dag(cfg)
     if refused_by == "the form":
-        with pytest.raises(ParamValidationError):
+        field = next(iter(conf))
+        with pytest.raises(ParamValidationError, match=rf"\bparam {field}\b"):  # the field the form refused
             run(dag, conf)
     else:
         state, tasks = run(dag, conf)
