@@ -220,7 +220,9 @@ def test_the_offsetlake_view_in_a_real_browser_shows_what_status_says(ui, tmp_pa
                     f"{t}[{p}] {r[0]}-{r[1]}" for t, parts in h["ranges"].items() for p, r in parts.items()
                 )
             assert view.locator("svg[data-testid=chart] polyline").count() == 2  # lag and rows: 3 ingest commits
-            page.screenshot(path=str(tmp_path / "offsetlake-view.png"), full_page=True)
+            # The docs' pictures, from this Airflow (written where the docs include them, so they stay current):
+            # this view, the DAG list, a run's graph and the backfill's trigger form.
+            _picture(page, view, "offsetlake-view.png")
 
             # Inside the Airflow UI: the navigation's "offsetlake" item, and the tab on the pipeline's DAGs.
             page.goto(f"{base}/plugin/offsetlake")
@@ -228,27 +230,22 @@ def test_the_offsetlake_view_in_a_real_browser_shows_what_status_says(ui, tmp_pa
             frame.locator(f"section[data-pipeline='{cfg.name}']").wait_for(timeout=60_000)
             assert frame.locator(f"section[data-pipeline='{ui['stream'].name}']").count() == 1
             page.screenshot(path=str(tmp_path / "airflow-offsetlake-nav.png"))
-            page.goto(f"{base}/dags/offsetlake__{cfg.name}__ingest/plugin/offsetlake-dag")
+            ingest_id = f"offsetlake__{cfg.name}__ingest"
+            page.goto(f"{base}/dags/{ingest_id}/plugin/offsetlake-dag")
             frame = page.frame_locator("iframe")
             frame.locator(f"section[data-pipeline='{cfg.name}']").wait_for(timeout=60_000)
             assert frame.locator("section[data-testid=pipeline]").count() == 1  # this DAG's pipeline only
             page.screenshot(path=str(tmp_path / "airflow-offsetlake-dag-tab.png"))
-
-            # The docs' pictures, from this Airflow (written where the docs include them, so they stay current):
-            # the view, the DAG list, a run's graph and the backfill's trigger form.
-            _picture(page, f"{base}/offsetlake/?pipeline={cfg.name}", view, "offsetlake-view.png")
             page.goto(f"{base}/dags")
-            _picture(page, None, page.get_by_text(f"offsetlake__{cfg.name}__ingest").first, "airflow-dags.png")
-            ingest_id = f"offsetlake__{cfg.name}__ingest"
+            _picture(page, page.get_by_text(ingest_id).first, "airflow-dags.png")
             page.goto(f"{base}/dags/{ingest_id}/runs/{ui['ingest_run']}")
             page.get_by_title("Show Graph (Press g)").first.click(timeout=60_000)
-            _picture(page, None, page.locator(".react-flow__node").first, "airflow-run-graph.png")
+            _picture(page, page.locator(".react-flow__node").first, "airflow-run-graph.png")
             page.goto(f"{base}/dags/offsetlake__{cfg.name}__backfill")
             page.get_by_role("button", name="Trigger").first.click(timeout=60_000)
-            _picture(page, None, page.get_by_role("dialog").get_by_text("ranges").first, "airflow-trigger-form.png")
+            _picture(page, page.get_by_role("dialog").get_by_text("ranges").first, "airflow-trigger-form.png")
         finally:
             browser.close()
-    assert (tmp_path / "offsetlake-view.png").stat().st_size > 10_000
     assert all((PICTURES / name).stat().st_size > 10_000 for name in PICTURE_NAMES)
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -268,10 +265,8 @@ def test_the_offsetlake_view_in_a_real_browser_shows_what_status_says(ui, tmp_pa
     assert samples[("offsetlake_up", (("pipeline", cfg.name),))] == 1
 
 
-def _picture(page, url: str | None, shown, name: str) -> None:
+def _picture(page, shown, name: str) -> None:
     """A screenshot for the docs, once `shown` is on the page; replaced whole (the docs build may be reading)."""
-    if url:
-        page.goto(url)
     shown.wait_for(timeout=60_000)
     page.wait_for_timeout(1500)  # the rest of the page draws (the UI polls its API: the network is never idle)
     PICTURES.mkdir(exist_ok=True)
