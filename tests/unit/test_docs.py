@@ -40,13 +40,8 @@ def test_the_site_builds_with_no_broken_link_or_missing_page(tmp_path):
 
 def pipelines_in_docs() -> list[tuple[str, dict]]:
     """Every YAML block of the docs and the README that is a whole pipeline file (it has a name and topics)."""
-    found = []
-    for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
-        for block in re.findall(r"```yaml\n(.*?)```", page.read_text(), flags=re.S):
-            doc = yaml.safe_load(block)
-            if isinstance(doc, dict) and {"name", "topics"} <= doc.keys():
-                found.append((str(page.relative_to(REPO)), doc))
-    return found
+    docs = [(page, yaml.safe_load(block)) for page, block in blocks_in_docs("yaml")]
+    return [(page, doc) for page, doc in docs if isinstance(doc, dict) and {"name", "topics"} <= doc.keys()]
 
 
 def test_every_example_pipeline_carries_the_schema_header_and_is_valid_against_it():
