@@ -149,8 +149,7 @@ def test_every_key_of_a_pipeline_fragment_a_page_shows_is_a_key_of_the_pipeline_
 
 def _unknown_keys(value, node: dict, root: dict, path: str = "") -> list[str]:
     """The keys of `value` (at any depth) that the JSON Schema `node` does not define."""
-    if "$ref" in node:
-        node = root["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+    node = _resolved(node, root)
     alternatives = node.get("anyOf") or node.get("oneOf")
     if alternatives:  # a key is known if one alternative knows it
         found = [_unknown_keys(value, alt, root, path) for alt in alternatives if _is_object(alt, root)]
@@ -167,9 +166,13 @@ def _unknown_keys(value, node: dict, root: dict, path: str = "") -> list[str]:
 
 
 def _is_object(node: dict, root: dict) -> bool:
-    if "$ref" in node:
-        node = root["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+    node = _resolved(node, root)
     return node.get("type") == "object" or "properties" in node
+
+
+def _resolved(node: dict, root: dict) -> dict:
+    """The schema a `$ref` names (the generated schema's refs are all `#/$defs/<name>`), or `node` itself."""
+    return root["$defs"][node["$ref"].rsplit("/", 1)[-1]] if "$ref" in node else node
 
 
 def test_the_delta_spark_the_docs_name_is_the_one_the_tests_resolve():
