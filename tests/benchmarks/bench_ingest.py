@@ -12,10 +12,12 @@ is shared; the raw and json targets are shares of the faster anchor (KAFKA_TARGE
                       (from_json) and avro (from_avro), warm and the first batch of its session, in a
                       process of its own: offsetlake's rate over the peer's, target >= 10x each
   first ingest        the raw ingest right after a session starts, in a process of its own (a new JVM, as
-                      each spark-submit has): it also forks Spark's Python workers and imports the task
-                      code in them. Then a second, warm ingest in the same process; the target is the
-                      median over 5 such processes of first/warm. Each ingest to a new table, each from a
-                      settled broker (below); session start reported apart
+                      each spark-submit has): it also starts Spark's Python daemon and workers (forked
+                      from the prewarmed process, offsetlake/spark/prewarm.py). Then a second, warm
+                      ingest in the same process; the target is the median over 5 such processes of
+                      first/warm. Each ingest to a new table, each from a settled broker (below); session
+                      start reported apart, and the same 5 processes again without the prewarmed daemon
+                      (session start + first ingest, each way)
   ingest raw / json   offsetlake ingest from an empty table to fully committed (session start apart),
                       each right after a raw read of its own: the share is the median of the pairs'
                       (paired: a burst of the broker's own work slows both sides alike)
@@ -90,6 +92,7 @@ from offsetlake.protocol.planning import split_ranges
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.read import reader as reader_module
 from offsetlake.read.tasks import TaskContext
+from offsetlake.spark import prewarm as prewarm_module
 from offsetlake.spark.session import build_session
 from offsetlake.table import open_table
 
@@ -659,15 +662,17 @@ def median_ingest(
     return (statistics.median(records), statistics.median(seconds), statistics.median(shares) if shares else None)
 
 
-def first_ingest(bootstrap: str, topic: str, lake: Path, name: str) -> dict:
+def first_ingest(bootstrap: str, topic: str, lake: Path, name: str, prewarm: bool = True) -> dict:
     """A new process (its own JVM) starts a session, ingests the topic into a new table `name`, then again
-    (warm) into `name`_warm."""
+    (warm) into `name`_warm. `prewarm=False`: its session starts without the prewarmed daemon
+    (offsetlake/spark/prewarm.py), as Spark alone starts its Python daemon."""
     out = subprocess.run(
         [sys.executable, __file__, "--first-ingest", bootstrap, topic, str(lake), name],
         check=True,
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, prewarm_module.SWITCH_ENV: "1" if prewarm else "0"},
     ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -687,10 +692,11 @@ def first_ingest_here(bootstrap: str, topic: str, lake: Path, name: str) -> None
     )
 
 
-def median_first_ingest(bootstrap: str, topic: str, lake: Path) -> dict:
+def median_first_ingest(bootstrap: str, topic: str, lake: Path, prewarm: bool = True) -> dict:
     """Medians over FIRST_RUNS processes of: records, seconds of the first ingest, session start seconds, and
     first/warm (each process's first ingest over its own warm one)."""
-    runs = [first_ingest(bootstrap, topic, lake, f"bench_cold_{i}") for i in range(FIRST_RUNS)]
+    kind = "cold" if prewarm else "cold_unwarmed"
+    runs = [first_ingest(bootstrap, topic, lake, f"bench_{kind}_{i}", prewarm) for i in range(FIRST_RUNS)]
     return {
         "records": statistics.median(r["records"] for r in runs),
         "seconds": statistics.median(r["seconds"] for r in runs),
@@ -698,6 +704,18 @@ def median_first_ingest(bootstrap: str, topic: str, lake: Path) -> dict:
         "over_warm": statistics.median(r["seconds"] / r["warm_seconds"] for r in runs),
         "runs": runs,
     }
+
+
+def print_unwarmed(first: dict, unwarmed: dict) -> None:
+    """The first batch of a session with the prewarmed daemon and without it (OFFSETLAKE_SPARK_PREWARM=0):
+    the prewarmed process imports while the driver JVM starts, so part of what it saves the first batch
+    it costs the session's start; the sum is what a spark-submit gains."""
+    for label, m in (("with the prewarmed daemon", first), ("without it (OFFSETLAKE_SPARK_PREWARM=0)", unwarmed)):
+        print(
+            f"first batch of a session {label}: session start {m['session_seconds']:.2f}s + first 1M ingest "
+            f"{m['seconds']:.2f}s = {m['session_seconds'] + m['seconds']:.2f}s; first/warm {m['over_warm'] - 1:+.0%} "
+            f"(medians of {FIRST_RUNS} processes)"
+        )
 
 
 def median_raw_read(bootstrap: str, topic: str, ends: dict) -> tuple[int, float]:
@@ -1164,6 +1182,7 @@ def main() -> None:
         # The same ingest, each on a fresh table, right after a session starts in a process of its own:
         # the first batch of a session also forks Spark's Python workers and imports the task code in them.
         out["first_ingest"] = first = median_first_ingest(bootstrap, topic, lake)
+        out["first_ingest_unwarmed"] = median_first_ingest(bootstrap, topic, lake, prewarm=False)
         n_cold, cold_s, out["spark_session_seconds"] = first["records"], first["seconds"], first["session_seconds"]
         spark = build_session("offsetlake-bench")
 
@@ -1253,6 +1272,7 @@ def main() -> None:
         f"Spark session start {out['spark_session_seconds']:.1f}s "
         f"(median of {FIRST_RUNS} new processes, reported apart)"
     )
+    print_unwarmed(first, out["first_ingest_unwarmed"])
     print(f"{'measure':<{LABEL_WIDTH}} {'records':>9} {'seconds':>8} {'rec/s':>10} {'of raw read':>12}")
     for row in rows:
         print_row(*row)

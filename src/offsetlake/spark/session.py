@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from offsetlake.spark import jvm_archive
+from offsetlake.spark import jvm_archive, prewarm
 
 DEFAULTS_FILE = "include/spark-defaults.conf"
 DEFAULTS = {
@@ -70,7 +70,15 @@ def build_session(app_name: str, master: str | None = None, extra_conf: dict | N
             builder = builder.config(key, value)
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    # Under spark-submit the master is not known before the session: prewarm in case it is local.
+    prewarmed = prewarm.start() if master is None or is_local(master) else None
+    session = builder.getOrCreate()
+    if prewarmed is not None:
+        if is_local(session.sparkContext.master or ""):
+            prewarm.use_in(session.sparkContext, prewarmed)
+        else:
+            prewarmed.stop()
+    return session
 
 
 def under_spark_submit() -> bool:

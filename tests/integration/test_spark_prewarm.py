@@ -1,0 +1,204 @@
+"""The prewarmed process (offsetlake/spark/prewarm.py): a local session's Python daemon is forked from it
+with the task code imported, on the pipes and with the environment Spark gave the process it started, and
+everything ends with the JVM or the driver that owns it.
+
+The source of truth is the kernel (/proc: parents, mapped libraries) and the interpreter's own answers,
+not offsetlake's bookkeeping; the requests below are made as Spark's PythonWorkerFactory makes them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from offsetlake.spark import daemon as spark_daemon
+from offsetlake.spark import prewarm
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def gone(pid: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        stat = Path(f"/proc/{pid}/stat")
+        if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return True  # exited; its parent (not this test) has yet to reap it
+        time.sleep(0.05)
+    return False
+
+
+def string_hash_with_seed(seed: str) -> int:
+    out = subprocess.run(
+        [sys.executable, "-c", "print(hash('offsetlake'))"],
+        env={**os.environ, "PYTHONHASHSEED": seed},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout)
+
+
+def test_a_local_sessions_workers_are_forked_from_the_prewarmed_process(spark):
+    prewarmed = prewarm.start()  # the one the fixture's session started
+    assert prewarmed is not None and prewarmed.alive()
+
+    def worker_facts(index, _rows):  # nested: pickled by value
+        import os as worker_os
+        from pathlib import Path as WorkerPath
+
+        daemon = worker_os.getppid()
+        stat = WorkerPath(f"/proc/{daemon}/stat").read_text().rsplit(")", 1)[1].split()
+        return [
+            {
+                "daemon_parent": int(stat[1]),
+                "hash": hash("offsetlake"),
+                "seed": worker_os.environ.get("PYTHONHASHSEED"),
+                "spark_env": "PYTHON_WORKER_FACTORY_SOCK_DIR" in worker_os.environ,
+                "cwd": worker_os.getcwd(),
+            }
+        ]
+
+    seen = spark.sparkContext.parallelize(range(2), 2).mapPartitionsWithIndex(worker_facts).collect()
+    for worker in seen:
+        assert worker["daemon_parent"] == prewarmed.process.pid, seen
+        # string hashes partition data (pyspark's portable_hash): the seed Spark sets, in effect
+        assert worker["seed"] == "0" and worker["hash"] == string_hash_with_seed("0"), seen
+        assert worker["spark_env"] and worker["cwd"] == os.getcwd(), seen
+
+
+@pytest.fixture
+def sock_dir():
+    """Where the daemon makes its socket, as Spark's PYTHON_WORKER_FACTORY_SOCK_DIR: short, since a Unix
+    socket's path has at most 107 bytes (pytest's tmp_path under xdist is longer)."""
+    path = Path(tempfile.mkdtemp(prefix="offsetlake-sock-"))
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.fixture
+def prewarmed():
+    """A process of this test's own (not the session's), stopped by its pid."""
+    started = prewarm.launch()
+    assert started is not None
+    yield started
+    started.stop()
+
+
+def start_daemon(prewarmed, sock_dir: Path, **env) -> subprocess.Popen:
+    """Start offsetlake's daemon module as Spark's PythonWorkerFactory does: its environment, pipes on
+    the three streams, Unix domain sockets."""
+    environment = {
+        **os.environ,
+        spark_daemon.PREWARMED_ENV: prewarmed.address,
+        "PYTHONHASHSEED": "0",
+        "PYTHON_UNIX_DOMAIN_ENABLED": "true",
+        "PYTHON_WORKER_FACTORY_SOCK_DIR": str(sock_dir),
+        **env,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "offsetlake.spark.daemon"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=environment,
+    )
+
+
+def daemon_address(process: subprocess.Popen) -> str:
+    """What pyspark's daemon writes first on its standard output: its socket's path, length first."""
+    head = process.stdout.read(4)
+    assert len(head) == 4, process.stderr.read().decode()[-3000:]
+    (length,) = struct.unpack("!i", head)
+    return process.stdout.read(length).decode()
+
+
+def listener_pid(address: str) -> int:
+    """The process holding the listening socket `address` (from /proc/net/unix and the fds in /proc)."""
+    inode = next(line.split()[6] for line in Path("/proc/net/unix").read_text().splitlines() if line.endswith(address))
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            if os.readlink(fd) == f"socket:[{inode}]":
+                return int(fd.parts[2])
+        except OSError:
+            continue
+    raise AssertionError(f"no process listens on {address}")
+
+
+def test_a_daemon_handed_over_works_on_the_requesters_pipes_and_stops_with_its_sigterm(prewarmed, sock_dir):
+    requester = start_daemon(prewarmed, sock_dir)
+    address = daemon_address(requester)
+    daemon = listener_pid(address)
+    assert daemon != requester.pid and parent_of(daemon) == prewarmed.process.pid
+    maps = Path(f"/proc/{daemon}/maps").read_text()
+    assert "libarrow" in maps and "cimpl" in maps  # pyarrow and confluent-kafka, imported before any fork
+
+    # A worker, asked for as the JVM asks: connect, read its pid; then the JVM's kill: the pid on stdin.
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(address)
+        (worker,) = struct.unpack("!i", conn.recv(4, socket.MSG_WAITALL))
+        assert parent_of(worker) == daemon
+        requester.stdin.write(struct.pack("!i", worker))
+        requester.stdin.flush()
+        assert gone(worker)
+
+    requester.terminate()  # what Process.destroy() does when Spark stops its daemon
+    assert requester.wait(timeout=10) == 0
+    assert gone(daemon)
+
+
+def test_a_daemon_handed_over_ends_when_its_jvm_closes_its_input(prewarmed, sock_dir):
+    requester = start_daemon(prewarmed, sock_dir)
+    daemon = listener_pid(daemon_address(requester))
+    requester.stdin.close()  # the JVM exited
+    assert requester.wait(timeout=10) == 0
+    assert gone(daemon)
+
+
+def test_a_request_that_a_fork_would_not_honour_starts_sparks_daemon_afresh(prewarmed, sock_dir):
+    requester = start_daemon(prewarmed, sock_dir, PYTHONHASHSEED="7")
+    daemon = listener_pid(daemon_address(requester))
+    assert daemon == requester.pid  # pyspark's daemon in the process Spark started
+    requester.stdin.close()
+    requester.wait(timeout=10)  # pyspark's daemon ends with status 1 however it ends
+    assert "the prewarmed process refused: another PYTHONHASHSEED" in requester.stderr.read().decode()
+
+
+def test_without_the_prewarmed_process_the_daemon_starts_as_spark_starts_it(prewarmed, sock_dir):
+    prewarmed.stop()
+    requester = start_daemon(prewarmed, sock_dir)
+    assert listener_pid(daemon_address(requester)) == requester.pid
+    requester.stdin.close()
+    requester.wait(timeout=10)
+    assert requester.stderr.read() == b""
+
+
+def test_the_prewarmed_process_ends_with_its_driver_and_leaves_nothing_behind():
+    driver = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from offsetlake.spark import prewarm; p = prewarm.start(); print(p.process.pid, p.address)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pid, address = driver.stdout.split()
+    assert gone(int(pid))
+    assert not Path(address).parent.exists()
