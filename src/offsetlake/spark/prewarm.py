@@ -35,7 +35,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import traceback
 from pathlib import Path
 
@@ -138,21 +137,12 @@ def serve(address: str) -> None:
 
 
 def _preload() -> None:
-    """Import PRELOADED in a thread of lower priority: the imports take about a CPU-second while the
-    driver JVM starts, and the JVM comes first. Linux gives each thread its own nice value; the forks
-    are made by the main thread, so the daemon and its workers keep the driver's priority."""
+    """Import PRELOADED, at the driver's priority: at a lower one (nice +10 was tried) a busy machine
+    starves the imports while the session's first job waits for them."""
     spark_daemon.drop_spark_archives()
-    importer = threading.Thread(target=_import_preloaded, name="offsetlake-preload")
-    importer.start()
-    importer.join()
-    gc.freeze()  # what is imported now is shared by every fork: keep the collector off its pages
-
-
-def _import_preloaded() -> None:
-    with contextlib.suppress(OSError):  # where it cannot, the imports run at the process's priority
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + 10)
     for module in PRELOADED:
         importlib.import_module(module)
+    gc.freeze()  # what is imported now is shared by every fork: keep the collector off its pages
 
 
 def _remove(address: str) -> None:
