@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import NoReturn, TypeVar
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka import KafkaError as _KErr
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
@@ -394,30 +394,46 @@ class KafkaCluster:
     def commit_group_offsets(self, group: str, offsets: dict[TP, int]) -> bool:
         """Mirror the ledger into the consumer group so lag tools see it. Informational only.
 
-        Through the admin client's OffsetCommit, bounded by `kafka.timeout_seconds` per try: a consumer's
-        synchronous commit waited for the group's coordinator up to librdkafka's socket timeout (60 s)
-        when the broker went away right after a batch, and a stream's round waited with it. The planner
-        only lists offsets (admin requests) too; every consumer that fetches records, the batch's readers
-        and audit's read of Kafka alike, is reader.RangeReader, sized in reader.py."""
+        A consumer's synchronous commit, bounded by `kafka.timeout_seconds` per try. librdkafka waits for
+        the group's coordinator up to `session.timeout.ms` (45 s by default) whatever `socket.timeout.ms`
+        says: with the broker gone right after a batch, a commit took 45.0 s, a stream's round with it
+        (2.0 s with both set to 2 s; this consumer never joins the group, so the session timeout means
+        nothing else here). Not the admin client's alter_consumer_group_offsets: a coordinator-bound admin
+        request aborts the process on a dropped connection (librdkafka issue 4605; see check_access).
+
+        This consumer (and `group_offsets`') never assigns a partition, so it never fetches: fetch sizes
+        do not apply. The planner only lists offsets (admin requests). Every consumer that fetches records,
+        the batch's readers and audit's read of Kafka alike, is reader.RangeReader, sized in reader.py."""
         if not offsets:
             return True
-        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(t, p, o) for (t, p), o in offsets.items()])]
-
-        def commit() -> None:
-            [future] = self.admin.alter_consumer_group_offsets(request, request_timeout=self.timeout).values()
-            for tp in future.result(timeout=self.timeout + 1).topic_partitions:
-                if tp.error is not None:
-                    raise KafkaException(tp.error)
-
+        consumer = None
         try:
+            consumer = Consumer(
+                client_settings(
+                    self.settings,
+                    **{
+                        "group.id": group,
+                        "enable.auto.commit": False,
+                        "socket.timeout.ms": self._socket_ms,
+                        "session.timeout.ms": self._socket_ms,
+                    },
+                )
+            )
             retrying(
-                f"consumer group {group}: cannot mirror offsets", commit, self.settings.retry_seconds, stop=self.stop
+                f"consumer group {group}: cannot mirror offsets",
+                lambda: consumer.commit(
+                    offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
+                ),
+                self.settings.retry_seconds,
+                stop=self.stop,
             )
             return True
-        except (KafkaException, Stopped, TimeoutError) as err:
-            why = _describe(err) or f"no answer within {self.timeout:g} s"
-            log.warning("could not mirror offsets to consumer group %s: %s", group, why)
+        except (KafkaException, Stopped) as err:
+            log.warning("could not mirror offsets to consumer group %s: %s", group, _describe(err))
             return False
+        finally:
+            if consumer is not None:
+                consumer.close()
 
     def group_offsets(self, group: str, tps: list[TP]) -> dict[TP, int | None]:
         consumer = Consumer(client_settings(self.settings, **{"group.id": group, "enable.auto.commit": False}))
