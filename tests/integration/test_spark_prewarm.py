@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -202,3 +203,13 @@ def test_the_prewarmed_process_ends_with_its_driver_and_leaves_nothing_behind():
     pid, address = driver.stdout.split()
     assert gone(int(pid))
     assert not Path(address).parent.exists()
+
+
+def test_the_prewarmed_process_stopped_by_sigterm_removes_its_directory(prewarmed):
+    deadline = time.monotonic() + 30
+    while not Path(prewarmed.address).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert Path(prewarmed.address).exists()
+    os.kill(prewarmed.process.pid, signal.SIGTERM)  # not prewarmed.stop(): that removes it itself
+    prewarmed.process.wait(timeout=30)
+    assert not Path(prewarmed.address).parent.exists()

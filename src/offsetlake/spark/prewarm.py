@@ -116,6 +116,8 @@ def serve(address: str) -> None:
     """Listen at `address` (a daemon asking meanwhile waits in the backlog), import PRELOADED, then fork a
     daemon for each acceptable request until the driver goes away; then remove the socket's directory."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # daemons are reaped by the kernel
+    for ending in (signal.SIGTERM, signal.SIGHUP):  # end through `finally`, which removes the directory
+        signal.signal(ending, _exit_on_signal)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener, selectors.DefaultSelector() as sel:
         listener.bind(address)
         listener.listen(16)
@@ -135,6 +137,10 @@ def serve(address: str) -> None:
                         traceback.print_exc()
         finally:
             _remove(address)
+
+
+def _exit_on_signal(number: int, _frame) -> None:
+    raise SystemExit(128 + number)
 
 
 def _preload() -> None:
@@ -202,7 +208,8 @@ def _as_daemon(request: dict, fds: list[int], conn: socket.socket, closing) -> i
         sys.stdin = open(0, closefd=False)
         sys.stdout = open(1, "w", closefd=False, buffering=1)
         sys.stderr = open(2, "w", closefd=False, buffering=1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for number in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(number, signal.SIG_DFL)  # pyspark's daemon sets its own
         conn.sendall(str(os.getpid()).encode())
         conn.close()
         spark_daemon.run()
