@@ -146,3 +146,24 @@ def test_the_offset_mirror_gives_up_on_a_missing_coordinator_within_kafka_timeou
     settings = built["group offsets"]
     expected = int(cfg.kafka.timeout_seconds * 1000)
     assert settings["session.timeout.ms"] == settings["socket.timeout.ms"] == expected
+
+
+def test_new_clients_do_not_wait_half_the_default_reconnect_backoff(cfg, built, monkeypatch):
+    """Every client offsetlake creates is new, and librdkafka holds its first request back for half of
+    reconnect.backoff.ms once it drops the bootstrap connection (kafka.CLIENT_DEFAULTS): offsetlake's 10 ms
+    reaches each client, and a pipeline that sets its own keeps it."""
+    cluster = kafka.KafkaCluster(cfg.kafka)
+    calls = {
+        "planner (admin)": lambda: cluster.partitions(cfg.topics),
+        "group offsets": lambda: cluster.commit_group_offsets(cfg.consumer_group, {("orders", 0): 10}),
+        "reader": lambda: list(reader.read_range(cfg.kafka, "g", OffsetRange("orders", 0, 0, 10), 5)),
+        "producer": lambda: producer.produce(cfg.kafka, "orders", 1),
+    }
+    for name, call in calls.items():
+        with pytest.raises(Built):
+            call()
+        assert built[name]["reconnect.backoff.ms"] == 10, name
+    own = cfg.kafka.model_copy(update={"client": {**cfg.kafka.client, "reconnect.backoff.ms": 250}})
+    with pytest.raises(Built):
+        kafka.KafkaCluster(own).partitions(cfg.topics)
+    assert built["planner (admin)"]["reconnect.backoff.ms"] == 250

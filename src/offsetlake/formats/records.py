@@ -344,10 +344,16 @@ def _with_markers(
     return payload, pa.concat_arrays([kept, pa.array(where, pa.int64())])
 
 
+def _int64(value: int) -> pa.Scalar:
+    """A number for a compute function, typed: given a bare Python int, pyarrow infers its type, which
+    imports dateutil (13 ms in every Python worker's first task) and looks for pandas on every call."""
+    return pa.scalar(value, pa.int64())
+
+
 def _split_oversized(messages: pa.Table, limit: int) -> tuple[pa.Table, pa.Table | None]:
     """Values above `limit` bytes are quarantined whole: a table row that size hurts every reader."""
     sizes = pc.binary_length(messages.column("value")).fill_null(0)
-    too_big = pc.greater(sizes, limit)
+    too_big = pc.greater(sizes, _int64(limit))
     if not pc.any(too_big).as_py():
         return messages, None
     errors = [f"value is {n} bytes, above format.max_value_bytes ({limit})" for n in sizes.filter(too_big).to_pylist()]
@@ -395,7 +401,7 @@ def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa
     if any(good is not None for _, _, good in kept):
         good_rows = pa.concat_arrays(
             [
-                pa.array(np.arange(start, start + n), pa.int64()) if good is None else pc.add(good, start)
+                pa.array(np.arange(start, start + n), pa.int64()) if good is None else pc.add(good, _int64(start))
                 for start, n, good in kept
             ]
         )
