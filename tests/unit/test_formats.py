@@ -10,17 +10,9 @@ from hypothesis import strategies as st
 
 from offsetlake.config import parse_pipeline
 from offsetlake.files import delta_stats, write_files
-from offsetlake.formats import arrow_json
-from offsetlake.formats import records as formats
-from offsetlake.formats.records import (
-    QUARANTINE_SCHEMA,
-    BadRecord,
-    FastDecoder,
-    _parse_record,
-    arrow_type,
-    convert,
-    table_schema,
-)
+from offsetlake.formats import arrow_json, declared_json
+from offsetlake.formats.declared_json import BadRecord, FastDecoder, arrow_type, parse_record
+from offsetlake.formats.records import QUARANTINE_SCHEMA, convert, table_schema
 from offsetlake.formats.values import coerce
 from offsetlake.read.reader import MESSAGE_SCHEMA
 
@@ -328,7 +320,7 @@ def assert_chunk_agrees_with_reference(values):
     expected, expected_bad = [], []
     for offset, raw in enumerate(values, start=100):
         try:
-            expected.append((offset, _parse_record(raw, fields)[0]))
+            expected.append((offset, parse_record(raw, fields)[0]))
         except BadRecord as err:
             expected_bad.append((offset, str(err)))
     assert rows.column("kafka_offset").to_pylist() == [o for o, _ in expected]
@@ -395,13 +387,13 @@ def test_arrow_json_reader_takes_chunks_of_ordinary_records_itself():
 
 
 def test_a_bad_record_sends_only_its_chunk_record_by_record(monkeypatch):
-    monkeypatch.setattr(formats, "ARROW_JSON_CHUNK", 3)
+    monkeypatch.setattr(declared_json, "ARROW_JSON_CHUNK", 3)
     good = b'{"s":"a","dt":"2026-01-02","l":%d}'
     values = [good % i for i in range(4)] + [b'{"s":"a","dt":"2026-01-02","l":"x"}'] + [good % i for i in range(5, 9)]
     decided = []
-    real = formats._convert_json_records
+    real = declared_json._parse_one_by_one
     monkeypatch.setattr(
-        formats, "_convert_json_records", lambda cfg, msgs: decided.append(msgs.num_rows) or real(cfg, msgs)
+        declared_json, "_parse_one_by_one", lambda cfg, values: decided.append(len(values)) or real(cfg, values)
     )
     assert assert_chunk_agrees_with_reference(values) == 8
     assert decided == [3]  # rows 3 to 5, the chunk holding the bad record

@@ -1,6 +1,6 @@
 """JSON records to columns in one call to Arrow's JSON reader (C++), for chunks where every record is good.
 
-The record-by-record path (`formats.FastDecoder`, then the reference parser `formats._parse_record`) makes
+The record-by-record path (`declared_json.FastDecoder`, then the reference parser `declared_json.parse_record`) makes
 Python objects for every field of every record; for ordinary topics that is most of a JSON task's time.
 Here a chunk's values are read as one newline-delimited document with the declared schema, and the
 chunk is handed back (None) to the record-by-record path whenever Arrow might decide a record

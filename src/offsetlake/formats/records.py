@@ -12,14 +12,8 @@ Runs in executors: no deltalake import here.
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
-import json
-import operator
-import sys
-from typing import Annotated, Any, Optional
 
-import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,30 +29,11 @@ from offsetlake.config import (
     UNKNOWN_FIELDS_COLUMN,
     KeyFormat,
     PipelineConfig,
-    SchemaField,
 )
-from offsetlake.formats import arrow_json, debezium
+from offsetlake.formats import debezium, declared_json
+from offsetlake.formats.declared_json import ARROW_TYPES, arrow_type, int64_scalar
 from offsetlake.formats.evolution import Incompatible, merge_type
-from offsetlake.formats.values import INT32, INT64, check_unicode, coerce, decimal_type
-
-ARROW_TYPES = {
-    "string": pa.string(),
-    "long": pa.int64(),
-    "int": pa.int32(),
-    "double": pa.float64(),
-    "float": pa.float32(),
-    "boolean": pa.bool_(),
-    "timestamp": pa.timestamp("us", tz="UTC"),
-    "date": pa.date32(),
-    "binary": pa.binary(),
-}
-
-
-def arrow_type(type_: str) -> pa.DataType:
-    """The column type of a declared field type (config.SchemaField.type)."""
-    declared = decimal_type(type_)
-    return pa.decimal128(*declared) if declared is not None else ARROW_TYPES[type_]
-
+from offsetlake.formats.values import decimal_type
 
 LINEAGE_SCHEMA = pa.schema(
     [
@@ -344,16 +319,10 @@ def _with_markers(
     return payload, pa.concat_arrays([kept, pa.array(where, pa.int64())])
 
 
-def _int64(value: int) -> pa.Scalar:
-    """A number for a compute function, typed: given a bare Python int, pyarrow infers its type, which
-    imports dateutil (13 ms in every Python worker's first task) and looks for pandas on every call."""
-    return pa.scalar(value, pa.int64())
-
-
 def _split_oversized(messages: pa.Table, limit: int) -> tuple[pa.Table, pa.Table | None]:
     """Values above `limit` bytes are quarantined whole: a table row that size hurts every reader."""
     sizes = pc.binary_length(messages.column("value")).fill_null(0)
-    too_big = pc.greater(sizes, _int64(limit))
+    too_big = pc.greater(sizes, int64_scalar(limit))
     if not pc.any(too_big).as_py():
         return messages, None
     errors = [f"value is {n} bytes, above format.max_value_bytes ({limit})" for n in sizes.filter(too_big).to_pylist()]
@@ -368,83 +337,11 @@ def _quarantine_rows(bad: pa.Table, errors: list[str]) -> pa.Table:
     return pa.Table.from_arrays([*arrays, bad.column("headers")], schema=QUARANTINE_SCHEMA.append(QUARANTINE_HEADERS))
 
 
-class BadRecord(ValueError):
-    pass
-
-
-# Records per call to Arrow's JSON reader: one bad record sends only its chunk record by record.
-ARROW_JSON_CHUNK = 8192
-
-
 def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa.Array | None, pa.Table]:
-    """(payload columns of the good records, their positions in `messages` (None: all), quarantine rows).
-    Chunks whose records are all good go through Arrow's JSON reader (`arrow_json`), the rest record by
-    record; `keep` (undeclared fields kept as text) goes record by record."""
-    if cfg.format.unknown_fields == "keep":
-        return _convert_json_records(cfg, messages)
-    fields = cfg.format.schema_
-    schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in fields])
-    values = messages.column("value")
-    payloads, kept, quarantines = [], [], [quarantine_schema(cfg).empty_table()]
-    for start in range(0, messages.num_rows, ARROW_JSON_CHUNK):
-        chunk = values.slice(start, ARROW_JSON_CHUNK).combine_chunks()
-        columns = arrow_json.read_columns(fields, chunk, schema, coerce)
-        if columns is not None:
-            payloads.append(pa.Table.from_arrays(columns, schema=schema))
-            kept.append((start, len(chunk), None))
-            continue
-        payload, good, bad = _convert_json_records(cfg, messages.slice(start, ARROW_JSON_CHUNK))
-        payloads.append(payload)
-        kept.append((start, len(chunk), good))
-        quarantines.append(bad)
-    good_rows = None  # every record good, the usual case: no positions built
-    if any(good is not None for _, _, good in kept):
-        good_rows = pa.concat_arrays(
-            [
-                pa.array(np.arange(start, start + n), pa.int64()) if good is None else pc.add(good, _int64(start))
-                for start, n, good in kept
-            ]
-        )
-    return pa.concat_tables(payloads or [schema.empty_table()]), good_rows, pa.concat_tables(quarantines)
-
-
-def _convert_json_records(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa.Array | None, pa.Table]:
-    """`_convert_json` one record at a time: msgspec's decoder, the reference parser for what it refuses."""
-    fields = cfg.format.schema_
-    keep_unknown = cfg.format.unknown_fields == "keep"
-    # The fast decoder drops undeclared fields, so `keep` goes through the reference parser only.
-    fast = None if keep_unknown else FastDecoder.for_fields(fields)
-    values = messages.column("value")
-    records = fast.decode_all(values) if fast else [None] * len(values)
-    unknown: list[str | None] = []
-    bad_rows: list[int] = []
-    errors: list[str] = []
-    refused = [i for i, r in enumerate(records) if r is None]
-    for i, raw in zip(refused, values.take(pa.array(refused, pa.int64())).to_pylist()):
-        # What the fast decoder refused, the reference parser decides: it accepts some of it
-        # (NaN in an undeclared field, UTF-16, epoch-millisecond timestamps) and words the errors.
-        try:
-            record, extra = _parse_record(raw, fields)
-            extra_json = _unknown_json(extra) if keep_unknown else None
-        except BadRecord as err:
-            bad_rows.append(i)
-            errors.append(str(err))
-            continue
-        records[i] = fast.from_dict(record) if fast else record
-        if keep_unknown:
-            unknown.append(extra_json)
-    good, good_rows = records, None
-    if bad_rows:
-        good_rows = pa.array([i for i, r in enumerate(records) if r is not None], pa.int64())
-        good = [records[i] for i in good_rows.to_pylist()]
-    get = fast.getter if fast else operator.itemgetter
-    columns = [pa.array(list(map(get(f.name), good)), arrow_type(f.type)) for f in fields]
-    schema = [pa.field(f.name, arrow_type(f.type)) for f in fields]
-    if keep_unknown:
-        columns.append(pa.array(unknown, pa.string()))
-        schema.append(pa.field(UNKNOWN_FIELDS_COLUMN, pa.string()))
-    payload = pa.Table.from_arrays(columns, schema=pa.schema(schema))
-    return payload, good_rows, _quarantine_rows(messages.take(pa.array(bad_rows, pa.int64())), errors)
+    """(payload columns of the good records, their positions in `messages` (None: all), quarantine rows)."""
+    parsed = declared_json.parse_values(cfg, messages)
+    bad = messages.take(pa.array(parsed.bad, pa.int64()))
+    return parsed.payload, parsed.good, _quarantine_rows(bad, parsed.errors)
 
 
 # ---- registry formats ---------------------------------------------------------------------------
@@ -625,162 +522,9 @@ def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | 
         values = []
         for i, raw in enumerate(raws):
             try:
-                values.append(None if raw is None else _parse_record(raw, key.schema_)[0])
-            except BadRecord as err:
+                values.append(None if raw is None else declared_json.parse_record(raw, key.schema_)[0])
+            except declared_json.BadRecord as err:
                 errors[i] = f"key: {err}"
                 values.append(None)
         return pa.array(values, key_type), key_type, errors
     raise ValueError(f"key type {key.type!r}")  # config validation allows no other
-
-
-class FastDecoder:
-    """msgspec decodes a record straight into the declared fields, ~5x faster than json.loads and
-    coercing field by field. It must never accept what `_parse_record` (the reference) refuses or
-    read a value differently; `tests/unit/test_formats.py` checks the two side by side. So it is
-    strict where the reference is (no string-to-number, bounded integers, finite numbers), it takes
-    timestamps, dates and binary as raw JSON and coerces them with the reference's `values.coerce`, and a
-    value that is not UTF-8 anywhere (msgspec only checks the strings it keeps) is refused.
-    """
-
-    def __init__(self, schema: tuple[tuple[str, str, bool], ...]):
-        self._names = {name: f"f{i}" for i, (name, _, _) in enumerate(schema)}  # any JSON key, even `class`
-        spec: list[Any] = []  # msgspec.defstruct's (name, type[, default]) entries
-        self._coerced = []  # (attribute, type, required) decoded as raw JSON, coerced afterwards
-        for name, type_, required in schema:
-            attr = self._names[name]
-            decoded = _STRICT_TYPES.get(type_, Any)
-            if decoded is Any:
-                self._coerced.append((attr, type_, required))
-            if required:
-                spec.append((attr, decoded))
-            else:
-                spec.append((attr, decoded if decoded is Any else Optional[decoded], None))  # noqa: UP045 - a runtime type
-        self._struct = msgspec.defstruct("Record", spec, kw_only=True, rename={a: n for n, a in self._names.items()})
-        self._decode = msgspec.json.Decoder(self._struct).decode
-
-    @staticmethod
-    def for_fields(fields: list[SchemaField]) -> FastDecoder:
-        """One decoder per schema, built once per worker process (a struct type and its decoder)."""
-        return _decoder_for(tuple((f.name, f.type, f.required) for f in fields))
-
-    def decode_all(self, values: pa.ChunkedArray) -> list:
-        """One decoded record per value, None where the reference parser has to decide."""
-        decode = self._decode
-        raws = values.to_pylist()
-        out: list[Any]
-        try:
-            out = [decode(raw) for raw in raws]  # the usual case: every value decodes
-        except (msgspec.DecodeError, TypeError):  # TypeError: a null value (tombstone)
-            out = []
-            for raw in raws:
-                try:
-                    out.append(decode(raw))
-                except (msgspec.DecodeError, TypeError):
-                    out.append(None)
-        for i in _invalid_utf8(values):
-            out[i] = None
-        for attr, type_, required in self._coerced:
-            _coerce_attribute(out, attr, type_, required)
-        return out
-
-    def from_dict(self, record: dict):
-        return self._struct(**{self._names[name]: value for name, value in record.items()})
-
-    def getter(self, name: str):
-        return operator.attrgetter(self._names[name])
-
-
-# ISO text, the usual form, parsed without _coerce's dispatch. A naive timestamp stays naive: Arrow stores
-# it as UTC, which is what the reference's explicit UTC means.
-_ISO_PARSERS = {"timestamp": dt.datetime.fromisoformat, "date": dt.date.fromisoformat}
-
-
-def _coerce_attribute(records: list, attr: str, type_: str, required: bool) -> None:
-    """Coerce one raw-JSON attribute of every decoded record in place; None out the records it refuses."""
-    parse = _ISO_PARSERS.get(type_)
-    for i, record in enumerate(records):
-        if record is None:
-            continue
-        value = getattr(record, attr)
-        if value is None:
-            if required:
-                records[i] = None
-            continue
-        try:
-            setattr(
-                record, attr, parse(value) if parse is not None and value.__class__ is str else coerce(value, type_)
-            )
-        except (TypeError, ValueError, OverflowError):
-            records[i] = None
-
-
-@functools.lru_cache(maxsize=16)
-def _decoder_for(schema: tuple[tuple[str, str, bool], ...]) -> FastDecoder:
-    return FastDecoder(schema)
-
-
-_MAX_DOUBLE = sys.float_info.max
-_STRICT_TYPES = {
-    "string": str,
-    "long": Annotated[int, msgspec.Meta(ge=INT64[0], le=INT64[1])],
-    "int": Annotated[int, msgspec.Meta(ge=INT32[0], le=INT32[1])],
-    "double": Annotated[float, msgspec.Meta(ge=-_MAX_DOUBLE, le=_MAX_DOUBLE)],  # no inf, as the reference
-    "float": Annotated[float, msgspec.Meta(ge=-_MAX_DOUBLE, le=_MAX_DOUBLE)],
-    "boolean": bool,
-}
-
-
-def _invalid_utf8(values: pa.ChunkedArray) -> list[int]:
-    """Positions of values that are not UTF-8 (one vectorised check when all are, the usual case)."""
-    try:
-        values.cast(pa.string())
-        return []
-    except pa.ArrowInvalid:
-        pass
-    bad = []
-    for i, raw in enumerate(values.to_pylist()):
-        try:
-            if raw is not None:
-                raw.decode("utf-8")
-        except UnicodeDecodeError:
-            bad.append(i)
-    return bad
-
-
-def _unknown_json(extra: dict) -> str | None:
-    if not extra:
-        return None
-    try:
-        # allow_nan=False: NaN or Infinity would make text no JSON reader (Spark, DuckDB) accepts.
-        text = json.dumps(extra, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        check_unicode(text)
-    except ValueError as err:
-        raise BadRecord(f"undeclared fields: {err}") from None
-    return text
-
-
-def _parse_record(raw: bytes | None, fields: list[SchemaField]) -> tuple[dict, dict]:
-    """(declared fields coerced to their types, the fields the schema does not declare)."""
-    if raw is None:
-        raise BadRecord("value is null (tombstone)")
-    try:
-        record = json.loads(raw)
-    except UnicodeDecodeError:
-        raise BadRecord("value is not UTF-8") from None
-    except ValueError as err:
-        raise BadRecord(f"value is not JSON: {err}") from None
-    if not isinstance(record, dict):
-        raise BadRecord(f"value is a JSON {type(record).__name__}, expected an object")
-    out: dict[str, Any] = {}
-    for f in fields:
-        value = record.get(f.name)
-        if value is None:
-            if f.required:
-                raise BadRecord(f"required field {f.name!r} is missing or null")
-            out[f.name] = None
-            continue
-        try:
-            out[f.name] = coerce(value, f.type)
-        except (TypeError, ValueError, OverflowError) as err:
-            raise BadRecord(f"field {f.name!r}: {err}") from None
-    return out, {k: v for k, v in record.items() if k not in out}
