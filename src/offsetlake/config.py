@@ -85,7 +85,8 @@ class KafkaSettings(_Strict):
     """`read_committed`: batches end at the last stable offset and aborted records never reach the table."""
     client: dict[StrictStr, StrictStr | StrictInt | StrictBool] = Field(default_factory=dict)
     """Extra librdkafka settings for every client offsetlake creates (SASL/SSL...). Settings the batch
-    protocol owns (`group.id`, `isolation.level`, `auto.offset.reset`...) are refused."""
+    protocol owns (`group.id`, `isolation.level`, `auto.offset.reset`...) are refused. Unless set here,
+    `reconnect.backoff.ms` is 10 (librdkafka's default, 100, held each new client's first request back 50 ms)."""
     timeout_seconds: StrictInt = Field(default=30, gt=0)
     """Broker request timeout."""
     retry_seconds: StrictInt = Field(default=120, ge=0)

@@ -8,6 +8,7 @@ not offsetlake's bookkeeping; the requests below are made as Spark's PythonWorke
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -213,3 +214,48 @@ def test_the_prewarmed_process_stopped_by_sigterm_removes_its_directory(prewarme
     os.kill(prewarmed.process.pid, signal.SIGTERM)  # not prewarmed.stop(): that removes it itself
     prewarmed.process.wait(timeout=30)
     assert not Path(prewarmed.address).parent.exists()
+
+
+WARMED_SESSION = """
+import json, os
+from pathlib import Path
+from offsetlake.spark import prewarm
+from offsetlake.spark.session import build_session
+
+def children(parent):
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            pass  # a process that ended meanwhile
+    return sorted(found)
+
+spark = build_session("warm-up", "local[2]")
+daemons = children(prewarm.start().process.pid)
+workers = [pid for daemon in daemons for pid in children(daemon)]
+tracker = spark.sparkContext.statusTracker()
+jobs = []
+for job in sorted(tracker.getJobIdsForGroup(None)):
+    info = tracker.getJobInfo(job)
+    jobs.append([info.status, sum(tracker.getStageInfo(stage).numTasks for stage in info.stageIds)])
+task_pids = spark.sparkContext.parallelize(range(2), 2).mapPartitions(lambda _rows: [os.getpid()]).collect()
+print(json.dumps({"jobs": jobs, "daemons": daemons, "workers": workers, "task_pids": task_pids,
+                  "daemons_after": children(prewarm.start().process.pid)}))
+spark.stop()
+"""
+
+
+def test_a_local_session_is_ready_with_sparks_python_daemon_and_a_worker_per_core_already_running():
+    """The warm-up job (prewarm.warm_up) ran while the SparkSession was built: when build_session returns,
+    Spark's status tracker shows one finished job of a task per core, and the kernel shows the daemon forked
+    from the prewarmed process with a worker per core; the caller's first job runs in those workers."""
+    env = {key: value for key, value in os.environ.items() if key != prewarm.SWITCH_ENV}
+    done = subprocess.run([sys.executable, "-c", WARMED_SESSION], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["jobs"] == [["SUCCEEDED", 2]], seen
+    assert len(seen["daemons"]) == 1 and len(seen["workers"]) == 2, seen
+    assert sorted(seen["task_pids"]) == seen["workers"], seen  # no worker forked for the caller's job
+    assert seen["daemons_after"] == seen["daemons"], seen

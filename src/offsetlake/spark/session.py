@@ -57,27 +57,36 @@ def spark_conf(master: str) -> dict[str, str]:
 
 
 def build_session(app_name: str, master: str | None = None, extra_conf: dict | None = None):
+    """A Spark session for offsetlake's jobs. A local one gets the prewarmed daemon (offsetlake/spark/prewarm.py):
+    its SparkContext is started first, and while the SparkSession is built on it (0.5-0.6 s of the driver
+    JVM's time) a warm-up job runs Spark's first Python job, so the first batch does not."""
     # Python workers must run this interpreter: it is the one with offsetlake and its dependencies.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName(app_name)
+    options = {"spark.app.name": app_name}
     if not under_spark_submit() or master:  # spark-submit already set master and conf
         master = master or os.environ.get("OFFSETLAKE_SPARK_MASTER", "local[*]")
-        builder = builder.master(master)
-        for key, value in spark_conf(master).items():
-            builder = builder.config(key, value)
-    for key, value in (extra_conf or {}).items():
-        builder = builder.config(key, value)
+        options |= {"spark.master": master, **spark_conf(master)}
+    options |= extra_conf or {}
     # Under spark-submit the master is not known before the session: prewarm in case it is local.
     prewarmed = prewarm.start() if master is None or is_local(master) else None
-    session = builder.getOrCreate()
+    warming = None
     if prewarmed is not None:
-        if is_local(session.sparkContext.master or ""):
-            prewarm.use_in(session.sparkContext, prewarmed)
+        # SparkConf() reads what spark-submit set; the builder below finds this context and keeps it.
+        context = SparkContext.getOrCreate(SparkConf().setAll(list(options.items())))
+        if is_local(context.master or ""):
+            warming = prewarm.warm_up(context, prewarmed)
         else:
             prewarmed.stop()
+    builder = SparkSession.builder
+    for key, value in options.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    if warming is not None:
+        warming.join()  # it usually ended first; a batch's job would have waited for it anyway
     return session
 
 
