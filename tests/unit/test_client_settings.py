@@ -61,16 +61,21 @@ def built(monkeypatch):
     return seen
 
 
-def test_security_settings_reach_every_client(cfg, built):
+def client_calls(cfg) -> dict:
+    """A call that builds each kind of client offsetlake creates, by the recorder's name for it."""
     cluster = kafka.KafkaCluster(cfg.kafka)
-    calls = {
+    return {
         "planner (admin)": lambda: cluster.partitions(cfg.topics),
         "group offsets": lambda: cluster.commit_group_offsets(cfg.consumer_group, {("orders", 0): 10}),
         "reader": lambda: list(reader.read_range(cfg.kafka, "g", OffsetRange("orders", 0, 0, 10), 5)),
         "producer": lambda: producer.produce(cfg.kafka, "orders", 1),
         "topic admin": lambda: producer.ensure_topic(cfg.kafka, "orders", 1),
     }
-    for name, call in calls.items():
+
+
+def test_security_settings_reach_every_client(cfg, built):
+    cluster = kafka.KafkaCluster(cfg.kafka)
+    for name, call in client_calls(cfg).items():
         with pytest.raises(Built):
             call()
         settings = built[name]
@@ -148,18 +153,11 @@ def test_the_offset_mirror_gives_up_on_a_missing_coordinator_within_kafka_timeou
     assert settings["session.timeout.ms"] == settings["socket.timeout.ms"] == expected
 
 
-def test_new_clients_do_not_wait_half_the_default_reconnect_backoff(cfg, built, monkeypatch):
+def test_new_clients_do_not_wait_half_the_default_reconnect_backoff(cfg, built):
     """Every client offsetlake creates is new, and librdkafka holds its first request back for half of
     reconnect.backoff.ms once it drops the bootstrap connection (kafka.CLIENT_DEFAULTS): offsetlake's 10 ms
     reaches each client, and a pipeline that sets its own keeps it."""
-    cluster = kafka.KafkaCluster(cfg.kafka)
-    calls = {
-        "planner (admin)": lambda: cluster.partitions(cfg.topics),
-        "group offsets": lambda: cluster.commit_group_offsets(cfg.consumer_group, {("orders", 0): 10}),
-        "reader": lambda: list(reader.read_range(cfg.kafka, "g", OffsetRange("orders", 0, 0, 10), 5)),
-        "producer": lambda: producer.produce(cfg.kafka, "orders", 1),
-    }
-    for name, call in calls.items():
+    for name, call in client_calls(cfg).items():
         with pytest.raises(Built):
             call()
         assert built[name]["reconnect.backoff.ms"] == 10, name
