@@ -1068,9 +1068,9 @@ def spark_submit_timeline(
         ("trigger -> the Airflow task starts (scheduler, executor)", task),
         ("-> spark-submit starts (task runner; operator: pipeline, connections, anything to do?)", jvm),
         ("-> the Python driver starts (Spark's launcher, SparkSubmit's JVM)", after_jvm("driver")),
-        ("-> the Spark session is ready (SparkContext)", after_jvm("session")),
+        ("-> the Spark session is ready (SparkContext, SparkSession; local: the warm-up job)", after_jvm("session")),
         ("-> the batch's Spark job is submitted (the plan was made meanwhile)", after_jvm("job")),
-        ("-> the job ends (Spark's Python daemon and workers start in it)", after_jvm("job_end")),
+        ("-> the job ends", after_jvm("job_end")),
         ("-> the Delta commit", commit),
     ]
     steps, last = [], triggered
@@ -1120,11 +1120,10 @@ def print_timeline(result: dict) -> None:
     )
     for label, seconds in large["steps"]:
         print(f"  {label:<96} {'(not seen)' if seconds is None else f'{seconds:6.2f}s'}")
-    if large["daemon_after_job_submitted_seconds"] is not None:
-        print(
-            f"  (Spark's Python daemon started {large['daemon_after_job_submitted_seconds']:.2f}s after the job "
-            f"was submitted)"
-        )
+    lead = large["daemon_after_job_submitted_seconds"]
+    if lead is not None:
+        when = f"{lead:.2f}s after" if lead >= 0 else f"{-lead:.2f}s before"
+        print(f"  (Spark's Python daemon started {when} the job was submitted)")
 
 
 def main() -> None:

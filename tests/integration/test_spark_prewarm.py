@@ -257,5 +257,5 @@ def test_a_local_session_is_ready_with_sparks_python_daemon_and_a_worker_per_cor
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["jobs"] == [["SUCCEEDED", 2]], seen
     assert len(seen["daemons"]) == 1 and len(seen["workers"]) == 2, seen
-    assert sorted(seen["task_pids"]) == seen["workers"], seen  # no worker forked for the caller's job
+    assert set(seen["task_pids"]) <= set(seen["workers"]), seen  # no worker forked for the caller's job
     assert seen["daemons_after"] == seen["daemons"], seen
