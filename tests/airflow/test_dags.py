@@ -260,16 +260,20 @@ def test_backfill_form_errors_stop_before_spark(pipeline, conf, why):
         ({"dry_run": "yes"}, "dry_run"),
     ],
 )
-def test_backfill_form_type_errors_are_rejected_at_trigger(pipeline, conf, field):
+def test_backfill_form_type_errors_are_rejected_at_trigger(spark, pipeline, conf, field):
     from airflow.sdk.definitions.param import ParamValidationError
 
     from offsetlake.airflow.dags import backfill_dag
 
     cfg, topic = pipeline(records=10)
+    ingest(spark, cfg)  # a table with a ledger, which a backfill that ran would add a commit to
+    before = DeltaTable(cfg.table_path)
+    version, files = before.version(), set(before.file_uris())
     conf = json.loads(json.dumps(conf).replace("TOPIC", topic))
     with pytest.raises(ParamValidationError, match=rf"\bparam {field}\b"):  # the field the form refused
         backfill_dag(cfg).test(run_conf=conf)
-    assert not DeltaTable.is_deltatable(cfg.table_path)  # refused before anything ran: nothing written
+    after = DeltaTable(cfg.table_path)  # refused before anything ran: no commit, no file
+    assert (after.version(), set(after.file_uris())) == (version, files)
 
 
 @pytest.mark.parametrize("reason", ["x; rm -rf /", "../../etc/passwd", "$(whoami)", "a\nb"])
