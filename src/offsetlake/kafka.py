@@ -304,13 +304,7 @@ class KafkaCluster:
             # admin request (DescribeConsumerGroups) meets a dropped connection (`rd_kafka_enq_once_del_
             # source_return: Assertion eonce->refcnt > 0`, librdkafka issue 4605, fix pending in PR 5397);
             # chaos-run ingests died so across broker restarts.
-            consumer = Consumer(
-                client_settings(
-                    self.settings,
-                    error_cb=self._remember,
-                    **{"group.id": group, "enable.auto.commit": False, "socket.timeout.ms": self._socket_ms},
-                )
-            )
+            consumer = self._group_consumer(group, error_cb=self._remember, **{"socket.timeout.ms": self._socket_ms})
             try:
                 self._fetch_committed_or_refusal(consumer, TopicPartition(topics[0], 0))
             finally:
@@ -420,16 +414,8 @@ class KafkaCluster:
             return True
         consumer = None
         try:
-            consumer = Consumer(
-                client_settings(
-                    self.settings,
-                    **{
-                        "group.id": group,
-                        "enable.auto.commit": False,
-                        "socket.timeout.ms": self._socket_ms,
-                        "session.timeout.ms": self._socket_ms,
-                    },
-                )
+            consumer = self._group_consumer(
+                group, **{"socket.timeout.ms": self._socket_ms, "session.timeout.ms": self._socket_ms}
             )
             retrying(
                 f"consumer group {group}: cannot mirror offsets",
@@ -447,8 +433,12 @@ class KafkaCluster:
             if consumer is not None:
                 consumer.close()
 
+    def _group_consumer(self, group: str, **extra) -> Consumer:
+        """A consumer of `group` that reads or commits its offsets and never joins it (no subscription)."""
+        return Consumer(client_settings(self.settings, **{"group.id": group, "enable.auto.commit": False, **extra}))
+
     def group_offsets(self, group: str, tps: list[TP]) -> dict[TP, int | None]:
-        consumer = Consumer(client_settings(self.settings, **{"group.id": group, "enable.auto.commit": False}))
+        consumer = self._group_consumer(group)
         try:
             committed = self._retrying(
                 f"cannot read offsets of consumer group {group}",
