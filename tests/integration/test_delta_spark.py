@@ -93,6 +93,36 @@ def test_a_users_delete_or_update_by_delta_spark_is_reported_by_audit_and_mended
     assert_exactly_once(cfg, read=reader(spark))
 
 
+def code_cache(spark) -> tuple[int, int]:
+    """(bytes reserved, bytes at most used so far) of the driver JVM's code cache, asked from the JVM (JMX):
+    one pool, or three when the cache is segmented."""
+    management = spark._jvm.java.lang.management.ManagementFactory
+    pools = [p for p in management.getMemoryPoolMXBeans() if p.getName() == "CodeCache" or "CodeHeap" in p.getName()]
+    assert pools, [p.getName() for p in management.getMemoryPoolMXBeans()]
+    return sum(p.getUsage().getMax() for p in pools), sum(p.getPeakUsage().getUsed() for p in pools)
+
+
+def test_the_driver_jvm_has_room_to_compile_delta_sparks_code(spark, pipeline):
+    """The driver compiles with C1 only, which left alone sizes the code cache as a client VM's (48 MB): a long
+    session of delta-spark SQL filled it, and a full cache fails a query at random with `InternalError:
+    ...no such method: MethodHandle.linkToStatic` (JDK-8295724). After a user's DELETE, UPDATE, MERGE and
+    OPTIMIZE here, the cache is reserved at 240 MB and used well below it."""
+    cfg, _ = pipeline(partitions=2, records=300, ingest=True)
+    for statement in (
+        "DELETE FROM {t} WHERE kafka_offset % 7 = 0",
+        "UPDATE {t} SET amount = -1 WHERE kafka_offset % 5 = 0",
+        "MERGE INTO {t} t USING (SELECT * FROM {t} WHERE kafka_offset < 50) s ON t.kafka_offset = s.kafka_offset "
+        "AND t.kafka_partition = s.kafka_partition WHEN MATCHED THEN UPDATE SET amount = s.amount + 1",
+        "OPTIMIZE {t} ZORDER BY (user_id)",
+    ):
+        sql(spark, statement.format(t=delta(cfg)))
+    arguments = list(spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert "-XX:TieredStopAtLevel=1" in arguments, arguments
+    reserved, peak = code_cache(spark)
+    assert reserved >= 240 * 2**20, f"code cache {reserved / 2**20:.0f} MB"
+    assert peak < reserved * 0.75, f"code cache used up to {peak / 2**20:.0f} of {reserved / 2**20:.0f} MB"
+
+
 # Delta table features delta-spark enables on a table, each with the statement that enables it.
 ENABLE = {
     "deletionVectors": "SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')",

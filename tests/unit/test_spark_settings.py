@@ -16,8 +16,10 @@ def test_the_driver_compiles_with_c1_and_the_users_driver_options_come_last(tmp_
     (tmp_path / "include" / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions -XX:TieredStopAtLevel=4\n")
     monkeypatch.setenv("OFFSETLAKE_HOME", str(tmp_path))
     options = spark_conf("local[2]")["spark.driver.extraJavaOptions"].split()
-    assert DRIVER_JIT in options
-    assert options.index(DRIVER_JIT) < options.index("-XX:TieredStopAtLevel=4")  # the JVM keeps the last
+    ours = DRIVER_JIT.split()
+    assert "-XX:TieredStopAtLevel=1" in ours and "-XX:ReservedCodeCacheSize=240m" in ours
+    users = options.index("-XX:TieredStopAtLevel=4")
+    assert all(options.index(flag) < users for flag in ours)  # the JVM keeps the last
 
 
 def test_a_process_start_is_read_to_the_clock_tick():

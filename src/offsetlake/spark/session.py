@@ -39,7 +39,12 @@ LOOPBACK = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0
 # results; the records never go through it (Python workers read Kafka and write Parquet), so it has
 # no hot loop for C2 to pay back, in a batch or in an hour-long stream (`make bench` measures both).
 # Executors on a cluster keep their JVM's default.
-DRIVER_JIT = "-XX:TieredStopAtLevel=1"
+# C1 only also makes HotSpot size the code cache as a client VM's (48 MB instead of 240 MB). A long
+# session running delta-spark's SQL (MERGE, DELETE, OPTIMIZE) outgrows that: the cache then sits full and
+# the JVM can no longer create the native stub of a new method-handle signature, so a query fails at random
+# with `InternalError: NoSuchMethodException: no such method: MethodHandle.linkToStatic(...)` (JDK-8295724).
+# The code cache is reserved address space; only what is compiled into it is memory.
+DRIVER_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 def is_local(master: str) -> bool:
