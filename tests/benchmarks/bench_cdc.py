@@ -171,6 +171,7 @@ def main(argv=None) -> int:
             [SCHEMA],
             heartbeat_table=f"{SCHEMA}.heartbeat",
         )
+        connect.create_publication(server, config)
         worker = connect.start(work / "connect", bootstrap, {PREFIX: config}, schemas_enable=True)
         lake = work / "lake"
         cfgs = {t: pipeline(bootstrap, lake, t) for t in TABLES}

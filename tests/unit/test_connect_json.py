@@ -76,7 +76,46 @@ CASES = [
         pa.string(),
         "-0.005",
     ),
+    # Beyond Decimal's 28-digit context: exact, at the scale sent, and the variable scale's text in plain digits.
+    (
+        field("big", "bytes", "org.apache.kafka.connect.data.Decimal", scale=2, **{"connect.decimal.precision": 38}),
+        two_complement(12345678901234567890123456789012345678),
+        pa.decimal128(38, 2),
+        decimal.Decimal("123456789012345678901234567890123456.78"),
+    ),
+    (
+        {
+            "field": "n",
+            "type": "struct",
+            "name": "io.debezium.data.VariableScaleDecimal",
+            "fields": [{"field": "scale", "type": "int32"}, {"field": "value", "type": "bytes"}],
+        },
+        {"scale": 3, "value": two_complement(1234567890123456789012345678901)},
+        pa.string(),
+        "1234567890123456789012345678.901",
+    ),
+    (
+        {
+            "field": "n",
+            "type": "struct",
+            "name": "io.debezium.data.VariableScaleDecimal",
+            "fields": [{"field": "scale", "type": "int32"}, {"field": "value", "type": "bytes"}],
+        },
+        {"scale": -2, "value": two_complement(-1118006368237552701691592607)},
+        pa.string(),
+        "-111800636823755270169159260700",
+    ),
     (field("doc", "string", "io.debezium.data.Json"), '{"a": 1}', pa.string(), '{"a": 1}'),
+    # Debezium prints an interval's seconds from a double: rounded to PostgreSQL's microsecond they are exact.
+    (
+        field("i", "string", "io.debezium.time.Interval"),
+        "P0Y11M16DT72H57M2.887566999S",
+        pa.string(),
+        "P0Y11M16DT72H57M2.887567S",
+    ),
+    (field("i", "string", "io.debezium.time.Interval"), "P-1Y0M-3DT-4H-5M-6.5S", pa.string(), "P-1Y0M-3DT-4H-5M-6.5S"),
+    (field("i", "string", "io.debezium.time.Interval"), "P0Y0M0DT0H0M1.0E-6S", pa.string(), "P0Y0M0DT0H0M0.000001S"),
+    (field("i", "string", "io.debezium.time.Interval"), "P0Y0M0DT0H0M0.0S", pa.string(), "P0Y0M0DT0H0M0S"),
     (field("b", "bytes"), "3q2+7w==", pa.binary(), b"\xde\xad\xbe\xef"),
     (field("f", "float"), 1.5, pa.float32(), 1.5),
     (field("d", "double"), -2.25, pa.float64(), -2.25),
@@ -123,6 +162,15 @@ def test_a_decimal_wider_than_delta_allows_names_the_field_and_the_setting():
     spec = field("big", "bytes", "org.apache.kafka.connect.data.Decimal", scale=2, **{"connect.decimal.precision": 50})
     with pytest.raises(UnusableConnectSchema, match=r"value.big: Decimal\(50, 2\).*decimal.handling.mode"):
         compile_schema({"type": "struct", "fields": [spec]})
+
+
+def test_interval_text_that_is_not_debeziums_is_refused_saying_so():
+    spec = field("i", "string", "io.debezium.time.Interval")
+    value = {"type": "struct", "name": "row", "fields": [spec]}
+    record = json.dumps({"schema": value, "payload": {"i": "1 day 02:00:00"}}).encode()
+    decoder, body = ConnectDecoders().split(record)
+    with pytest.raises(ValueError, match="expected Debezium's interval text"):
+        decoder.decode(body)
 
 
 def test_a_wrong_payload_type_is_an_error_naming_what_was_expected():

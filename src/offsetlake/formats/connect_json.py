@@ -16,12 +16,15 @@ logical type. Each maps to one Arrow type, and the payload's JSON value to a Pyt
 | Debezium's MicroTimestamp / NanoTimestamp              | epoch micro/nanoseconds | timestamp(us, UTC)           |
 | Debezium's ZonedTimestamp                              | ISO 8601 text           | timestamp(us, UTC)           |
 | Time (Connect's), Debezium's Time/MicroTime/NanoTime   | milli/micro/nanoseconds | int64 microseconds of the day|
-| Debezium's VariableScaleDecimal (numeric, no scale)    | {scale, value}          | string (exact)               |
+| Debezium's VariableScaleDecimal (numeric, no scale)    | {scale, value}          | string (exact, plain digits) |
+| Debezium's Interval (`interval.handling.mode=string`)  | ISO 8601 text           | string, seconds to the µs    |
 | Debezium's Json / Uuid / Enum, ZonedTime, other string | text                    | string                       |
 | bytes                                                  | base64                  | binary                       |
 | array / map / struct                                   | list / object / object  | list / map / struct          |
 
-Delta has no time-of-day type, hence microseconds of the day; a timestamp without time zone (Timestamp,
+Debezium writes an interval's seconds from a floating-point number (2.887567 s arrives as `2.887566999S`);
+PostgreSQL's intervals hold microseconds, so they are rounded to the microsecond, which gives the value back
+exactly. Delta has no time-of-day type, hence microseconds of the day; a timestamp without time zone (Timestamp,
 MicroTimestamp) is its wall-clock reading taken as UTC, as offsetlake reads naive timestamps everywhere. The
 payload of a Debezium event is its envelope (`before`, `after`, `source`, `op`...): `envelope: debezium`
 unwraps it as for a registry format.
@@ -35,6 +38,7 @@ import base64
 import datetime as dt
 import decimal
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 
 from offsetlake.formats.schema_decoder import TIMESTAMP, SchemaDecoder
-from offsetlake.formats.values import check_unicode
+from offsetlake.formats.values import check_unicode, from_unscaled
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 EPOCH_DAY = dt.date(1970, 1, 1)
@@ -84,6 +88,10 @@ _TIMES = {  # name: units per second of the time of day
 }
 _ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"
 _VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+_INTERVAL = "io.debezium.time.Interval"
+# Debezium's Interval text: every part, each signed on its own; the seconds as Java prints a double.
+_INTERVAL_TEXT = re.compile(r"P(-?\d+)Y(-?\d+)M(-?\d+)DT(-?\d+)H(-?\d+)M(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)S")
+MICROSECOND = decimal.Decimal("0.000001")
 
 Convert = Callable[[Any], Any]
 
@@ -105,6 +113,8 @@ def compile_schema(schema: Any, path: str = "value") -> tuple[pa.DataType, Conve
         return TIMESTAMP, _nullable(_zoned)
     if name == _VARIABLE_SCALE_DECIMAL and kind == "struct":
         return pa.string(), _nullable(_variable_scale_decimal)
+    if name == _INTERVAL and kind == "string":
+        return pa.string(), _nullable(_interval)
     if kind in _PRIMITIVES:
         return _PRIMITIVES[kind], _nullable(_primitive(kind))
     if kind == "array":
@@ -193,7 +203,7 @@ def _decimal(schema: dict, path: str) -> tuple[pa.DataType, Convert]:
         )
 
     def convert(value):
-        return decimal.Decimal(_unscaled(value)).scaleb(-scale)
+        return from_unscaled(_unscaled(value), scale)
 
     return pa.decimal128(precision, scale), _nullable(convert)
 
@@ -239,6 +249,18 @@ def _zoned(value) -> dt.datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
+def _interval(value) -> str:
+    """Debezium's interval text with its seconds rounded to the microsecond (see the module's docstring)."""
+    text = _of(value, str, "interval text")
+    match = _INTERVAL_TEXT.fullmatch(text)
+    if match is None:
+        raise ValueError(f"expected Debezium's interval text P<y>Y<m>M<d>DT<h>H<m>M<s>S, got {text[:60]!r}")
+    *parts, seconds = match.groups()
+    rounded = decimal.Decimal(seconds).quantize(MICROSECOND, rounding=decimal.ROUND_HALF_EVEN)
+    shown = format(rounded.normalize(), "f") if rounded else "0"
+    return "P{}Y{}M{}DT{}H{}M{}S".format(*parts, shown)
+
+
 def _variable_scale_decimal(value) -> str:
     record = _of(value, dict, "an object {scale, value}")
     unscaled = int.from_bytes(
@@ -247,7 +269,7 @@ def _variable_scale_decimal(value) -> str:
     scale = record.get("scale")
     if isinstance(scale, bool) or not isinstance(scale, int):
         raise TypeError("expected an integer scale")
-    return str(decimal.Decimal(unscaled).scaleb(-scale))
+    return format(from_unscaled(unscaled, scale), "f")  # plain digits, never an exponent
 
 
 def _as_record(convert: Convert, value: Any) -> dict:

@@ -69,6 +69,13 @@ def coerce(value, type_: str):
     raise TypeError(f"unsupported type {type_}")
 
 
+def from_unscaled(unscaled: int, scale: int) -> decimal.Decimal:
+    """`unscaled` × 10^-`scale`, exactly, at that scale. Built from text: Decimal's arithmetic (`scaleb`
+    included) rounds to its context's 28 significant digits, and a decimal(38, s) or a PostgreSQL numeric
+    has more."""
+    return decimal.Decimal(f"{unscaled}E{-scale}")
+
+
 @functools.lru_cache(maxsize=64)
 def decimal_type(type_: str) -> tuple[int, int] | None:
     """(precision, scale) of a declared `decimal(p,s)`; None for any other type."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from offsetlake.errors import OffsetlakeError
 from offsetlake.local import jvm, processes
 from offsetlake.local.broker import free_port
+from offsetlake.local.postgres import Postgres
 
 MARKER = "org.apache.kafka.connect.cli.ConnectStandalone"
 HEAP = os.environ.get("OFFSETLAKE_CONNECT_HEAP", "512m")
@@ -163,8 +164,13 @@ def debezium_postgres(
         "plugin.name": "pgoutput",
         "slot.name": slot_name(topic_prefix),
         "publication.name": slot_name(topic_prefix),
-        "publication.autocreate.mode": "filtered",
+        # The publication is ours (create_publication: every table of the schemas, later ones included);
+        # Debezium's `filtered` one lists the tables that exist when the connector starts, and never more.
+        "publication.autocreate.mode": "disabled",
         "skipped.operations": "none",
+        # An interval as ISO-8601 text (P1Y2M3DT4H5M6.789012S): exact. The default, microseconds as a number,
+        # goes through floating point and can be a microsecond off.
+        "interval.handling.mode": "string",
         # Heartbeats let Debezium confirm the server's LSN to its slot while the captured tables are quiet,
         # so the slot does not hold the database's WAL back (and "captured up to here" can be told).
         "heartbeat.interval.ms": "1000",
@@ -176,6 +182,39 @@ def debezium_postgres(
             f"INSERT INTO {heartbeat_table} (id, at) VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = now()"
         )
     return {**config, **overrides}
+
+
+def create_publication(server: Postgres, config: dict[str, str]) -> None:
+    """The publication a connector configured by `debezium_postgres` reads: every table of its schemas, those
+    created later included (`FOR TABLES IN SCHEMA`, PostgreSQL 15+), so a table created while the connector
+    runs is captured from its first change. Made if missing; one that lists tables instead (Debezium's
+    `filtered` publication, left by an earlier demo) is set to the schemas. Needs the right to create
+    publications (superuser, or CREATE on the database and ownership of the schemas' tables)."""
+    name = config["publication.name"]
+    wanted = sorted(s.strip() for s in config["schema.include.list"].split(","))
+    schemas = ", ".join(_identifier(s) for s in wanted)
+    conn = server.connect(config.get("database.dbname"))
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT oid FROM pg_publication WHERE pubname = %s", (name,))
+            found = cur.fetchone()
+            if found is None:
+                cur.execute(f"CREATE PUBLICATION {_identifier(name)} FOR TABLES IN SCHEMA {schemas}")
+                return
+            cur.execute(
+                "SELECT n.nspname FROM pg_publication_namespace p JOIN pg_namespace n ON n.oid = p.pnnspid "
+                "WHERE p.pnpubid = %s ORDER BY 1",
+                (found[0],),
+            )
+            if [row[0] for row in cur.fetchall()] != wanted:
+                cur.execute(f"ALTER PUBLICATION {_identifier(name)} SET TABLES IN SCHEMA {schemas}")
+    finally:
+        conn.close()
+
+
+def _identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def slot_name(topic_prefix: str) -> str:

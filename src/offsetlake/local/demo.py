@@ -126,6 +126,11 @@ def up() -> None:
     shop_committed = {
         table: _wait_for_commits(cfg, shop_stream, started_ms, timeout=300) for table, cfg in shop_tables.items()
     }
+    width = max(len(table) for table in shop_tables) + 1
+    shop_lines = "\n".join(
+        f"              {table + ':':<{width}} {demo_shop.describe(shop, table, table_cfg)}"
+        for table, table_cfg in shop_tables.items()
+    )
     events = _wait_for_asset_event(api, f"offsetlake.{PIPELINE}", timeout=120)
     _cli("status", "--pipeline", PIPELINE)
     _cli("history", "--pipeline", PIPELINE, "--limit", "5")
@@ -138,8 +143,7 @@ Avro:         {avro_ingest}: {_describe(avro_committed)}; columns {_columns(avro
 Upsert:       {upsert_ingest}: {_describe(upsert_committed)}; {_current_state(upsert_cfg)}
 Capture:      PostgreSQL 127.0.0.1:{demo_shop.PORT} (psql -h 127.0.0.1 -p {demo_shop.PORT} -U {demo_shop.USER} {demo_shop.DATABASE})
               -> Debezium in Kafka Connect ({base}/connect/connect.out) -> {shop_stream} (a table per topic)
-              customers: {demo_shop.describe(shop, "customers", shop_tables["customers"])}
-              orders:    {demo_shop.describe(shop, "orders", shop_tables["orders"])}
+{shop_lines}
 Airflow UI:   {base_url}   login: {stack.USER} / {stack.password(home)}
 offsetlake:   {base_url}/plugin/offsetlake (lag, commits, audit; also a tab on each DAG)
 metrics:      {base_url}/offsetlake/metrics (Prometheus)

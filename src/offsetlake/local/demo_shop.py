@@ -20,7 +20,7 @@ USER = "offsetlake"
 SCHEMA = "shop"
 TOPIC_PREFIX = "demo"  # topics demo.shop.customers and demo.shop.orders
 PIPELINE = "demo_shop"  # a table per topic
-TABLES = ("customers", "orders")  # the shop's tables (and the pipeline's; the heartbeat table is left out)
+TABLES = ("customers", "orders", "parcels")  # the shop's tables (the pipeline's; the heartbeat table is left out)
 SHOP_MARKER = "offsetlake.local.shop"
 
 
@@ -41,10 +41,11 @@ def up(base: Path, bootstrap_servers: str) -> Shop:
         shop.create(customers=50, orders=100)
     else:
         shop.resume()
-    print(f"PostgreSQL on 127.0.0.1:{PORT}: database {DATABASE}, schema {SCHEMA} (customers, orders)")
+    print(f"PostgreSQL on 127.0.0.1:{PORT}: database {DATABASE}, schema {SCHEMA} ({', '.join(TABLES)})")
     config = connect.debezium_postgres(
         "127.0.0.1", PORT, USER, DATABASE, TOPIC_PREFIX, [SCHEMA], heartbeat_table=f"{SCHEMA}.heartbeat"
     )
+    connect.create_publication(server, config)  # a table created in the schema later is captured too
     worker = connect.start(base / "connect", bootstrap_servers, {"demo-shop": config}, schemas_enable=True)
     print(f"Kafka Connect worker (pid {worker.pid}) running Debezium's PostgreSQL connector: topics demo.shop.*")
     changer = processes.start_background(

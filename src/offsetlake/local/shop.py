@@ -27,7 +27,22 @@ ADDED_COLUMN = ("country", "text")  # what add_column adds to customers
 # out of line (TOASTed), small enough to keep the change events light.
 LARGE_BYTES = 2800
 
-SCHEMA_SQL = """
+# Keyed on two columns, one of them text, with a column of every type the shop captures, those the other
+# tables lack included: varchar(n), smallint, real, interval (Debezium sends it as ISO-8601 text:
+# connect.debezium_postgres), time, numeric with and without a scale.
+PARCELS_SQL = """
+CREATE TABLE IF NOT EXISTS {s}.parcels (
+    id bigint, region varchar(12), weight numeric(18, 6), fee numeric, label varchar(40), memo text,
+    sent timestamptz, loaded timestamp(6), due date, cutoff time(6), pieces smallint, ratio real,
+    fragile boolean, meta jsonb, tracking uuid, scan bytea, transit interval, grade {s}.tier,
+    labels text[], bins integer[], PRIMARY KEY (region, id)
+);
+"""
+KEYS = {"parcels": ["region", "id"]}  # each table's primary key, where it is not `id`
+REGIONS = ("north", "south", "east", "west ü")
+
+SCHEMA_SQL = (
+    """
 CREATE TYPE {s}.tier AS ENUM ('bronze', 'silver', 'gold');
 CREATE TABLE {s}.customers (
     id bigint PRIMARY KEY, name text NOT NULL, balance numeric(12, 2), born date, created timestamp(6),
@@ -39,6 +54,16 @@ CREATE TABLE {s}.orders (
     id bigint PRIMARY KEY, customer_id bigint, amount numeric(10, 3), placed timestamptz, status text
 );
 """
+    + PARCELS_SQL
+)
+
+
+# A table created later (Shop.add_table), shaped as orders.
+LATER_TABLE_SQL = """
+CREATE TABLE {s}.{t} (
+    id bigint PRIMARY KEY, customer_id bigint, amount numeric(10, 3), placed timestamptz, status text
+);
+"""
 
 
 class Shop:
@@ -47,18 +72,25 @@ class Shop:
     def __init__(self, server: Postgres, schema: str, seed: int):
         self.server, self.schema = server, schema
         self.rng = random.Random(seed)
-        self.next_id = {"customers": 1, "orders": 1}
+        self.next_id = {"customers": 1, "orders": 1, "parcels": 1}
+        self.later_tables: list[str] = []  # made by add_table, shaped as orders
         self.added_column = False
-        self.moved: set[int] = set()  # ids a primary-key change gave a row (if its old id still had one)
         self.counts = {"insert": 0, "update": 0, "delete": 0, "key change": 0, "transactions": 0}
 
-    def create(self, customers: int = 20, orders: int = 20) -> None:
+    def create(self, customers: int = 20, orders: int = 20, parcels: int = 20) -> None:
         self.server.execute(f'CREATE SCHEMA "{self.schema}"', SCHEMA_SQL.format(s=self.schema))
-        self.transaction([self._insert("customers") for _ in range(customers)])
-        self.transaction([self._insert("orders") for _ in range(orders)])
+        for table, rows in (("customers", customers), ("orders", orders), ("parcels", parcels)):
+            self.transaction([self._insert(table) for _ in range(rows)])
 
     def tables(self) -> list[str]:
-        return ["customers", "orders"]
+        return ["customers", "orders", "parcels", *self.later_tables]
+
+    def add_table(self, name: str, rows: int = 10) -> None:
+        """`CREATE TABLE <name>` (orders' columns) with `rows` rows: later transactions change it too."""
+        self.server.execute(LATER_TABLE_SQL.format(s=f'"{self.schema}"', t=name))
+        self.later_tables.append(name)
+        self.next_id[name] = 1
+        self.transaction([self._insert(name) for _ in range(rows)])
 
     def resume(self) -> None:
         """Continue a shop made earlier (by another process): new ids follow the tables' highest; a column
@@ -67,6 +99,7 @@ class Shop:
         try:
             with conn, conn.cursor() as cur:
                 cur.execute(f'ALTER TABLE "{self.schema}".customers ADD COLUMN IF NOT EXISTS codes integer[]')
+                cur.execute(PARCELS_SQL.format(s=f'"{self.schema}"'))
                 for table in self.tables():
                     cur.execute(f'SELECT coalesce(max(id), 0) FROM "{self.schema}".{table}')
                     self.next_id[table] = int(cur.fetchone()[0]) + 1
@@ -118,12 +151,12 @@ class Shop:
             return f"DELETE FROM {where} WHERE id = %s", (target,)
         if kind == "key change":
             self.counts["key change"] += 1
-            new = self._new_id(table)
-            if table == "customers":
-                self.moved.add(new)
-            return f"UPDATE {where} SET id = %s WHERE id = %s", (new, target)
+            if table == "parcels" and self.rng.random() < 0.5:  # the key's other column
+                return f"UPDATE {where} SET region = %s WHERE id = %s", (self.rng.choice(REGIONS), target)
+            return f"UPDATE {where} SET id = %s WHERE id = %s", (self._new_id(table), target)
         values = self._values(table)
-        columns = self.rng.sample(sorted(c for c in values if c != "id"), self.rng.randint(1, 3))
+        key = KEYS.get(table, ["id"])
+        columns = self.rng.sample(sorted(c for c in values if c not in key), self.rng.randint(1, 3))
         assignments = ", ".join(f"{c} = %s" for c in columns)
         self.counts["update"] += 1
         if kind == "many":  # one statement, many rows
@@ -147,7 +180,9 @@ class Shop:
 
     def _values(self, table: str) -> dict:
         rng = self.rng
-        if table == "orders":
+        if table == "parcels":
+            return self._parcel(rng)
+        if table != "customers":  # orders, and the tables shaped as it
             return {
                 "customer_id": rng.randrange(1, 1000),
                 "amount": _maybe(rng, decimal.Decimal(rng.randrange(-(10**9), 10**9)).scaleb(-3)),
@@ -176,6 +211,36 @@ class Shop:
         if self.added_column:
             values[ADDED_COLUMN[0]] = _maybe(rng, rng.choice(["DE", "IN", "BR"]))
         return values
+
+    def _parcel(self, rng: random.Random) -> dict:
+        """A parcel's values; its region (part of its key) is set at insert and by key changes only."""
+        hours = rng.randint(-100, 100)
+        return {
+            "region": rng.choice(REGIONS),
+            "weight": _maybe(rng, decimal.Decimal(rng.randrange(-(10**18) + 1, 10**18)).scaleb(-6)),
+            "label": _maybe(rng, "".join(rng.choice("abcxyzé€ 0123") for _ in range(rng.randrange(41)))),
+            "memo": _maybe(rng, rng.randbytes(rng.choice([6, LARGE_BYTES // 2])).hex()),  # large: TOASTed
+            "sent": _maybe(rng, _moment(rng).astimezone(dt.timezone(dt.timedelta(minutes=rng.randint(-690, 720))))),
+            "due": _maybe(rng, dt.date(1900, 1, 1) + dt.timedelta(days=rng.randrange(80_000))),
+            "pieces": _maybe(rng, rng.randint(-(2**15), 2**15 - 1)),
+            "ratio": _maybe(rng, rng.choice([rng.uniform(-1e6, 1e6), rng.uniform(-1, 1), 0.1, float(2**24 + 1)])),
+            "fragile": _maybe(rng, rng.random() < 0.5),
+            "meta": _maybe(rng, json.dumps({"n": rng.randrange(10**9), "tags": ["x", "ü"][: rng.randrange(3)]})),
+            "tracking": _maybe(rng, str(uuid.UUID(int=rng.getrandbits(128)))),
+            "scan": _maybe(rng, rng.randbytes(rng.choice([rng.randrange(0, 30), LARGE_BYTES]))),  # large: TOASTed
+            # Up to 31 digits: more than Decimal's arithmetic keeps (28), so built from text.
+            "fee": _maybe(rng, decimal.Decimal(f"{rng.randrange(-(10**30), 10**30)}E-{rng.randrange(0, 20)}")),
+            "loaded": _maybe(rng, _moment(rng).replace(tzinfo=None)),
+            "cutoff": _maybe(rng, (dt.datetime.min + dt.timedelta(microseconds=rng.randrange(86_400 * 10**6))).time()),
+            "grade": _maybe(rng, rng.choice(["bronze", "silver", "gold"])),
+            "labels": _maybe(rng, _tags(rng)),
+            "bins": _maybe(rng, [rng.randrange(-(2**31), 2**31) for _ in range(rng.randrange(5))]),
+            "transit": _maybe(
+                rng,
+                f"{rng.randint(-3, 30)} years {rng.randint(-11, 11)} mons {rng.randint(-40, 40)} days "
+                f"{hours}:{rng.randrange(60):02d}:{rng.randrange(60):02d}.{rng.randrange(10**6):06d}",
+            ),
+        }
 
     # ---- reading the source back ----------------------------------------------------------------------
 
