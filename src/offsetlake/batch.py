@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -42,9 +42,13 @@ from offsetlake.protocol.planning import BatchPlan, apply_data_loss, assign_slot
 from offsetlake.protocol.quarantine import WrittenFile, commit_quarantine
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.protocol.upsert import (
+    Key,
     Merge,
+    OldRows,
     after_last_truncate,
     after_snapshot_end,
+    carry_across_key_changes,
+    keys_predicate,
     latest_per_key,
     read_staging,
     stale_as_deleted,
@@ -54,7 +58,7 @@ from offsetlake.spark.session import is_local, session_of
 
 if TYPE_CHECKING:
     from offsetlake.topic_tables import PipelineTable
-from offsetlake.table import check_mergeable, open_table
+from offsetlake.table import check_mergeable, open_table, query
 
 log = logging.getLogger("offsetlake.batch")
 MAX_BATCHES_PER_RUN = 100_000
@@ -239,6 +243,16 @@ def commit_batch(
         unavailable = cfg.format.unavailable_value
         rows_read, truncated = after_last_truncate(rows_read, cfg.write.order_by, plan.batch)
         rows_read, snapshot_ends = after_snapshot_end(rows_read)
+        in_table = None if truncated else table_rows_of_keys(cfg.table_path, columns, cfg.write.key)
+        rows_read, moved = carry_across_key_changes(rows_read, cfg.write.key, cfg.write.order_by, unavailable, in_table)
+        if moved.left_null:
+            log.warning(
+                "batch %d: %d values that primary-key changes left unchanged are null: no row of the old key held "
+                "them (set REPLICA IDENTITY FULL on the source table to send them)",
+                plan.batch,
+                moved.left_null,
+            )
+        metadata = msgspec.structs.replace(metadata, carried_over=moved.carried, left_null=moved.left_null)
         winners = latest_per_key(rows_read, cfg.write.key, cfg.write.order_by, plan.batch, unavailable)
         winners = stale_as_deleted(winners, snapshot_ends)
         merge = Merge(winners, cfg.write.key, cfg.write.order_by, unavailable, truncated, snapshot_ends)
@@ -276,6 +290,22 @@ def commit_batch(
     return BatchResult(
         "committed", plan.batch, outcome.version, plan.ranges, rows, quarantined, files=added, merged=outcome.merged
     )
+
+
+def table_rows_of_keys(uri: str, columns: pa.Schema, key: Sequence[str]) -> OldRows | None:
+    """The table's rows of given keys, as the old rows of key changes are looked up; None when the table lacks
+    a key column (a table whose columns come with its events, before its first)."""
+    if any(column not in columns.names for column in key):
+        return None
+
+    def rows_of(keys: Sequence[Key]) -> dict[Key, dict]:
+        predicate = keys_predicate(key, keys)
+        if predicate is None:
+            return {}
+        found = query(uri, f"SELECT * FROM t WHERE {predicate}")
+        return {tuple(row[c] for c in key): row for row in found.to_pylist()}
+
+    return rows_of
 
 
 def batch_metadata(plan: BatchPlan, attempt: str, records: Records, run: Run) -> CommitMetadata:

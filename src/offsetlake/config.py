@@ -59,6 +59,11 @@ REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
 # Upsert mode: true on a row that deletes its key (a tombstone). Only in the batch's staging files, never
 # in the table: the MERGE reads it.
 DELETED_COLUMN = "_offsetlake_deleted"
+# Debezium upserts: the old key a primary-key change's create event names (its `__debezium.oldkey` header, as
+# the header's bytes; null on every other event). Only in the staging files, like DELETED_COLUMN: the driver
+# takes the values the create lacks from the old key's row (protocol/upsert.py, carry_across_key_changes).
+OLD_KEY_COLUMN = "_offsetlake_old_key"
+STAGING_COLUMNS = (DELETED_COLUMN, OLD_KEY_COLUMN)
 # format.envelope debezium: the event's `op` (c, r, u, d) and its position in the source's log.
 DEBEZIUM_OP_COLUMN = "_debezium_op"
 DEBEZIUM_POSITION_COLUMN = "_debezium_position"

@@ -8,10 +8,10 @@ import json
 import pyarrow as pa
 import pytest
 
-from offsetlake.config import parse_pipeline
+from offsetlake.config import HEADERS_COLUMN, OLD_KEY_COLUMN, parse_pipeline
 from offsetlake.formats import debezium
-from offsetlake.formats.records import convert
-from offsetlake.read.reader import MESSAGE_SCHEMA
+from offsetlake.formats.records import convert, quarantine_schema, reads_headers
+from offsetlake.read.reader import HEADERS_FIELD, MESSAGE_SCHEMA, message_schema
 
 ROW = pa.struct([("id", pa.int64()), ("name", pa.string())])
 SOURCE = pa.struct([("lsn", pa.int64()), ("db", pa.string())])
@@ -122,8 +122,8 @@ def test_the_last_read_of_a_tables_snapshot_ends_it_in_json_and_registry_events(
     assert debezium.unwrap(table, "lsn")[2] == ([0] if ends else [])
 
 
-def _price_pipeline(mode: str, **debezium_settings):
-    row = [{"name": "id", "type": "long", "required": True}, {"name": "price", "type": "decimal(10,2)"}]
+def _price_pipeline(mode: str, price: str = "decimal(10,2)", **debezium_settings):
+    row = [{"name": "id", "type": "long", "required": True}, {"name": "price", "type": price}]
     return parse_pipeline(
         {
             "name": "p",
@@ -182,6 +182,14 @@ def test_each_decimal_handling_mode_lands_as_the_declared_decimal(mode, sent):
     assert rows.column("price").to_pylist() == want
 
 
+def test_a_precise_decimal_of_38_digits_lands_exact():
+    """Beyond Decimal's 28-digit context: the unscaled bytes of a decimal(38,2) give every digit back."""
+    cfg = _price_pipeline("precise", price="decimal(38,2)")
+    rows, bad = convert(cfg, _price_events([_unscaled_base64(-12345678901234567890123456789012345678)]))
+    assert bad.num_rows == 0, bad.column("error").to_pylist()
+    assert rows.column("price").to_pylist() == [decimal.Decimal("-123456789012345678901234567890123456.78")]
+
+
 NOT_BASE64 = (
     "debezium: field 'price' is not base64 of a decimal's unscaled bytes "
     "(format.debezium.decimal_handling_mode: precise)"
@@ -221,3 +229,32 @@ def test_a_json_snapshots_end_is_a_marker_row_beside_its_read_unless_snapshots_k
     ]
     keep = _price_pipeline("string", snapshot="keep")
     assert convert(keep, messages)[0].column("_debezium_op").to_pylist() == ["r", "r"]
+
+
+def test_a_key_changes_old_key_header_rides_in_the_staging_rows_and_headers_stay_out_unless_kept():
+    """The old key a primary-key change's create names (its `__debezium.oldkey` header) is a staging column
+    of the rows, null on other events; the quarantine keeps the pipeline's own schema."""
+    values = [
+        json.dumps({"op": "c", "after": {"id": 7, "price": "1.00"}, "source": {"lsn": 1}}).encode(),
+        json.dumps({"op": "u", "after": {"id": 8, "price": "2.00"}, "source": {"lsn": 2}}).encode(),
+        b"not json",
+    ]
+    headers = [[("__debezium.oldkey", b'{"id":3}'), ("other", b"x")], [("other", b"y")], []]
+    messages = pa.Table.from_arrays(
+        [
+            pa.array([None] * 3, pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array(["t"] * 3),
+            pa.array([0] * 3, pa.int32()),
+            pa.array(range(3), pa.int64()),
+            pa.array([0] * 3, pa.timestamp("ms")),
+            pa.array(headers, HEADERS_FIELD.type),
+        ],
+        schema=message_schema(True),
+    )
+    cfg = _price_pipeline("string")
+    assert reads_headers(cfg)
+    rows, bad = convert(cfg, messages)
+    assert rows.column(OLD_KEY_COLUMN).to_pylist() == [b'{"id":3}', None]
+    assert HEADERS_COLUMN not in rows.column_names and bad.schema == quarantine_schema(cfg)
+    assert bad.column("kafka_offset").to_pylist() == [2]

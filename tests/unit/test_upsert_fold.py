@@ -4,18 +4,22 @@ and the MERGE's conditions."""
 import pyarrow as pa
 import pytest
 
-from offsetlake.config import DELETED_COLUMN, parse_pipeline
+from offsetlake.config import DELETED_COLUMN, OLD_KEY_COLUMN, parse_pipeline
 from offsetlake.errors import UpsertKeyError
 from offsetlake.formats.records import convert
 from offsetlake.protocol.upsert import (
+    KeyChanges,
     Merge,
     SnapshotEnd,
     after_last_truncate,
     after_snapshot_end,
+    carry_across_key_changes,
     latest_per_key,
     stale_as_deleted,
 )
 from offsetlake.read.reader import MESSAGE_SCHEMA
+
+UNAVAILABLE = "__debezium_unavailable_value"
 
 
 def batch_rows(rows: list[tuple]) -> pa.Table:
@@ -230,3 +234,77 @@ def test_an_unavailable_value_takes_the_keys_latest_earlier_value_else_stays_for
     insert = merge.assignments(winners.column_names, ["k", "note"], keep_target=False)
     assert insert['"note"'] == f"""CASE WHEN s."note" = '{gone}' THEN NULL ELSE s."note" END"""
     assert insert['"k"'] == 's."k"' and f'"{DELETED_COLUMN}"' not in insert
+
+
+def moved_rows(rows: list[tuple]) -> pa.Table:
+    """(id, position, note, old key header, deleted) per row, one partition, offsets in list order: a Debezium
+    table's staging rows with the old key a primary-key change's create names."""
+    ids, position, note, old, deleted = zip(*rows)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "note": pa.array(note, pa.string()),
+            "_debezium_position": pa.array(position, pa.int64()),
+            "kafka_topic": pa.array(["t"] * len(rows)),
+            "kafka_partition": pa.array([0] * len(rows), pa.int32()),
+            "kafka_offset": pa.array(range(len(rows)), pa.int64()),
+            OLD_KEY_COLUMN: pa.array([None if o is None else o.encode() for o in old], pa.binary()),
+            DELETED_COLUMN: pa.array(deleted, pa.bool_()),
+        }
+    )
+
+
+def carried(rows: pa.Table, table: dict | None = None):
+    lookups = []
+
+    def old_rows(keys):
+        lookups.append(sorted(keys))
+        return {k: row for k, row in (table or {}).items() if k in keys}
+
+    out, changes = carry_across_key_changes(rows, ["id"], "_debezium_position", UNAVAILABLE, old_rows)
+    assert OLD_KEY_COLUMN not in out.column_names
+    return {r["kafka_offset"]: r["note"] for r in out.to_pylist()}, changes, lookups
+
+
+def test_a_key_changes_create_takes_what_it_lacks_from_the_old_keys_row_earlier_in_the_batch():
+    rows = moved_rows(
+        [
+            (1, 10, "big", None, False),  # inserted with its value
+            (1, 11, UNAVAILABLE, None, False),  # updated, the value left alone
+            (1, 12, None, None, True),  # the key change: delete of the old key...
+            (2, 12, UNAVAILABLE, '{"id":1}', False),  # ...and create of the new one, without the value
+            (2, 13, UNAVAILABLE, None, False),  # a later update of the new key
+        ]
+    )
+    notes, changes, _ = carried(rows)
+    assert notes[3] == "big" and notes[4] == "big" and notes[1] == "big"
+    assert changes == KeyChanges(carried=1, left_null=0)
+
+
+def test_an_old_row_only_in_the_table_gives_its_value_and_a_chain_of_changes_follows_it():
+    rows = moved_rows(
+        [
+            (1, 12, None, None, True),
+            (2, 12, UNAVAILABLE, '{"schema": {}, "payload": {"id": 1}}', False),  # the converter's schemas
+            (2, 14, None, None, True),
+            (3, 14, UNAVAILABLE, '{"id":2}', False),  # changed again: from the first change's new row
+        ]
+    )
+    notes, changes, lookups = carried(rows, table={(1,): {"id": 1, "note": "in the table"}})
+    assert notes[1] == notes[3] == "in the table"
+    assert changes == KeyChanges(carried=2, left_null=0) and lookups == [[(1,), (2,)]]
+
+
+def test_a_value_no_row_holds_stays_for_the_merge_and_is_counted():
+    rows = moved_rows([(5, 20, None, None, True), (6, 20, UNAVAILABLE, '{"id":5}', False)])
+    notes, changes, _ = carried(rows, table={})
+    assert notes[1] == UNAVAILABLE and changes == KeyChanges(carried=0, left_null=1)
+    # A real null in the old row is carried as null, not left out.
+    notes, changes, _ = carried(rows, table={(5,): {"id": 5, "note": None}})
+    assert notes[1] is None and changes == KeyChanges(carried=1, left_null=0)
+
+
+def test_a_header_that_names_no_key_of_the_pipeline_carries_nothing():
+    rows = moved_rows([(5, 20, None, None, True), (6, 20, UNAVAILABLE, '{"other":5}', False)])
+    notes, changes, _ = carried(rows, table={(5,): {"id": 5, "note": "x"}})
+    assert notes[1] == UNAVAILABLE and changes == KeyChanges(carried=0, left_null=1)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import decimal
 import json
 
 import msgspec
@@ -33,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from offsetlake.config import DEBEZIUM_COLUMNS, DEBEZIUM_OP_COLUMN, DEBEZIUM_POSITION_COLUMN
-from offsetlake.formats.values import coerce
+from offsetlake.formats.values import coerce, from_unscaled
 
 ROW_OPS = ("c", "r", "u")
 DELETE_OP = "d"
@@ -42,6 +41,9 @@ SNAPSHOT_END_OP = "snapshot_end"  # never Debezium's: a marker row of ours, neve
 SNAPSHOT_ENDS = ("last_in_data_collection", "last")  # source.snapshot of a table's last snapshot read
 OPS = (*ROW_OPS, DELETE_OP)
 ENVELOPE_FIELDS = ("before", "after", "source", "op")
+# On a primary-key change Debezium sends a delete of the old key and a create of the new one; the create
+# names the old key in this header (the key's fields as JSON text, Kafka Connect's SimpleHeaderConverter).
+OLD_KEY_HEADER = "__debezium.oldkey"
 
 
 class NotAChangeEvent(ValueError):
@@ -103,7 +105,7 @@ def _scaled_text(value: object, name: str, scale: int) -> str:
             f"debezium: field {name!r} is not base64 of a decimal's unscaled bytes "
             "(format.debezium.decimal_handling_mode: precise)"
         ) from None
-    return str(decimal.Decimal(unscaled).scaleb(-scale))
+    return str(from_unscaled(unscaled, scale))
 
 
 def envelope_type(current: list[pa.Field], position: str) -> pa.DataType:

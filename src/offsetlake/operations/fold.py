@@ -39,7 +39,7 @@ from offsetlake.batch import table_columns
 from offsetlake.config import DELETED_COLUMN, LINEAGE_COLUMNS, PipelineConfig
 from offsetlake.errors import OffsetlakeError
 from offsetlake.files import action_partition_values, conform, write_files
-from offsetlake.formats.records import convert
+from offsetlake.formats.records import convert, reads_headers
 from offsetlake.kafka import KafkaCluster
 from offsetlake.operations.ledger_checks import audited_ranges, continuity_issues, sanity_issues
 from offsetlake.protocol import unavailable as placeholders
@@ -52,6 +52,7 @@ from offsetlake.protocol.upsert import (
     SnapshotEnd,
     after_last_truncate,
     after_snapshot_end,
+    carry_across_key_changes,
     fold,
     key_text,
     stale_as_deleted,
@@ -163,6 +164,9 @@ def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -
     if rows is not None:  # a TRUNCATE in the range: the table is what came after the last one
         rows, _ = after_last_truncate(rows, cfg.write.order_by)
         rows, snapshot_ends = after_snapshot_end(rows)  # a snapshot's end: older rows it did not read are gone
+        # A key change's new row takes what it lacks from the old key's rows in the range (not from the table:
+        # that is what is checked); an old row before the range leaves it unknown, and the table's stands.
+        rows, _ = carry_across_key_changes(rows, cfg.write.key, cfg.write.order_by, unavailable, None)
     winners, unordered = fold(rows, cfg.write.key, cfg.write.order_by, unavailable)
     winners = stale_as_deleted(winners, snapshot_ends)
     current = query(cfg.table_path, "SELECT * FROM t")
@@ -180,9 +184,7 @@ def _read_and_fold_input(cfg: PipelineConfig, ranges: list[OffsetRange], columns
     group = f"{cfg.consumer_group}.audit"
     for rng in ranges:
         read = PartitionRead(rng.topic, rng.partition, rng.start, rng.end)
-        for batch in read_range(
-            cfg.kafka, group, rng, cfg.batch.read_timeout_seconds, headers=cfg.format.include_headers
-        ):
+        for batch in read_range(cfg.kafka, group, rng, cfg.batch.read_timeout_seconds, headers=reads_headers(cfg)):
             messages = pa.Table.from_batches([batch])
             read.kafka_records += messages.num_rows
             good, bad = convert(cfg, messages, columns)

@@ -100,6 +100,10 @@ class CommitMetadata(msgspec.Struct, omit_defaults=True, frozen=True, rename={"f
     seconds: float | None = None  # ingest: from planning to the commit
     conflicts: int = 0  # commits by others that landed first, each followed by a new decision
     lag: int | None = None  # ingest: records between the ledger and Kafka's end offsets when this batch was planned
+    # Debezium upserts: values a primary-key change's new row lacked (TOASTed, left unchanged), taken from the
+    # old key's row; and those no row held (the old row was never captured), left null.
+    carried_over: int = 0
+    left_null: int = 0
 
     def to_json(self) -> str:
         stamped = self if self.offsetlake else msgspec.structs.replace(self, offsetlake=__version__)

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from offsetlake import faults
-from offsetlake.config import DELETED_COLUMN, PipelineConfig, register_storage
+from offsetlake.config import STAGING_COLUMNS, PipelineConfig, register_storage
 from offsetlake.files import DataFile, attempt_file_name, write_files
 from offsetlake.formats.evolution import schema_from_text, schema_to_text
-from offsetlake.formats.records import convert
+from offsetlake.formats.records import convert, reads_headers
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.read.reader import RangeReader, message_schema
 
@@ -155,12 +155,12 @@ def open_range(ctx: TaskContext, index: int) -> RangeReader:
         f"{cfg.consumer_group}.reader",
         ctx.tasks[index],
         cfg.batch.read_timeout_seconds,
-        headers=cfg.format.include_headers,
+        headers=reads_headers(cfg),
     )
 
 
 def read_all(ctx: TaskContext, reader: RangeReader) -> pa.Table:
-    messages = pa.Table.from_batches(list(reader), schema=message_schema(ctx.cfg.format.include_headers))
+    messages = pa.Table.from_batches(list(reader), schema=message_schema(reads_headers(ctx.cfg)))
     faults.hit("after_read", ctx.fault_settings)
     return messages
 
@@ -190,9 +190,8 @@ def convert_and_write(ctx: TaskContext, index: int, messages: pa.Table) -> list[
 
 
 def _table_columns(schema: pa.Schema) -> pa.Schema:
-    """The columns the rows bring to the table (an upsert's deleted marker is the MERGE's, not a column)."""
-    index = schema.get_field_index(DELETED_COLUMN)
-    return schema if index < 0 else schema.remove(index)
+    """The columns the rows bring to the table (an upsert's deleted marker and old key are the MERGE's)."""
+    return pa.schema([f for f in schema if f.name not in STAGING_COLUMNS], metadata=schema.metadata)
 
 
 def spark_task_attempt() -> int:
