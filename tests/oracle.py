@@ -107,14 +107,16 @@ def kafka_partitions(settings: dict, topic: str) -> list[int]:
 
 
 def kafka_offsets(settings: dict, topic: str, partitions: list[int], which: str) -> dict[int, int]:
-    """{partition: offset}: "earliest" (the log start) or "latest" under read_committed (the LSO)."""
+    """{partition: offset}: "earliest" (the log start), "latest" under read_committed (the LSO) or "high" (the
+    high watermark, read_uncommitted's end)."""
     from confluent_kafka import IsolationLevel
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
     spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()
+    isolation = IsolationLevel.READ_UNCOMMITTED if which == "high" else IsolationLevel.READ_COMMITTED
     asked = {TopicPartition(topic, p): spec for p in partitions}
     admin = AdminClient(settings)  # kept until the answers are in: a collected client never resolves them
-    futures = admin.list_offsets(asked, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=10)
+    futures = admin.list_offsets(asked, isolation_level=isolation, request_timeout=10)
     return {tp.partition: future.result(timeout=30).offset for tp, future in futures.items()}
 
 
@@ -506,9 +508,13 @@ def coerce(value, t: pa.DataType):
         if isinstance(value, bool):
             raise TypeError("a timestamp given as a boolean")
         if isinstance(value, (int, float)):
-            return EPOCH + dt.timedelta(milliseconds=value)
-        parsed = dt.datetime.fromisoformat(value) if isinstance(value, str) else value
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+            moment = EPOCH + dt.timedelta(milliseconds=value)
+        else:
+            moment = dt.datetime.fromisoformat(value) if isinstance(value, str) else value
+        if t.tz is None:  # a wall-clock reading of no zone (timestamp_ntz)
+            return moment if moment.tzinfo is None else moment.astimezone(UTC).replace(tzinfo=None)
+        # An instant, read back in the column's zone (Delta's: UTC), whatever offset the record wrote it with.
+        return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC)
     if pa.types.is_date(t):
         return dt.date.fromisoformat(value) if isinstance(value, str) else value
     if pa.types.is_decimal(t):  # decimal text exactly, a number as its shortest text; never rounded
@@ -574,6 +580,40 @@ def _check_schema(findings: Findings, cfg, schema: pa.Schema, decoder: Decoder) 
             findings.add(
                 SCHEMA, (name, -1, -1), f"column {name!r} is {have[name].type}, its schema's is {registered[name]}"
             )
+
+
+# The quarantine's columns, as docs/usage/pipelines.md describes its table: where the record was (the lineage
+# columns), its key and value bytes as Kafka holds them, why; with format.include_headers (its reference
+# entry), its headers in order.
+QUARANTINE_COLUMNS = {
+    "kafka_topic": pa.string(),
+    "kafka_partition": pa.int32(),
+    "kafka_offset": pa.int64(),
+    "kafka_timestamp": pa.timestamp("us", tz="UTC"),
+    "key": pa.binary(),
+    "value": pa.binary(),
+    "error": pa.string(),
+}
+QUARANTINE_HEADERS = pa.map_(pa.string(), pa.binary())
+
+
+def _check_quarantine_schema(findings: Findings, cfg, read: Callable[[str], pa.Table]) -> None:
+    """The quarantine table has exactly the documented columns, of their types (none before it exists)."""
+    if not DeltaTable.is_deltatable(cfg.quarantine_path, storage_options(cfg.quarantine_path)):
+        return
+    have = {f.name: f.type for f in read(cfg.quarantine_path).schema}
+    expected = dict(QUARANTINE_COLUMNS)
+    if cfg.format.include_headers:
+        expected[HEADERS_COLUMN] = QUARANTINE_HEADERS
+    for name, want in expected.items():
+        if name not in have:
+            findings.add(SCHEMA, (f"quarantine.{name}", -1, -1), f"quarantine column {name!r} ({want}) is missing")
+        elif not same_type(have[name], want):
+            findings.add(
+                SCHEMA, (f"quarantine.{name}", -1, -1), f"quarantine column {name!r} is {have[name]}, not {want}"
+            )
+    for name in have.keys() - expected.keys():
+        findings.add(SCHEMA, (f"quarantine.{name}", -1, -1), f"quarantine column {name!r} is not a documented one")
 
 
 # -- the check -------------------------------------------------------------------------------------------
@@ -758,8 +798,9 @@ def check(
         rows: dict = {w: True for w in kafka if w not in quarantine}  # every record accounted by the fold
     else:
         rows = _by_offset(table.to_pylist())
-        _check_table(findings, rows, kafka, decoder, table.schema, log_start)
+        _check_table(findings, cfg, rows, kafka, decoder, table.schema, log_start)
     _check_schema(findings, cfg, table.schema, decoder)  # after decoding: the writer schemas are known
+    _check_quarantine_schema(findings, cfg, read)
     _check_quarantine(findings, quarantine, rows, kafka, log_start, cfg, decoder, table.schema)
     for topic in cfg.topics:
         journaled = journal.of_topic(topic)
@@ -811,9 +852,15 @@ def _without_user_columns(findings: Findings, table: pa.Table, user_columns: dic
     return table
 
 
-def _check_table(findings: Findings, rows, kafka, decoder: Decoder, schema: pa.Schema, log_start: dict) -> None:
+def _check_table(findings: Findings, cfg, rows, kafka, decoder: Decoder, schema: pa.Schema, log_start: dict) -> None:
+    """Each row its record's, and each record that is a row one the oracle's judge finds good (a bad one is a
+    finding whatever its values, and whatever the producers' journal says)."""
     for where, record in kafka.items():
         if where not in rows:
+            continue
+        defect = quarantine_defect(cfg, decoder, record, schema)
+        if defect is not None:
+            findings.add(BAD_NOT_QUARANTINED, where, f"the oracle finds it bad ({defect!r}), yet it is a row")
             continue
         try:
             expected = decoder.row(record, schema)
@@ -1000,6 +1047,10 @@ def _fold(findings: Findings, cfg, kafka, quarantine, decoder: Decoder, schema: 
         if where in quarantine:
             continue
         record = kafka[where]
+        defect = quarantine_defect(cfg, decoder, record, schema)
+        if defect is not None:
+            findings.add(BAD_NOT_QUARANTINED, where, f"the oracle finds it bad ({defect!r}), not quarantined")
+            continue
         if record.value is None:  # a tombstone
             if write.deletes == "ignore" or cfg.format.envelope == "debezium":  # debezium: its `d` deleted
                 continue

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import decimal
 import json
+import math
+import re
 import struct
 
 import pyarrow as pa
 
-from oracle_types import same_type, struct_columns
+from oracle_types import DECIMAL, same_type, struct_columns
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 UNFRAMED = "not in the Schema Registry wire format"  # any non-framed value read by a registry format
@@ -141,6 +144,8 @@ def _fits(value, t: pa.DataType) -> bool:
 
 
 INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
+# Decimal text as the docs have it: digits, a point, an exponent; no spaces, NaN or Infinity.
+DECIMAL_TEXT = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 
 def json_defect(cfg, record) -> str | None:
@@ -184,8 +189,27 @@ def declared_defect(fmt, value: dict) -> str | None:
     return None
 
 
+def _decimal_defect(value, precision: int, scale: int) -> str | None:
+    """docs/reference/pipeline.md's `decimal(p,s)`: decimal text (exact) or a JSON number, never rounded: more
+    places than the scale, or more digits before the point than the precision leaves, are refused."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return "expected a decimal"
+    if isinstance(value, str) and not DECIMAL_TEXT.fullmatch(value):
+        return f"{value[:40]!r} is not a decimal number"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "number is not finite"
+    exact = decimal.Decimal(value if isinstance(value, str) else repr(value))
+    wide = decimal.Context(prec=100)
+    if exact != exact.quantize(decimal.Decimal(1).scaleb(-scale), context=wide):
+        return f"{value} has more than {scale} decimal places"
+    return f"{value} out of range" if exact and exact.adjusted() >= precision - scale else None
+
+
 def _field_defect(value, declared: str) -> str | None:
     """The start of what a declared field's wrong value is quarantined with; None when it fits."""
+    kind = DECIMAL.fullmatch(declared.replace(" ", ""))
+    if kind:
+        return _decimal_defect(value, int(kind[1]), int(kind[2]))
     if declared == "string":
         if not isinstance(value, str):
             return "expected a string"

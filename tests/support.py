@@ -173,7 +173,8 @@ def kafka_committed_records(
     return {k: r.value for k, r in records.items()}
 
 
-def _settings(bootstrap: str):
+def kafka_settings(bootstrap: str):
+    """A plain broker's settings, as a pipeline's `kafka` section holds them."""
     from offsetlake.config import KafkaSettings
 
     return KafkaSettings(bootstrap_servers=bootstrap, timeout_seconds=10)
@@ -242,6 +243,12 @@ def stop_stream(job: subprocess.Popen, timeout: float = 120, stderr: Path | None
         said = stderr.read_text(errors="replace") if stderr else err or ""
         raise AssertionError(f"the stream ignored SIGTERM for {timeout:.0f} s; its stacks: {said[-6000:]}") from None
     return out or "", (stderr.read_text(errors="replace") if stderr else err) or ""
+
+
+def assert_lake_untouched(lake: Path) -> None:
+    """Nothing written under the test's lake: no table, no quarantine, no stray file."""
+    found = sorted(str(p.relative_to(lake)) for p in lake.rglob("*")) if lake.exists() else []
+    assert not found, f"written under {lake}: {found[:5]}"
 
 
 def table_rows(cfg) -> int:

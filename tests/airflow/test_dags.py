@@ -234,10 +234,13 @@ def test_backfill_past_the_ledger_is_refused(spark, pipeline):
         ({}, "nothing asked"),
     ],
 )
-def test_backfill_form_errors_stop_before_spark(pipeline, conf, why):
+def test_backfill_form_errors_stop_before_spark(spark, pipeline, conf, why):
     from offsetlake.airflow.dags import backfill_dag
 
     cfg, topic = pipeline(records=50)
+    ingest(spark, cfg)  # a table with a ledger, which a backfill that ran would add a commit to
+    before = DeltaTable(cfg.table_path)
+    version, files = before.version(), set(before.file_uris())
     conf = json.loads(json.dumps(conf).replace("TOPIC", topic))
 
     state, tasks = run(backfill_dag(cfg), conf)
@@ -245,7 +248,8 @@ def test_backfill_form_errors_stop_before_spark(pipeline, conf, why):
     assert state == "failed", why
     assert tasks["validate"] == "failed"
     assert tasks["backfill"] == "upstream_failed"  # the Spark step never ran
-    assert not DeltaTable.is_deltatable(cfg.table_path)
+    after = DeltaTable(cfg.table_path)  # no commit, no file
+    assert (after.version(), set(after.file_uris())) == (version, files)
 
 
 @pytest.mark.parametrize(

@@ -78,12 +78,12 @@ import oracle  # noqa: E402
 from offsetlake.errors import TableError  # noqa: E402
 from offsetlake.files import open_filesystem, retrying, storage_options  # noqa: E402
 from offsetlake.formats.records import table_schema  # noqa: E402
-from offsetlake.kafka import KafkaCluster  # noqa: E402
 from offsetlake.local import broker as embedded_broker  # noqa: E402
 from offsetlake.local import schema_registry as embedded_registry  # noqa: E402
 from offsetlake.operations.audit import audit  # noqa: E402
 from offsetlake.operations.compaction import optimize  # noqa: E402
 from offsetlake.operations.maintenance import checkpoint, cleanup, restore, vacuum  # noqa: E402
+from offsetlake.spark.session import DRIVER_JIT  # noqa: E402
 from support import create_topic, ledger_offsets, load, quarantine_lineage, table_lineage, write_pipeline  # noqa: E402
 from workload import CHUNK, TRANSACTION_TIMEOUT_MS, Workload  # noqa: E402
 
@@ -316,6 +316,8 @@ class Summary:
     excused: int = 0  # jobs other than streams that failed while a broker restart was under way
     excused_lines: list[str] = field(default_factory=list)  # what each of them printed last
     restores_out_of_reach: int = 0  # restores whose target a checkpoint's log clean-up removed meanwhile
+    restores_tried: int = 0  # every restore the faults started (each moves the ledger back when it lands)
+    refused_after_restore: list[str] = field(default_factory=list)  # backfills a restore made ingest's
     broker_restarts: int = 0
     left_out: dict = field(default_factory=dict)  # what the oracle left out of its check, by kind: (count, bound)
     streams: list[StreamWatch] = field(default_factory=list)  # streams that met a broker restart
@@ -341,9 +343,22 @@ class Summary:
         return EXCUSED_PER_RESTART * self.broker_restarts
 
     @property
+    def out_of_reach_bound(self) -> int:
+        """Restores the log clean-up may put out of reach: half of those tried, at least one; past it, the
+        restore faults tested too little."""
+        return max(1, self.restores_tried // 2)
+
+    @property
     def over_bounds(self) -> list[str]:
-        """Every count of things excused or left out that passed its bound."""
+        """Every count of things excused or left out that passed its bound. A backfill refused because a
+        restore moved the ledger below its range during it needs a restore for each."""
         over = [f"{self.excused} failures excused (bound {self.excused_bound})"] * (self.excused > self.excused_bound)
+        if self.restores_out_of_reach > self.out_of_reach_bound:
+            over.append(f"{self.restores_out_of_reach} restores out of reach (bound {self.out_of_reach_bound})")
+        if len(self.refused_after_restore) > self.restores_tried:
+            over.append(
+                f"{len(self.refused_after_restore)} backfills refused after a restore (bound {self.restores_tried})"
+            )
         return over + [f"{n} {kind} (bound {bound})" for kind, (n, bound) in self.left_out.items() if n > bound]
 
     @property
@@ -380,7 +395,11 @@ class Summary:
             f"{'ingest/backfill failures excused by a broker restart':<{width}}{self.excused:>8}"
             f"   (bound {self.excused_bound}: {EXCUSED_PER_RESTART} per broker restart)",
             *(f"  {line}" for line in self.excused_lines[:5]),
-            f"{'restores whose target the log clean-up removed':<{width}}{self.restores_out_of_reach:>8}",
+            f"{'restores whose target the log clean-up removed':<{width}}{self.restores_out_of_reach:>8}"
+            f"   (bound {self.out_of_reach_bound}: half of {self.restores_tried} tried, at least 1)",
+            f"{'backfills refused: a restore gave ingest their range':<{width}}{len(self.refused_after_restore):>8}"
+            f"   (bound {self.restores_tried}: one per restore)",
+            *(f"  {line}" for line in self.refused_after_restore[:5]),
             *(
                 f"{'left out: ' + kind:<{width}}{count:>8}   (bound {bound})"
                 for kind, (count, bound) in sorted(self.left_out.items())
@@ -603,7 +622,7 @@ class Chaos:
             "OFFSETLAKE_HOME": str(REPO),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "OFFSETLAKE_SPARK_MASTER": "local[1]",
-            "JDK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+            "JDK_JAVA_OPTIONS": f"{DRIVER_JIT} -XX:+UseSerialGC",
             # An error offsetlake does not know leaves its traceback in the job's log, to be found; its own
             # errors stay one line (so a broker restart's Kafka error is still told from anything else).
             "OFFSETLAKE_DEBUG": "1",
@@ -668,7 +687,11 @@ class Chaos:
         may_fail = may_fail or excused
         # A backfill planned from the ledger is rightly refused when another lane's restore moved the
         # ledger back below its range meanwhile: the product was right, so it is no unexplained failure.
-        may_fail = may_fail or (job.ledger_moves != self.ledger_moves and "ingest owns those offsets" in job.tail(3))
+        refused = job.ledger_moves != self.ledger_moves and "ingest owns those offsets" in job.tail(3)
+        if refused and rc not in (0, None) and not may_fail:
+            with self.lock:
+                self.summary.refused_after_restore.append(f"{job.name}: {job.tail(1)}")
+        may_fail = may_fail or refused
         if rc is None:
             self.summary.job_failures.append(f"{job.name}: still running after {JOB_TIMEOUT}s, killed")
         elif rc != 0 and not may_fail:
@@ -847,6 +870,7 @@ class Chaos:
         def restore_now():
             with self.lock:
                 self.ledger_moves += 1
+                self.summary.restores_tried += 1
             try:
                 if how == "offsetlake":
                     restore(self.cfg, target)
@@ -1090,15 +1114,13 @@ class Chaos:
         wait_for_open_transactions cannot see it) ends when Kafka aborts it, and its markers move the LSO
         by one per partition (a short run in `make test` met it: the ledger one behind in every partition).
         Then it ingests again, until the LSO holds still, for at most twice the transaction timeout."""
-        cluster = KafkaCluster(self.cfg.kafka)
-        tps = cluster.partitions([self.topic])
         deadline = time.monotonic() + 2 * TRANSACTION_TIMEOUT_MS / 1000 + 10
         while True:
-            before = cluster.end_offsets(tps, "read_committed")
+            before = self.kafka_ends("latest")
             job = self.start("ingest")
             if self.finish(job) != 0:
                 raise ChaosFailure(f"the final clean ingest failed: {job.tail(3)}")
-            lso, ledger = cluster.end_offsets(tps, "read_committed"), ledger_offsets(self.cfg)
+            lso, ledger = self.kafka_ends("latest"), ledger_offsets(self.cfg)
             if ledger == lso:
                 return ledger
             short = {tp: end for tp, end in before.items() if ledger.get(tp, 0) < end}
@@ -1108,16 +1130,20 @@ class Chaos:
                 )
             time.sleep(1)
 
+    def kafka_ends(self, which: str) -> dict[tuple[str, int], int]:
+        """{(topic, partition): offset} of the run's topic, "latest" (the LSO) or "high" (the high watermark), as
+        the oracle's own admin client hears them from the broker (not through offsetlake's Kafka client)."""
+        settings = {"bootstrap.servers": self.cfg.kafka.bootstrap_servers, **self.cfg.kafka.client}
+        ends = oracle.kafka_offsets(settings, self.topic, oracle.kafka_partitions(settings, self.topic), which)
+        return {(self.topic, p): end for p, end in ends.items()}
+
     def wait_for_open_transactions(self) -> None:
         """Until no transaction holds the LSO back (LSO = high watermark): a producer the workload dropped
         after an error left its transaction open, and Kafka aborts it after transaction.timeout.ms. One still
         open after twice that is the broker's failure to keep its promise, and ends the run."""
-        cluster = KafkaCluster(self.cfg.kafka)
-        tps = cluster.partitions([self.topic])
         deadline = time.monotonic() + 2 * TRANSACTION_TIMEOUT_MS / 1000 + 10
         while True:
-            lso = cluster.end_offsets(tps, "read_committed")
-            high = cluster.end_offsets(tps, "read_uncommitted")
+            lso, high = self.kafka_ends("latest"), self.kafka_ends("high")
             if lso == high:
                 return
             if time.monotonic() > deadline:

@@ -23,6 +23,7 @@ from offsetlake.table import query
 from support import (
     JournaledProducer,
     assert_exactly_once,
+    assert_lake_untouched,
     assert_one_line_failure,
     data_files_on_disk,
     ingest_process,
@@ -206,7 +207,7 @@ def test_authentication_failure_is_named(pipelines_dir, lake, bootstrap, monkeyp
     proc = run_cli("ingest", "--pipeline", name, "--pipelines-dir", str(pipelines_dir), timeout=60)
     assert_one_line_failure(proc, "authentication failed", "SASL")
     assert os.environ["OFFSETLAKE_TEST_PASSWORD"] not in proc.stderr + proc.stdout
-    assert not (lake / name).exists()
+    assert_lake_untouched(lake)
 
 
 def test_unwritable_table_path_is_named_before_reading(bootstrap, pipelines_dir, lake, tmp_path):

@@ -6,14 +6,27 @@ import json
 
 import pytest
 
-from support import assert_one_line_failure, create_topic, load, produce, run_cli, unique, write_pipeline
+from support import (
+    assert_lake_untouched,
+    assert_one_line_failure,
+    create_topic,
+    kafka_settings,
+    load,
+    produce,
+    run_cli,
+    unique,
+    write_pipeline,
+)
 
 
 def test_bad_config_names_the_key_and_writes_nothing(pipelines_dir, lake, bootstrap):
-    name = write_pipeline(pipelines_dir, bootstrap, ["t"], lake, batch={"max_records_per_batch": "many"})
+    topic = unique("t")  # good and bad records: an ingest that ran would write a table and a quarantine
+    create_topic(bootstrap, topic, 1)
+    produce(kafka_settings(bootstrap), topic, 20, bad_share=0.3, seed=14)
+    name = write_pipeline(pipelines_dir, bootstrap, [topic], lake, batch={"max_records_per_batch": "many"})
     proc = run_cli("ingest", "--pipeline", name, "--pipelines-dir", str(pipelines_dir))
     assert_one_line_failure(proc, "batch.max_records_per_batch", f"{name}.yaml")
-    assert not (lake / name).exists()
+    assert_lake_untouched(lake)
 
 
 def test_unknown_pipeline(pipelines_dir):
@@ -27,7 +40,7 @@ def test_unknown_topic_is_never_auto_created(pipelines_dir, lake, bootstrap):
     name = write_pipeline(pipelines_dir, bootstrap, [topic], lake)
     proc = run_cli("ingest", "--pipeline", name, "--pipelines-dir", str(pipelines_dir))
     assert_one_line_failure(proc, f"unknown topic '{topic}'")
-    assert not (lake / name).exists()
+    assert_lake_untouched(lake)
     from confluent_kafka.admin import AdminClient
 
     assert topic not in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=5).topics
@@ -37,7 +50,7 @@ def test_unreachable_broker(pipelines_dir, lake):
     name = write_pipeline(pipelines_dir, "127.0.0.1:1", ["t"], lake, kafka={"timeout_seconds": 2, "retry_seconds": 0})
     proc = run_cli("ingest", "--pipeline", name, "--pipelines-dir", str(pipelines_dir), timeout=60)
     assert_one_line_failure(proc, "127.0.0.1:1", "reachable")
-    assert not (lake / name).exists()
+    assert_lake_untouched(lake)
 
     # Told to wait, it retries (one warning line each), then fails with the same one-line error.
     patient = write_pipeline(

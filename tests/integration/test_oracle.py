@@ -4,6 +4,7 @@ catch; each corruption must fail the check with a finding of its kind that names
 from __future__ import annotations
 
 import datetime as dt
+import json
 import random
 import shutil
 from dataclasses import dataclass
@@ -76,7 +77,8 @@ def copy_of(cfg, tmp_path, name: str):
     """The pipeline with its table and quarantine copied, so each corruption starts from the real thing."""
     table, quarantine = tmp_path / name / "table", tmp_path / name / "quarantine"
     shutil.copytree(cfg.table_path, table)
-    shutil.copytree(cfg.quarantine_path, quarantine)
+    if DeltaTable.is_deltatable(cfg.quarantine_path):  # none before a first bad record
+        shutil.copytree(cfg.quarantine_path, quarantine)
     return cfg.model_copy(
         update={
             "table": cfg.table.model_copy(update={"path": str(table)}),
@@ -377,12 +379,58 @@ def test_the_oracle_fails_a_column_of_another_type_than_the_pipelines(ingested, 
         oracle.assert_exactly_once(copy)
 
 
+QUARANTINE_DEFECTS = {
+    "kafka_partition": lambda t: _retyped(t, "kafka_partition", pa.int64()),  # an int32 written as a long
+    "kafka_timestamp": lambda t: _retyped(t, "kafka_timestamp", pa.timestamp("us")),  # no zone: not an instant
+    "note": lambda t: t.append_column("note", pa.nulls(t.num_rows, pa.string())),  # a column nobody documents
+}
+
+
+@pytest.mark.parametrize("column", sorted(QUARANTINE_DEFECTS))
+def test_the_oracle_fails_a_quarantine_of_another_shape_than_the_documented_one(ingested, tmp_path, column):
+    """The quarantine table's own columns are checked against the docs' list of them (not against the table
+    offsetlake made): each defect, rewritten into a copy, is a schema finding naming the column."""
+    copy = copy_of(ingested.cfg, tmp_path, f"quarantine-{column}")
+    quarantine = DeltaTable(copy.quarantine_path).to_pyarrow_table()
+    write_deltalake(
+        copy.quarantine_path, QUARANTINE_DEFECTS[column](quarantine), mode="overwrite", schema_mode="overwrite"
+    )
+
+    findings = oracle.check(copy)
+
+    named = [where[0] for where, _ in findings.kinds.get(oracle.SCHEMA, [])]
+    assert named == [f"quarantine.{column}"], findings.report()
+
+
+def test_the_oracle_judges_each_row_too_without_the_producers_word(ingested, tmp_path):
+    """A bad record made a row (its quarantine row gone; a row of the table's shape at its offset) is found
+    by the oracle's judge, with no journal to say the record was made bad, whatever the row's values."""
+    cfg, kafka = ingested.cfg, ingested.kafka
+    copy = copy_of(cfg, tmp_path, "bad-row")
+    where = ingested.bad[-1]
+    DeltaTable(copy.quarantine_path).delete(at(where))
+    row = rows_at(copy.table_path, ingested.good[12]).to_pylist()[0]
+    row.update(kafka_partition=where[1], kafka_offset=where[2], kafka_timestamp=kafka[where].timestamp)
+    schema = DeltaTable(copy.table_path).to_pyarrow_table().schema
+    write_deltalake(copy.table_path, pa.Table.from_pylist([row], schema=schema), mode="append")
+
+    findings = oracle.check(copy, journal=oracle.Journal())
+
+    assert [w for w, _ in findings.kinds.get(oracle.BAD_NOT_QUARANTINED, [])] == [where], findings.report()
+
+
 def test_values_are_compared_with_their_types():
     assert oracle.same([("a", b"x")], [("a", b"x")]) and oracle.same({"n": 1}, {"n": 1})
     assert not oracle.same(True, 1) and not oracle.same(1, 1.0) and not oracle.same(0.1, 0.10000000149011612)
     utc = dt.datetime(2026, 11, 26, 12, tzinfo=dt.UTC)
     assert not oracle.same(utc, utc.astimezone(dt.timezone(dt.timedelta(hours=5))))  # the same instant elsewhere
     assert oracle.coerce("12.50", pa.float64()) == "12.50"  # a string is not made a number
+    # A timestamp written with an offset is an instant: a UTC column holds it in UTC, a zone-less one its
+    # wall-clock reading in UTC.
+    offset = "2026-11-26T17:00:00+05:00"
+    assert oracle.same(oracle.coerce(offset, pa.timestamp("us", tz="UTC")), utc)
+    assert oracle.same(oracle.coerce(offset, pa.timestamp("us")), utc.replace(tzinfo=None))
+    assert not oracle.same(oracle.coerce(offset, pa.timestamp("us", tz="UTC")), utc + dt.timedelta(hours=5))
     assert oracle.coerce(3, pa.float64()) == 3.0 and isinstance(oracle.coerce(3, pa.float64()), float)
 
 
@@ -402,3 +450,31 @@ def test_the_oracle_judges_the_quarantine_itself_without_the_producers_word(inge
 
     assert [w for w, _ in findings.kinds.get(oracle.GOOD_QUARANTINED, [])] == [good[16]], findings.report()
     assert [w for w, _ in findings.kinds.get(oracle.QUARANTINE_WRONG, [])] == [bad[0]], findings.report()
+
+
+def test_a_timestamp_written_with_an_offset_is_its_instant_in_the_table_and_to_the_oracle(spark, bootstrap, tmp_path):
+    """JSON timestamps written with offsets (+05:00, -03:30) land as their UTC instants; the oracle finds the
+    table right, and a copy holding the wall-clock reading instead (5 hours off) wrong, naming the offset."""
+    cfg, topic = new_pipeline(bootstrap, tmp_path / "pipelines", tmp_path / "lake", partitions=1)
+    zones = ["+05:00", "-03:30"]
+
+    def offset_event(rng, seq):
+        value = {"event_id": f"e{seq}", "user_id": seq, "event_time": f"2026-11-26T17:00:00{zones[seq % 2]}"}
+        return str(seq).encode(), json.dumps(value).encode()
+
+    produce(cfg.kafka, topic, 4, transactional_share=0, abort_share=0, seed=27, make_record=offset_event)
+    ingest(spark, cfg)
+    rows = DeltaTable(cfg.table_path).to_pyarrow_table().sort_by("kafka_offset").to_pylist()
+    seventeen = dt.datetime(2026, 11, 26, 17, tzinfo=dt.UTC)
+    assert [r["event_time"] for r in rows] == [
+        seventeen - dt.timedelta(hours=5),
+        seventeen + dt.timedelta(hours=3.5),
+    ] * 2
+    findings = oracle.check(cfg)
+    assert findings.ok, findings.report()
+
+    copy = copy_of(cfg, tmp_path, "wall-clock")
+    where = (topic, 0, rows[0]["kafka_offset"])
+    DeltaTable(copy.table_path).update(predicate=at(where), updates={"event_time": "event_time + INTERVAL '5 hours'"})
+    findings = oracle.check(copy)
+    assert [w for w, _ in findings.kinds.get(oracle.WRONG_VALUE, [])] == [where], findings.report()
