@@ -109,13 +109,28 @@ def registry_defect(decoder, record, schema: pa.Schema, envelope: bool = False) 
     writer = decoder.writer_type("value", value)
     have = {f.name: f.type for f in schema}
     for name, want in struct_columns(writer).items():
-        if name in have and not same_type(have[name], want):
+        if name in have and not _widens(have[name], want):
             return f"'{name}"  # the field whose type would change (a nested one: its path starts so)
     if kind == "json_schema" and not envelope:
         for name, t in struct_columns(writer).items():
             if not _fits(fields.get(name), t):
                 return ""  # wrong type: the reason's wording is the validator's
     return None
+
+
+def _widens(have: pa.DataType, want: pa.DataType) -> bool:
+    """A writer's type `want` can be a column of type `have`, as docs/usage/registry-formats.md has it: a field
+    added (at the top or inside a record) widens the table, a field dropped stays a column, and only a field
+    whose type changes cannot be: records field by field (either side may lack some), lists and maps item by
+    item, anything else the same type."""
+    if pa.types.is_struct(have) and pa.types.is_struct(want):
+        mine = {have.field(i).name: have.field(i).type for i in range(have.num_fields)}
+        return all(_widens(mine[f.name], f.type) for f in want if f.name in mine)
+    if pa.types.is_map(have) and pa.types.is_map(want):
+        return _widens(have.key_type, want.key_type) and _widens(have.item_type, want.item_type)
+    if pa.types.is_list(have) and pa.types.is_list(want):
+        return _widens(have.value_type, want.value_type)
+    return same_type(have, want)
 
 
 def _fits(value, t: pa.DataType) -> bool:
