@@ -597,11 +597,11 @@ QUARANTINE_COLUMNS = {
 QUARANTINE_HEADERS = pa.map_(pa.string(), pa.binary())
 
 
-def _check_quarantine_schema(findings: Findings, cfg, read: Callable[[str], pa.Table]) -> None:
-    """The quarantine table has exactly the documented columns, of their types (none before it exists)."""
-    if not DeltaTable.is_deltatable(cfg.quarantine_path, storage_options(cfg.quarantine_path)):
+def _check_quarantine_schema(findings: Findings, cfg, schema: pa.Schema | None) -> None:
+    """The quarantine table has exactly the documented columns, of their types (None: it does not exist yet)."""
+    if schema is None:
         return
-    have = {f.name: f.type for f in read(cfg.quarantine_path).schema}
+    have = {f.name: f.type for f in schema}
     expected = dict(QUARANTINE_COLUMNS)
     if cfg.format.include_headers:
         expected[HEADERS_COLUMN] = QUARANTINE_HEADERS
@@ -784,7 +784,8 @@ def check(
     findings.kafka_records = len(kafka)
     table = _without_user_columns(findings, read(cfg.table_path), user_columns or {})
     findings.table_rows = table.num_rows
-    quarantine = _quarantine_rows(cfg, read)
+    quarantine_table = _quarantine_table(cfg, read)
+    quarantine = {} if quarantine_table is None else _by_offset(quarantine_table.to_pylist())
     if quarantine_ahead:
         below = {k: v for k, v in quarantine.items() if k[2] < until.get(k[:2], 0)}
         findings.leave_out(QUARANTINE_AHEAD, len(quarantine) - len(below))
@@ -800,7 +801,7 @@ def check(
         rows = _by_offset(table.to_pylist())
         _check_table(findings, cfg, rows, kafka, decoder, table.schema, log_start)
     _check_schema(findings, cfg, table.schema, decoder)  # after decoding: the writer schemas are known
-    _check_quarantine_schema(findings, cfg, read)
+    _check_quarantine_schema(findings, cfg, None if quarantine_table is None else quarantine_table.schema)
     _check_quarantine(findings, quarantine, rows, kafka, log_start, cfg, decoder, table.schema)
     for topic in cfg.topics:
         journaled = journal.of_topic(topic)
@@ -816,10 +817,11 @@ def _by_offset(rows: list[dict]) -> dict[Offset, list[dict]]:
     return out
 
 
-def _quarantine_rows(cfg, read: Callable[[str], pa.Table] = read_with_delta_rs) -> dict[Offset, list[dict]]:
+def _quarantine_table(cfg, read: Callable[[str], pa.Table] = read_with_delta_rs) -> pa.Table | None:
+    """The quarantine table as `read` reads it; None before its first commit."""
     if not DeltaTable.is_deltatable(cfg.quarantine_path, storage_options(cfg.quarantine_path)):
-        return {}
-    return _by_offset(read(cfg.quarantine_path).to_pylist())
+        return None
+    return read(cfg.quarantine_path)
 
 
 def _deleted_by_retention(where: Offset, log_start: dict) -> bool:

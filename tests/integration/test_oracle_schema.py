@@ -9,6 +9,7 @@ the columns a user added (gone, retyped, written to)."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import struct
@@ -22,7 +23,7 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema
 from confluent_kafka.serialization import MessageField, SerializationContext
 from deltalake import DeltaTable, write_deltalake
-from test_oracle import copy_of
+from test_oracle import _retyped, copy_of
 from test_registry_formats import order_message_type
 
 import oracle
@@ -183,11 +184,7 @@ MAKERS: dict[str, Callable[..., Ingested]] = {
 
 
 def retyped(name: str, arrow_type: pa.DataType) -> Callable[[pa.Table], pa.Table]:
-    def corrupt(table: pa.Table) -> pa.Table:
-        index = table.schema.get_field_index(name)
-        return table.set_column(index, pa.field(name, arrow_type), table.column(name).cast(arrow_type))
-
-    return corrupt
+    return functools.partial(_retyped, name=name, arrow_type=arrow_type)
 
 
 def added(name: str, arrow_type: pa.DataType, first: object = None) -> Callable[[pa.Table], pa.Table]:

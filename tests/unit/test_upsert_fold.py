@@ -276,9 +276,9 @@ def test_a_key_changes_create_takes_what_it_lacks_from_the_old_keys_row_earlier_
             (2, 13, UNAVAILABLE, None, False),  # a later update of the new key
         ]
     )
-    notes, changes, _ = carried(rows)
+    notes, changes, lookups = carried(rows)
     assert notes[3] == "big" and notes[4] == "big" and notes[1] == "big"
-    assert changes == KeyChanges(carried=1, left_null=0)
+    assert changes == KeyChanges(carried=1, left_null=0) and lookups == []  # the batch had it: no table read
 
 
 def test_an_old_row_only_in_the_table_gives_its_value_and_a_chain_of_changes_follows_it():

@@ -41,8 +41,7 @@ CREATE TABLE IF NOT EXISTS {s}.parcels (
 KEYS = {"parcels": ["region", "id"]}  # each table's primary key, where it is not `id`
 REGIONS = ("north", "south", "east", "west ü")
 
-SCHEMA_SQL = (
-    """
+SCHEMA_SQL = """
 CREATE TYPE {s}.tier AS ENUM ('bronze', 'silver', 'gold');
 CREATE TABLE {s}.customers (
     id bigint PRIMARY KEY, name text NOT NULL, balance numeric(12, 2), born date, created timestamp(6),
@@ -50,16 +49,9 @@ CREATE TABLE {s}.customers (
     score double precision, active boolean, note text, codes integer[]
 );
 CREATE TABLE {s}.heartbeat (id integer PRIMARY KEY, at timestamptz);
-CREATE TABLE {s}.orders (
-    id bigint PRIMARY KEY, customer_id bigint, amount numeric(10, 3), placed timestamptz, status text
-);
 """
-    + PARCELS_SQL
-)
-
-
-# A table created later (Shop.add_table), shaped as orders.
-LATER_TABLE_SQL = """
+# Orders, and each table shaped as it (Shop.add_table makes them later).
+ORDERS_SQL = """
 CREATE TABLE {s}.{t} (
     id bigint PRIMARY KEY, customer_id bigint, amount numeric(10, 3), placed timestamptz, status text
 );
@@ -78,7 +70,13 @@ class Shop:
         self.counts = {"insert": 0, "update": 0, "delete": 0, "key change": 0, "transactions": 0}
 
     def create(self, customers: int = 20, orders: int = 20, parcels: int = 20) -> None:
-        self.server.execute(f'CREATE SCHEMA "{self.schema}"', SCHEMA_SQL.format(s=self.schema))
+        schema = f'"{self.schema}"'
+        self.server.execute(
+            f"CREATE SCHEMA {schema}",
+            SCHEMA_SQL.format(s=schema),
+            ORDERS_SQL.format(s=schema, t="orders"),
+            PARCELS_SQL.format(s=schema),
+        )
         for table, rows in (("customers", customers), ("orders", orders), ("parcels", parcels)):
             self.transaction([self._insert(table) for _ in range(rows)])
 
@@ -87,7 +85,7 @@ class Shop:
 
     def add_table(self, name: str, rows: int = 10) -> None:
         """`CREATE TABLE <name>` (orders' columns) with `rows` rows: later transactions change it too."""
-        self.server.execute(LATER_TABLE_SQL.format(s=f'"{self.schema}"', t=name))
+        self.server.execute(ORDERS_SQL.format(s=f'"{self.schema}"', t=name))
         self.later_tables.append(name)
         self.next_id[name] = 1
         self.transaction([self._insert(name) for _ in range(rows)])

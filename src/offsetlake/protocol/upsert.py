@@ -374,8 +374,9 @@ def carry_across_key_changes(
     rank = np.empty(rows.num_rows, dtype=np.int64)
     rank[in_order] = np.arange(rows.num_rows)  # each row's place in the order winners are chosen in
     olds = {i: _old_key(old_keys[i].as_py(), key) for i in moved}
-    history = _rows_of_keys(rows, key, {k for k in olds.values() if k is not None}, rank)
-    in_table = old_rows([k for k in olds.values() if k is not None]) if old_rows is not None else {}
+    named_keys = [k for k in olds.values() if k is not None]
+    history = _rows_of_keys(rows, key, set(named_keys), rank)
+    in_table: dict[Key, dict[str, Any]] | None = None  # read once, when the batch lacks an old row's value
     deleted = rows.column(DELETED_COLUMN).combine_chunks() if DELETED_COLUMN in rows.column_names else None
     found: dict[str, dict[int, object]] = {c: {} for c in columns}
     left = 0
@@ -383,8 +384,10 @@ def carry_across_key_changes(
         old = olds[target]
         for column in (c for c in columns if lacking[c][target]):
             value, known = _value_before(rows, column, old, rank[target], rank, history, lacking, found, deleted)
-            if not known and old is not None and old in in_table and column in in_table[old]:
-                value, known = in_table[old][column], True
+            if not known and old is not None and old_rows is not None:
+                in_table = old_rows(named_keys) if in_table is None else in_table
+                if column in in_table.get(old, {}):
+                    value, known = in_table[old][column], True
             if known:
                 found[column][target] = value
             else:
