@@ -22,8 +22,8 @@ import pyarrow as pa
 from offsetlake import faults
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, TableError, TableMissing, one_line
+from offsetlake.formats.columns import initial_table_schema, quarantine_schema, table_schema
 from offsetlake.formats.evolution import Incompatible, adds_columns, merge_schema, plain_schema
-from offsetlake.formats.records import initial_table_schema, quarantine_schema, table_schema
 from offsetlake.kafka import TP, KafkaCluster, Stopped
 from offsetlake.protocol.commit import (
     AttemptFiles,

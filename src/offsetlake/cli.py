@@ -335,7 +335,7 @@ def cmd_optimize(args) -> int:
 
 def _optimize(args, cfg: PipelineConfig) -> None:
     """The table, then the quarantine table if there is one (no z-order there: it has other columns)."""
-    from offsetlake.formats.records import quarantine_schema, table_schema
+    from offsetlake.formats.columns import quarantine_schema, table_schema
     from offsetlake.operations.compaction import optimize
     from offsetlake.protocol.quarantine import quarantine_schema_of
     from offsetlake.table import open_table

@@ -261,7 +261,7 @@ def check_schema(uri: str, table: DeltaTable, expected: pa.Schema, partition_by:
     (registry formats) names only some columns: the payload columns may be any. Any other column is a
     user's (`ALTER TABLE ... ADD COLUMNS` in Spark): rows the pipeline writes leave it null, so it must be
     nullable. Commits keep it, and compaction carries its values over."""
-    from offsetlake.formats.records import OPEN_PAYLOAD
+    from offsetlake.formats.columns import OPEN_PAYLOAD
 
     open_payload = (expected.metadata or {}).items() >= OPEN_PAYLOAD.items()
     actual = pa.schema(table.schema())

@@ -83,7 +83,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from offsetlake import batch as batch_module
 from offsetlake.batch import ingest, run_tasks, stream
 from offsetlake.config import RESERVED_CLIENT_KEYS, parse_pipeline
-from offsetlake.formats.records import table_schema
+from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import KafkaCluster
 from offsetlake.local import broker
 from offsetlake.protocol.commit import add_actions

@@ -34,7 +34,7 @@ from bench_ingest import JSON_FORMAT, create_topic, produce  # noqa: E402
 from hosts import S3Server  # noqa: E402
 from offsetlake.batch import BatchResult, StreamCompaction, ingest  # noqa: E402
 from offsetlake.config import parse_pipeline  # noqa: E402
-from offsetlake.formats.records import table_schema  # noqa: E402
+from offsetlake.formats.columns import table_schema  # noqa: E402
 from offsetlake.local import broker as embedded_broker  # noqa: E402
 from offsetlake.protocol.metadata import Run  # noqa: E402
 from offsetlake.spark.session import build_session  # noqa: E402

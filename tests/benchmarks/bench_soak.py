@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from offsetlake.batch import BatchResult, StreamCompaction, TaskFiles, commit_batch  # noqa: E402
 from offsetlake.config import parse_pipeline  # noqa: E402
 from offsetlake.files import attempt_file_name, write_files  # noqa: E402
-from offsetlake.formats.records import table_schema  # noqa: E402
+from offsetlake.formats.columns import table_schema  # noqa: E402
 from offsetlake.operations.compaction import optimize  # noqa: E402
 from offsetlake.operations.maintenance import checkpoint  # noqa: E402
 from offsetlake.protocol.commit import attempt_files, new_attempt_id  # noqa: E402

@@ -35,7 +35,7 @@ from bench_ingest import JSON_FORMAT, create_topic  # noqa: E402
 
 from offsetlake.batch import ingest  # noqa: E402
 from offsetlake.config import parse_pipeline  # noqa: E402
-from offsetlake.formats.records import table_schema  # noqa: E402
+from offsetlake.formats.columns import table_schema  # noqa: E402
 from offsetlake.local import broker as embedded_broker  # noqa: E402
 from offsetlake.spark.session import build_session  # noqa: E402
 from offsetlake.table import open_table  # noqa: E402

@@ -77,7 +77,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError  # noqa: E402
 import oracle  # noqa: E402
 from offsetlake.errors import TableError  # noqa: E402
 from offsetlake.files import open_filesystem, retrying, storage_options  # noqa: E402
-from offsetlake.formats.records import table_schema  # noqa: E402
+from offsetlake.formats.columns import table_schema  # noqa: E402
 from offsetlake.local import broker as embedded_broker  # noqa: E402
 from offsetlake.local import schema_registry as embedded_registry  # noqa: E402
 from offsetlake.operations.audit import audit  # noqa: E402

@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 
 from offsetlake.airflow.triggers import TableChangeTrigger
 from offsetlake.batch import stream
-from offsetlake.formats.records import table_schema
+from offsetlake.formats.columns import table_schema
 from offsetlake.operations.audit import repair
 from offsetlake.operations.backfill import backfill
 from offsetlake.operations.changes import announcements, commits_after

@@ -19,7 +19,7 @@ from delta_spark import change_reader, reader, sql
 from offsetlake.batch import ingest
 from offsetlake.errors import OffsetlakeError, TableError
 from offsetlake.files import plain_types
-from offsetlake.formats.records import table_schema
+from offsetlake.formats.columns import table_schema
 from offsetlake.operations.audit import audit, repair
 from offsetlake.operations.compaction import optimize
 from offsetlake.operations.maintenance import checkpoint, cleanup, vacuum

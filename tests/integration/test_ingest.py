@@ -216,7 +216,7 @@ def test_a_quarantine_keeps_the_headers_and_one_made_before_it_did_gains_the_col
     """With format.include_headers the quarantine holds each bad record's headers, in order, as the table
     does (the oracle compares them). A quarantine created before it kept headers (its columns as they
     were) gains the column in the commit of its next bad records, and is read as before."""
-    from offsetlake.formats.records import QUARANTINE_SCHEMA
+    from offsetlake.formats.columns import QUARANTINE_SCHEMA
     from offsetlake.table import open_table
 
     cfg, topic = pipeline(partitions=2, format={"include_headers": True})

@@ -17,7 +17,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from offsetlake.batch import ingest, stream
 from offsetlake.errors import ConfigError, TableError
 from offsetlake.files import write_file
-from offsetlake.formats.records import table_schema
+from offsetlake.formats.columns import table_schema
 from offsetlake.operations.audit import audit, repair
 from offsetlake.operations.backfill import backfill
 from offsetlake.operations.compaction import optimize

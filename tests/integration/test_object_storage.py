@@ -11,7 +11,7 @@ import pytest
 
 from offsetlake.batch import ingest
 from offsetlake.files import register_storage
-from offsetlake.formats.records import table_schema
+from offsetlake.formats.columns import table_schema
 from offsetlake.operations.compaction import optimize
 from offsetlake.operations.maintenance import checkpoint, vacuum
 from offsetlake.table import check_store

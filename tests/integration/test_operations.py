@@ -14,7 +14,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from offsetlake.batch import ingest
 from offsetlake.errors import ConfigError, DataLossError
-from offsetlake.formats.records import table_schema
+from offsetlake.formats.columns import table_schema
 from offsetlake.operations.audit import audit, repair
 from offsetlake.operations.backfill import backfill
 from offsetlake.operations.compaction import optimize

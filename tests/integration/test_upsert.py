@@ -476,7 +476,7 @@ def test_the_docs_change_feed_example_counts_what_the_batches_did(spark, pipelin
 
 
 def test_a_restore_rewinds_the_upserts_and_optimize_keeps_the_fold(spark, pipeline):
-    from offsetlake.formats.records import table_schema
+    from offsetlake.formats.columns import table_schema
     from offsetlake.operations.compaction import optimize
     from offsetlake.operations.maintenance import restore
 

@@ -10,7 +10,8 @@ import pytest
 
 from offsetlake.config import HEADERS_COLUMN, OLD_KEY_COLUMN, parse_pipeline
 from offsetlake.formats import debezium
-from offsetlake.formats.records import convert, quarantine_schema, reads_headers
+from offsetlake.formats.columns import quarantine_schema
+from offsetlake.formats.records import convert, reads_headers
 from offsetlake.read.reader import HEADERS_FIELD, MESSAGE_SCHEMA, message_schema
 
 ROW = pa.struct([("id", pa.int64()), ("name", pa.string())])

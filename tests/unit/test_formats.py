@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from offsetlake.config import parse_pipeline
 from offsetlake.files import delta_stats, write_files
 from offsetlake.formats import arrow_json, declared_json
+from offsetlake.formats.columns import QUARANTINE_SCHEMA, table_schema
 from offsetlake.formats.declared_json import BadRecord, FastDecoder, arrow_type, parse_record
-from offsetlake.formats.records import QUARANTINE_SCHEMA, convert, table_schema
+from offsetlake.formats.records import convert
 from offsetlake.formats.values import coerce
 from offsetlake.read.reader import MESSAGE_SCHEMA
 

@@ -27,109 +27,22 @@ from offsetlake.config import (
     LINEAGE_COLUMNS,
     OLD_KEY_COLUMN,
     REGISTRY_FORMATS,
-    UNKNOWN_FIELDS_COLUMN,
-    KeyFormat,
     PipelineConfig,
 )
 from offsetlake.formats import debezium, declared_json
-from offsetlake.formats.declared_json import ARROW_TYPES, arrow_type, int64_scalar
-from offsetlake.formats.evolution import Incompatible, merge_type
+from offsetlake.formats.columns import (
+    HEADERS_TYPE,
+    LINEAGE_SCHEMA,
+    QUARANTINE_HEADERS,
+    QUARANTINE_SCHEMA,
+    fixed_key_type,
+    quarantine_schema,
+    struct_fields,
+    table_schema,
+)
+from offsetlake.formats.declared_json import ARROW_TYPES, int64_scalar
 from offsetlake.formats.values import decimal_type
-
-LINEAGE_SCHEMA = pa.schema(
-    [
-        ("kafka_topic", pa.string()),
-        ("kafka_partition", pa.int32()),
-        ("kafka_offset", pa.int64()),
-        ("kafka_timestamp", pa.timestamp("us", tz="UTC")),
-    ]
-)
-QUARANTINE_SCHEMA = pa.schema(
-    [
-        *LINEAGE_SCHEMA,
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("error", pa.string()),
-    ]
-)
-HEADERS_TYPE = pa.map_(pa.string(), pa.binary())
-# With format.include_headers the quarantine keeps each record's headers too: nothing of a record is lost.
-QUARANTINE_HEADERS = pa.field(HEADERS_COLUMN, HEADERS_TYPE)
-
-
-def quarantine_schema(cfg: PipelineConfig) -> pa.Schema:
-    """The quarantine's columns: lineage, raw key and value, the reason; with `format.include_headers`,
-    the headers as the table has them (every one, in order)."""
-    return QUARANTINE_SCHEMA.append(QUARANTINE_HEADERS) if cfg.format.include_headers else QUARANTINE_SCHEMA
-
-
-# A table schema whose payload columns come from the registry carries this in its metadata: the columns
-# a pipeline file names are checked, the payload may be any and grow (table.check_schema).
-OPEN_PAYLOAD = {b"offsetlake.payload": b"from the registry, grows with the writer schemas"}
-
-
-def table_schema(cfg: PipelineConfig) -> pa.Schema:
-    """The table's columns as the pipeline file defines them. Registry formats: without the payload (and
-    a registry key) columns, which come from the registry (`initial_table_schema`), marked OPEN_PAYLOAD."""
-    fmt = cfg.format
-    if fmt.type == "raw":
-        payload = [pa.field("key", pa.binary()), pa.field("value", pa.binary())]
-    elif fmt.type == "json":
-        payload = [pa.field(f.name, arrow_type(f.type)) for f in fmt.schema_]
-    elif fmt.schema_file:
-        payload = list(_struct_fields(registry_decoders(cfg).file_type()))
-    else:
-        payload = []
-    if fmt.unknown_fields == "keep":
-        payload.append(pa.field(UNKNOWN_FIELDS_COLUMN, pa.string()))
-    if fmt.debezium_envelope and fmt.type == "json":  # registry formats: the registry's schema gives them
-        payload.append(pa.field(DEBEZIUM_OP_COLUMN, pa.string()))
-        payload.append(pa.field(DEBEZIUM_POSITION_COLUMN, ARROW_TYPES[fmt.debezium.position_type]))
-    key_type = _fixed_key_type(fmt.key)
-    extra = [pa.field(KEY_COLUMN, key_type)] if key_type is not None else []
-    if fmt.include_headers:
-        extra.append(pa.field(HEADERS_COLUMN, HEADERS_TYPE))
-    return pa.schema([*payload, *extra, *LINEAGE_SCHEMA], metadata=OPEN_PAYLOAD if fmt.evolves else None)
-
-
-def initial_table_schema(cfg: PipelineConfig) -> pa.Schema:
-    """The schema a new table is created with: registry formats take the latest schema of the value (and
-    key) subject of the first topic."""
-    fixed = table_schema(cfg)
-    if not cfg.format.evolves or cfg.format.type == "connect_json":  # connect_json: columns come with the values
-        return fixed
-    from offsetlake.formats.registry import latest_arrow_type
-
-    fmt, topic = cfg.format, cfg.topics[0]
-    assert fmt.registry is not None  # a format that evolves reads its schema from a registry
-    latest = latest_arrow_type(fmt.registry, fmt.type, topic)
-    if fmt.debezium_envelope:
-        try:
-            payload = debezium.table_columns(latest, fmt.debezium.position)
-        except debezium.NotAChangeEvent as err:
-            raise Incompatible(f"topic {topic}: {err}") from None
-    else:
-        payload = _struct_fields(latest)
-    columns = [*payload, *fixed]
-    if fmt.key is not None and fmt.key.type in REGISTRY_FORMATS:
-        key = pa.field(KEY_COLUMN, latest_arrow_type(fmt.registry, fmt.key.type, topic, key=True))
-        columns.insert(len(payload), key)
-    clash = sorted({f.name for f in payload} & {f.name for f in fixed})
-    if clash:
-        raise Incompatible(f"the registry schema's field {clash[0]!r} clashes with a column offsetlake adds")
-    return pa.schema(columns, metadata=OPEN_PAYLOAD)
-
-
-def _fixed_key_type(key: KeyFormat | None) -> pa.DataType | None:
-    if key is None or key.type in REGISTRY_FORMATS:
-        return None
-    if key.type == "json":
-        return pa.struct([pa.field(f.name, arrow_type(f.type)) for f in key.schema_])
-    return pa.binary() if key.type == "raw" else pa.string()
-
-
-def _struct_fields(t: pa.DataType) -> list[pa.Field]:
-    return [t.field(i).with_nullable(True) for i in range(t.num_fields)]
+from offsetlake.formats.wire_values import decode_values, registry_decoders
 
 
 def _lineage(messages: pa.Table) -> list[pa.ChunkedArray]:
@@ -373,106 +286,6 @@ def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa
 # ---- registry formats ---------------------------------------------------------------------------
 
 
-def registry_decoders(cfg: PipelineConfig, key: bool = False):
-    """The value's (or the key's) decoders, one set per pipeline per process: schemas are fetched once."""
-    from offsetlake.formats.registry import Decoders
-
-    fmt = cfg.format
-    assert fmt.key is not None or not key, "a key section for the key's decoders"
-    kind = fmt.key.type if key and fmt.key is not None else fmt.type
-    if kind == "connect_json":
-        from offsetlake.formats.connect_json import ConnectDecoders
-
-        return ConnectDecoders.shared(key)
-    return Decoders.shared(kind, fmt.registry, None if key else fmt.schema_file, key)
-
-
-def _decode_side(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None, what: str, nulls_allowed: bool):
-    """Decode wire-format values. Returns (one Arrow value per raw value, null where it failed or was null;
-    the array's type: `table_type` merged with every writer schema met; {position: error}). Records of a
-    schema the table cannot hold are errors, with the reason. Each schema's records are decoded together
-    (`decode_many`, when the decoder has a vectorised path), then cast to the merged type."""
-    from offsetlake.formats.registry import UnusableSchema
-
-    values = raw.combine_chunks()
-    errors: dict[int, str] = {}
-    groups: dict[int, tuple] = {}  # id(decoder) -> (decoder, positions, payloads)
-    framed, others = decoders.framed_groups(values)
-    for schema_id, positions in framed.items():
-        try:
-            decoder = decoders.decoder(schema_id, None, ())
-        except UnusableSchema as err:
-            errors.update({int(i): f"{what}: {err}" for i in positions})
-            continue
-        # An explicit stop: binary_slice without one fails in pyarrow 26 ("Negative buffer resize").
-        payloads = pc.binary_slice(values.take(pa.array(positions)), 5, 2**31 - 1)
-        groups[id(decoder)] = (decoder, positions.tolist(), payloads)
-    other_values = values.take(pa.array(others, pa.int64())).to_pylist()
-    for i, value in zip(others.tolist(), other_values):
-        if value is None and nulls_allowed:
-            continue
-        try:
-            decoder, payload = decoders.split(value)
-        except UnusableSchema as err:
-            errors[i] = f"{what}: {err}"
-            continue
-        except ValueError as err:  # not the wire format, a tombstone
-            errors[i] = f"{what}: {err}" if what != "value" else str(err)
-            continue
-        # Never a decoder of the usual frames above: these are keyed by GUID, or are Protobuf or a schema file.
-        group = groups.setdefault(id(decoder), (decoder, [], []))
-        group[1].append(i)
-        group[2].append(payload)
-    merged, usable = table_type, []
-    for decoder, positions, payloads in groups.values():
-        try:
-            merged = decoder.arrow_type if merged is None else merge_type(merged, decoder.arrow_type, "")
-            usable.append((decoder, positions, payloads))
-        except Incompatible as err:
-            errors.update({i: f"{what}: {decoder.label}: {err}" for i in positions})
-    if merged is None:
-        return pa.nulls(len(values), pa.binary()), pa.binary(), errors
-    arrays, order = [], []
-    for decoder, positions, payloads in usable:
-        array, decoded = _decode_group(decoder, positions, payloads, errors, what)
-        arrays.append(array.cast(merged))
-        order += decoded
-    index = np.full(len(values), -1, dtype=np.int64)
-    index[np.asarray(order, dtype=np.int64)] = np.arange(len(order), dtype=np.int64)
-    combined = pa.concat_arrays(arrays) if arrays else pa.nulls(0, merged)
-    return combined.take(pa.array(index, mask=index < 0)), merged, errors
-
-
-def _decode_group(decoder, positions: list[int], payloads: list[bytes], errors: dict[int, str], what: str):
-    """(an array of `decoder.arrow_type`, the positions it holds): every payload of one schema."""
-    many = getattr(decoder, "decode_many", None)
-    array = many(payloads) if many is not None else None
-    if array is not None:
-        return array, positions
-    values, decoded = [], []
-    if isinstance(payloads, pa.Array):
-        payloads = payloads.to_pylist()
-    for i, payload in zip(positions, payloads):
-        try:
-            values.append(decoder.decode(payload))
-            decoded.append(i)
-        except Exception as err:  # fastavro and protobuf raise many kinds on a corrupt payload
-            errors[i] = f"{what}: not a valid {decoder.kind_name} record ({type(err).__name__}: {err})"[:1000]
-    try:
-        return pa.array(values, decoder.arrow_type), decoded
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-        pass
-    kept, good = [], []  # Arrow refused a value (a number out of range): find which, record by record
-    for i, value in zip(decoded, values):
-        try:
-            pa.array([value], decoder.arrow_type)
-            kept.append(value)
-            good.append(i)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as err:
-            errors[i] = f"{what}: {err}"
-    return pa.array(kept, decoder.arrow_type), good
-
-
 def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None):
     """Avro, Protobuf, JSON Schema and Connect JSON values: the payload columns are the table's plus what
     writers add."""
@@ -482,12 +295,12 @@ def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schem
     envelope = cfg.format.debezium_envelope
     position = cfg.format.debezium.position
     table_type = debezium.envelope_type(current, position) if envelope else pa.struct(current)
-    values, merged, errors = _decode_side(decoders, messages.column("value"), table_type, "value", nulls_allowed=False)
+    values, merged, errors = decode_values(decoders, messages.column("value"), table_type, "value", nulls_allowed=False)
     rows = pa.array([i for i in range(messages.num_rows) if i not in errors], pa.int64())
     payload = (
-        pa.Table.from_struct_array(values.take(rows)) if len(rows) else pa.schema(_struct_fields(merged)).empty_table()
+        pa.Table.from_struct_array(values.take(rows)) if len(rows) else pa.schema(struct_fields(merged)).empty_table()
     )
-    payload = payload.cast(pa.schema(_struct_fields(merged)))
+    payload = payload.cast(pa.schema(struct_fields(merged)))
     if envelope:
         payload, rows = _unwrap_events(payload, rows, errors, position, current, cfg)
     bad = sorted(errors)
@@ -527,7 +340,7 @@ def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | 
     if key.type in REGISTRY_FORMATS:
         table_type = columns.field(KEY_COLUMN).type if columns is not None and KEY_COLUMN in columns.names else None
         # No table type and no key seen: a null column of binary, the most neutral type.
-        return _decode_side(
+        return decode_values(
             registry_decoders(cfg, key=True), messages.column("key"), table_type, "key", nulls_allowed=True
         )
     if key.type == "raw":
@@ -544,7 +357,7 @@ def _convert_keys(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | 
                 values.append(None)
         return pa.array(values, pa.string()), pa.string(), errors
     if key.type == "json":
-        key_type = _fixed_key_type(key)
+        key_type = fixed_key_type(key)
         values = []
         for i, raw in enumerate(raws):
             try:

@@ -25,7 +25,7 @@ from deltalake.exceptions import TableNotFoundError
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, TableError
 from offsetlake.files import action_partition_values, despite_log_cleanup, from_delta_path, read_with_partitions
-from offsetlake.formats.records import LINEAGE_SCHEMA
+from offsetlake.formats.columns import LINEAGE_SCHEMA
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.operations.fold import UpsertAuditReport, audit_upsert, rebuild
 from offsetlake.operations.ledger_checks import audited_ranges, continuity_issues, sanity_issues

@@ -26,7 +26,7 @@ from offsetlake.batch import TaskFiles, evolved_schema, run_tasks, table_columns
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import ConfigError, DataLossError
 from offsetlake.files import action_partition_values, from_delta_path, read_with_partitions, write_file
-from offsetlake.formats.records import table_schema
+from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, commit, new_attempt_id
 from offsetlake.protocol.ledger import read_ledger

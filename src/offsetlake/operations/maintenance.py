@@ -14,7 +14,7 @@ from deltalake import CommitProperties
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import ConfigError, OffsetlakeError
 from offsetlake.files import delete_if_there, from_delta_path, open_filesystem, retrying
-from offsetlake.formats.records import table_schema
+from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.protocol.commit import Change, Committed, commit, new_attempt_id
 from offsetlake.protocol.ledger import ledger_at, read_ledger, txn_actions

@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 from offsetlake.config import HEADERS_COLUMN
 from offsetlake.errors import TableMissing
 from offsetlake.files import DataFile, from_delta_path, read_file, write_file
-from offsetlake.formats.records import QUARANTINE_SCHEMA
+from offsetlake.formats.columns import QUARANTINE_SCHEMA
 from offsetlake.protocol.commit import AttemptFiles, Change, Committed, Settled, add_actions, commit
 from offsetlake.protocol.ledger import quarantine_app_id, txn_actions
 from offsetlake.protocol.metadata import CommitMetadata, Run
@@ -43,7 +43,7 @@ def commit_quarantine(
     schema: pa.Schema = QUARANTINE_SCHEMA,
 ) -> None:
     """Commit the bad records of `plan` not quarantined yet; what it writes and commits goes into `files`.
-    `schema`: the quarantine's (`records.quarantine_schema`); a quarantine made before it kept headers
+    `schema`: the quarantine's (`columns.quarantine_schema`); a quarantine made before it kept headers
     gains the column in this commit.
 
     An attempt with no bad records commits nothing here: reading the same offsets again gives

@@ -1,0 +1,114 @@
+"""Values in a schema's wire format (a registry's, a schema file's, Kafka Connect's JSON) decoded into one
+Arrow array, schema by schema: each schema's records together, cast to the type every schema met merges to,
+with a reason for each record that could not be decoded or held.
+Runs in executors: no deltalake import here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from offsetlake.config import PipelineConfig
+from offsetlake.formats.evolution import Incompatible, merge_type
+
+
+def registry_decoders(cfg: PipelineConfig, key: bool = False):
+    """The value's (or the key's) decoders, one set per pipeline per process: schemas are fetched once."""
+    from offsetlake.formats.registry import Decoders
+
+    fmt = cfg.format
+    assert fmt.key is not None or not key, "a key section for the key's decoders"
+    kind = fmt.key.type if key and fmt.key is not None else fmt.type
+    if kind == "connect_json":
+        from offsetlake.formats.connect_json import ConnectDecoders
+
+        return ConnectDecoders.shared(key)
+    return Decoders.shared(kind, fmt.registry, None if key else fmt.schema_file, key)
+
+
+def decode_values(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None, what: str, nulls_allowed: bool):
+    """Decode wire-format values. Returns (one Arrow value per raw value, null where it failed or was null;
+    the array's type: `table_type` merged with every writer schema met; {position: error}). Records of a
+    schema the table cannot hold are errors, with the reason. Each schema's records are decoded together
+    (`decode_many`, when the decoder has a vectorised path), then cast to the merged type."""
+    from offsetlake.formats.registry import UnusableSchema
+
+    values = raw.combine_chunks()
+    errors: dict[int, str] = {}
+    groups: dict[int, tuple] = {}  # id(decoder) -> (decoder, positions, payloads)
+    framed, others = decoders.framed_groups(values)
+    for schema_id, positions in framed.items():
+        try:
+            decoder = decoders.decoder(schema_id, None, ())
+        except UnusableSchema as err:
+            errors.update({int(i): f"{what}: {err}" for i in positions})
+            continue
+        # An explicit stop: binary_slice without one fails in pyarrow 26 ("Negative buffer resize").
+        payloads = pc.binary_slice(values.take(pa.array(positions)), 5, 2**31 - 1)
+        groups[id(decoder)] = (decoder, positions.tolist(), payloads)
+    other_values = values.take(pa.array(others, pa.int64())).to_pylist()
+    for i, value in zip(others.tolist(), other_values):
+        if value is None and nulls_allowed:
+            continue
+        try:
+            decoder, payload = decoders.split(value)
+        except UnusableSchema as err:
+            errors[i] = f"{what}: {err}"
+            continue
+        except ValueError as err:  # not the wire format, a tombstone
+            errors[i] = f"{what}: {err}" if what != "value" else str(err)
+            continue
+        # Never a decoder of the usual frames above: these are keyed by GUID, or are Protobuf or a schema file.
+        group = groups.setdefault(id(decoder), (decoder, [], []))
+        group[1].append(i)
+        group[2].append(payload)
+    merged, usable = table_type, []
+    for decoder, positions, payloads in groups.values():
+        try:
+            merged = decoder.arrow_type if merged is None else merge_type(merged, decoder.arrow_type, "")
+            usable.append((decoder, positions, payloads))
+        except Incompatible as err:
+            errors.update({i: f"{what}: {decoder.label}: {err}" for i in positions})
+    if merged is None:
+        return pa.nulls(len(values), pa.binary()), pa.binary(), errors
+    arrays, order = [], []
+    for decoder, positions, payloads in usable:
+        array, decoded = decode_group(decoder, positions, payloads, errors, what)
+        arrays.append(array.cast(merged))
+        order += decoded
+    index = np.full(len(values), -1, dtype=np.int64)
+    index[np.asarray(order, dtype=np.int64)] = np.arange(len(order), dtype=np.int64)
+    combined = pa.concat_arrays(arrays) if arrays else pa.nulls(0, merged)
+    return combined.take(pa.array(index, mask=index < 0)), merged, errors
+
+
+def decode_group(decoder, positions: list[int], payloads: list[bytes], errors: dict[int, str], what: str):
+    """(an array of `decoder.arrow_type`, the positions it holds): every payload of one schema."""
+    many = getattr(decoder, "decode_many", None)
+    array = many(payloads) if many is not None else None
+    if array is not None:
+        return array, positions
+    values, decoded = [], []
+    if isinstance(payloads, pa.Array):
+        payloads = payloads.to_pylist()
+    for i, payload in zip(positions, payloads):
+        try:
+            values.append(decoder.decode(payload))
+            decoded.append(i)
+        except Exception as err:  # fastavro and protobuf raise many kinds on a corrupt payload
+            errors[i] = f"{what}: not a valid {decoder.kind_name} record ({type(err).__name__}: {err})"[:1000]
+    try:
+        return pa.array(values, decoder.arrow_type), decoded
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        pass
+    kept, good = [], []  # Arrow refused a value (a number out of range): find which, record by record
+    for i, value in zip(decoded, values):
+        try:
+            pa.array([value], decoder.arrow_type)
+            kept.append(value)
+            good.append(i)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as err:
+            errors[i] = f"{what}: {err}"
+    return pa.array(kept, decoder.arrow_type), good
