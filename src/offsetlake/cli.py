@@ -172,7 +172,8 @@ def cmd_ingest(args) -> int:
 
 
 def cmd_stream(args) -> int:
-    from offsetlake.batch import print_progress, stream
+    from offsetlake.batch import print_progress
+    from offsetlake.streaming import stream
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -81,7 +81,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from offsetlake import batch as batch_module
-from offsetlake.batch import ingest, run_tasks, stream
+from offsetlake.batch import ingest, run_tasks
 from offsetlake.config import RESERVED_CLIENT_KEYS, parse_pipeline
 from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import KafkaCluster
@@ -94,6 +94,7 @@ from offsetlake.read import reader as reader_module
 from offsetlake.read.tasks import TaskContext
 from offsetlake.spark import prewarm as prewarm_module
 from offsetlake.spark.session import build_session
+from offsetlake.streaming import stream
 from offsetlake.table import open_table
 
 REPO = Path(__file__).resolve().parents[2]

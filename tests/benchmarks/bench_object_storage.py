@@ -32,12 +32,13 @@ import bench_soak  # noqa: E402
 from bench_ingest import JSON_FORMAT, create_topic, produce  # noqa: E402
 
 from hosts import S3Server  # noqa: E402
-from offsetlake.batch import BatchResult, StreamCompaction, ingest  # noqa: E402
+from offsetlake.batch import BatchResult, ingest  # noqa: E402
 from offsetlake.config import parse_pipeline  # noqa: E402
 from offsetlake.formats.columns import table_schema  # noqa: E402
 from offsetlake.local import broker as embedded_broker  # noqa: E402
 from offsetlake.protocol.metadata import Run  # noqa: E402
 from offsetlake.spark.session import build_session  # noqa: E402
+from offsetlake.streaming import StreamCompaction  # noqa: E402
 from offsetlake.table import open_table  # noqa: E402
 from store_faults import StoreProxy  # noqa: E402
 

@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
-from offsetlake.batch import BatchResult, StreamCompaction, TaskFiles, commit_batch  # noqa: E402
+from offsetlake.batch import BatchResult, TaskFiles, commit_batch  # noqa: E402
 from offsetlake.config import parse_pipeline  # noqa: E402
 from offsetlake.files import attempt_file_name, write_files  # noqa: E402
 from offsetlake.formats.columns import table_schema  # noqa: E402
@@ -60,6 +60,7 @@ from offsetlake.protocol.metadata import Run  # noqa: E402
 from offsetlake.protocol.planning import BatchPlan  # noqa: E402
 from offsetlake.protocol.quarantine import WrittenFile  # noqa: E402
 from offsetlake.protocol.ranges import OffsetRange  # noqa: E402
+from offsetlake.streaming import StreamCompaction  # noqa: E402
 from offsetlake.table import open_table, query  # noqa: E402
 
 TOPIC, PARTITIONS, RECORDS_PER_BATCH = "soak", 4, 8

@@ -11,7 +11,6 @@ import time
 from deltalake import DeltaTable
 
 from offsetlake.airflow.triggers import TableChangeTrigger
-from offsetlake.batch import stream
 from offsetlake.formats.columns import table_schema
 from offsetlake.operations.audit import repair
 from offsetlake.operations.backfill import backfill
@@ -19,6 +18,7 @@ from offsetlake.operations.changes import announcements, commits_after
 from offsetlake.operations.compaction import optimize
 from offsetlake.operations.maintenance import reset, restore
 from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.streaming import stream
 from support import ledger_offsets, pipeline_commits, produce
 
 

@@ -14,7 +14,7 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
-from offsetlake.batch import ingest, stream
+from offsetlake.batch import ingest
 from offsetlake.errors import ConfigError, TableError
 from offsetlake.files import write_file
 from offsetlake.formats.columns import table_schema
@@ -24,6 +24,7 @@ from offsetlake.operations.compaction import optimize
 from offsetlake.operations.maintenance import checkpoint, restore, vacuum
 from offsetlake.protocol.ledger import read_ledger
 from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.streaming import stream
 from offsetlake.table import committed_files, query
 from support import (
     assert_exactly_once,

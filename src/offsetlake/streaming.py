@@ -1,0 +1,120 @@
+"""A stream: the same batches as `ingest`, in a loop in one Spark session, which bounds its own small files.
+SIGTERM stops it between batches; it is safe beside scheduled ingest (the ledger serialises them)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from offsetlake.batch import BatchResult, ingest
+from offsetlake.config import PipelineConfig
+from offsetlake.errors import OffsetlakeError, one_line
+from offsetlake.formats.columns import table_schema
+from offsetlake.protocol.metadata import Run
+
+if TYPE_CHECKING:
+    from offsetlake.topic_tables import PipelineTable
+
+log = logging.getLogger("offsetlake.batch")  # a stream's lines are its batches': one logger for both
+
+
+def stream(
+    spark,
+    cfg: PipelineConfig,
+    stop: threading.Event,
+    interval: float | None = None,
+    run: Run | None = None,
+    max_seconds: float | None = None,
+    on_batch=None,
+    tables: Callable[[], list[PipelineTable]] | None = None,
+) -> int:
+    """Ingest in a loop in one Spark session until `stop` is set (SIGTERM) or max_seconds pass.
+
+    `tables`: the pipeline's tables (offsetlake.topic_tables), asked again before each round (a topic
+    created meanwhile joins); each round catches up each table in turn, and a table with a name (a table
+    per topic) labels its batches. A named table that fails is logged and tried again next round while the
+    others go on; a round in which every table fails ends the stream with the first one's error (Airflow
+    retries it), as a single table's failure does. Without `tables`, the one table of `cfg`."""
+    interval = cfg.stream_interval_seconds if interval is None else interval
+    run = msgspec.structs.replace(run or Run.here(), via="stream")  # its commits say they are a stream's
+    deadline = time.monotonic() + max_seconds if max_seconds else None
+    parent = os.getppid()
+    committed = 0
+    tidy: dict[str, StreamCompaction] = {}
+    warning = cfg.maintenance.stream_window_warning(interval)
+    if warning:
+        log.warning("stream %s: %s", cfg.name, warning)
+    while not stop.is_set():
+        round_tables = [(t.name, t.cfg) for t in tables()] if tables else [(None, cfg)]
+        failed: list[Exception] = []
+        for name, one in round_tables:
+            try:
+                for result in ingest(spark, one, run, stop):
+                    result.table = name
+                    if result.status == "committed":
+                        committed += 1
+                        tidy.setdefault(one.table_path, StreamCompaction(one, run)).after(result)
+                    if on_batch:
+                        on_batch(result)
+            except Exception as err:
+                if name is None:
+                    raise
+                failed.append(err)
+                log.warning("stream %s: table %s failed (tried again next round): %s", cfg.name, name, one_line(err))
+            if stop.is_set():
+                break
+        if failed and len(failed) == len(round_tables):
+            raise failed[0]
+        if deadline and time.monotonic() >= deadline:
+            break
+        stop.wait(interval)
+        if os.getppid() != parent:
+            # Our parent (spark-submit's JVM, an Airflow worker, a shell) is gone: nobody can stop us.
+            log.warning("stream: parent process %s exited; stopping", parent)
+            break
+    return committed
+
+
+class StreamCompaction:
+    """A stream bounds its own small files: every `maintenance.compact_every_batches` committed batches it
+    compacts the files those batches added (and only those, so the cost stays that of N batches)."""
+
+    def __init__(self, cfg: PipelineConfig, run: Run | None):
+        self.cfg, self.run = cfg, run
+        self.every = cfg.maintenance.compact_every_batches
+        self.pending: set[str] = set()
+        self.batches = 0
+
+    def after(self, result: BatchResult) -> None:
+        if not self.every:
+            return
+        self.pending |= result.files
+        self.batches += 1
+        if self.batches < self.every:
+            return
+        from offsetlake.operations.compaction import optimize
+
+        cfg = self.cfg
+        try:
+            outcome = optimize(
+                cfg.table_path,
+                cfg.name,
+                table_schema(cfg),
+                cfg.table.partition_by,
+                cfg.maintenance.target_file_mb,
+                cfg.maintenance.zorder_by,
+                only=self.pending,
+                run=self.run,
+            )
+        except OffsetlakeError as err:  # best effort: the batches are committed; try again after the next N
+            log.warning("stream: compaction skipped: %s", err)
+            self.batches = 0
+            return
+        log.info(outcome.summary())
+        self.pending, self.batches = set(), 0
