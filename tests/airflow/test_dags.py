@@ -281,16 +281,20 @@ def test_backfill_form_type_errors_are_rejected_at_trigger(spark, pipeline, conf
 
 
 @pytest.mark.parametrize("reason", ["x; rm -rf /", "../../etc/passwd", "$(whoami)", "a\nb"])
-def test_recovery_reason_with_shell_or_path_is_rejected(pipeline, reason):
+def test_recovery_reason_with_shell_or_path_is_rejected(spark, pipeline, reason):
     from offsetlake.airflow.dags import recovery_dag
 
     cfg, topic = pipeline(records=10)
+    ingest(spark, cfg)  # a table with a ledger, which a reset that ran would add a commit to
+    before = DeltaTable(cfg.table_path)
+    version, files = before.version(), set(before.file_uris())
     conf = {"reset": True, "reset_offsets": [{"topic": topic, "partition": 0, "offset": 0}], "reset_reason": reason}
 
     state, tasks = run(recovery_dag(cfg), conf)
 
     assert state == "failed" and tasks["validate"] == "failed" and tasks["recovery"] == "upstream_failed"
-    assert not DeltaTable.is_deltatable(cfg.table_path)  # no reset was committed
+    after = DeltaTable(cfg.table_path)  # no reset was committed: no commit, no file
+    assert (after.version(), set(after.file_uris())) == (version, files)
 
 
 def test_recovery_dag_audits_and_repairs_injected_damage(spark, pipeline):
