@@ -32,9 +32,9 @@ $(STAMP): requirements.txt pyproject.toml | prerequisites
 
 # The JVM stacks' jars (the Apache Kafka broker; delta-spark for the tests; Kafka Connect with Debezium for change
 # data capture), resolved from Maven Central by the POMs in
-# src/offsetlake/local/poms/ into ~/.cache/offsetlake/jvm: once per machine, then a no-op. No jar is committed.
+# src/offsetlake_local/poms/ into ~/.cache/offsetlake/jvm: once per machine, then a no-op. No jar is committed.
 jars: $(STAMP)
-	$(BIN)/python -m offsetlake.local.jars
+	$(BIN)/python -m offsetlake_local.jars
 
 # Spark's driver classes in one archive (JDK AppCDS): sessions start ~2 s sooner. Once per machine
 # (about 20 s; kept in ~/.cache/offsetlake), then a no-op; if it fails, Spark just starts slower.
@@ -77,7 +77,7 @@ docs: $(STAMP)
 
 # Broker, demo producer, Airflow (UI on 127.0.0.1:8080) with the demo DAGs unpaused and a first ingest run.
 demo: $(STAMP) jars jvm-archive
-	$(BIN)/python -m offsetlake.local.demo up
+	$(BIN)/python -m offsetlake_local.demo up
 
 # Throughput next to the raw Kafka read rate, in one run; then the object-storage lines (an S3 table next to
 # a local one, and HTTP requests per batch on a new and a 1,000-commit S3 table), the upsert lines and the
@@ -94,7 +94,7 @@ soak: $(STAMP) jars jvm-archive
 
 # Stops everything `make demo` started, by pid file.
 down:
-	-test -x $(BIN)/python && $(BIN)/python -m offsetlake.local.demo down
+	-test -x $(BIN)/python && $(BIN)/python -m offsetlake_local.demo down
 
 # The pipeline without Airflow: broker, demo events, ingest, status and history.
 demo-cli: $(STAMP) jars jvm-archive

@@ -2,7 +2,7 @@
 # Debian packages the project needs beyond Python: installed when missing (as root, e.g. CI),
 # otherwise named so a developer can install them. Called by `make` before the venv is built.
 #   java        openjdk-17-jre-headless   Spark and the Apache Kafka broker run on the JVM
-#   mvn         maven                     resolves the broker's jars from Maven Central (src/offsetlake/local/poms)
+#   mvn         maven                     resolves the broker's jars from Maven Central (src/offsetlake_local/poms)
 #   initdb      postgresql                Airflow's metadata database in the Airflow tests (one server per session) and the cross-host test
 #   ip          iproute2                  network namespaces: the cross-host test's separate hosts
 #   chromium    chromium                  the offsetlake view's browser test (Playwright drives it)

@@ -2,7 +2,7 @@
 
 - reference/pipeline.md and reference/pipeline.schema.json: from the pydantic models that read a pipeline
   file (offsetlake.config; each field's docstring is its description);
-- reference/cli.md: from the `offsetlake` argument parser (offsetlake.cli_arguments.build_parser).
+- reference/cli.md: from the `offsetlake` argument parser (offsetlake.cli.arguments.build_parser).
 
 The Python API's pages (reference/operator.md, reference/python.md) are rendered by mkdocstrings from the
 docstrings when the site is built.
@@ -112,7 +112,7 @@ def _text(text: str) -> str:
 
 
 def cli_page() -> str:
-    from offsetlake.cli_arguments import build_parser
+    from offsetlake.cli.arguments import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

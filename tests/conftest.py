@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from offsetlake.local import broker as embedded_broker
+from offsetlake_local import broker as embedded_broker
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
@@ -60,8 +60,8 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="session")
 def secured_broker(tmp_path_factory):
     """An Apache Kafka node that enforces security: SASL/SCRAM-SHA-512 and mutual-TLS listeners, ACLs
-    checked by Kafka's StandardAuthorizer (offsetlake.local.broker_security)."""
-    from offsetlake.local import broker_security
+    checked by Kafka's StandardAuthorizer (offsetlake_local.broker_security)."""
+    from offsetlake_local import broker_security
 
     data = tmp_path_factory.mktemp("secured-broker")
     b = broker_security.start_secured(data, pid_file=data / "broker.pid")
@@ -81,8 +81,8 @@ def own_broker(tmp_path):
 
 @pytest.fixture(scope="session")
 def schema_registry(tmp_path_factory):
-    """A Schema Registry (offsetlake.local.schema_registry) over real HTTP on 127.0.0.1, with basic auth."""
-    from offsetlake.local import schema_registry as embedded_registry
+    """A Schema Registry (offsetlake_local.schema_registry) over real HTTP on 127.0.0.1, with basic auth."""
+    from offsetlake_local import schema_registry as embedded_registry
 
     data = tmp_path_factory.mktemp("registry")
     r = embedded_registry.start(data, user="offsetlake", password="s3cret-registry-pw", pid_file=data / "registry.pid")
@@ -94,8 +94,8 @@ def schema_registry(tmp_path_factory):
 @pytest.fixture(scope="session")
 def karapace_registry(tmp_path_factory):
     """The same registry answering as Karapace does: Protobuf as .proto source, Avro keys reordered, JSON
-    Schema with escaped slashes (offsetlake.local.schema_registry, --answer-as karapace)."""
-    from offsetlake.local import schema_registry as embedded_registry
+    Schema with escaped slashes (offsetlake_local.schema_registry, --answer-as karapace)."""
+    from offsetlake_local import schema_registry as embedded_registry
 
     data = tmp_path_factory.mktemp("karapace")
     r = embedded_registry.start(

@@ -1,5 +1,5 @@
 """delta-spark, the Delta engine of Spark and Databricks, beside offsetlake's writer (delta-rs) in the tests'
-Spark session: its jars (src/offsetlake/local/poms/delta-spark.xml, resolved by `make jars`), its SQL
+Spark session: its jars (src/offsetlake_local/poms/delta-spark.xml, resolved by `make jars`), its SQL
 extension and catalog, as a Databricks or Spark user's session has them."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from offsetlake.files import plain_types
-from offsetlake.local.jars import delta_spark_stack, spark_jars
+from offsetlake.storage.location import Location
+from offsetlake.storage.parquet import plain_types
+from offsetlake_local.jars import delta_spark_stack, spark_jars
 
 
 def delta_spark_conf() -> dict[str, str]:
@@ -25,11 +26,11 @@ def delta_spark_conf() -> dict[str, str]:
     }
 
 
-def reader(spark) -> Callable[[str], pa.Table]:
+def reader(spark) -> Callable[[Location | str], pa.Table]:
     """The oracle's `read` (oracle.check): a table's current version as delta-spark reads it."""
 
-    def read(uri: str) -> pa.Table:
-        return plain_types(spark.read.format("delta").load(uri).toArrow())
+    def read(location: Location | str) -> pa.Table:
+        return plain_types(spark.read.format("delta").load(str(location)).toArrow())
 
     return read
 
@@ -39,12 +40,12 @@ def sql(spark, statement: str) -> list:
     return spark.sql(statement).collect()
 
 
-def change_reader(spark) -> Callable[[str, int], pa.Table]:
+def change_reader(spark) -> Callable[[Location | str, int], pa.Table]:
     """The oracle's `read_changes` (oracle.assert_exactly_once): a table's change feed from a version on, as
     delta-spark's `readChangeFeed` reads it (delta-rs' load_cdf refuses a table with column mapping)."""
 
-    def read_changes(uri: str, starting_version: int) -> pa.Table:
+    def read_changes(location: Location | str, starting_version: int) -> pa.Table:
         feed = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", starting_version)
-        return plain_types(feed.load(uri).toArrow())
+        return plain_types(feed.load(str(location)).toArrow())
 
     return read_changes

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from offsetlake.local import postgres, processes
-from offsetlake.local.postgres import Postgres
+from offsetlake_local import postgres, processes
+from offsetlake_local.postgres import Postgres
 
 
 def require(ok: bool, what: str, how: str) -> None:
@@ -136,7 +136,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def start_postgres(network: PrivateNetwork | None = None, settings: dict[str, str] | None = None) -> Postgres:
-    """The product's PostgreSQL server (offsetlake.local.postgres); with a network, also on its root address,
+    """The product's PostgreSQL server (offsetlake_local.postgres); with a network, also on its root address,
     trusting the network's hosts."""
     require(postgres_installed(), "PostgreSQL (initdb, postgres)", "apt-get install postgresql")
     if network is None:

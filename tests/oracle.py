@@ -46,10 +46,10 @@ from offsetlake.config import (
     LINEAGE_COLUMNS,
     UNKNOWN_FIELDS_COLUMN,
 )
-from offsetlake.files import storage_options
-from offsetlake.local.producer import BAD_VALUES
 from offsetlake.protocol.ledger import read_ledger
+from offsetlake.storage.location import Location
 from offsetlake.table import open_table, query
+from offsetlake_local.producer import BAD_VALUES
 from oracle_judge import UNFRAMED, quarantine_defect
 from oracle_types import (
     WriterColumns,
@@ -176,7 +176,7 @@ class Sent:
 class Journal:
     """Producer-side truth: every record the test producers sent, by where the broker put it, and how its
     transaction ended. Thread-safe: the chaos workload's producers write from two threads and
-    librdkafka's delivery callbacks. Implements offsetlake.local.producer.Journal."""
+    librdkafka's delivery callbacks. Implements offsetlake_local.producer.Journal."""
 
     def __init__(self):
         self._lock = threading.RLock()
@@ -720,7 +720,9 @@ def _partitions(cfg) -> list[tuple[str, int]]:
 
 def ledger_offsets(cfg, partitions: list[tuple[str, int]] | None = None) -> dict:
     """The ledger's next offsets for `partitions` (default: every partition the broker lists)."""
-    return read_ledger(open_table(cfg.table_path), cfg.name, partitions or _partitions(cfg)).offsets
+    return read_ledger(
+        cfg.table_location, open_table(cfg.table_location), cfg.name, partitions or _partitions(cfg)
+    ).offsets
 
 
 def _kafka_below(cfg, until: dict) -> dict[Offset, KafkaRecord]:
@@ -746,16 +748,16 @@ def _ledger_at_lso(cfg, caught_up: bool) -> dict:
     return offsets
 
 
-def read_with_delta_rs(uri: str) -> pa.Table:
+def read_with_delta_rs(location: Location) -> pa.Table:
     """The table's current version, every column, as delta-rs (the product's own engine) reads it."""
-    return query(uri, "SELECT * FROM t")
+    return query(location, "SELECT * FROM t")
 
 
 def check(
     cfg,
     until: dict | None = None,
     *,
-    read: Callable[[str], pa.Table] = read_with_delta_rs,
+    read: Callable[[Location], pa.Table] = read_with_delta_rs,
     quarantine_ahead: bool = False,
     journal: Journal = JOURNAL,
     registry=None,
@@ -782,7 +784,7 @@ def check(
         for p, start in kafka_offsets(_settings(cfg), t, kafka_partitions(_settings(cfg), t), "earliest").items()
     }
     findings.kafka_records = len(kafka)
-    table = _without_user_columns(findings, read(cfg.table_path), user_columns or {})
+    table = _without_user_columns(findings, read(cfg.table_location), user_columns or {})
     findings.table_rows = table.num_rows
     quarantine_table = _quarantine_table(cfg, read)
     quarantine = {} if quarantine_table is None else _by_offset(quarantine_table.to_pylist())
@@ -817,11 +819,12 @@ def _by_offset(rows: list[dict]) -> dict[Offset, list[dict]]:
     return out
 
 
-def _quarantine_table(cfg, read: Callable[[str], pa.Table] = read_with_delta_rs) -> pa.Table | None:
+def _quarantine_table(cfg, read: Callable[[Location], pa.Table] = read_with_delta_rs) -> pa.Table | None:
     """The quarantine table as `read` reads it; None before its first commit."""
-    if not DeltaTable.is_deltatable(cfg.quarantine_path, storage_options(cfg.quarantine_path)):
+    location = cfg.quarantine_location
+    if not DeltaTable.is_deltatable(location.uri, location.storage_options):
         return None
-    return read(cfg.quarantine_path)
+    return read(location)
 
 
 def _deleted_by_retention(where: Offset, log_start: dict) -> bool:
@@ -1016,7 +1019,7 @@ def _short(value: bytes | None) -> bytes | None:
 
 
 def assert_exactly_once(
-    cfg, caught_up: bool = True, read_changes: Callable[[str, int], pa.Table] | None = None, **options
+    cfg, caught_up: bool = True, read_changes: Callable[[Location, int], pa.Table] | None = None, **options
 ) -> int:
     """The oracle's whole check, below the ledger's end (which, `caught_up`, must be Kafka's LSO): fails
     naming the offsets of each kind of finding. Returns the table's row count. `read_changes`: how the
@@ -1118,23 +1121,22 @@ def _check_against_fold(findings: Findings, cfg, rows: list[dict], folded: dict[
             findings.add(MISSING, want_at, f"key {key} is not in the table")
 
 
-def changes_with_delta_rs(uri: str, starting_version: int) -> pa.Table:
-    table = DeltaTable(uri, storage_options=storage_options(uri))
+def changes_with_delta_rs(location: Location, starting_version: int) -> pa.Table:
+    table = location.delta_table()
     return pa.table(table.load_cdf(starting_version=starting_version))
 
 
-def change_feed_state(cfg, read_changes: Callable[[str, int], pa.Table] = changes_with_delta_rs) -> list[dict]:
+def change_feed_state(cfg, read_changes: Callable[[Location, int], pa.Table] = changes_with_delta_rs) -> list[dict]:
     """The table as its change data feed replays it: from its creation, or, when log clean-up has removed
     the first commits, from the table as of its oldest checkpoint. Inserts and post-images set a key's
     row, deletes remove it. Each row's columns as the table's (the feed's own left out)."""
-    options = storage_options(cfg.table_path)
-    base = _oldest_loadable_version(cfg.table_path)
+    base = _oldest_loadable_version(cfg.table_location)
     state: dict[str, dict] = {}
     if base is not None:
-        old = DeltaTable(cfg.table_path, version=base, storage_options=options)
+        old = cfg.table_location.delta_table(base)
         rows = QueryBuilder().register("t", old).execute("SELECT * FROM t").read_all()
         state = {upsert_key(r, cfg.write.key): r for r in pa.table(rows).to_pylist()}
-    changes = read_changes(cfg.table_path, 0 if base is None else base + 1).to_pylist()
+    changes = read_changes(cfg.table_location, 0 if base is None else base + 1).to_pylist()
     order = {"delete": 0, "update_preimage": 0, "insert": 1, "update_postimage": 1}
     for change in sorted(changes, key=lambda c: (c["_commit_version"], order[c["_change_type"]])):
         kind = change.pop("_change_type")
@@ -1147,22 +1149,20 @@ def change_feed_state(cfg, read_changes: Callable[[str, int], pa.Table] = change
     return sorted(state.values(), key=lambda r: upsert_key(r, cfg.write.key))
 
 
-def _oldest_loadable_version(uri: str) -> int | None:
+def _oldest_loadable_version(location: Location) -> int | None:
     """None when the log still starts at version 0; else its oldest checkpoint's version."""
     import pyarrow.fs as pafs
 
-    from offsetlake.files import open_filesystem
-
-    fs, root = open_filesystem(uri)
+    fs, root = location.filesystem()
     names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{root.rstrip('/')}/_delta_log"))]
     if "00000000000000000000.json" in names:
         return None
     checkpoints = sorted(int(n.split(".")[0]) for n in names if ".checkpoint" in n and n.endswith(".parquet"))
-    assert checkpoints, f"{uri}: no version 0 and no checkpoint in the log"
+    assert checkpoints, f"{location}: no version 0 and no checkpoint in the log"
     return checkpoints[0]
 
 
-def change_feed_replays(cfg, read_changes: Callable[[str, int], pa.Table] = changes_with_delta_rs) -> bool:
+def change_feed_replays(cfg, read_changes: Callable[[Location, int], pa.Table] = changes_with_delta_rs) -> bool:
     """True when the change data feed, replayed from the table's creation, builds the table row by row."""
-    table = sorted(query(cfg.table_path, "SELECT * FROM t").to_pylist(), key=lambda r: upsert_key(r, cfg.write.key))
+    table = sorted(query(cfg.table_location, "SELECT * FROM t").to_pylist(), key=lambda r: upsert_key(r, cfg.write.key))
     return change_feed_state(cfg, read_changes) == table

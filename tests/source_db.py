@@ -1,6 +1,6 @@
 """The source database of the change-data-capture tests, and the oracle they check Delta against.
 
-`Shop` (offsetlake.local.shop, the demo's too) is a PostgreSQL schema of two tables with a column of each
+`Shop` (offsetlake_local.shop, the demo's too) is a PostgreSQL schema of two tables with a column of each
 type users capture, changed by a seeded random workload of multi-row transactions: inserts, updates of some
 columns, deletes, primary-key updates, and an `ALTER TABLE ... ADD COLUMN` mid-stream. The oracle is the
 database itself: once Debezium's slot has confirmed the workload's last LSN and the pipelines have
@@ -22,7 +22,7 @@ import uuid
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from offsetlake.local import shop
+from offsetlake_local import shop
 
 UTC = dt.UTC
 TIMESTAMP = pa.timestamp("us", tz="UTC")

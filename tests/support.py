@@ -20,12 +20,12 @@ from deltalake import DeltaTable
 
 import oracle
 from offsetlake.config import load_pipeline
-from offsetlake.files import storage_options
-from offsetlake.local import broker as embedded_broker
-from offsetlake.local import producer as demo_producer
 from offsetlake.protocol.ledger import pipeline_history
 from offsetlake.protocol.metadata import HistoryEntry
+from offsetlake.storage.location import Location
 from offsetlake.table import query
+from offsetlake_local import broker as embedded_broker
+from offsetlake_local import producer as demo_producer
 from oracle import JOURNAL, assert_exactly_once, ledger_offsets  # noqa: F401 - the tests' oracle, re-exported
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,15 +180,18 @@ def kafka_settings(bootstrap: str):
     return KafkaSettings(bootstrap_servers=bootstrap, timeout_seconds=10)
 
 
-def table_lineage(uri: str) -> list[tuple[str, int, int]]:
-    rows = query(uri, "SELECT kafka_topic, kafka_partition, kafka_offset FROM t")
+def table_lineage(location: Location | str) -> list[tuple[str, int, int]]:
+    """A table's (topic, partition, offset) rows; a path is a local table's."""
+    location = location if isinstance(location, Location) else Location.of(location)
+    rows = query(location, "SELECT kafka_topic, kafka_partition, kafka_offset FROM t")
     return list(zip(rows.column(0).to_pylist(), rows.column(1).to_pylist(), rows.column(2).to_pylist()))
 
 
 def quarantine_lineage(cfg) -> list[tuple[str, int, int]]:
-    if not DeltaTable.is_deltatable(cfg.quarantine_path, storage_options(cfg.quarantine_path)):
+    location = cfg.quarantine_location
+    if not DeltaTable.is_deltatable(location.uri, location.storage_options):
         return []
-    return table_lineage(cfg.quarantine_path)
+    return table_lineage(location)
 
 
 def assert_rows_are_kafkas_except(cfg, topic: str, partition: int, skipped: range) -> None:
@@ -370,10 +373,10 @@ def data_files_on_disk(table_path: str) -> set[str]:
 
 def pipeline_commits(cfg) -> list[HistoryEntry]:
     """The pipeline's commits, oldest first ([] before the table exists; any other error is raised)."""
-    options = storage_options(cfg.table_path)
-    if not DeltaTable.is_deltatable(cfg.table_path, options):
+    location = cfg.table_location
+    if not DeltaTable.is_deltatable(location.uri, location.storage_options):
         return []
-    return pipeline_history(DeltaTable(cfg.table_path, storage_options=options), cfg.name)
+    return pipeline_history(location, location.delta_table(), cfg.name)
 
 
 def assert_quarantine_accounts_for_the_rest(cfg) -> int:

@@ -13,16 +13,16 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import msgspec
 import pyarrow as pa
 
 from offsetlake import faults
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import OffsetlakeError, TableError, TableMissing
+from offsetlake.engine import engine_for
+from offsetlake.errors import TableError, TableMissing
 from offsetlake.formats.columns import initial_table_schema, quarantine_schema, table_schema
-from offsetlake.formats.evolution import Incompatible, adds_columns, merge_schema, plain_schema
+from offsetlake.formats.evolution import Incompatible
 from offsetlake.kafka import TP, KafkaCluster, Stopped
 from offsetlake.protocol.commit import (
     AttemptFiles,
@@ -31,13 +31,12 @@ from offsetlake.protocol.commit import (
     Settled,
     add_actions,
     attempt_files,
-    commit,
     new_attempt_id,
     verdict,
 )
 from offsetlake.protocol.ledger import Ledger, read_ledger, txn_actions
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, flat_offsets, ranges_json
-from offsetlake.protocol.planning import BatchPlan, apply_data_loss, assign_slots, cap_ends, split_ranges, start_offsets
+from offsetlake.protocol.planning import BatchPlan, apply_data_loss, cap_ends, split_ranges, start_offsets
 from offsetlake.protocol.quarantine import WrittenFile, commit_quarantine
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.protocol.upsert import (
@@ -52,11 +51,9 @@ from offsetlake.protocol.upsert import (
     read_staging,
     stale_as_deleted,
 )
-from offsetlake.read.tasks import TaskContext, TaskResults, parse_results, task_function
-from offsetlake.spark.session import is_local, session_of
-
-if TYPE_CHECKING:
-    pass
+from offsetlake.read.jobs import TaskFiles, evolved_schema, table_columns
+from offsetlake.read.tasks import TaskContext
+from offsetlake.storage.location import Location
 from offsetlake.table import check_mergeable, open_table, query
 
 log = logging.getLogger("offsetlake.batch")
@@ -127,8 +124,9 @@ def run_batch(
 ) -> BatchResult:
     fault_settings = faults.settings_from_env()
     began = time.monotonic()
+    engine = engine_for(cfg)
     table = open_pipeline_table(cfg)
-    plan = plan_batch(cfg, cluster, read_ledger(table, cfg.name, tps), tps, targets)
+    plan = plan_batch(cfg, cluster, engine.ledger(cfg.table_location, table, cfg.name, tps), tps, targets)
     faults.hit("after_plan", fault_settings)
     if not plan.needs_commit:
         return BatchResult("up_to_date")
@@ -136,8 +134,8 @@ def run_batch(
     attempt = new_attempt_id()
     tasks = split_ranges(plan.ranges, cfg.batch.max_records_per_task)
     columns = table_columns(table)
-    with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as files:
-        out = run_tasks(spark, TaskContext(cfg, plan.batch, attempt, tuple(tasks), fault_settings, columns))
+    with attempt_files(attempt, cfg.table_location, cfg.quarantine_location) as files:
+        out = engine.write(spark, TaskContext(cfg, plan.batch, attempt, tuple(tasks), fault_settings, columns))
         faults.hit("after_files_written", fault_settings)
         written = TaskFiles(
             sum(out.read.values()),
@@ -158,13 +156,14 @@ def run_batch(
 def open_pipeline_table(cfg: PipelineConfig):
     """The pipeline's table, checked; created when missing (registry formats: from the registry's latest
     schema, so a table exists with its columns before the first record arrives)."""
+    engine = engine_for(cfg)
     try:
-        table = open_table(cfg.table_path, table_schema(cfg), cfg.table.partition_by, cfg.name, create=False)
+        table = engine.open(cfg.table_location, table_schema(cfg), cfg.table.partition_by, cfg.name, create=False)
     except TableMissing:
         pass
     else:
         if cfg.write.upsert:  # refused before a task writes a file
-            check_mergeable(cfg.table_path, table, f"pipeline {cfg.name}")
+            check_mergeable(cfg.table_location, table, f"pipeline {cfg.name}")
         return table
     try:
         schema = initial_table_schema(cfg)
@@ -176,33 +175,7 @@ def open_pipeline_table(cfg: PipelineConfig):
             f"table.partition_by column {missing[0]!r} is not a column of the table "
             f"(the registry's latest schema has no such field)"
         )
-    return open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name, properties=cfg.table_properties())
-
-
-def table_columns(table) -> pa.Schema:
-    """The table's schema now, as the tasks build rows in (registry formats may add to it)."""
-    return plain_schema(pa.schema(table.schema()))
-
-
-@dataclass(frozen=True)
-class TaskFiles:
-    """What the Spark tasks of one attempt read and wrote."""
-
-    read: int
-    data: list[WrittenFile]
-    quarantine: list[WrittenFile]
-    schemas: list[pa.Schema] = field(default_factory=list)  # of the rows each task wrote
-
-
-def evolved_schema(table, written: TaskFiles) -> pa.Schema | None:
-    """The table's schema with the columns the rows add, when they add any (decided per snapshot)."""
-    current = merged = table_columns(table)
-    for schema in written.schemas:
-        try:
-            merged = merge_schema(merged, schema)
-        except Incompatible as err:  # two writer schemas in one batch disagree on a new column's type
-            raise OffsetlakeError(f"the batch's records add a column two ways: {err}") from None
-    return merged if adds_columns(current, merged) else None
+    return engine.open(cfg.table_location, schema, cfg.table.partition_by, cfg.name, properties=cfg.table_properties())
 
 
 def commit_batch(
@@ -222,8 +195,9 @@ def commit_batch(
     `snapshot`: the table as the plan read it, for the first decision; `began` (time.monotonic())
     and `targets` (Kafka's end offsets the plan reads up to) go into the metadata as the batch's
     duration and the lag it started from."""
-    files.written[cfg.table_path] |= {w.file.path for w in written.data}
-    files.written[cfg.quarantine_path] |= {w.file.path for w in written.quarantine}
+    engine = engine_for(cfg)
+    files.written[cfg.table_location] |= {w.file.path for w in written.data}
+    files.written[cfg.quarantine_location] |= {w.file.path for w in written.quarantine}
     rows = sum(w.file.num_records for w in written.data)
     quarantined = sum(w.file.num_records for w in written.quarantine)
     metadata = batch_metadata(plan, attempt, Records(written.read, rows, quarantined), run)
@@ -237,12 +211,12 @@ def commit_batch(
     schema = table_schema(cfg)
     merge = None
     if cfg.write.upsert:  # before the quarantine commits: a batch whose keys cannot be ordered writes nothing
-        columns = table_columns(snapshot if snapshot is not None else open_table(cfg.table_path))
-        rows_read = read_staging(cfg.table_path, [w.file for w in written.data], cfg.table.partition_by, columns)
+        columns = table_columns(snapshot if snapshot is not None else open_table(cfg.table_location))
+        rows_read = read_staging(cfg.table_location, [w.file for w in written.data], cfg.table.partition_by, columns)
         unavailable = cfg.format.unavailable_value
         rows_read, truncated = after_last_truncate(rows_read, cfg.write.order_by, plan.batch)
         rows_read, snapshot_ends = after_snapshot_end(rows_read)
-        in_table = None if truncated else table_rows_of_keys(cfg.table_path, columns, cfg.write.key)
+        in_table = None if truncated else table_rows_of_keys(cfg.table_location, columns, cfg.write.key)
         rows_read, moved = carry_across_key_changes(rows_read, cfg.write.key, cfg.write.order_by, unavailable, in_table)
         if moved.left_null:
             log.warning(
@@ -257,13 +231,13 @@ def commit_batch(
         merge = Merge(winners, cfg.write.key, cfg.write.order_by, unavailable, truncated, snapshot_ends)
 
     def decide(table) -> Change | Settled:
-        refused = verdict(read_ledger(table, cfg.name, list(plan.starts)), plan)
+        refused = verdict(engine.ledger(cfg.table_location, table, cfg.name, list(plan.starts)), plan)
         if refused is not None:
             return refused
         commit_quarantine(
             plan,
             written.quarantine,
-            cfg.quarantine_path,
+            cfg.quarantine_location,
             attempt,
             run,
             files,
@@ -282,16 +256,16 @@ def commit_batch(
             merge=merge,
         )
 
-    outcome = commit(cfg.table_path, decide, f"batch {plan.batch}", snapshot=snapshot)
+    outcome = engine.commit(cfg.table_location, decide, f"batch {plan.batch}", snapshot=snapshot)
     if not isinstance(outcome, Committed):
         return BatchResult(outcome.status, plan.batch, None, plan.ranges, rows, quarantined, outcome.reason)
-    files.kept[cfg.table_path] = added = outcome.added_paths()
+    files.kept[cfg.table_location] = added = outcome.added_paths()
     return BatchResult(
         "committed", plan.batch, outcome.version, plan.ranges, rows, quarantined, files=added, merged=outcome.merged
     )
 
 
-def table_rows_of_keys(uri: str, columns: pa.Schema, key: Sequence[str]) -> OldRows | None:
+def table_rows_of_keys(location: Location, columns: pa.Schema, key: Sequence[str]) -> OldRows | None:
     """The table's rows of given keys, as the old rows of key changes are looked up; None when the table lacks
     a key column (a table whose columns come with its events, before its first)."""
     if any(column not in columns.names for column in key):
@@ -301,7 +275,7 @@ def table_rows_of_keys(uri: str, columns: pa.Schema, key: Sequence[str]) -> OldR
         predicate = keys_predicate(key, keys)
         if predicate is None:
             return {}
-        found = query(uri, f"SELECT * FROM t WHERE {predicate}")
+        found = query(location, f"SELECT * FROM t WHERE {predicate}")
         return {tuple(row[c] for c in key): row for row in found.to_pylist()}
 
     return rows_of
@@ -322,69 +296,19 @@ def batch_metadata(plan: BatchPlan, attempt: str, records: Records, run: Run) ->
     )
 
 
-def run_tasks(spark, ctx: TaskContext) -> TaskResults:
-    """Run the tasks, one range each, in a Spark task per slot; what each read and wrote, by task index."""
-    if not ctx.tasks:
-        return TaskResults({}, [], [], [])
-    context = session_of(spark).sparkContext
-    slots = assign_slots([t.size for t in ctx.tasks], task_slots(context))
-    submitted = time.time()
-    job = context.parallelize(range(len(slots)), len(slots)).mapPartitionsWithIndex(task_function(ctx, slots))
-    try:
-        rows = job.collect()
-    except Exception as err:  # Spark wraps executor errors: surface ours as one line
-        wait_for_running_tasks(spark)
-        raise _executor_error(err) from None
-    results = parse_results(rows)
-    results.job = (submitted, time.time())
-    return results
-
-
-def task_slots(context) -> int | None:
-    """How many tasks run at once: a local master's cores (local[N]). On a cluster None, so each range
-    has a Spark task of its own: the cores there are only known once executors have registered, and
-    Spark then balances the tasks across them as they finish."""
-    return context.defaultParallelism if is_local(context.master) else None
-
-
-def wait_for_running_tasks(spark, timeout: float = 30.0) -> None:
-    """A failed job returns while its other tasks are still being killed, and a Python worker may still be
-    writing a data file then: the attempt's clean-up, which runs next, waits until no task runs and
-    Spark's grace for stopping a worker (spark.python.task.killTimeout) has passed."""
-    session = session_of(spark)
-    try:
-        tracker = session.sparkContext._jsc.sc().statusTracker()
-        grace = session.sparkContext._jsc.sc().conf().getTimeAsSeconds("spark.python.task.killTimeout", "2s")
-    except Exception:  # noqa: BLE001 - not a classic session (Spark Connect): nothing to wait on here
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(e.numRunningTasks() for e in tracker.getExecutorInfos()):
-        time.sleep(0.2)
-    time.sleep(grace)
-
-
-def _executor_error(err: Exception) -> Exception:
-    text = str(err)
-    for cls in OffsetlakeError.__subclasses__():
-        marker = f"offsetlake.errors.{cls.__name__}: "
-        if marker in text:
-            return cls(text.split(marker, 1)[1].splitlines()[0].strip())
-    first = next((line for line in text.splitlines() if line.strip()), type(err).__name__)
-    return OffsetlakeError(f"Spark job failed: {first.strip()[:500]}")
-
-
 def nothing_to_ingest(cfg: PipelineConfig) -> bool:
     """True when a plan made now would find nothing to commit, decided without Spark and without
     creating the table, so a caller can skip starting a JVM at all. False whenever it cannot tell
     (no table yet): the ingest itself then decides, and words any error."""
     try:
-        table = open_table(cfg.table_path)
+        table = open_table(cfg.table_location)
     except TableError:
         return False
     cluster = KafkaCluster(cfg.kafka)
     tps = cluster.partitions(cfg.topics)
     targets = cluster.end_offsets(tps, cfg.kafka.isolation_level)
-    return not plan_batch(cfg, cluster, read_ledger(table, cfg.name, tps), tps, targets).needs_commit
+    ledger = read_ledger(cfg.table_location, table, cfg.name, tps)
+    return not plan_batch(cfg, cluster, ledger, tps, targets).needs_commit
 
 
 def ingest(

@@ -259,7 +259,7 @@ class KafkaCluster:
 
     def topic_names(self) -> list[str]:
         """Every topic this client may see: what a topic pattern is matched against
-        (offsetlake.topic_tables, which leaves Kafka's internal topics out)."""
+        (offsetlake.config.topic_tables, which leaves Kafka's internal topics out)."""
 
         def read() -> list[str]:
             return sorted(self.admin.list_topics(timeout=self.timeout).topics)
@@ -447,3 +447,9 @@ class KafkaCluster:
             return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
         finally:
             consumer.close()
+
+
+def topic_lister(settings: KafkaSettings) -> Callable[[], list[str]]:
+    """The cluster's topic names, read when called: what a pipeline's topic patterns and tables per topic
+    are resolved against (offsetlake.config.topic_tables); a pipeline that names its topics never calls it."""
+    return lambda: KafkaCluster(settings).topic_names()

@@ -19,7 +19,7 @@ from offsetlake.formats.columns import table_schema
 from offsetlake.protocol.metadata import Run
 
 if TYPE_CHECKING:
-    from offsetlake.topic_tables import PipelineTable
+    from offsetlake.config.topic_tables import PipelineTable
 
 log = logging.getLogger("offsetlake.batch")  # a stream's lines are its batches': one logger for both
 
@@ -36,7 +36,7 @@ def stream(
 ) -> int:
     """Ingest in a loop in one Spark session until `stop` is set (SIGTERM) or max_seconds pass.
 
-    `tables`: the pipeline's tables (offsetlake.topic_tables), asked again before each round (a topic
+    `tables`: the pipeline's tables (offsetlake.config.topic_tables), asked again before each round (a topic
     created meanwhile joins); each round catches up each table in turn, and a table with a name (a table
     per topic) labels its batches. A named table that fails is logged and tried again next round while the
     others go on; a round in which every table fails ends the stream with the first one's error (Airflow
@@ -103,7 +103,7 @@ class StreamCompaction:
         cfg = self.cfg
         try:
             outcome = optimize(
-                cfg.table_path,
+                cfg.table_location,
                 cfg.name,
                 table_schema(cfg),
                 cfg.table.partition_by,

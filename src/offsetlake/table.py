@@ -18,18 +18,9 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from offsetlake.errors import StorageError, TableError, TableMissing, one_line
-from offsetlake.files import (
-    delete_if_there,
-    despite_log_cleanup,
-    from_delta_path,
-    open_filesystem,
-    plain_types,
-    retry_seconds,
-    retrying,
-    storage_options,
-    to_delta_path,
-)
 from offsetlake.formats.evolution import same_type
+from offsetlake.storage.location import Location, delete_if_there, despite_log_cleanup, retrying
+from offsetlake.storage.parquet import from_delta_path, plain_types, to_delta_path
 
 # Delta would drop `txn` actions older than this at a checkpoint: the ledger would be forgotten.
 LEDGER_EXPIRING_PROPERTY = "delta.setTransactionRetentionDuration"
@@ -57,7 +48,7 @@ NOT_REWRITABLE = frozenset({"deletionVectors"})
 
 
 def open_table(
-    uri: str,
+    location: Location,
     schema: pa.Schema | None = None,
     partition_by: list[str] | None = None,
     name: str | None = None,
@@ -66,54 +57,54 @@ def open_table(
 ) -> DeltaTable:
     """Open the table and check it; create it (empty, version 0, with `properties`) when asked and none exists."""
     try:
-        table = despite_log_cleanup(lambda: DeltaTable(uri, storage_options=storage_options(uri)))
+        table = despite_log_cleanup(location.delta_table)
     except TableNotFoundError:
         if schema is None or not create:
-            raise TableMissing(f"no Delta table at {uri}") from None
-        table = _create(uri, schema, partition_by or [], name, properties)
+            raise TableMissing(f"no Delta table at {location}") from None
+        table = _create(location, schema, partition_by or [], name, properties)
     except OSError as err:
-        raise TableError(f"cannot open Delta table at {uri}: {err}") from None
+        raise TableError(f"cannot open Delta table at {location}: {err}") from None
     if LEDGER_EXPIRING_PROPERTY in table.metadata().configuration:
         raise TableError(
-            f"table {uri} sets {LEDGER_EXPIRING_PROPERTY}: Delta would expire the offsets "
+            f"table {location} sets {LEDGER_EXPIRING_PROPERTY}: Delta would expire the offsets "
             f"offsetlake keeps in it (its txn actions); unset that property to use the table"
         )
     if schema is not None:  # a writer's open: refused here, before its tasks write a file
-        check_writable(uri, table)
-        check_row_rules(uri, table)
-        check_schema(uri, table, schema, partition_by or [])
+        check_writable(location, table)
+        check_row_rules(location, table)
+        check_schema(location, table, schema, partition_by or [])
     return table
 
 
-def check_writable(uri: str, table: DeltaTable, rewrite: str | None = None) -> None:
+def check_writable(location: Location, table: DeltaTable, rewrite: str | None = None) -> None:
     """Fail in one line if the table uses a Delta feature offsetlake cannot write with (`rewrite`: the name
     of an operation that rewrites data files, which also refuses NOT_REWRITABLE features)."""
     features = set(table.protocol().writer_features or ())
     unknown = sorted(features - WRITABLE_FEATURES)
     if unknown:
         raise TableError(
-            f"table {uri} uses the Delta table feature{'s' * (len(unknown) > 1)} {', '.join(unknown)}, which "
+            f"table {location} uses the Delta table feature{'s' * (len(unknown) > 1)} {', '.join(unknown)}, which "
             f"offsetlake cannot write (its writer, delta-rs, does not support {'them' if len(unknown) > 1 else 'it'}); "
             f"nothing was written. Drop {'them' if len(unknown) > 1 else 'it'} in Spark (ALTER TABLE ... DROP "
             f"FEATURE) or write to a table without {'them' if len(unknown) > 1 else 'it'}"
         )
-    _check_columns_stored_under_their_names(uri, table)  # also on a legacy protocol, which lists no features
+    _check_columns_stored_under_their_names(location, table)  # also on a legacy protocol, which lists no features
     unrewritable = sorted(features & NOT_REWRITABLE) if rewrite else []
     if unrewritable:
         raise TableError(
-            f"table {uri} uses the Delta table feature {', '.join(unrewritable)}, and {rewrite} would bring back "
+            f"table {location} uses the Delta table feature {', '.join(unrewritable)}, and {rewrite} would bring back "
             f"rows it deleted; nothing was written. Compact this table in Spark (OPTIMIZE), or ingest into a "
             f"table without the feature"
         )
 
 
-def check_row_rules(uri: str, table: DeltaTable, what: str | None = None) -> None:
+def check_row_rules(location: Location, table: DeltaTable, what: str | None = None) -> None:
     """Fail in one line if the table declares a rule for its rows that offsetlake's writes do not keep: a
     CHECK constraint, a generated column or a column invariant. offsetlake writes its own data files and
     commits them, so Delta would not check or compute them, and a record breaking the rule would land;
     through a MERGE (upsert), delta-rs would check it, and one such record would fail every batch. Called
     before a write that adds rows (ingest, upsert, backfill, repair), not before optimize or vacuum."""
-    where = f"{what}: table {uri}" if what else f"table {uri}"
+    where = f"{what}: table {location}" if what else f"table {location}"
     constraints = sorted(
         (key.removeprefix("delta.constraints."), rule)
         for key, rule in table.metadata().configuration.items()
@@ -140,18 +131,18 @@ def check_row_rules(uri: str, table: DeltaTable, what: str | None = None) -> Non
             )
 
 
-def check_mergeable(uri: str, table: DeltaTable, what: str) -> None:
+def check_mergeable(location: Location, table: DeltaTable, what: str) -> None:
     """Fail in one line if an upsert's MERGE cannot be written to the table: an append-only table allows
     no update or delete."""
     settings = table.metadata().configuration
     if settings.get("delta.appendOnly", "").lower() == "true":
         raise TableError(
-            f"{what}: table {uri} sets delta.appendOnly, and an upsert updates and deletes rows; nothing was "
+            f"{what}: table {location} sets delta.appendOnly, and an upsert updates and deletes rows; nothing was "
             f"written. Unset it (ALTER TABLE ... SET TBLPROPERTIES ('delta.appendOnly' = 'false')) or append"
         )
 
 
-def _check_columns_stored_under_their_names(uri: str, table: DeltaTable) -> None:
+def _check_columns_stored_under_their_names(location: Location, table: DeltaTable) -> None:
     """Column mapping lets a column's files name it otherwise (`col-<uuid>`: a column added, or renamed,
     once mapping is on; every column of a table created with it). offsetlake writes and compacts data files
     under column names, so readers would find such a column null in them: refused, naming the column. A
@@ -160,7 +151,7 @@ def _check_columns_stored_under_their_names(uri: str, table: DeltaTable) -> None
         stored = _field_metadata(field, "delta.columnMapping.physicalName")
         if stored is not None and stored != field.name:
             raise TableError(
-                f"table {uri} column {path!r} is stored in its data files as {stored!r} (Delta column mapping: "
+                f"table {location} column {path!r} is stored in its data files as {stored!r} (Delta column mapping: "
                 f"added or renamed after mapping was on), which offsetlake cannot read or write; nothing was "
                 f"written. Write to a table whose columns are stored under their own names"
             )
@@ -186,34 +177,32 @@ def _field_metadata(field: pa.Field, key: str) -> str | None:
     return value.decode() if value else None
 
 
-def is_object_store(uri: str) -> bool:
-    return "://" in uri and not uri.startswith("file://")
-
-
-def check_store(uri: str, what: str = "table") -> None:
+def check_store(location: Location, what: str = "table") -> None:
     """Fail in one line if an object-store location cannot be listed, before a Spark session starts and
     before anything is written. A refusal (a wrong bucket, region or credential: 3xx/4xx) fails at once.
     An endpoint that does not answer, or answers 5xx, may be a wrong endpoint or a store restarting
     (found by the S3 chaos run: a job started while the store was away for 2 s failed here); it is asked
     again, with backoff, for the table's `retry_seconds` (as every other call on the table) before failing."""
-    if not is_object_store(uri):
-        local = uri.removeprefix("file://")
+    if not location.is_object_store:
+        local = location.uri.removeprefix("file://")
         if os.path.exists(local) and not os.path.isdir(local):
-            raise StorageError(f"{what} {uri} is a file, not a directory: a Delta table is a directory")
+            raise StorageError(f"{what} {location} is a file, not a directory: a Delta table is a directory")
         return
-    options = {**(storage_options(uri) or {}), "max_retries": "2", "retry_timeout": "5s"}
-    bound = retry_seconds(uri)
+    options = {**(location.storage_options or {}), "max_retries": "2", "retry_timeout": "5s"}
+    bound = location.retry_seconds
     deadline, pause = time.monotonic() + bound, 0.5
     while True:
         try:
-            DeltaTable.is_deltatable(uri, options)
+            DeltaTable.is_deltatable(location.uri, options)
             return
         except OSError as err:
             reason = store_refusal(err)
             refused = re.match(r"[34]\d\d ", reason) is not None
             if refused or time.monotonic() + pause > deadline:
                 waited = "" if refused else f" (for {bound:.0f} s: table.retry_seconds)"
-                raise StorageError(f"{what} {uri}: the object store refused to list it: {reason}{waited}") from None
+                raise StorageError(
+                    f"{what} {location}: the object store refused to list it: {reason}{waited}"
+                ) from None
             time.sleep(pause)
             pause = min(pause * 2, 10.0)
 
@@ -233,7 +222,7 @@ def store_refusal(err: Exception) -> str:
 
 
 def _create(
-    uri: str, schema: pa.Schema, partition_by: list[str], name: str | None, properties: dict[str, str] | None
+    location: Location, schema: pa.Schema, partition_by: list[str], name: str | None, properties: dict[str, str] | None
 ) -> DeltaTable:
     """Version 0 of a new table. Asked again while the store's answer may change (a store restarting resets
     the put's connection, which the object-store client does not retry): `mode="ignore"` makes a repeat
@@ -241,22 +230,22 @@ def _create(
 
     def create() -> DeltaTable:
         return DeltaTable.create(
-            uri,
+            location.uri,
             schema,
             mode="ignore",
             partition_by=partition_by or None,
             name=name,
             configuration=properties or None,
-            storage_options=storage_options(uri),
+            storage_options=location.storage_options,
         )
 
     try:
-        return retrying(uri, create, errors=(OSError, DeltaError))
+        return retrying(location, create, errors=(OSError, DeltaError))
     except (OSError, DeltaError) as err:  # not writable, not a directory, no such bucket...
-        raise TableError(f"cannot create Delta table at {uri}: {err}") from None
+        raise TableError(f"cannot create Delta table at {location}: {err}") from None
 
 
-def check_schema(uri: str, table: DeltaTable, expected: pa.Schema, partition_by: list[str]) -> None:
+def check_schema(location: Location, table: DeltaTable, expected: pa.Schema, partition_by: list[str]) -> None:
     """The table must hold the pipeline's columns, types and partitioning. A schema marked OPEN_PAYLOAD
     (registry formats) names only some columns: the payload columns may be any. Any other column is a
     user's (`ALTER TABLE ... ADD COLUMNS` in Spark): rows the pipeline writes leave it null, so it must be
@@ -268,25 +257,25 @@ def check_schema(uri: str, table: DeltaTable, expected: pa.Schema, partition_by:
     have = {f.name: f.type for f in actual}
     for f in expected:
         if f.name not in have:
-            raise TableError(f"table {uri} has no column {f.name!r} that the pipeline writes")
+            raise TableError(f"table {location} has no column {f.name!r} that the pipeline writes")
         if not same_type(have[f.name], f.type):
-            raise TableError(f"table {uri} column {f.name!r} is {have[f.name]}, the pipeline writes {f.type}")
+            raise TableError(f"table {location} column {f.name!r} is {have[f.name]}, the pipeline writes {f.type}")
     written = {f.name for f in expected}
     required = sorted(f.name for f in actual if f.name not in written and not f.nullable)
     if required and not open_payload:
         raise TableError(
-            f"table {uri} has column {required[0]!r} NOT NULL, which the pipeline does not write: "
+            f"table {location} has column {required[0]!r} NOT NULL, which the pipeline does not write: "
             f"make it nullable (ALTER TABLE ... ALTER COLUMN {required[0]} DROP NOT NULL) or drop it"
         )
     if list(table.metadata().partition_columns) != list(partition_by):
         raise TableError(
-            f"table {uri} is partitioned by {table.metadata().partition_columns}, the pipeline says {partition_by}"
+            f"table {location} is partitioned by {table.metadata().partition_columns}, the pipeline says {partition_by}"
         )
 
 
-def delete_attempt_files(uri: str, attempt: str, keep: AbstractSet[str] = frozenset()) -> int:
+def delete_attempt_files(location: Location, attempt: str, keep: AbstractSet[str] = frozenset()) -> int:
     """Remove the files this attempt wrote (its id is in each name) except the committed ones in `keep`."""
-    fs, root = open_filesystem(uri)
+    fs, root = location.filesystem()
     prefix = root.rstrip("/") + "/"
 
     def delete() -> int:  # listed and deleted again as a whole if the store fails: deleting is idempotent
@@ -299,31 +288,31 @@ def delete_attempt_files(uri: str, attempt: str, keep: AbstractSet[str] = frozen
                 removed += 1
         return removed
 
-    return retrying(uri, delete)
+    return retrying(location, delete)
 
 
-def delete_files(uri: str, paths: set[str]) -> None:
+def delete_files(location: Location, paths: set[str]) -> None:
     """Delete these files (Delta paths, relative to the table) if they exist."""
-    fs, root = open_filesystem(uri)
+    fs, root = location.filesystem()
     for path in paths:
         full = f"{root.rstrip('/')}/{from_delta_path(path)}"
-        retrying(uri, lambda: delete_if_there(fs, full))  # noqa: B023 -- called at once, within the loop
+        retrying(location, lambda: delete_if_there(fs, full))  # noqa: B023 -- called at once, within the loop
 
 
-def query(uri: str, sql: str) -> pa.Table:
+def query(location: Location, sql: str) -> pa.Table:
     """Run SQL over the table (registered as `t`) with delta-rs' DataFusion engine.
 
     Used instead of DeltaTable.to_pyarrow_dataset(), whose Rust-backed file system
     aborts the interpreter at exit now and then (measured with deltalake 1.6.6).
     """
-    result = pa.table(QueryBuilder().register("t", open_table(uri)).execute(sql).read_all())
+    result = pa.table(QueryBuilder().register("t", open_table(location)).execute(sql).read_all())
     return plain_types(result)
 
 
-def files_added_in(uri: str, version: int) -> set[str] | None:
+def files_added_in(location: Location, version: int) -> set[str] | None:
     """Paths (relative, as on disk) of the data files one commit added; None once log clean-up removed its
     entry (the newest checkpoint holds the table's state, not which commit added what)."""
-    fs, root = open_filesystem(uri)
+    fs, root = location.filesystem()
     entry = f"{root.rstrip('/')}/_delta_log/{version:020d}.json"
 
     def read() -> set[str] | None:
@@ -335,10 +324,10 @@ def files_added_in(uri: str, version: int) -> set[str] | None:
         actions = [json.loads(line) for line in lines if line.strip()]
         return {from_delta_path(a["add"]["path"]) for a in actions if "add" in a}
 
-    return retrying(uri, read)
+    return retrying(location, read)
 
 
-def committed_files(uri: str) -> set[str]:
+def committed_files(location: Location) -> set[str]:
     """Paths (relative, as on disk) of the data files the current table version references."""
-    actions = pa.table(open_table(uri).get_add_actions(flatten=True))
+    actions = pa.table(open_table(location).get_add_actions(flatten=True))
     return {from_delta_path(p) for p in actions.column("path").to_pylist()}

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from offsetlake.config import KafkaSettings
-from offsetlake.connections import CONNECTIONS_FILE_ENV
-from offsetlake.local import broker_security, stack
-from offsetlake.local import schema_registry as embedded_registry
-from offsetlake.local.broker import free_port
-from offsetlake.local.producer import avro_event_maker, registry_client
+from offsetlake.config.connections import CONNECTIONS_FILE_ENV
+from offsetlake_local import broker_security, stack
+from offsetlake_local import schema_registry as embedded_registry
+from offsetlake_local.broker import free_port
+from offsetlake_local.producer import avro_event_maker, registry_client
 from support import (
     REPO,
     BackgroundSampler,

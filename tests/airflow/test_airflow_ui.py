@@ -26,8 +26,8 @@ import pytest
 
 from hosts import descendants
 from offsetlake.batch import ingest
-from offsetlake.local import stack
-from offsetlake.local.broker import free_port
+from offsetlake_local import stack
+from offsetlake_local.broker import free_port
 from support import REPO, assert_exactly_once, new_pipeline, pipeline_commits, produce
 
 pytestmark = pytest.mark.slow

@@ -31,9 +31,9 @@ from pathlib import Path
 import pytest
 
 from hosts import Host, Postgres, PrivateNetwork, Redis, S3Server, SparkStandalone, free_port, start_postgres, wait_for
-from offsetlake.local import broker as embedded_broker
-from offsetlake.local import processes, stack
 from offsetlake.table import query
+from offsetlake_local import broker as embedded_broker
+from offsetlake_local import processes, stack
 from support import (
     REPO,
     assert_exactly_once,
@@ -157,7 +157,7 @@ def test_the_dags_run_across_hosts_that_share_nothing_but_the_network(network, t
         assert api.wait_for_run(stream_id, stream_run, timeout=600) == "success", _logs(places)
         assert_exactly_once(cfg)  # caught up to the LSO, over S3
 
-        before = query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_partition, kafka_offset").to_pylist()
+        before = query(cfg.table_location, "SELECT * FROM t ORDER BY kafka_partition, kafka_offset").to_pylist()
         backfill_id = f"offsetlake__{name}__backfill"
         api.wait_for_dag(backfill_id)
         api.unpause(backfill_id)
@@ -176,7 +176,7 @@ def test_the_dags_run_across_hosts_that_share_nothing_but_the_network(network, t
         metrics = urllib.request.urlopen(f"{env['AIRFLOW__API__BASE_URL']}/offsetlake/metrics", timeout=60).read()
         apps = [a["name"] for a in cluster.applications()]
         runs_in_postgres = _dag_runs(postgres, ingest_id)
-        after = query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_partition, kafka_offset").to_pylist()
+        after = query(cfg.table_location, "SELECT * FROM t ORDER BY kafka_partition, kafka_offset").to_pylist()
         commits = pipeline_commits(cfg)
     finally:
         if worker is not None:
@@ -204,7 +204,7 @@ def test_the_dags_run_across_hosts_that_share_nothing_but_the_network(network, t
 
 def _resolved(cfg, store: S3Server):
     """The pipeline as the test reads it: the connection's credentials applied (as the operator would)."""
-    from offsetlake.connections import resolve_connections
+    from offsetlake.config.connections import resolve_connections
 
     return resolve_connections(cfg, {CONNECTION: _connection(store)})
 

@@ -52,7 +52,7 @@ def step_result(dag, task_id: str):
 
 
 def full_rows(cfg) -> list[dict]:
-    return query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_topic, kafka_partition, kafka_offset").to_pylist()
+    return query(cfg.table_location, "SELECT * FROM t ORDER BY kafka_topic, kafka_partition, kafka_offset").to_pylist()
 
 
 def test_the_dag_file_parses_into_five_dags_per_pipeline(monkeypatch, airflow_db):
@@ -143,7 +143,7 @@ def test_a_pipeline_with_a_table_per_topic_maps_one_ingest_task_per_table(
     from airflow.utils.session import create_session
 
     from offsetlake.airflow.dags import ingest_dag
-    from offsetlake.topic_tables import for_topic
+    from offsetlake.config.topic_tables import for_topic
     from support import create_topic, load, unique, write_per_topic_pipeline
 
     monkeypatch.setenv("OFFSETLAKE_PIPELINES_DIR", str(pipelines_dir))  # the DAG file and the tasks read it
@@ -305,7 +305,7 @@ def test_recovery_dag_audits_and_repairs_injected_damage(spark, pipeline):
     DeltaTable(cfg.table_path).delete("kafka_partition = 0 AND kafka_offset < 40")
     write_deltalake(
         cfg.table_path,
-        query(cfg.table_path, "SELECT * FROM t WHERE kafka_partition = 1 AND kafka_offset < 10"),
+        query(cfg.table_location, "SELECT * FROM t WHERE kafka_partition = 1 AND kafka_offset < 10"),
         mode="append",
     )
 
@@ -465,12 +465,12 @@ def test_maintenance_dag_compacts_vacuums_and_checkpoints_without_touching_a_row
 
     cfg, topic = pipeline(records=1200, batch={"max_records_per_batch": 300, "max_records_per_task": 100})
     ingest(spark, cfg)
-    before, ledger, files = full_rows(cfg), ledger_offsets(cfg), len(committed_files(cfg.table_path))
+    before, ledger, files = full_rows(cfg), ledger_offsets(cfg), len(committed_files(cfg.table_location))
 
     state, tasks = run(maintenance_dag(cfg), {"zorder_by": ["user_id"], "vacuum_retention_hours": 24})
 
     assert state == "success", tasks
-    assert len(committed_files(cfg.table_path)) < files
+    assert len(committed_files(cfg.table_location)) < files
     assert full_rows(cfg) == before and ledger_offsets(cfg) == ledger
     last = pipeline_commits(cfg)[-1]
     assert last.meta.kind == "optimize" and last.meta.run.dag_id == f"offsetlake__{cfg.name}__maintenance"

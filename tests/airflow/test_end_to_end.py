@@ -18,9 +18,9 @@ import pytest
 from offsetlake.batch import ingest
 from offsetlake.config import KafkaSettings
 from offsetlake.errors import OffsetlakeError
-from offsetlake.local import broker_security, stack
-from offsetlake.local.broker import free_port
 from offsetlake.table import query
+from offsetlake_local import broker_security, stack
+from offsetlake_local.broker import free_port
 from support import (
     REPO,
     assert_exactly_once,
@@ -60,7 +60,7 @@ def test_backfill_triggered_over_rest_runs_on_real_airflow(spark, secured_broker
     harness = KafkaSettings(bootstrap_servers=secured_broker.admin_bootstrap)  # a super user writes
     produce(harness, topic, 800, transactional_share=0.6, abort_share=0.25, seed=5)
     ingest(spark, cfg)
-    before = query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_partition, kafka_offset").to_pylist()
+    before = query(cfg.table_location, "SELECT * FROM t ORDER BY kafka_partition, kafka_offset").to_pylist()
 
     home = tmp_path / "airflow"
     env = stack.environment(home, free_port(), REPO, pipelines, spark_master="local[2]", extra={SECRET_VAR: secret})
@@ -90,7 +90,7 @@ def test_backfill_triggered_over_rest_runs_on_real_airflow(spark, secured_broker
     last = pipeline_commits(cfg)[-1]
     assert last.meta.kind == "backfill" and last.meta.run.dag_id == dag_id and last.meta.run.run_id == run_id
     assert last.meta.ranges == {topic: {"0": [10, 200]}}
-    assert query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_partition, kafka_offset").to_pylist() == before
+    assert query(cfg.table_location, "SELECT * FROM t ORDER BY kafka_partition, kafka_offset").to_pylist() == before
     assert_exactly_once(cfg)
     assert result["ranges"] == {topic: {"0": [10, 200]}} and result["versions"] == [last.version]
 

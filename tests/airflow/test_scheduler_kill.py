@@ -18,9 +18,9 @@ import time
 import pytest
 
 from hosts import descendants
-from offsetlake.local import processes, stack
-from offsetlake.local.broker import free_port
 from offsetlake.table import committed_files
+from offsetlake_local import processes, stack
+from offsetlake_local.broker import free_port
 from support import REPO, assert_exactly_once, data_files_on_disk, new_pipeline, pipeline_commits
 
 pytestmark = pytest.mark.slow
@@ -84,7 +84,7 @@ def test_scheduler_killed_mid_run_then_restarted_retries_the_ingest_exactly_once
     assert [h.meta.batch for h in history] == list(range(1, len(history) + 1))  # each batch once
     assert history and all(2 <= h.meta.run.try_number <= step["try_number"] for h in history)
     assert_exactly_once(cfg)
-    assert not committed_files(cfg.table_path) & killed_tries_files
+    assert not committed_files(cfg.table_location) & killed_tries_files
 
 
 def _wait_for(marker, home, timeout: float = 300) -> None:

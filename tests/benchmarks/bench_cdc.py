@@ -34,10 +34,10 @@ from deltalake import DeltaTable
 
 from offsetlake.batch import ingest
 from offsetlake.config import parse_pipeline
-from offsetlake.local import broker as embedded_broker
-from offsetlake.local import connect, postgres
 from offsetlake.spark.session import build_session
 from offsetlake.table import query
+from offsetlake_local import broker as embedded_broker
+from offsetlake_local import connect, postgres
 
 TABLES = [f"t{i}" for i in range(10)]
 SCHEMA = "bench"
@@ -114,7 +114,7 @@ def check_tables(server: postgres.Postgres, cfgs: dict) -> None:
             for t, cfg in cfgs.items():
                 cur.execute(f"SELECT count(*), coalesce(sum(amount), 0) FROM {SCHEMA}.{t}")
                 want = cur.fetchone()
-                got = query(cfg.table_path, "SELECT count(*) AS n, sum(amount) AS s FROM t").to_pylist()[0]
+                got = query(cfg.table_location, "SELECT count(*) AS n, sum(amount) AS s FROM t").to_pylist()[0]
                 if (got["n"], got["s"] or 0) != (want[0], want[1]):
                     raise SystemExit(f"{t}: the Delta table holds {got}, the source {want}")
     finally:

@@ -49,7 +49,7 @@ works off the one before (log flushes, its JIT, a GC) would pay for it.
                                             [--bootstrap HOST:PORT [--registry URL] [--client-config FILE]]
 
 Any broker: with --bootstrap the bench runs against a Kafka cluster you name instead of the embedded
-Apache Kafka node (offsetlake.local.broker; its version is the kafka-broker POM's): `make bench
+Apache Kafka node (offsetlake_local.broker; its version is the kafka-broker POM's): `make bench
 BENCH_ARGS="--bootstrap kafka-1:9092 --client-config client.properties"`. It creates its own topics,
 named with a unique prefix (offsetlake-bench-<id>.), deletes them and its pipelines' consumer groups
 afterwards, and touches nothing else; it prints the broker's version. --client-config is a librdkafka
@@ -81,21 +81,23 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from offsetlake import batch as batch_module
-from offsetlake.batch import ingest, run_tasks
+from offsetlake.batch import ingest
+from offsetlake.engine import DeltaRs
 from offsetlake.config import RESERVED_CLIENT_KEYS, parse_pipeline
 from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import KafkaCluster
-from offsetlake.local import broker
 from offsetlake.protocol.commit import add_actions
 from offsetlake.protocol.metadata import HistoryEntry
 from offsetlake.protocol.planning import split_ranges
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.read import reader as reader_module
+from offsetlake.read.jobs import run_tasks
 from offsetlake.read.tasks import TaskContext
 from offsetlake.spark import prewarm as prewarm_module
 from offsetlake.spark.session import build_session
 from offsetlake.streaming import stream
 from offsetlake.table import open_table
+from offsetlake_local import broker
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
@@ -360,7 +362,7 @@ def avro_events(bootstrap: str, registry_url: str, lake: Path, records: int) -> 
 def broker_under_test(args, work: Path):
     """(bootstrap, registry URL, what the broker says of itself): the embedded Apache Kafka node, or the cluster
     --bootstrap names; --registry or the embedded registry. On your cluster, deletes what the run made."""
-    from offsetlake.local import schema_registry
+    from offsetlake_local import schema_registry
 
     use_broker(args.client_config, external=bool(args.bootstrap))
     registry = None if args.registry else schema_registry.start(work / "registry")
@@ -737,7 +739,7 @@ def plain_append(spark, cfg) -> tuple[int, float, float]:
     tps = cluster.partitions(cfg.topics)
     ends = cluster.end_offsets(tps, "read_committed")
     schema = table_schema(cfg)
-    table = open_table(cfg.table_path, schema, [], cfg.name)
+    table = open_table(cfg.table_location, schema, [], cfg.name)
     ranges = [OffsetRange(t, p, 0, end) for (t, p), end in ends.items() if end > 0]
     tasks = split_ranges(ranges, cfg.batch.max_records_per_task)
     data = run_tasks(spark, TaskContext(cfg, 1, uuid.uuid4().hex[:16], tuple(tasks), {"faults": {}})).data
@@ -786,12 +788,13 @@ def exactly_once_overhead(spark, make_cfg, rounds: int = 5) -> dict:
     protocol, plain, bookkeeping, plain_commit, n = [], [], [], [], 0
     for i in range(rounds):
         with (
-            time_spent(batch_module, "read_ledger", "plan_batch", "commit") as spent,
+            time_spent(DeltaRs, "ledger", "commit") as spent,
+            time_spent(batch_module, "plan_batch") as planning,
             time_spent(KafkaCluster, "commit_group_offsets") as group,
         ):
             n, seconds = timed_ingest(spark, make_cfg(f"bench_eo_{i}"))
         protocol.append(seconds)
-        bookkeeping.append(sum(spent.values()) + sum(group.values()))
+        bookkeeping.append(sum(spent.values()) + sum(planning.values()) + sum(group.values()))
         _, seconds, commit_seconds = plain_append(spark, make_cfg(f"bench_plain_{i}"))
         plain.append(seconds)
         plain_commit.append(commit_seconds)
@@ -913,8 +916,8 @@ def airflow_runs(bootstrap: str, work: Path, small: int = 1000, large: int = 1_0
     """Seconds through real Airflow processes: trigger -> end of an ingest run that finds nothing to do
     (median of 3), trigger -> Delta commit of a triggered small batch (median of 3), and of one batch
     of `large` records (0: none), with where that run's time went (`spark_submit_timeline`)."""
-    from offsetlake.local import stack
     from offsetlake.protocol.ledger import pipeline_history
+    from offsetlake_local import stack
     from support import load, write_pipeline
 
     topic = topic_name("airflow")
@@ -944,7 +947,11 @@ def airflow_runs(bootstrap: str, work: Path, small: int = 1000, large: int = 1_0
     def committed(run_id: str, started: float) -> HistoryEntry:
         while True:
             entry = next(
-                (h for h in pipeline_history(open_table(cfg.table_path), name, limit=3) if h.meta.run.run_id == run_id),
+                (
+                    h
+                    for h in pipeline_history(cfg.table_location, open_table(cfg.table_location), name, limit=3)
+                    if h.meta.run.run_id == run_id
+                ),
                 None,
             )
             if entry:

@@ -35,11 +35,11 @@ from hosts import S3Server  # noqa: E402
 from offsetlake.batch import BatchResult, ingest  # noqa: E402
 from offsetlake.config import parse_pipeline  # noqa: E402
 from offsetlake.formats.columns import table_schema  # noqa: E402
-from offsetlake.local import broker as embedded_broker  # noqa: E402
 from offsetlake.protocol.metadata import Run  # noqa: E402
 from offsetlake.spark.session import build_session  # noqa: E402
 from offsetlake.streaming import StreamCompaction  # noqa: E402
 from offsetlake.table import open_table  # noqa: E402
+from offsetlake_local import broker as embedded_broker  # noqa: E402
 from store_faults import StoreProxy  # noqa: E402
 
 RUNS = 3
@@ -96,7 +96,7 @@ def soak_pipeline(proxy: StoreProxy, s3: S3Server, name: str):
         "maintenance": {"compact_every_batches": 50},
     }
     cfg = parse_pipeline(doc, name)
-    open_table(cfg.table_path, table_schema(cfg), [], cfg.name, properties=cfg.maintenance.table_properties())
+    open_table(cfg.table_location, table_schema(cfg), [], cfg.name, properties=cfg.maintenance.table_properties())
     return cfg
 
 

@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
-from offsetlake.batch import BatchResult, TaskFiles, commit_batch  # noqa: E402
+from offsetlake.batch import BatchResult, commit_batch  # noqa: E402
 from offsetlake.config import parse_pipeline  # noqa: E402
 from offsetlake.files import attempt_file_name, write_files  # noqa: E402
 from offsetlake.formats.columns import table_schema  # noqa: E402
@@ -60,6 +60,7 @@ from offsetlake.protocol.metadata import Run  # noqa: E402
 from offsetlake.protocol.planning import BatchPlan  # noqa: E402
 from offsetlake.protocol.quarantine import WrittenFile  # noqa: E402
 from offsetlake.protocol.ranges import OffsetRange  # noqa: E402
+from offsetlake.read.jobs import TaskFiles  # noqa: E402
 from offsetlake.streaming import StreamCompaction  # noqa: E402
 from offsetlake.table import open_table, query  # noqa: E402
 
@@ -86,16 +87,16 @@ def pipeline(workdir: Path, name: str, compact_every: int, window_seconds: float
             "delta.logRetentionDuration": f"interval {window_seconds:g} seconds",
             "delta.deletedFileRetentionDuration": f"interval {window_seconds:g} seconds",
         }
-    open_table(cfg.table_path, table_schema(cfg), [], cfg.name, properties=properties)
+    open_table(cfg.table_location, table_schema(cfg), [], cfg.name, properties=properties)
     return cfg
 
 
 def one_batch(cfg, run: Run, number: int) -> tuple[float, set[str]]:
     """One small batch, committed as ingest commits it: the plan from the ledger, a file of a few rows."""
     started = time.perf_counter()
-    table = open_table(cfg.table_path, table_schema(cfg), [], cfg.name)
+    table = open_table(cfg.table_location, table_schema(cfg), [], cfg.name)
     tps = [(TOPIC, p) for p in range(PARTITIONS)]
-    ledger = read_ledger(table, cfg.name, tps)
+    ledger = read_ledger(cfg.table_location, table, cfg.name, tps)
     p = number % PARTITIONS
     start = ledger.offsets.get((TOPIC, p), 0)
     plan = BatchPlan(
@@ -118,8 +119,10 @@ def one_batch(cfg, run: Run, number: int) -> tuple[float, set[str]]:
         schema=table_schema(cfg),
     )
     attempt = new_attempt_id()
-    with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as files_of_attempt:
-        files = write_files(cfg.table_path, rows, [], lambda part: attempt_file_name(plan.batch, attempt, 0, 0, part))
+    with attempt_files(attempt, cfg.table_location, cfg.quarantine_location) as files_of_attempt:
+        files = write_files(
+            cfg.table_location, rows, [], lambda part: attempt_file_name(plan.batch, attempt, 0, 0, part)
+        )
         result = commit_batch(
             cfg,
             plan,
@@ -144,7 +147,7 @@ def soak(cfg, commits: int, maintained: bool, log, optimize_every: int = 0) -> d
         if tidy is not None:
             tidy.after(BatchResult("committed", n, files=files))
         if maintained and optimize_every and n % optimize_every == 0:  # what the maintenance DAG adds, once a "day"
-            optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb, run=run)
+            optimize(cfg.table_location, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb, run=run)
         if n in MARKS or n == commits or n % 5_000 == 0:
             marks[n] = statistics.median(latencies[-WINDOW:])
             log(
@@ -152,15 +155,15 @@ def soak(cfg, commits: int, maintained: bool, log, optimize_every: int = 0) -> d
                 f"{marks[n] * 1000:7.1f} ms (median of the last {min(WINDOW, n)})"
             )
     if maintained:
-        checkpoint(cfg.table_path)
+        checkpoint(cfg.table_location)
     return {"marks": marks, "commits": commits, **table_shape(cfg)}
 
 
 def table_shape(cfg) -> dict:
     started = time.perf_counter()
-    table = open_table(cfg.table_path)
+    table = open_table(cfg.table_location)
     files = len(table.file_uris())
-    rows = query(cfg.table_path, "SELECT count(*) AS n FROM t").column(0)[0].as_py()
+    rows = query(cfg.table_location, "SELECT count(*) AS n FROM t").column(0)[0].as_py()
     return {
         "files": files,
         "rows": rows,

@@ -36,9 +36,9 @@ from bench_ingest import JSON_FORMAT, create_topic  # noqa: E402
 from offsetlake.batch import ingest  # noqa: E402
 from offsetlake.config import parse_pipeline  # noqa: E402
 from offsetlake.formats.columns import table_schema  # noqa: E402
-from offsetlake.local import broker as embedded_broker  # noqa: E402
 from offsetlake.spark.session import build_session  # noqa: E402
 from offsetlake.table import open_table  # noqa: E402
+from offsetlake_local import broker as embedded_broker  # noqa: E402
 
 PARTITIONS = 4
 ROWS_PER_FILE = 1_000_000
@@ -90,7 +90,7 @@ def produce(bootstrap: str, topic: str, count: int, keys: np.ndarray, seed: int)
 def build_table(cfg, rows: int) -> None:
     """An upsert table of `rows` keys 0..rows-1, inserted in key order, ROWS_PER_FILE per file."""
     schema = table_schema(cfg)
-    open_table(cfg.table_path, schema, [], cfg.name, properties=cfg.table_properties())
+    open_table(cfg.table_location, schema, [], cfg.name, properties=cfg.table_properties())
     when = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     for start in range(0, rows, ROWS_PER_FILE):
         n = min(ROWS_PER_FILE, rows - start)

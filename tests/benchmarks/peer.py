@@ -37,7 +37,7 @@ LINEAGE = ["topic", "partition", "offset", "timestamp"]
 def peer_session():
     from pyspark.sql import SparkSession
 
-    from offsetlake.local.jars import delta_spark_stack, spark_jars
+    from offsetlake_local.jars import delta_spark_stack, spark_jars
 
     jars = spark_jars(delta_spark_stack()) + spark_jars("spark-kafka")
     return (
@@ -131,8 +131,8 @@ def spark_peer(bootstrap: str, topics: dict[str, str], avro_schema: dict, work: 
 def kafka_perf_test(bootstrap: str, topic: str, records: int, client: dict[str, str] | None = None) -> dict:
     """Apache Kafka's kafka-consumer-perf-test reading `records` of `topic` under read_committed:
     {records, seconds, rate, fetch_rate} (fetch_rate leaves out the group join, as a reader's time would)."""
-    from offsetlake.local.jars import classpath
-    from offsetlake.local.jvm import java
+    from offsetlake_local.jars import classpath
+    from offsetlake_local.jvm import java
 
     properties = {"isolation.level": "read_committed", **(client or {})}
     command = [java(), "-Xmx1g", "-cp", classpath("kafka-tools"), "org.apache.kafka.tools.ConsumerPerformance"]

@@ -76,14 +76,14 @@ from deltalake.exceptions import CommitFailedError, DeltaError  # noqa: E402
 
 import oracle  # noqa: E402
 from offsetlake.errors import TableError  # noqa: E402
-from offsetlake.files import open_filesystem, retrying, storage_options  # noqa: E402
 from offsetlake.formats.columns import table_schema  # noqa: E402
-from offsetlake.local import broker as embedded_broker  # noqa: E402
-from offsetlake.local import schema_registry as embedded_registry  # noqa: E402
 from offsetlake.operations.audit import audit  # noqa: E402
 from offsetlake.operations.compaction import optimize  # noqa: E402
 from offsetlake.operations.maintenance import checkpoint, cleanup, restore, vacuum  # noqa: E402
 from offsetlake.spark.session import DRIVER_JIT  # noqa: E402
+from offsetlake.storage.location import Location, retrying  # noqa: E402
+from offsetlake_local import broker as embedded_broker  # noqa: E402
+from offsetlake_local import schema_registry as embedded_registry  # noqa: E402
 from support import create_topic, ledger_offsets, load, quarantine_lineage, table_lineage, write_pipeline  # noqa: E402
 from workload import CHUNK, TRANSACTION_TIMEOUT_MS, Workload  # noqa: E402
 
@@ -904,28 +904,28 @@ class Chaos:
             return False
 
         def clean():
-            cleanup(self.cfg.table_path, 60)
-            if self.table_exists(self.cfg.quarantine_path):
-                cleanup(self.cfg.quarantine_path, 60)
+            cleanup(self.cfg.table_location, 60)
+            if self.table_exists(self.cfg.quarantine_location):
+                cleanup(self.cfg.quarantine_location, 60)
 
         return self.alongside_a_job(rng, clean, "a cleanup")
 
-    def table_exists(self, path: str | None = None) -> bool:
-        path = path or self.cfg.table_path
-        return DeltaTable.is_deltatable(path, storage_options(path))
+    def table_exists(self, location: Location | None = None) -> bool:
+        location = location or self.cfg.table_location
+        return DeltaTable.is_deltatable(location.uri, location.storage_options)
 
     def delta_table(self) -> DeltaTable:
-        return DeltaTable(self.cfg.table_path, storage_options=storage_options(self.cfg.table_path))
+        return self.cfg.table_location.delta_table()
 
     def last_checkpoint(self) -> int:
-        fs, root = open_filesystem(self.cfg.table_path)
+        fs, root = self.cfg.table_location.filesystem()
 
         def read() -> int:
             with fs.open_input_stream(f"{root}/_delta_log/_last_checkpoint") as marker:
                 return json.loads(marker.read())["version"]
 
         try:
-            return retrying(self.cfg.table_path, read)  # another lane's fault may have the store away
+            return retrying(self.cfg.table_location, read)  # another lane's fault may have the store away
         except FileNotFoundError:
             return 0
 
@@ -957,7 +957,7 @@ class Chaos:
         cfg = self.cfg
         bounded(
             lambda: optimize(
-                cfg.table_path, cfg.name, table_schema(cfg), cfg.table.partition_by, cfg.maintenance.target_file_mb
+                cfg.table_location, cfg.name, table_schema(cfg), cfg.table.partition_by, cfg.maintenance.target_file_mb
             ),
             "an optimize",
         )
@@ -978,7 +978,7 @@ class Chaos:
         if not self.table_exists():
             return False
         return self.alongside_a_job(
-            rng, lambda: vacuum(self.cfg.table_path, self.cfg.name, retention_hours=1), "a vacuum"
+            rng, lambda: vacuum(self.cfg.table_location, self.cfg.name, retention_hours=1), "a vacuum"
         )
 
     def checkpoint_during_ingest(self, rng: random.Random) -> bool:
@@ -994,7 +994,7 @@ class Chaos:
                     break
                 except CommitFailedError:
                     time.sleep(0.2)
-            checkpoint(self.cfg.table_path)
+            checkpoint(self.cfg.table_location)
 
         with self.checkpoints:
             return self.alongside_a_job(rng, checkpoint_now, "a checkpoint")
@@ -1038,7 +1038,7 @@ class Chaos:
     def check_duplicates(self, when: str) -> None:
         if not self.table_exists():
             return
-        rows = table_lineage(self.cfg.table_path)
+        rows = table_lineage(self.cfg.table_location)
         twice = [k for k, n in collections.Counter(rows).items() if n > 1]
         both = set(rows) & set(quarantine_lineage(self.cfg))
         if twice or both:

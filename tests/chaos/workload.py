@@ -29,7 +29,7 @@ from confluent_kafka import KafkaException, Producer
 
 from offsetlake.config import KafkaSettings
 from offsetlake.kafka import client_settings
-from offsetlake.local.producer import Journal, demo_event, transactional_producer, with_bad_records
+from offsetlake_local.producer import Journal, demo_event, transactional_producer, with_bad_records
 
 # Avro mode: the first records use schema 1 only, so the table is created without the field schema 2
 # adds; after them both versions mix and the column arrives mid-run, in the commit of its first record.
@@ -102,7 +102,7 @@ class Workload:
     def _maker(self):
         if self.registry_url is None:
             return demo_event
-        from offsetlake.local.producer import avro_event_maker, registry_client
+        from offsetlake_local.producer import avro_event_maker, registry_client
 
         client = registry_client(self.registry_url)
         v1, v2 = avro_event_maker(client, self.topic, 1), avro_event_maker(client, self.topic, 2)

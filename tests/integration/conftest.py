@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from offsetlake import cli
+from offsetlake import cli, runs
 
 
 @pytest.fixture
@@ -14,10 +14,10 @@ def offsetlake(spark, monkeypatch, capsys):
     """`offsetlake <args>` in this process: (exit code, stdout, stderr)."""
 
     @contextmanager
-    def the_tests_session(args, cfg, job):
+    def the_tests_session(cfg, job, master=None):
         yield _Session(spark)
 
-    monkeypatch.setattr(cli, "_spark", the_tests_session)
+    monkeypatch.setattr(runs, "spark_session", the_tests_session)
 
     def run(*args: str) -> tuple[int, str, str]:
         code = cli.main(list(args))
@@ -28,7 +28,7 @@ def offsetlake(spark, monkeypatch, capsys):
 
 
 class _Session:
-    """What cli._spark yields (a LazySession): the session, already up."""
+    """What runs.spark_session yields (a LazySession): the session, already up."""
 
     def __init__(self, spark):
         self.spark, self.ready_at = spark, None

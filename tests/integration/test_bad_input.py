@@ -18,8 +18,8 @@ from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from offsetlake.batch import ingest
-from offsetlake.local import broker as embedded_broker
 from offsetlake.table import query
+from offsetlake_local import broker as embedded_broker
 from support import (
     JournaledProducer,
     assert_exactly_once,
@@ -114,7 +114,7 @@ def test_bad_records_are_quarantined_and_the_batch_goes_on(spark, bootstrap, pip
 
     n = len(BAD_RECORDS)
     rows = query(
-        cfg.quarantine_path,
+        cfg.quarantine_location,
         f"SELECT kafka_offset, key, value, error FROM t WHERE kafka_offset < {n} ORDER BY kafka_offset",
     ).to_pylist()
     errors = {i: e for i, (*_, e) in enumerate(BAD_RECORDS)}
@@ -129,7 +129,7 @@ def test_bad_records_are_quarantined_and_the_batch_goes_on(spark, bootstrap, pip
         assert error in r["error"], (r["kafka_offset"], r["error"])
         assert bytes(r["key"]) == key and (None if r["value"] is None else bytes(r["value"])) == value
     table = {
-        r["kafka_offset"]: r for r in query(cfg.table_path, f"SELECT * FROM t WHERE kafka_offset < {n}").to_pylist()
+        r["kafka_offset"]: r for r in query(cfg.table_location, f"SELECT * FROM t WHERE kafka_offset < {n}").to_pylist()
     }
     assert sorted(table) == sorted(set(range(n)) - set(expected))
     assert table[1]["event_id"] == "e1" and table[1]["amount"] == 1.5

@@ -12,7 +12,7 @@ import oracle
 from offsetlake.config import KafkaSettings
 from offsetlake.errors import KafkaError
 from offsetlake.kafka import KafkaCluster
-from offsetlake.local import broker as embedded_broker
+from offsetlake_local import broker as embedded_broker
 from support import (
     assert_exactly_once,
     new_pipeline,

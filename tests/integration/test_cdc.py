@@ -22,10 +22,10 @@ from deltalake.exceptions import TableNotFoundError
 from hosts import wait_for
 from offsetlake import faults
 from offsetlake.batch import ingest
-from offsetlake.local import connect
-from offsetlake.local.shop import KEYS
+from offsetlake.config.topic_tables import for_topic
 from offsetlake.operations.fold import audit_upsert
-from offsetlake.topic_tables import for_topic
+from offsetlake_local import connect
+from offsetlake_local.shop import KEYS
 from oracle import read_committed
 from source_db import TOASTABLE, Shop, assert_table_is_source
 from support import (
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.slow
 def source_db():
     """One PostgreSQL server with logical decoding for the session's capture tests."""
     from hosts import start_postgres
-    from offsetlake.local.postgres import LOGICAL_DECODING
+    from offsetlake_local.postgres import LOGICAL_DECODING
 
     server = start_postgres(settings=LOGICAL_DECODING)
     yield server

@@ -30,12 +30,12 @@ def test_every_kind_of_change_is_announced_with_its_versions_and_ranges(spark, p
     backfill(spark, cfg, [OffsetRange(topic, 0, 10, 50)])
     DeltaTable(cfg.table_path).delete("kafka_partition = 1 AND kafka_offset < 20")  # another writer
     repair(spark, cfg)
-    optimize(cfg.table_path, cfg.name, table_schema(cfg), [], 64)
+    optimize(cfg.table_location, cfg.name, table_schema(cfg), [], 64)
     end = ledger_offsets(cfg)[(topic, 0)]
     reset(cfg, {(topic, 0): end}, "nothing skipped: a reset to where it is")
     restore(cfg, DeltaTable(cfg.table_path).version() - 1)
 
-    commits = commits_after(cfg.table_path, -1)
+    commits = commits_after(cfg.table_location, -1)
     events = announcements(cfg.name, cfg.table_path, commits)
 
     assert [c.version for c in commits] == list(range(DeltaTable(cfg.table_path).version() + 1))

@@ -217,7 +217,7 @@ def avro_events(client, topic: str, table: SourceTable):
 
 
 def test_avro_change_events_fold_and_a_column_added_at_the_source_lands_in_its_merge(spark, pipeline, schema_registry):
-    from offsetlake.local.producer import registry_client
+    from offsetlake_local.producer import registry_client
 
     client = registry_client(schema_registry.url, schema_registry.user, schema_registry.password)
     registry = {"url": schema_registry.url, "username": schema_registry.user, "password": schema_registry.password}

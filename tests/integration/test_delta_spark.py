@@ -1,6 +1,6 @@
 """delta-spark beside delta-rs: the tables offsetlake writes, read and operated on by the Delta engine of Spark
 and Databricks (delta-spark, in the session's Spark: tests/delta_spark.py), checked by the oracle row by row
-against Kafka. The versions are those of src/offsetlake/local/poms/delta-spark.xml and requirements.txt."""
+against Kafka. The versions are those of src/offsetlake_local/poms/delta-spark.xml and requirements.txt."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from deltalake import DeltaTable
 from delta_spark import change_reader, reader, sql
 from offsetlake.batch import ingest
 from offsetlake.errors import OffsetlakeError, TableError
-from offsetlake.files import plain_types
 from offsetlake.formats.columns import table_schema
 from offsetlake.operations.audit import audit, repair
 from offsetlake.operations.compaction import optimize
 from offsetlake.operations.maintenance import checkpoint, cleanup, vacuum
+from offsetlake.storage.parquet import plain_types
 from offsetlake.table import NOT_REWRITABLE
 from oracle import changes_with_delta_rs, read_with_delta_rs
 from support import assert_exactly_once, assert_job_failed_in_one_line, data_files_on_disk, produce, run_cli
@@ -45,11 +45,11 @@ def test_delta_spark_reads_a_partitioned_table_and_its_quarantine_through_offset
     read = reader(spark)
     assert_exactly_once(cfg, read=read)
 
-    optimize(cfg.table_path, cfg.name, table_schema(cfg), cfg.table.partition_by, cfg.maintenance.target_file_mb)
+    optimize(cfg.table_location, cfg.name, table_schema(cfg), cfg.table.partition_by, cfg.maintenance.target_file_mb)
     DeltaTable(cfg.table_path).alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
-    checkpoint(cfg.table_path)
-    vacuum(cfg.table_path, cfg.name, retention_hours=1)
-    cleanup(cfg.table_path, older_than_seconds=60)
+    checkpoint(cfg.table_location)
+    vacuum(cfg.table_location, cfg.name, retention_hours=1)
+    cleanup(cfg.table_location, older_than_seconds=60)
     assert_exactly_once(cfg, read=read)
     assert sql(spark, f"SELECT count(*) AS n FROM {delta(cfg)}")[0].n == DeltaTable(cfg.table_path).count()
 
@@ -169,11 +169,11 @@ def test_offsetlakes_maintenance_stays_exact_on_a_table_with_every_feature_it_re
     produce(cfg.kafka, topic, 300, seed=97)
     ingest(spark, cfg)
     zorder = ["user_id", "kafka_offset"]
-    compacted = optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb, zorder)
+    compacted = optimize(cfg.table_location, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb, zorder)
     assert compacted.files_removed > compacted.files_added > 0
-    checkpoint(cfg.table_path)
-    vacuum(cfg.table_path, cfg.name, retention_hours=1)
-    cleanup(cfg.table_path, older_than_seconds=60)
+    checkpoint(cfg.table_location)
+    vacuum(cfg.table_location, cfg.name, retention_hours=1)
+    cleanup(cfg.table_location, older_than_seconds=60)
     produce(cfg.kafka, topic, 300, seed=98)
     ingest(spark, cfg)
     assert_exactly_once(cfg, read=reader(spark))
@@ -231,7 +231,7 @@ def test_a_check_constraint_is_refused_by_ingest_in_one_line_and_optimize_still_
     assert_job_failed_in_one_line(failed, "has the CHECK constraint known_user (user_id >= 0)", "nothing was written")
     assert DeltaTable(cfg.table_path).version() == version
     assert data_files_on_disk(cfg.table_path) == files
-    compacted = optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb)
+    compacted = optimize(cfg.table_location, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb)
     assert compacted.files_removed > compacted.files_added > 0
 
 
@@ -248,7 +248,7 @@ def test_a_column_stored_under_another_name_by_column_mapping_is_refused_in_one_
 
     assert_job_failed_in_one_line(failed, "column 'note' is stored in its data files as 'col-", "nothing was written")
     with pytest.raises(TableError, match="column 'note' is stored in its data files as 'col-"):
-        optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb)
+        optimize(cfg.table_location, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb)
     assert DeltaTable(cfg.table_path).version() == version
     assert data_files_on_disk(cfg.table_path) == files
 
@@ -284,7 +284,9 @@ def test_offsetlakes_rewrites_refuse_a_table_with_deletion_vectors_and_ingest_ap
     version = DeltaTable(cfg.table_path).version()
 
     with pytest.raises(TableError, match="deletionVectors, and optimize would bring back rows it deleted"):
-        optimize(cfg.table_path, cfg.name, table_schema(cfg), cfg.table.partition_by, cfg.maintenance.target_file_mb)
+        optimize(
+            cfg.table_location, cfg.name, table_schema(cfg), cfg.table.partition_by, cfg.maintenance.target_file_mb
+        )
     with pytest.raises(OffsetlakeError, match="deletionVectors, and backfill would bring back"):
         repair(spark, cfg)
     assert DeltaTable(cfg.table_path).version() == version
@@ -310,7 +312,7 @@ def test_delta_spark_reads_an_upsert_table_and_its_change_feed_as_offsetlake_wro
         return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True, default=str))
 
     seen = changes(change_reader(spark)(cfg.table_path, 0))
-    assert seen == changes(changes_with_delta_rs(cfg.table_path, 0))
+    assert seen == changes(changes_with_delta_rs(cfg.table_location, 0))
     assert {r["_change_type"] for r in seen} == {"insert", "update_preimage", "update_postimage", "delete"}
 
 
@@ -411,7 +413,7 @@ def test_delta_spark_reads_an_avro_table_of_every_kind_of_field_with_its_key_and
     type, as the oracle decodes it with the registry's schema."""
     from test_registry_formats import avro_pipeline
 
-    from offsetlake.local.producer import registry_client
+    from offsetlake_local.producer import registry_client
 
     monkeypatch.setenv("REGISTRY_USER", schema_registry.user)
     monkeypatch.setenv("REGISTRY_PASSWORD", schema_registry.password)
@@ -446,13 +448,13 @@ def test_delta_spark_reads_a_table_on_s3_through_s3a(spark, pipeline, s3):
     (cfg, topic), _prefix = s3_pipeline(pipeline, s3)
     produce(cfg.kafka, topic, 600, bad_share=0.05, seed=90)
     ingest(spark, cfg)
-    compacted = optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb)
+    compacted = optimize(cfg.table_location, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb)
     assert compacted.files_removed > compacted.files_added > 0
-    checkpoint(cfg.table_path)
+    checkpoint(cfg.table_location)
     produce(cfg.kafka, topic, 300, bad_share=0.05, seed=91)
     ingest(spark, cfg)
     read = s3a_reader(spark, s3)
-    assert assert_exactly_once(cfg, read=read) == read(cfg.table_path).num_rows > 0
+    assert assert_exactly_once(cfg, read=read) == read(cfg.table_location).num_rows > 0
     assert sql(spark, f"SELECT count(*) AS n FROM delta.`{cfg.table_path.replace('s3://', 's3a://')}`")[0].n > 0
 
 
@@ -478,10 +480,10 @@ def test_a_downstream_delta_stream_sees_each_record_once_across_offsetlakes_comp
         produce(cfg.kafka, topic, 400, bad_share=0.02, seed=seed)
         ingest(spark, cfg)
         drain()
-        rewritten = optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb)
+        rewritten = optimize(cfg.table_location, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb)
         assert rewritten.files_removed > rewritten.files_added > 0
         drain()
-    checkpoint(cfg.table_path)
+    checkpoint(cfg.table_location)
     drain()
 
     def rows(uri: str) -> list[tuple]:
@@ -510,10 +512,10 @@ def test_a_column_added_by_delta_spark_is_left_null_by_ingest_and_kept_by_compac
     sql(spark, f"UPDATE {delta(cfg)} SET reviewer = 'ana' WHERE kafka_offset < 10")
     produce(cfg.kafka, topic, 300, seed=96)
     ingest(spark, cfg)
-    before = sorted_rows(read_with_delta_rs(cfg.table_path))
-    compacted = optimize(cfg.table_path, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb)
+    before = sorted_rows(read_with_delta_rs(cfg.table_location))
+    compacted = optimize(cfg.table_location, cfg.name, table_schema(cfg), [], cfg.maintenance.target_file_mb)
     assert compacted.files_removed > compacted.files_added > 0
-    assert sorted_rows(read_with_delta_rs(cfg.table_path)) == before  # Spark's INT96 timestamps among them
+    assert sorted_rows(read_with_delta_rs(cfg.table_location)) == before  # Spark's INT96 timestamps among them
     rows = sql(spark, f"SELECT kafka_offset, reviewer FROM {delta(cfg)}")
     assert {r.kafka_offset for r in rows if r.reviewer == "ana"} == {
         r.kafka_offset for r in rows if r.kafka_offset < 10

@@ -66,4 +66,4 @@ def test_a_full_disk_fails_the_batch_in_one_line_and_the_next_run_is_exact(spark
     filler.unlink()
     ingest(spark, cfg)
     assert_exactly_once(cfg)
-    assert committed_files(cfg.table_path) <= data_files_on_disk(cfg.table_path)
+    assert committed_files(cfg.table_location) <= data_files_on_disk(cfg.table_path)

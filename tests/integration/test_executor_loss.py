@@ -89,7 +89,7 @@ def test_an_executor_killed_mid_task_is_replaced_and_the_batch_commits_once(
     assert len(cluster.executor_dirs()) >= 2, "the worker should have launched an executor in the lost one's place"
     assert [h.meta.batch for h in pipeline_commits(cfg)] == [1]  # one batch, committed once
     assert_exactly_once(cfg)
-    referenced = committed_files(cfg.table_path)
+    referenced = committed_files(cfg.table_location)
     assert referenced and not referenced & lost_attempts_files
     assert referenced <= data_files_on_disk(cfg.table_path)
 

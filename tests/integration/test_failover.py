@@ -21,8 +21,8 @@ from confluent_kafka.admin import AdminClient
 
 from offsetlake.errors import TableError
 from offsetlake.kafka import KafkaCluster
-from offsetlake.local import broker as embedded_broker
-from offsetlake.local import processes
+from offsetlake_local import broker as embedded_broker
+from offsetlake_local import processes
 from support import (
     JournaledProducer,
     assert_exactly_once,

@@ -44,7 +44,7 @@ def test_job_killed_at_each_fault_point_then_rerun_is_exact(spark, pipeline, pip
     assert job.returncode == -signal.SIGKILL, f"the job was not killed at {point}"
     commits_after_crash = pipeline_commits(cfg)
     assert len(commits_after_crash) == (1 if point == "after_commit" else 0)
-    killed_attempts_orphans = data_files_on_disk(cfg.table_path) - committed_files(cfg.table_path)
+    killed_attempts_orphans = data_files_on_disk(cfg.table_path) - committed_files(cfg.table_location)
     if point in ("after_task_write", "after_files_written", "before_commit"):
         assert killed_attempts_orphans, "the killed attempt had written files: the check below must see them"
     else:
@@ -57,7 +57,7 @@ def test_job_killed_at_each_fault_point_then_rerun_is_exact(spark, pipeline, pip
     assert_exactly_once(cfg)
     # The killed attempt's orphans stay on disk (for cleanup), and no commit references any of them;
     # every referenced file is on disk; the re-run left no orphans of its own.
-    referenced = committed_files(cfg.table_path)
+    referenced = committed_files(cfg.table_location)
     assert not killed_attempts_orphans & referenced
     assert referenced <= data_files_on_disk(cfg.table_path)
     assert data_files_on_disk(cfg.table_path) - referenced == killed_attempts_orphans
@@ -96,7 +96,7 @@ def test_zombie_attempt_finds_its_batch_committed_and_writes_nothing(
     assert "batch 1: already_committed" in out
     assert DeltaTable(cfg.table_path).version() == version  # the zombie committed nothing
     assert not zombie_files & data_files_on_disk(cfg.table_path)  # and removed its own files
-    assert data_files_on_disk(cfg.table_path) == committed_files(cfg.table_path)
+    assert data_files_on_disk(cfg.table_path) == committed_files(cfg.table_location)
     assert_exactly_once(cfg)
 
 

@@ -149,7 +149,7 @@ def test_records_deleted_below_the_ledger(spark, pipeline, bootstrap, policy):
     # the records as Kafka returned them before.
     assert_exactly_once(cfg, bounds={oracle.BEYOND_RETENTION: 100, oracle.PRODUCED_BEYOND_RETENTION: 150})
     decoder = oracle.Decoder(cfg)
-    table = query(cfg.table_path, "SELECT * FROM t WHERE kafka_offset < 100 ORDER BY kafka_offset")
+    table = query(cfg.table_location, "SELECT * FROM t WHERE kafka_offset < 100 ORDER BY kafka_offset")
     for row in table.to_pylist():
         want = decoder.row(before[(topic, 0, row["kafka_offset"])], table.schema)
         assert {column: row[column] for column in want} == want, row["kafka_offset"]
@@ -185,7 +185,7 @@ def test_commit_holds_ranges_offsets_and_statistics(spark, pipeline):
     assert table.transaction_version(pipeline_app_id(cfg.name)) == 1
     for (t, p), offset in offsets.items():
         assert table.transaction_version(partition_app_id(cfg.name, t, p)) == offset
-    meta = pipeline_history(table, cfg.name)[-1].meta
+    meta = pipeline_history(cfg.table_location, table, cfg.name)[-1].meta
     assert meta.kind == "ingest" and meta.batch == 1 and meta.records.rows == 900
     assert meta.ranges == {topic: {str(p): [0, o] for (_, p), o in sorted(offsets.items())}}
     assert meta.run.by == "cli"
@@ -220,7 +220,7 @@ def test_a_quarantine_keeps_the_headers_and_one_made_before_it_did_gains_the_col
     from offsetlake.table import open_table
 
     cfg, topic = pipeline(partitions=2, format={"include_headers": True})
-    open_table(cfg.quarantine_path, QUARANTINE_SCHEMA)  # as an older offsetlake left it
+    open_table(cfg.quarantine_location, QUARANTINE_SCHEMA)  # as an older offsetlake left it
     producer = JournaledProducer(cfg.kafka.bootstrap_servers)
     producer.produce(topic, b"not json", key=b"k", headers=[("h", b"1"), ("h", None)], partition=0, bad="not JSON")
     producer.produce(topic, b"{}", key=b"k", headers=[("trace", b"x")], partition=1, bad="required field")
@@ -231,7 +231,7 @@ def test_a_quarantine_keeps_the_headers_and_one_made_before_it_did_gains_the_col
 
     quarantine = DeltaTable(cfg.quarantine_path)
     assert "kafka_headers" in [f.name for f in quarantine.schema().fields]
-    rows = sorted(query(cfg.quarantine_path, "SELECT kafka_partition, kafka_headers FROM t").to_pylist(), key=str)
+    rows = sorted(query(cfg.quarantine_location, "SELECT kafka_partition, kafka_headers FROM t").to_pylist(), key=str)
     assert [r["kafka_headers"] for r in rows] == [[("h", b"1"), ("h", None)], [("trace", b"x")]]
     assert_exactly_once(cfg)
 

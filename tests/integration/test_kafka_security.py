@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from offsetlake.config import KafkaSettings
-from offsetlake.local import broker_security
+from offsetlake_local import broker_security
 from support import (
     assert_exactly_once,
     assert_one_line_failure,

@@ -40,12 +40,17 @@ SMALL_BATCHES = {"max_records_per_batch": 300, "max_records_per_task": 100}
 
 
 def full_rows(cfg) -> list[dict]:
-    return query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_topic, kafka_partition, kafka_offset").to_pylist()
+    return query(cfg.table_location, "SELECT * FROM t ORDER BY kafka_topic, kafka_partition, kafka_offset").to_pylist()
 
 
 def compact(cfg, **kwargs):
     return optimize(
-        cfg.table_path, cfg.name, table_schema(cfg), cfg.table.partition_by, cfg.maintenance.target_file_mb, **kwargs
+        cfg.table_location,
+        cfg.name,
+        table_schema(cfg),
+        cfg.table.partition_by,
+        cfg.maintenance.target_file_mb,
+        **kwargs,
     )
 
 
@@ -57,12 +62,12 @@ def log_actions(cfg, version: int) -> list[dict]:
 def test_optimize_compacts_without_changing_a_row_or_the_ledger(pipeline):
     cfg, topic = pipeline(partitions=2, records=2000, ingest=True, batch=SMALL_BATCHES)
     before, ledger = full_rows(cfg), ledger_offsets(cfg)
-    files_before = committed_files(cfg.table_path)
+    files_before = committed_files(cfg.table_location)
 
     result = compact(cfg, zorder_by=["user_id", "amount"])
 
     assert result.version is not None and result.files_removed == len(files_before) > result.files_added
-    assert len(committed_files(cfg.table_path)) == result.files_added
+    assert len(committed_files(cfg.table_location)) == result.files_added
     assert full_rows(cfg) == before and ledger_offsets(cfg) == ledger
     actions = log_actions(cfg, result.version)
     assert all(a[k]["dataChange"] is False for a in actions for k in ("add", "remove") if k in a)
@@ -141,7 +146,7 @@ def test_stream_compacts_what_it_wrote(spark, pipeline):
     kinds = [h.meta.kind for h in pipeline_commits(cfg)]
     assert kinds.count("ingest") >= 6 and kinds.count("optimize") >= 1, kinds
     # Every `compact_every_batches` batches the stream folds their files together: far fewer files than batches.
-    assert len(committed_files(cfg.table_path)) < kinds.count("ingest")
+    assert len(committed_files(cfg.table_location)) < kinds.count("ingest")
     assert_exactly_once(cfg)
 
 
@@ -171,7 +176,7 @@ def test_vacuum_keeps_what_an_attempt_in_flight_or_a_restore_needs(spark, pipeli
     stale = _tombstone_from_two_hours_ago(cfg)  # the one file vacuum may delete
     # A checkpoint drops tombstones older than the table's retention: from then on only the files on
     # disk say the stale file is garbage (a "lite" vacuum, reading tombstones, would keep it forever).
-    checkpoint(cfg.table_path)
+    checkpoint(cfg.table_location)
     produce(cfg.kafka, topic, 300, seed=12)
     faults = tmp_path / "faults"
     zombie = ingest_process(
@@ -179,12 +184,12 @@ def test_vacuum_keeps_what_an_attempt_in_flight_or_a_restore_needs(spark, pipeli
     )
     try:
         _wait_for(faults / "after_files_written.reached", zombie)
-        in_flight = data_files_on_disk(cfg.table_path) - committed_files(cfg.table_path) - _tombstoned(cfg)
+        in_flight = data_files_on_disk(cfg.table_path) - committed_files(cfg.table_location) - _tombstoned(cfg)
         assert in_flight
 
         with pytest.raises(ConfigError, match="below the clean-up safety window"):
-            vacuum(cfg.table_path, cfg.name, retention_hours=0)
-        result = vacuum(cfg.table_path, cfg.name, retention_hours=1)
+            vacuum(cfg.table_location, cfg.name, retention_hours=0)
+        result = vacuum(cfg.table_location, cfg.name, retention_hours=1)
 
         assert result.deleted == [stale]
         assert in_flight <= data_files_on_disk(cfg.table_path)  # the attempt in flight keeps its files
@@ -203,7 +208,7 @@ def _tombstone_from_two_hours_ago(cfg) -> str:
     """Test setup: an empty file written, added and removed two hours ago (no rows: the data stays
     exact). Only such a file is old enough for a one-hour vacuum."""
     empty = pa.Table.from_pylist([], schema=table_schema(cfg))
-    f = write_file(cfg.table_path, "stale-empty-file.parquet", empty, {})
+    f = write_file(cfg.table_location, "stale-empty-file.parquet", empty, {})
     table = DeltaTable(cfg.table_path)
     table.create_write_transaction(
         [AddAction(f.path, f.size, {}, f.modification_time, False, f.stats)], mode="append", schema=table_schema(cfg)
@@ -238,12 +243,12 @@ def test_the_ledger_survives_checkpoints_and_log_clean_up(spark, pipeline):
     DeltaTable(cfg.table_path).alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
     ledger = ledger_offsets(cfg)
 
-    version = checkpoint(cfg.table_path)
+    version = checkpoint(cfg.table_location)
 
     log_dir = Path(cfg.table_path) / "_delta_log"
     assert not (log_dir / f"{1:020d}.json").exists()  # the commit files before the checkpoint are gone...
     assert (log_dir / f"{version:020d}.checkpoint.parquet").exists()  # ...the checkpoint holds the state
-    assert read_ledger(DeltaTable(cfg.table_path), cfg.name, _tps(cfg)).offsets == ledger
+    assert read_ledger(cfg.table_location, cfg.table_location.delta_table(), cfg.name, _tps(cfg)).offsets == ledger
     # Back to a normal retention from here on (a RESTORE brings table properties back too: we restore
     # to this version, whose ledger is the checkpoint's).
     DeltaTable(cfg.table_path).alter.set_table_properties({"delta.logRetentionDuration": "interval 30 days"})
@@ -253,7 +258,7 @@ def test_the_ledger_survives_checkpoints_and_log_clean_up(spark, pipeline):
     # A RESTORE to a version the log still holds is detected: the ledger rewinds to it, and the next
     # ingest reads those offsets again into the restored table.
     DeltaTable(cfg.table_path).restore(restore_to)
-    assert read_ledger(DeltaTable(cfg.table_path), cfg.name, _tps(cfg)).offsets == ledger
+    assert read_ledger(cfg.table_location, cfg.table_location.delta_table(), cfg.name, _tps(cfg)).offsets == ledger
     ingest(spark, cfg)
     rewinds = [h.meta.rewind for h in pipeline_commits(cfg) if h.meta.rewind]
     assert [r.restored_version for r in rewinds] == [restore_to]  # the first batch after the RESTORE says so

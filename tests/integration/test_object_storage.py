@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from offsetlake.batch import ingest
-from offsetlake.files import register_storage
+from offsetlake.storage.location import Location
 from offsetlake.formats.columns import table_schema
 from offsetlake.operations.compaction import optimize
 from offsetlake.operations.maintenance import checkpoint, vacuum
@@ -66,10 +66,10 @@ def test_a_pipeline_on_s3_lands_exactly_once_and_keeps_its_maintenance(spark, pi
     assert any("/quarantine/_delta_log/" in k for k in keys)
     rows = assert_exactly_once(cfg)  # values and the quarantine, read back over S3
 
-    compacted = optimize(cfg.table_path, cfg.name, table_schema(cfg), cfg.table.partition_by, 128)
+    compacted = optimize(cfg.table_location, cfg.name, table_schema(cfg), cfg.table.partition_by, 128)
     assert compacted.files_removed >= 2
-    checkpoint(cfg.table_path)
-    vacuum(cfg.table_path, cfg.name, retention_hours=1)
+    checkpoint(cfg.table_location)
+    vacuum(cfg.table_location, cfg.name, retention_hours=1)
     assert assert_exactly_once(cfg) == rows
     assert any(
         "/table/_delta_log/" in k and k.endswith(".checkpoint.parquet") for k in s3.keys(prefix.split("/", 3)[3])
@@ -319,8 +319,7 @@ def test_a_wrong_credential_is_one_line_naming_the_table_before_spark_starts(
 ):
     prefix = f"s3://{guarded_s3.bucket}/{uuid.uuid4().hex[:8]}"
     right = guarded_s3.storage_options()
-    register_storage(f"{prefix}/t", right)
-    check_store(f"{prefix}/t")  # the right key lists the (empty) location: the server lets it in
+    check_store(Location.of(f"{prefix}/t", right))  # the right key lists the (empty) location: the server lets it in
     wrong_key = "AKIAWRONGKEY00000000" if wrong == "access key" else right["AWS_ACCESS_KEY_ID"]
     options = guarded_s3.storage_options(AWS_ACCESS_KEY_ID=wrong_key, AWS_SECRET_ACCESS_KEY="not-the-secret")
     name = write_pipeline(
@@ -341,7 +340,7 @@ def test_a_wrong_credential_is_one_line_naming_the_table_before_spark_starts(
 def test_credentials_from_an_airflow_aws_connection_reach_every_writer(spark, pipeline, s3):
     """`table.connection` names an amazon-provider connection; its login, password and extra give the
     credentials, endpoint and region (here handed over as the operator hands them to its job)."""
-    from offsetlake.connections import resolve_connections
+    from offsetlake.config.connections import resolve_connections
 
     prefix = f"s3://{s3.bucket}/{uuid.uuid4().hex[:8]}"
     cfg, topic = pipeline(

@@ -34,7 +34,7 @@ from support import (
 
 
 def full_rows(cfg) -> list[dict]:
-    return query(cfg.table_path, "SELECT * FROM t ORDER BY kafka_topic, kafka_partition, kafka_offset").to_pylist()
+    return query(cfg.table_location, "SELECT * FROM t ORDER BY kafka_topic, kafka_partition, kafka_offset").to_pylist()
 
 
 def test_backfill_twice_gives_the_same_table_row_by_row(spark, pipeline):
@@ -60,7 +60,7 @@ def test_backfill_twice_gives_the_same_table_row_by_row(spark, pipeline):
     kinds = [h.meta.kind for h in pipeline_commits(cfg)]
     assert kinds[-2:] == ["backfill", "backfill"]
     assert_exactly_once(cfg)
-    compacted = optimize(cfg.table_path, cfg.name, table_schema(cfg), cfg.table.partition_by, 128)
+    compacted = optimize(cfg.table_location, cfg.name, table_schema(cfg), cfg.table.partition_by, 128)
     assert compacted.files_removed > compacted.files_added > 0
     assert full_rows(cfg) == before
 
@@ -170,7 +170,7 @@ def test_audit_finds_damage_and_repair_fixes_it(spark, pipeline):
     assert audit(cfg).ok
     table = DeltaTable(cfg.table_path)
     table.delete("kafka_partition = 0 AND kafka_offset >= 100 AND kafka_offset < 130")
-    copies = query(cfg.table_path, "SELECT * FROM t WHERE kafka_partition = 1 AND kafka_offset < 25")
+    copies = query(cfg.table_location, "SELECT * FROM t WHERE kafka_partition = 1 AND kafka_offset < 25")
     write_deltalake(cfg.table_path, copies, mode="append")
 
     report = audit(cfg)
@@ -194,15 +194,15 @@ def test_cleanup_removes_a_killed_attempts_files_and_keeps_committed_ones(spark,
     job = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": "after_files_written:exit"})
     job.communicate(timeout=300)
     assert job.returncode == -signal.SIGKILL
-    committed = committed_files(cfg.table_path)
+    committed = committed_files(cfg.table_location)
     orphans = data_files_on_disk(cfg.table_path) - committed
     assert orphans
-    assert cleanup(cfg.table_path, older_than_seconds=3600).deleted == []  # too young: maybe in flight
+    assert cleanup(cfg.table_location, older_than_seconds=3600).deleted == []  # too young: maybe in flight
     old = time.time() - 7200
     for name in data_files_on_disk(cfg.table_path):
         os.utime(Path(cfg.table_path) / name, (old, old))
 
-    result = cleanup(cfg.table_path, older_than_seconds=3600)
+    result = cleanup(cfg.table_location, older_than_seconds=3600)
 
     assert set(result.deleted) == orphans
     assert data_files_on_disk(cfg.table_path) == committed

@@ -15,8 +15,8 @@ from deltalake import DeltaTable, write_deltalake
 
 import oracle
 from offsetlake.batch import ingest
-from offsetlake.local.producer import avro_event_maker, demo_event, registry_client
 from offsetlake.table import query
+from offsetlake_local.producer import avro_event_maker, demo_event, registry_client
 from support import new_pipeline, produce
 
 KEY_AND_HEADERS = {"key": {"type": "string"}, "include_headers": True}
@@ -102,7 +102,7 @@ def rows_at(path: str, where: tuple) -> pa.Table:
 
 def swap_event_ids(cfg, good: list, **_) -> list:
     a, b = good[0], good[1]
-    ids = {w: query(cfg.table_path, f"SELECT event_id FROM t WHERE {at(w)}").column(0)[0].as_py() for w in (a, b)}
+    ids = {w: query(cfg.table_location, f"SELECT event_id FROM t WHERE {at(w)}").column(0)[0].as_py() for w in (a, b)}
     table = DeltaTable(cfg.table_path)
     table.update(predicate=at(a), updates={"event_id": f"'{ids[b]}'"})
     DeltaTable(cfg.table_path).update(predicate=at(b), updates={"event_id": f"'{ids[a]}'"})

@@ -28,7 +28,7 @@ from test_registry_formats import order_message_type
 
 import oracle
 from offsetlake.batch import ingest
-from offsetlake.local.producer import DEMO_AVRO_V1, DEMO_AVRO_V2, avro_event_maker, demo_event, registry_client
+from offsetlake_local.producer import DEMO_AVRO_V1, DEMO_AVRO_V2, avro_event_maker, demo_event, registry_client
 from support import JSON_SCHEMA, JournaledProducer, new_pipeline, produce
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ import time
 
 from deltalake import DeltaTable
 
-from offsetlake.topic_tables import for_topic
+from offsetlake.config.topic_tables import for_topic
 from oracle import assert_exactly_once, read_with_delta_rs
 from support import create_topic, load, produce, unique, write_per_topic_pipeline, write_pipeline
 
@@ -146,8 +146,8 @@ def test_tables_of_one_pipeline_upsert_on_their_own_keys(offsetlake, bootstrap, 
     assert (by_user.write.key, by_event.write.key) == (["user_id"], ["event_id"])
     for one in (by_user, by_event):
         assert_exactly_once(one)
-    users = read_with_delta_rs(by_user.table_path).column("user_id").to_pylist()
-    events = read_with_delta_rs(by_event.table_path).column("event_id").to_pylist()
+    users = read_with_delta_rs(by_user.table_location).column("user_id").to_pylist()
+    events = read_with_delta_rs(by_event.table_location).column("event_id").to_pylist()
     assert len(users) == len(set(users)) < len(events) == len(set(events))  # the same records, other keys
 
     # The Prometheus endpoint's text: each table labelled `pipeline/table`, caught up, with its own rows.

@@ -16,10 +16,10 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from deltalake import DeltaTable
 
 from offsetlake.batch import ingest
-from offsetlake.local import schema_registry as embedded_registry
-from offsetlake.local.producer import DEMO_AVRO_V1, DEMO_AVRO_V2, avro_event_maker, registry_client
 from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.table import query
+from offsetlake_local import schema_registry as embedded_registry
+from offsetlake_local.producer import DEMO_AVRO_V1, DEMO_AVRO_V2, avro_event_maker, registry_client
 from support import (
     JournaledProducer,
     assert_exactly_once,
@@ -70,7 +70,7 @@ def avro_pipeline(pipeline, registry, batch: dict | None = None, **format_extra)
 
 
 def rows_by_offset(cfg, columns: str) -> dict:
-    table = query(cfg.table_path, f"SELECT kafka_partition, kafka_offset, {columns} FROM t")
+    table = query(cfg.table_location, f"SELECT kafka_partition, kafka_offset, {columns} FROM t")
     out = {}
     for row in table.to_pylist():
         out[(row.pop("kafka_partition"), row.pop("kafka_offset"))] = row
@@ -159,7 +159,7 @@ def test_records_a_table_cannot_hold_are_quarantined_per_offset_with_the_reason(
 
     ingest(spark, cfg)
 
-    quarantine = query(cfg.quarantine_path, "SELECT kafka_offset, value, error FROM t").to_pylist()
+    quarantine = query(cfg.quarantine_location, "SELECT kafka_offset, value, error FROM t").to_pylist()
     assert len(quarantine) == len(bad)
     for row in quarantine:
         assert bad[row["value"]] in row["error"], row
@@ -393,7 +393,7 @@ def test_protobuf_and_json_schema_records_land_field_by_field(spark, pipeline, s
 
     assert_exactly_once(cfg2)
     got = query(
-        cfg2.table_path, "SELECT sensor, value, at, day, tags, place, city FROM t ORDER BY kafka_offset"
+        cfg2.table_location, "SELECT sensor, value, at, day, tags, place, city FROM t ORDER BY kafka_offset"
     ).to_pylist()
     assert len(got) == 30
     assert got[7] == {
@@ -405,7 +405,7 @@ def test_protobuf_and_json_schema_records_land_field_by_field(spark, pipeline, s
         "place": {"lat": 18.5, "lon": 73.8},
         "city": "Pune",
     }
-    errors = query(cfg2.quarantine_path, "SELECT error FROM t").column(0).to_pylist()
+    errors = query(cfg2.quarantine_location, "SELECT error FROM t").column(0).to_pylist()
     assert len(errors) == 1 and "value.value: expected a number" in errors[0]
 
 
@@ -442,7 +442,7 @@ def test_a_registry_key_and_an_avro_schema_file_without_a_registry(
     ingest(spark, cfg)
 
     assert_exactly_once(cfg)
-    keys_seen = query(cfg.table_path, "SELECT kafka_key FROM t").column(0).to_pylist()
+    keys_seen = query(cfg.table_location, "SELECT kafka_key FROM t").column(0).to_pylist()
     assert sum(k is None for k in keys_seen) == 20  # a record without a key keeps a null key, not quarantined
     assert {k["shop"] for k in keys_seen if k} == {"s0", "s1", "s2"}
 
@@ -471,7 +471,7 @@ def test_a_registry_key_and_an_avro_schema_file_without_a_registry(
     producer.flush(10)
     ingest(spark, cfg2)
     assert_exactly_once(cfg2)
-    got = query(cfg2.table_path, "SELECT event_id, seq, country FROM t ORDER BY seq").to_pylist()
+    got = query(cfg2.table_location, "SELECT event_id, seq, country FROM t ORDER BY seq").to_pylist()
     assert got[24] == {"event_id": "e24", "seq": 24, "country": "IN"} and len(got) == 25
 
 
@@ -524,7 +524,7 @@ def test_a_nested_field_added_on_a_partitioned_table_lands_with_its_offsets(
     place = next(f for f in table.schema().fields if f.name == "place")
     assert [f.name for f in place.type.fields] == ["city", "zip"]
     assert_exactly_once(cfg)
-    rows = {r["n"]: r for r in query(cfg.table_path, "SELECT n, place, tags, kafka_partition FROM t").to_pylist()}
+    rows = {r["n"]: r for r in query(cfg.table_location, "SELECT n, place, tags, kafka_partition FROM t").to_pylist()}
     assert len(rows) == 200
     assert rows[5] == {"n": 5, "place": {"city": "Pune", "zip": None}, "tags": ["a"], "kafka_partition": 1}
     assert rows[151] == {"n": 151, "place": {"city": "Goa", "zip": 151}, "tags": [], "kafka_partition": 1}

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from offsetlake.config import KafkaSettings
-from offsetlake.local import broker_security
+from offsetlake_local import broker_security
 from support import create_topic, files_containing, load, produce, run_cli, unique, write_pipeline
 
 pytestmark = pytest.mark.slow

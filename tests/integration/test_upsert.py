@@ -106,16 +106,16 @@ def test_updates_deletes_and_reinserts_across_batches_fold_exactly(spark, pipeli
     assert all(m is not None for m in merged)
     assert sum(m["updated"] for m in merged) > 0 and sum(m["deleted"] for m in merged) > 0
     # The Asset events say what the MERGEs did, as the batches reported it.
-    events = announcements(cfg.name, cfg.table_path, commits_after(cfg.table_path, 0))
+    events = announcements(cfg.name, cfg.table_path, commits_after(cfg.table_location, 0))
     ingests = [e for e in events if e["kind"] == "ingest"]
     for count in ("inserted", "updated", "deleted"):
         assert sum(e[count] for e in ingests) == sum(m[count] for m in merged)
     # The staging files went (the tasks' files, named by their attempt): the table holds the MERGEs' own.
-    assert staging_files(cfg) == [] and committed_files(cfg.table_path)
+    assert staging_files(cfg) == [] and committed_files(cfg.table_location)
     # cleanup keeps what the change feed reads (the MERGEs' _change_data files), however old.
     for path in Path(cfg.table_path).rglob("*.parquet"):
         os.utime(path, (time.time() - 7200, time.time() - 7200))
-    cleanup(cfg.table_path, 3600)
+    cleanup(cfg.table_location, 3600)
     assert list(Path(cfg.table_path).glob("_change_data/*.parquet"))
     assert_exactly_once(cfg)
 
@@ -153,7 +153,7 @@ def test_a_merge_reads_only_the_files_its_batch_key_range_can_touch(spark, pipel
         producer.produce(topic, json.dumps({"event_id": f"i{user}", "user_id": user, "seq": 0}).encode())
     producer.flush()
     ingest(spark, cfg)
-    files_before = len(committed_files(cfg.table_path))
+    files_before = len(committed_files(cfg.table_location))
     for seq, user in enumerate(range(350, 360)):
         producer.produce(topic, json.dumps({"event_id": f"u{user}", "user_id": user, "seq": seq + 1}).encode())
     producer.flush()
@@ -496,16 +496,16 @@ def test_a_restore_rewinds_the_upserts_and_optimize_keeps_the_fold(spark, pipeli
     # New keys only: a MERGE that matches nothing adds a file beside the table's (matches rewrite theirs).
     produce(cfg.kafka, topic, 50, transactional_share=0, seed=11, make_record=lambda rng, seq: new_key(seq))
     ingest(spark, cfg)
-    files_before = len(committed_files(cfg.table_path))
-    outcome = optimize(cfg.table_path, cfg.name, table_schema(cfg), [], 128)
-    assert outcome.version is not None and len(committed_files(cfg.table_path)) < files_before
+    files_before = len(committed_files(cfg.table_location))
+    outcome = optimize(cfg.table_location, cfg.name, table_schema(cfg), [], 128)
+    assert outcome.version is not None and len(committed_files(cfg.table_location)) < files_before
     assert_exactly_once(cfg)
 
 
 def test_avro_upserts_fold_and_a_new_field_lands_in_the_merge_of_its_offsets(spark, pipeline, schema_registry):
     """Records written by confluent-kafka's AvroSerializer through the registry; version 2 of the schema
     adds a field in the middle of the stream, and tombstones delete."""
-    from offsetlake.local.producer import avro_event_maker, registry_client
+    from offsetlake_local.producer import avro_event_maker, registry_client
 
     client = registry_client(schema_registry.url, schema_registry.user, schema_registry.password)
     registry = {"url": schema_registry.url, "username": schema_registry.user, "password": schema_registry.password}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 
-from offsetlake.local import broker
+from offsetlake_local import broker
 
 
 def test_a_cluster_node_is_configured_for_three_replicas_and_read_back_as_written(tmp_path):

@@ -8,9 +8,9 @@ import pytest
 
 from offsetlake import kafka
 from offsetlake.config import parse_pipeline
-from offsetlake.local import producer
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.read import reader
+from offsetlake_local import producer
 
 SECURITY = {
     "security.protocol": "SASL_SSL",

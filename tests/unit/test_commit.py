@@ -18,7 +18,6 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from offsetlake.errors import CommitConflictError, StorageError
-from offsetlake.files import write_file
 from offsetlake.protocol import commit as commit_module
 from offsetlake.protocol.commit import (
     Change,
@@ -33,6 +32,8 @@ from offsetlake.protocol.commit import (
 from offsetlake.protocol.ledger import Ledger, pipeline_history, read_ledger, txn_actions
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run
 from offsetlake.protocol.planning import BatchPlan
+from offsetlake.storage.location import Location
+from offsetlake.storage.parquet import write_file
 from offsetlake.table import open_table
 
 SCHEMA = pa.schema([("kafka_partition", pa.int32()), ("kafka_offset", pa.int64())])
@@ -40,8 +41,8 @@ TP0 = ("t", 0)
 
 
 @pytest.fixture
-def table(tmp_path) -> str:
-    uri = str(tmp_path / "table")
+def table(tmp_path) -> Location:
+    uri = Location.of(str(tmp_path / "table"))
     open_table(uri, SCHEMA, [], "test")
     return uri
 
@@ -50,7 +51,7 @@ def plan(batch: int, start: int, end: int, seen: int | None) -> BatchPlan:
     return BatchPlan("p", batch, {TP0: start}, {TP0: end}, ledger_offsets={TP0: seen})
 
 
-def data_file(uri: str, attempt: str, start: int, end: int):
+def data_file(uri: Location, attempt: str, start: int, end: int):
     rows = pa.table(
         {
             "kafka_partition": pa.array([0] * (end - start), pa.int32()),
@@ -60,11 +61,11 @@ def data_file(uri: str, attempt: str, start: int, end: int):
     return write_file(uri, f"part-00000001-{attempt}-t00000-a0-000.zstd.parquet", rows, {})
 
 
-def ingest_change(uri: str, p: BatchPlan, attempt: str, files) -> commit_module.Decide:
+def ingest_change(uri: Location, p: BatchPlan, attempt: str, files) -> commit_module.Decide:
     """What ingest decides: the verdict on the ledger of the snapshot, then data + txn + metadata."""
 
-    def decide(table) -> Change | Settled:
-        refused = verdict(read_ledger(table, "p", [TP0]), p)
+    def decide(snapshot) -> Change | Settled:
+        refused = verdict(read_ledger(uri, snapshot, "p", [TP0]), p)
         if refused is not None:
             return refused
         meta = CommitMetadata(
@@ -98,11 +99,11 @@ def test_data_offsets_and_metadata_land_in_one_version(table):
 
     assert isinstance(outcome, Committed) and outcome.version == 1
     assert outcome.added_paths() == {f.path}
-    loaded = DeltaTable(table)
+    loaded = DeltaTable(table.uri)
     assert loaded.version() == 1
-    ledger = read_ledger(loaded, "p", [TP0])
+    ledger = read_ledger(table, loaded, "p", [TP0])
     assert (ledger.batch, ledger.offsets) == (1, {TP0: 10})
-    entry = pipeline_history(loaded, "p")[-1]
+    entry = pipeline_history(table, loaded, "p")[-1]
     assert entry.version == 1 and entry.meta.attempt == attempt and entry.meta.records.rows == 10
     assert [a for a in loaded.get_add_actions(flatten=True).column("path").to_pylist()] == [f.path]
 
@@ -119,8 +120,8 @@ def test_a_retry_of_a_committed_batch_writes_nothing_and_its_files_go(table):
         outcome = commit(table, ingest_change(table, plan(1, 0, 10, None), retry, [f2]), "batch 1")
 
     assert isinstance(outcome, Settled) and outcome.status == "already_committed"
-    assert DeltaTable(table).version() == 1
-    on_disk = {p.name for p in Path(table).glob("*.parquet")}
+    assert DeltaTable(table.uri).version() == 1
+    on_disk = {p.name for p in Path(table.uri).glob("*.parquet")}
     assert on_disk == {f1.path}  # the zombie's file is gone, the committed one stays
 
 
@@ -143,7 +144,7 @@ def test_a_commit_that_lost_the_race_is_decided_again_never_rebased(table):
 
     assert decisions == [0, 1]
     assert isinstance(outcome, Settled) and outcome.status == "already_committed"
-    history = pipeline_history(DeltaTable(table), "p")
+    history = pipeline_history(table, DeltaTable(table.uri), "p")
     assert [h.meta.attempt for h in history] == [theirs]  # one commit of batch 1: theirs
 
 
@@ -236,7 +237,7 @@ def test_an_error_before_anything_landed_is_raised(table, monkeypatch, error, ra
     monkeypatch.setattr(commit_module, "_apply", fail)
     with pytest.raises(raised, match=message):
         commit(table, ingest_change(table, plan(1, 0, 5, None), new_attempt_id(), []), "batch 1")
-    assert DeltaTable(table).version() == 0
+    assert DeltaTable(table.uri).version() == 0
 
 
 def test_a_conflict_with_our_own_landed_commit_is_our_commit(table, monkeypatch):
@@ -253,7 +254,7 @@ def test_a_conflict_with_our_own_landed_commit_is_our_commit(table, monkeypatch)
     outcome = commit(table, ingest_change(table, plan(1, 0, 5, None), new_attempt_id(), []), "batch 1")
 
     assert isinstance(outcome, Committed) and outcome.version == 1
-    assert DeltaTable(table).version() == 1
+    assert DeltaTable(table.uri).version() == 1
 
 
 def test_an_error_of_another_kind_while_another_writer_landed_is_decided_again(table, monkeypatch):
@@ -278,7 +279,7 @@ def test_an_error_of_another_kind_while_another_writer_landed_is_decided_again(t
 
 
 def files_on_disk(table: str) -> list[str]:
-    return sorted(str(p.relative_to(table)) for p in Path(table).rglob("*.parquet"))
+    return sorted(str(p.relative_to(table.uri)) for p in Path(table.uri).rglob("*.parquet"))
 
 
 def test_attempt_files_deletes_what_the_attempt_wrote_and_no_commit_kept(table):
@@ -309,7 +310,7 @@ def test_after_an_error_every_file_of_the_attempt_is_found_by_its_id(table):
     assert files_on_disk(table) == sorted([kept_file.path, f"part-1-{other}-t00000-a0-000.zstd.parquet"])
 
 
-def offsetlake_commits(uri: str) -> list[CommitMetadata]:
+def offsetlake_commits(uri: Location) -> list[CommitMetadata]:
     """The metadata of every offsetlake commit in the table, any pipeline, oldest first."""
     metas = (CommitMetadata.parse(e.get("userMetadata")) for e in reversed(DeltaTable(uri).history()))
     return [m for m in metas if m is not None]

@@ -1,5 +1,5 @@
 """The Airflow connections the Connections page shows (docs/examples/connections/), resolved for the
-pipeline it shows as a task resolves them (`offsetlake.connections.resolve_connections`): each setting lands
+pipeline it shows as a task resolves them (`offsetlake.config.connections.resolve_connections`): each setting lands
 where the page says."""
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from offsetlake.config import parse_pipeline
-from offsetlake.connections import resolve_connections
+from offsetlake.config.connections import resolve_connections
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "connections"
 

@@ -9,7 +9,12 @@ import stat
 import pytest
 
 from offsetlake.config import parse_pipeline
-from offsetlake.connections import CONNECTIONS_FILE_ENV, connection_ids, resolve_connections, write_connections_file
+from offsetlake.config.connections import (
+    CONNECTIONS_FILE_ENV,
+    connection_ids,
+    resolve_connections,
+    write_connections_file,
+)
 from offsetlake.errors import ConfigError
 
 KAFKA = {
@@ -135,8 +140,6 @@ def table_pipeline(table: dict):
 
 
 def test_an_aws_connection_gives_the_tables_credentials_endpoint_and_region_and_the_pipeline_wins():
-    from offsetlake.files import storage_options
-
     table = {
         "path": "s3://lake/p",
         "connection": "aws_lake",
@@ -155,9 +158,12 @@ def test_an_aws_connection_gives_the_tables_credentials_endpoint_and_region_and_
         "conditional_put": "etag",
         "AWS_REGION": "us-east-2",  # the pipeline's own setting wins over the connection's region
     }
-    # registered for every reader and writer of the table and its default quarantine, with the retry bound
-    assert storage_options("s3://lake/p")["AWS_SECRET_ACCESS_KEY"] == "pw-s3"
-    assert storage_options("s3://lake/p_quarantine")["retry_timeout"] == "120s"
+    # what every reader and writer of the table and its default quarantine is given, with the retry bound
+    assert resolved.table_location.storage_options["AWS_SECRET_ACCESS_KEY"] == "pw-s3"
+    assert resolved.quarantine_location.uri == "s3://lake/p_quarantine"
+    assert resolved.quarantine_location.storage_options["AWS_SECRET_ACCESS_KEY"] == "pw-s3"
+    assert resolved.quarantine_location.retry_seconds == 120
+    assert cfg.table_location.storage_options.get("AWS_SECRET_ACCESS_KEY") is None  # the unresolved pipeline's
     assert "pw-s3" not in repr(resolved)
 
 

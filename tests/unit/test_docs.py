@@ -118,7 +118,7 @@ def shell_commands(block: str) -> list[list[str]]:
 
 
 def test_every_offsetlake_and_make_command_a_page_shows_is_one_the_code_takes(capsys):
-    from offsetlake.cli_arguments import build_parser
+    from offsetlake.cli.arguments import build_parser
 
     targets = set(re.findall(r"^([a-z][\w-]*):", (REPO / "Makefile").read_text(), flags=re.M))
     checked = 0
@@ -177,7 +177,7 @@ def _resolved(node: dict, root: dict) -> dict:
 
 def test_the_delta_spark_the_docs_name_is_the_one_the_tests_resolve():
     """The docs' Spark session asks Maven Central for the delta-spark release the POM pins for the tests."""
-    pom = (REPO / "src" / "offsetlake" / "local" / "poms" / "delta-spark.xml").read_text()
+    pom = (REPO / "src" / "offsetlake_local" / "poms" / "delta-spark.xml").read_text()
     line, version = (re.search(rf"<{p}>([^<]+)</{p}>", pom).group(1) for p in ("spark.line", "delta.version"))
     session = (DOCS / "examples" / "integrations" / "spark_session.py").read_text()
     assert f'"io.delta:delta-spark_{line}_2.13:{version}"' in session
@@ -196,8 +196,8 @@ def test_the_prerequisites_the_readme_and_getting_started_name_are_the_packages_
 
 def test_the_capture_how_to_configures_what_the_tested_chain_configures():
     """The PostgreSQL, Connect worker and connector settings the how-to shows are those the CDC tests run
-    with (offsetlake.local.postgres and .connect): each key, and each value that is not the reader's own."""
-    from offsetlake.local import connect, postgres
+    with (offsetlake_local.postgres and .connect): each key, and each value that is not the reader's own."""
+    from offsetlake_local import connect, postgres
 
     page = (DOCS / "how-to" / "capture-postgresql.md").read_text()
     blocks = re.findall(r"```(?:ini|properties)\n(.*?)```", page, flags=re.S)

@@ -9,13 +9,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from offsetlake.config import parse_pipeline
-from offsetlake.files import delta_stats, write_files
 from offsetlake.formats import arrow_json, declared_json
 from offsetlake.formats.columns import QUARANTINE_SCHEMA, table_schema
 from offsetlake.formats.declared_json import BadRecord, FastDecoder, arrow_type, parse_record
 from offsetlake.formats.records import convert
 from offsetlake.formats.values import coerce
 from offsetlake.read.reader import MESSAGE_SCHEMA
+from offsetlake.storage.location import Location
+from offsetlake.storage.parquet import delta_stats, write_files
 
 
 def pipeline(fmt):
@@ -118,7 +119,7 @@ def test_stats_hold_bounds_and_null_counts():
 
 def test_partitioned_files_go_to_hive_directories(tmp_path):
     table = pa.table({"day": ["2026-01-01", "2026-01-02", "2026-01-01", None], "v": [1, 2, 3, 4]})
-    files = write_files(str(tmp_path), table, ["day"], lambda n: f"part-{n}.parquet")
+    files = write_files(Location.of(str(tmp_path)), table, ["day"], lambda n: f"part-{n}.parquet")
     by_value = {f.partition_values["day"]: f for f in files}
     assert set(by_value) == {"2026-01-01", "2026-01-02", None}
     assert by_value["2026-01-01"].num_records == 2

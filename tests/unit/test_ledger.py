@@ -24,6 +24,7 @@ from offsetlake.protocol.ledger import (
     txn_actions,
 )
 from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, Rewind, Run, flat_offsets
+from offsetlake.storage.location import Location
 from offsetlake.table import open_table
 
 SCHEMA = pa.schema([("kafka_offset", pa.int64())])
@@ -31,13 +32,13 @@ TPS = [("t", 0), ("t", 1)]
 
 
 @pytest.fixture
-def table(tmp_path) -> str:
-    uri = str(tmp_path / "table")
+def table(tmp_path) -> Location:
+    uri = Location.of(str(tmp_path / "table"))
     open_table(uri, SCHEMA, [], "test")  # version 0
     return uri
 
 
-def ledger_commit(uri: str, batch: int, offsets: dict, pipeline: str = "p", kind: str = "ingest") -> int:
+def ledger_commit(uri: Location, batch: int, offsets: dict, pipeline: str = "p", kind: str = "ingest") -> int:
     meta = CommitMetadata(
         pipeline,
         kind,
@@ -49,7 +50,7 @@ def ledger_commit(uri: str, batch: int, offsets: dict, pipeline: str = "p", kind
     return commit(uri, lambda t: Change(meta, txns=txn_actions(pipeline, batch, offsets), schema=SCHEMA), kind).version
 
 
-def other_write(uri: str) -> int:
+def other_write(uri: Location) -> int:
     """A commit by someone else (a plain Delta write with no offsetlake metadata)."""
     table = DeltaTable(uri)
     table.create_write_transaction([], mode="append", schema=SCHEMA)
@@ -61,37 +62,37 @@ def test_the_ledger_is_the_txn_actions_of_the_latest_commit(table):
     ledger_commit(table, 2, {("t", 0): 20, ("t", 1): 5})
     other_write(table)
 
-    ledger = read_ledger(DeltaTable(table), "p", TPS)
+    ledger = read_ledger(table, DeltaTable(table.uri), "p", TPS)
 
     assert (ledger.batch, ledger.offsets, ledger.rewind) == (2, {("t", 0): 20, ("t", 1): 5}, None)
-    assert read_ledger(DeltaTable(table), "other", TPS).batch is None  # pipelines do not see each other
+    assert read_ledger(table, DeltaTable(table.uri), "other", TPS).batch is None  # pipelines do not see each other
 
 
 def test_a_restore_rewinds_the_offsets_until_a_commit_records_it(table):
     ledger_commit(table, 1, {("t", 0): 10})  # v1
     ledger_commit(table, 2, {("t", 0): 20})  # v2
-    DeltaTable(table).restore(1)  # v3: files of v1, but txn still says 20
+    DeltaTable(table.uri).restore(1)  # v3: files of v1, but txn still says 20
 
-    ledger = read_ledger(DeltaTable(table), "p", TPS)
+    ledger = read_ledger(table, DeltaTable(table.uri), "p", TPS)
 
     assert ledger.offsets == {("t", 0): 10}
     assert ledger.batch == 2  # batch numbers never go back: a zombie of batch 2 still finds it committed
     assert ledger.rewind == Rewind(restore_commit=3, restored_version=1, from_={"t": {"0": 20}}, to={"t": {"0": 10}})
     ledger_commit(table, 3, {("t", 0): 15})  # the next batch writes the rewound offsets and records it
-    after = read_ledger(DeltaTable(table), "p", TPS)
+    after = read_ledger(table, DeltaTable(table.uri), "p", TPS)
     assert (after.offsets, after.rewind) == ({("t", 0): 15}, None)
 
 
 def test_a_restore_before_the_pipelines_last_commit_is_already_recorded(table):
     ledger_commit(table, 1, {("t", 0): 10})
-    DeltaTable(table).restore(0)
+    DeltaTable(table.uri).restore(0)
     ledger_commit(table, 2, {("t", 0): 4})
 
-    history = commit_history(DeltaTable(table))
+    history = commit_history(table, DeltaTable(table.uri))
 
-    assert find_unrecorded_restore(history, "p", DeltaTable(table).version()) is None
+    assert find_unrecorded_restore(history, "p", DeltaTable(table.uri).version()) is None
     # ...but another pipeline in the same table has not recorded it
-    assert find_unrecorded_restore(history, "q", DeltaTable(table).version()) == (0, 2)
+    assert find_unrecorded_restore(history, "q", DeltaTable(table.uri).version()) == (0, 2)
 
 
 def test_restored_version_from_a_timestamp_restore(table):
@@ -100,23 +101,23 @@ def test_restored_version_from_a_timestamp_restore(table):
     moment = dt.datetime.now(dt.UTC)
     time.sleep(0.05)
     ledger_commit(table, 2, {("t", 0): 20})  # v2, after the moment
-    DeltaTable(table).restore(moment)  # v3
+    DeltaTable(table.uri).restore(moment)  # v3
 
-    history = commit_history(DeltaTable(table))
+    history = commit_history(table, DeltaTable(table.uri))
     restore = next(e for e in history if e["operation"] == "RESTORE")
 
     assert _restored_version(history, restore) == 1
-    assert read_ledger(DeltaTable(table), "p", TPS).offsets == {("t", 0): 10}
+    assert read_ledger(table, DeltaTable(table.uri), "p", TPS).offsets == {("t", 0): 10}
 
 
 def test_a_chain_of_restores_follows_each_back_to_a_ledger_commit(table):
     ledger_commit(table, 1, {("t", 0): 10})  # v1
     ledger_commit(table, 2, {("t", 0): 20})  # v2
     ledger_commit(table, 3, {("t", 0): 30})  # v3
-    DeltaTable(table).restore(2)  # v4: ledger as of v2 (20)
-    DeltaTable(table).restore(1)  # v5: ledger as of v1 (10)
+    DeltaTable(table.uri).restore(2)  # v4: ledger as of v2 (20)
+    DeltaTable(table.uri).restore(1)  # v5: ledger as of v1 (10)
 
-    assert read_ledger(DeltaTable(table), "p", TPS).offsets == {("t", 0): 10}
+    assert read_ledger(table, DeltaTable(table.uri), "p", TPS).offsets == {("t", 0): 10}
     # As of v4 the ledger was v2's, and v4 itself did not know of the later restore.
     assert ledger_at(table, "p", TPS, 4).offsets == {("t", 0): 20}
 
@@ -124,13 +125,13 @@ def test_a_chain_of_restores_follows_each_back_to_a_ledger_commit(table):
 def test_history_of_a_stale_or_time_travelled_object_is_truly_numbered(table):
     for batch in (1, 2, 3):
         ledger_commit(table, batch, {("t", 0): batch * 10})
-    stale = DeltaTable(table, version=1)
+    stale = DeltaTable(table.uri, version=1)
     ledger_commit(table, 4, {("t", 0): 40})
 
-    versions = [e["version"] for e in commit_history(stale)]
+    versions = [e["version"] for e in commit_history(table, stale)]
 
     assert versions == [1, 0]  # only what version 1 had, numbered as in the log
-    entries = pipeline_history(DeltaTable(table), "p")
+    entries = pipeline_history(table, DeltaTable(table.uri), "p")
     assert [(h.version, h.meta.batch) for h in entries] == [(1, 1), (2, 2), (3, 3), (4, 4)]
 
 
@@ -165,9 +166,9 @@ def history_reads(monkeypatch) -> list:
 
     asked, real = [], ledger._latest_history
 
-    def spy(uri, limit):
+    def spy(location, table, limit):
         asked.append(limit)
-        return real(uri, limit)
+        return real(location, table, limit)
 
     monkeypatch.setattr(ledger, "_latest_history", spy)
     return asked
@@ -178,7 +179,7 @@ def test_reading_the_ledger_reads_only_the_newest_commits_however_old_the_table(
         ledger_commit(table, batch, {("t", 0): batch * 10})
     asked = history_reads(monkeypatch)
 
-    ledger = read_ledger(DeltaTable(table), "p", TPS)
+    ledger = read_ledger(table, DeltaTable(table.uri), "p", TPS)
 
     assert ledger.offsets == {("t", 0): 400}
     assert asked == [8]  # the newest commit is the pipeline's: one first page, never the 41 commits
@@ -187,12 +188,12 @@ def test_reading_the_ledger_reads_only_the_newest_commits_however_old_the_table(
 def test_a_restore_behind_many_other_commits_is_still_found(table, monkeypatch):
     ledger_commit(table, 1, {("t", 0): 10})  # v1
     ledger_commit(table, 2, {("t", 0): 20})  # v2
-    DeltaTable(table).restore(1)  # v3
+    DeltaTable(table.uri).restore(1)  # v3
     for _ in range(40):  # another writer keeps committing after the restore
         other_write(table)
     asked = history_reads(monkeypatch)
 
-    assert read_ledger(DeltaTable(table), "p", TPS).offsets == {("t", 0): 10}
+    assert read_ledger(table, DeltaTable(table.uri), "p", TPS).offsets == {("t", 0): 10}
     assert asked[:3] == [8, 32, 128]  # pages grow until the pipeline's last commit is reached
 
 
@@ -202,11 +203,11 @@ def test_history_with_a_limit_reads_only_as_far_back_as_it_needs(table, monkeypa
         other_write(table)
     asked = history_reads(monkeypatch)
 
-    newest = pipeline_history(DeltaTable(table), "p", limit=3)
+    newest = pipeline_history(table, DeltaTable(table.uri), "p", limit=3)
 
     assert [h.meta.batch for h in newest] == [28, 29, 30]
     assert None not in asked and max(asked) <= 8
-    assert [h.meta.batch for h in pipeline_history(DeltaTable(table), "p")] == list(range(1, 31))
+    assert [h.meta.batch for h in pipeline_history(table, DeltaTable(table.uri), "p")] == list(range(1, 31))
 
 
 def test_history_since_a_moment_reads_no_further_back(table, monkeypatch):
@@ -218,7 +219,7 @@ def test_history_since_a_moment_reads_no_further_back(table, monkeypatch):
     ledger_commit(table, 42, {("t", 0): 42})
     asked = history_reads(monkeypatch)
 
-    recent = pipeline_history(DeltaTable(table), "p", since_ms=since)
+    recent = pipeline_history(table, DeltaTable(table.uri), "p", since_ms=since)
 
     assert [h.meta.batch for h in recent] == [41, 42]
     assert asked == [8]

@@ -7,7 +7,7 @@ import datetime as dt
 
 import pyarrow as pa
 
-from offsetlake.local.producer import BAD_VALUES
+from offsetlake_local.producer import BAD_VALUES
 from oracle import BAD_REASON, Journal, coerce
 
 

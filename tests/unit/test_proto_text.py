@@ -10,8 +10,8 @@ from google.protobuf import descriptor_pb2
 from offsetlake.formats import protobuf
 from offsetlake.formats.protobuf import MAIN_PROTO
 from offsetlake.formats.registry import UnusableSchema
-from offsetlake.local.proto_text import proto_text
-from offsetlake.local.schema_registry import as_karapace
+from offsetlake_local.proto_text import proto_text
+from offsetlake_local.schema_registry import as_karapace
 
 F = descriptor_pb2.FieldDescriptorProto
 

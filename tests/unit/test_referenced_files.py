@@ -6,6 +6,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from offsetlake.operations import maintenance
+from offsetlake.storage.location import Location
 
 
 def test_a_log_entry_cleaned_up_between_listing_and_reading_makes_the_log_read_again(tmp_path, monkeypatch):
@@ -28,7 +29,7 @@ def test_a_log_entry_cleaned_up_between_listing_and_reading_makes_the_log_read_a
 
     monkeypatch.setattr(maintenance, "_files_named_in", cleaned_up_meanwhile)
 
-    referenced = maintenance.referenced_files(uri)
+    referenced = maintenance.referenced_files(Location.of(uri))
 
     live = set(pa.table(DeltaTable(uri).get_add_actions(flatten=True)).column("path").to_pylist())
     assert raced and not (tmp_path / "t" / "_delta_log" / raced[0]).exists()

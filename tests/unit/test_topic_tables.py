@@ -1,11 +1,11 @@
-"""A pipeline's tables from its topics (offsetlake.topic_tables): patterns, a table per topic, and the
+"""A pipeline's tables from its topics (offsetlake.config.topic_tables): patterns, a table per topic, and the
 one-line refusals. Pure: the cluster's topic list is given."""
 
 import pytest
 
 from offsetlake.config import parse_pipeline
+from offsetlake.config.topic_tables import only_table, resolve, select, table_path
 from offsetlake.errors import ConfigError
-from offsetlake.topic_tables import only_table, resolve, select, table_path
 
 CLUSTER = ["pg.shop.orders", "pg.shop.customers", "pg.shop.heartbeat", "pg.crm.orders", "__consumer_offsets"]
 
@@ -85,12 +85,16 @@ def test_a_command_on_one_table_needs_the_table_named_only_for_a_per_topic_pipel
         def topic_names(self):
             return CLUSTER
 
-    assert only_table(pipeline(), "orders", Cluster()).topics == ["pg.shop.orders"]
+    assert only_table(pipeline(), "orders", Cluster().topic_names).topics == ["pg.shop.orders"]
     assert "name one with --table (its tables: customers, heartbeat, orders)" in error_for(
-        lambda: only_table(pipeline(), None, Cluster())
+        lambda: only_table(pipeline(), None, Cluster().topic_names)
     )
     one = pipeline(topics=["pg.shop.orders"], table={"path": "/lake/orders"})
-    assert only_table(one, None) is one  # named topics, one table: no Kafka asked
+
+    def no_kafka() -> list[str]:
+        raise AssertionError("a pipeline that names its topics and writes one table asked Kafka")
+
+    assert only_table(one, None, no_kafka) is one
 
 
 def test_a_table_path_is_known_from_the_name_alone():

@@ -11,7 +11,7 @@ the table (`table_asset`), so a stream's batches, maintenance and changes made
 outside Airflow are announced like an ingest.
 
 A pipeline that writes a table per topic (`table.path` with `{table}` or `{topic}`,
-offsetlake.topic_tables) gets the same DAGs, with the Spark step mapped: a `tables`
+offsetlake.config.topic_tables) gets the same DAGs, with the Spark step mapped: a `tables`
 task lists the tables as of the run (a topic created since joins), and the step
 runs once per table (`.expand(table=...)`, labelled with the table's name), so
 each table's state, retries and logs show on their own. Its stream DAG keeps one
@@ -29,7 +29,7 @@ from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 from offsetlake.airflow.operator import RETRIES, OffsetlakeOperator
 from offsetlake.airflow.triggers import TableChangeTrigger
 from offsetlake.config import PipelineConfig, list_pipelines, load_pipeline
-from offsetlake.topic_tables import is_pattern, per_topic
+from offsetlake.config.topic_tables import is_pattern, per_topic
 
 START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -40,7 +40,7 @@ def table_asset(cfg: PipelineConfig | str, table: str | None = None) -> Asset:
     not on a plain `Asset` of the same name, which would define the Asset without its watcher.
 
     `table`: one table of a pipeline that writes a table per topic (`table_asset("shop", "orders")`)."""
-    from offsetlake.topic_tables import table_path
+    from offsetlake.config.topic_tables import table_path
 
     if isinstance(cfg, str):
         cfg = load_pipeline(cfg)
@@ -264,7 +264,7 @@ def spark_step(
     @task(task_id="tables")
     def tables(params=None) -> list[str]:
         from offsetlake.airflow.forms import form_tables
-        from offsetlake.connections import resolve_connections
+        from offsetlake.config.connections import resolve_connections
 
         return form_tables(resolve_connections(cfg), dict(params or {}), one=one_table)
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Callable
 
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import ConfigError
-from offsetlake.kafka import KafkaCluster
+from offsetlake.kafka import KafkaCluster, topic_lister
 from offsetlake.protocol.ranges import OffsetRange
 
 # Free text (a reset reason) may be prose, but never a path or a shell fragment.
@@ -49,7 +50,7 @@ def form_tables(cfg: PipelineConfig, conf: dict, cluster: KafkaCluster | None = 
     """The tables a per-topic pipeline's Spark step is mapped over: the form's `table`, or (empty) every
     table the pipeline has now; `one`: the form must name one. [] for a pipeline with one table, whose
     form has no `table` to fill in."""
-    from offsetlake.topic_tables import per_topic, pipeline_tables, select
+    from offsetlake.config.topic_tables import per_topic, pipeline_tables, select
 
     check_pipeline(cfg, conf)
     name = conf.get("table") or None
@@ -59,7 +60,7 @@ def form_tables(cfg: PipelineConfig, conf: dict, cluster: KafkaCluster | None = 
         if name is not None:
             raise ConfigError(f"table {name!r}: pipeline {cfg.name!r} writes one table; leave table empty")
         return []
-    tables = select(pipeline_tables(cfg, cluster), cfg, name)
+    tables = select(pipeline_tables(cfg, _topic_names(cfg, cluster)), cfg, name)
     if one and name is None:
         known = ", ".join(t.name or "" for t in tables)
         raise ConfigError(f"table: name the table (pipeline {cfg.name!r} writes one per topic: {known})")
@@ -69,9 +70,13 @@ def form_tables(cfg: PipelineConfig, conf: dict, cluster: KafkaCluster | None = 
 def _form_table(cfg: PipelineConfig, conf: dict, cluster: KafkaCluster | None) -> PipelineConfig:
     """The single-table pipeline of the form's `table` (or the pipeline's one table, its topic patterns
     resolved)."""
-    from offsetlake.topic_tables import only_table
+    from offsetlake.config.topic_tables import only_table
 
-    return only_table(cfg, conf.get("table") or None, cluster)
+    return only_table(cfg, conf.get("table") or None, _topic_names(cfg, cluster))
+
+
+def _topic_names(cfg: PipelineConfig, cluster: KafkaCluster | None) -> Callable[[], list[str]]:
+    return (lambda: cluster.topic_names()) if cluster is not None else topic_lister(cfg.kafka)
 
 
 def backfill_ranges(cfg: PipelineConfig, conf: dict, cluster: KafkaCluster | None = None) -> str:
@@ -130,7 +135,7 @@ def _flags(conf: dict, keys: tuple[str, ...], default: bool) -> dict[str, bool]:
 def recovery_args(cfg: PipelineConfig, conf: dict) -> dict[str, str]:
     """Arguments for jobs/recovery.py, as strings, from the recovery form."""
     check_pipeline(cfg, conf)
-    from offsetlake.topic_tables import per_topic
+    from offsetlake.config.topic_tables import per_topic
 
     flags = _flags(conf, ("repair", "cleanup", "reset"), default=False)
     older = _integer(conf.get("cleanup_older_than_seconds", 3600), "cleanup_older_than_seconds", minimum=60)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import one_line
+from offsetlake.kafka import topic_lister
 from offsetlake.operations.changes import commits_after, table_version
 from offsetlake.operations.status import PartitionStatus, history, status
 from offsetlake.protocol.metadata import HistoryEntry
@@ -52,15 +53,15 @@ def snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
     """Lag, the newest `limit` commits (none for `limit=0`) and the table's version. A pipeline with a
     table per topic: every table's partitions and commits together (each partition names its topic),
     and each table's own figures in `tables`."""
-    from offsetlake.connections import resolve_connections
-    from offsetlake.topic_tables import pipeline_tables
+    from offsetlake.config.connections import resolve_connections
+    from offsetlake.config.topic_tables import pipeline_tables
 
     try:
         cfg = resolve_connections(cfg)  # kafka.connection, table.connection: read where the view runs
     except Exception as err:  # noqa: BLE001 - shown on the page, one line
         return Snapshot(cfg, [], [], None, f"connections: {_line(err)}")
     try:
-        tables = pipeline_tables(cfg)
+        tables = pipeline_tables(cfg, topic_lister(cfg.kafka))
     except Exception as err:  # noqa: BLE001
         return Snapshot(cfg, [], [], None, f"Kafka: {_line(err)}")
     if tables[0].name is None:
@@ -87,7 +88,7 @@ def table_snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
     except Exception as err:  # noqa: BLE001 - shown on the page, one line
         errors.append(f"Kafka: {_line(err)}")
     try:
-        version = table_version(cfg.table_path)
+        version = table_version(cfg.table_location)
         commits = history(cfg, limit) if version is not None and limit else []
     except Exception as err:  # noqa: BLE001
         errors.append(f"table: {_line(err)}")
@@ -123,10 +124,10 @@ class CommitTotals:
             totals = self._totals.setdefault(key, Totals())
             seen = self._seen.get(key)
             if seen is None:  # counting starts now: a counter's value is what happened while it ran
-                current = table_version(cfg.table_path)
+                current = table_version(cfg.table_location)
                 self._seen[key] = -1 if current is None else current
                 return totals
-            for commit in commits_after(cfg.table_path, seen):
+            for commit in commits_after(cfg.table_location, seen):
                 self._seen[key] = commit.version
                 meta = commit.meta
                 if meta is None or meta.pipeline != cfg.name:
@@ -148,8 +149,8 @@ def labelled_tables(configs: list[PipelineConfig]) -> list[tuple[str, PipelineCo
     `pipeline/table`), its config, and whether that is already one table's with its connections resolved
     (the tables as of now; a pipeline whose tables cannot be listed keeps its name, and its snapshot says
     why)."""
-    from offsetlake.connections import resolve_connections
-    from offsetlake.topic_tables import per_topic, pipeline_tables
+    from offsetlake.config.connections import resolve_connections
+    from offsetlake.config.topic_tables import per_topic, pipeline_tables
 
     out: list[tuple[str, PipelineConfig, bool]] = []
     for cfg in configs:
@@ -157,7 +158,8 @@ def labelled_tables(configs: list[PipelineConfig]) -> list[tuple[str, PipelineCo
             out.append((cfg.name, cfg, False))
             continue
         try:
-            out.extend((t.label, t.cfg, True) for t in pipeline_tables(resolve_connections(cfg)))
+            resolved = resolve_connections(cfg)
+            out.extend((t.label, t.cfg, True) for t in pipeline_tables(resolved, topic_lister(resolved.kafka)))
         except Exception:  # noqa: BLE001 - offsetlake_up says it
             out.append((cfg.name, cfg, False))
     return out

@@ -135,14 +135,16 @@ class OffsetlakeOperator(SparkSubmitOperator):
         self.conf = {**spark_conf(self._master()), **(self.conf or {})}
         started = dt.datetime.now(dt.UTC)
         from offsetlake.config import load_pipeline
-        from offsetlake.connections import read_connections, resolve_connections
-        from offsetlake.topic_tables import only_table, per_topic
+        from offsetlake.config.connections import read_connections, resolve_connections
+        from offsetlake.config.topic_tables import only_table, per_topic
+        from offsetlake.kafka import topic_lister
 
         cfg = load_pipeline(self.pipeline)
         connections = read_connections(cfg)  # once, here: through Airflow's API and its secrets backends
         cfg = resolve_connections(cfg, connections)  # this process reads the table too (table.connection)
         if self.table or not per_topic(cfg):
-            cfg = only_table(cfg, self.table)  # the table this task reads back (and checks is up to date)
+            # the table this task reads back (and checks is up to date)
+            cfg = only_table(cfg, self.table, topic_lister(cfg.kafka))
         else:  # every table of a per-topic pipeline, in one job (a stream): nothing to read back here
             self._cfg = None
             with self._handed_to_the_job(connections):
@@ -171,8 +173,8 @@ class OffsetlakeOperator(SparkSubmitOperator):
         from airflow.providers.openlineage.extractors import OperatorLineage
 
         from offsetlake.config import load_pipeline
+        from offsetlake.config.topic_tables import per_topic
         from offsetlake.operations.lineage import pipeline_datasets
-        from offsetlake.topic_tables import per_topic
 
         cfg = getattr(self, "_cfg", None) or load_pipeline(self.pipeline)
         if per_topic(cfg):  # every table of a per-topic pipeline in one job: no one table to name
@@ -184,11 +186,11 @@ class OffsetlakeOperator(SparkSubmitOperator):
     def _handed_to_the_job(self, connections: dict[str, dict]):
         """The pipeline's Airflow connections (read where the task runs) handed to the job as a file only this
         user can read, named by an environment variable of spark-submit; deleted when spark-submit ends
-        (offsetlake.connections)."""
+        (offsetlake.config.connections)."""
         if not connections:
             yield
             return
-        from offsetlake.connections import CONNECTIONS_FILE_ENV, write_connections_file
+        from offsetlake.config.connections import CONNECTIONS_FILE_ENV, write_connections_file
 
         directory = Path(tempfile.mkdtemp(prefix="offsetlake-connections-"))  # 0700
         previous = self.env_vars

@@ -26,6 +26,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from offsetlake.storage.location import Location
+
 log = logging.getLogger("offsetlake.airflow.triggers")
 CURSOR = "offsetlake_announced_version"
 
@@ -57,15 +59,15 @@ class TableChangeTrigger(BaseEventTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from offsetlake.operations.changes import announcements, commits_after, table_version
 
-        await asyncio.to_thread(self._load_storage)
+        location = await asyncio.to_thread(self._location)
         announced = await self._load_cursor()
         if announced is None:
-            announced = await asyncio.to_thread(table_version, self.table)
+            announced = await asyncio.to_thread(table_version, location)
             announced = -1 if announced is None else announced
             await self._store_cursor(announced)
         while True:
             try:
-                commits = await asyncio.to_thread(commits_after, self.table, announced)
+                commits = await asyncio.to_thread(commits_after, location, announced)
             except Exception as err:  # noqa: BLE001 - a table being restored or briefly unreachable: look again
                 log.warning(
                     "offsetlake %s: could not read %s (%s); looking again in %ss",
@@ -82,17 +84,20 @@ class TableChangeTrigger(BaseEventTrigger):
                 await self._store_cursor(announced)
             await asyncio.sleep(self.poll_seconds)
 
-    def _load_storage(self) -> None:
+    def _location(self) -> Location:
         """The triggerer is a process of its own: the table's storage options (and table.connection's
-        credentials) are registered here by loading the pipeline. A pipeline that cannot be loaded now
-        leaves the table on the store's defaults (a local table needs none); each poll says what fails."""
+        credentials) come from loading the pipeline here. A pipeline that cannot be loaded now leaves the
+        table on the store's defaults (a local table needs none); each poll says what fails."""
         from offsetlake.config import load_pipeline
-        from offsetlake.connections import resolve_connections
+        from offsetlake.config.connections import resolve_connections
+        from offsetlake.config.model import effective_storage_options
 
         try:
-            resolve_connections(load_pipeline(self.pipeline))
+            cfg = resolve_connections(load_pipeline(self.pipeline))
         except Exception as err:  # noqa: BLE001 - the watcher keeps running; the poll's error names the table
             log.warning("offsetlake %s: pipeline not loaded in the triggerer (%s)", self.pipeline, err)
+            return Location.of(self.table)
+        return Location.of(self.table, effective_storage_options(cfg.table))  # a table per topic: the same
 
     async def _load_cursor(self) -> int | None:
         if self.asset_state_store is None:

@@ -23,8 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from offsetlake.config import UNKNOWN_FIELDS_COLUMN, PipelineConfig, SchemaField
+from offsetlake.config.columns import decimal_type
 from offsetlake.formats import arrow_json
-from offsetlake.formats.values import INT32, INT64, check_unicode, coerce, decimal_type
+from offsetlake.formats.values import INT32, INT64, check_unicode, coerce
 
 ARROW_TYPES = {
     "string": pa.string(),

@@ -29,6 +29,7 @@ from offsetlake.config import (
     REGISTRY_FORMATS,
     PipelineConfig,
 )
+from offsetlake.config.columns import decimal_type
 from offsetlake.formats import debezium, declared_json
 from offsetlake.formats.columns import (
     HEADERS_TYPE,
@@ -41,7 +42,6 @@ from offsetlake.formats.columns import (
     table_schema,
 )
 from offsetlake.formats.declared_json import ARROW_TYPES, int64_scalar
-from offsetlake.formats.values import decimal_type
 from offsetlake.formats.wire_values import decode_values, registry_decoders
 
 

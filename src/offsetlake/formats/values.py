@@ -11,11 +11,11 @@ import functools
 import math
 import re
 
+from offsetlake.config.columns import decimal_type
+
 INT32 = (-(2**31), 2**31 - 1)
 
 INT64 = (-(2**63), 2**63 - 1)
-# A declared `decimal(p,s)`: Delta's (and Spark's) precision 1 to 38, scale 0 to p.
-DECIMAL_TYPE = re.compile(r"^decimal\((\d{1,2}),(\d{1,2})\)$")
 _DECIMAL_TEXT = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")  # no spaces, `_`, NaN or Infinity
 _EXACT = decimal.Context(prec=80, traps=[decimal.InvalidOperation])  # beyond any decimal(38, s) and its scale
 
@@ -77,12 +77,6 @@ def from_unscaled(unscaled: int, scale: int) -> decimal.Decimal:
 
 
 @functools.lru_cache(maxsize=64)
-def decimal_type(type_: str) -> tuple[int, int] | None:
-    """(precision, scale) of a declared `decimal(p,s)`; None for any other type."""
-    match = DECIMAL_TYPE.match(type_)
-    return (int(match[1]), int(match[2])) if match else None
-
-
 def to_decimal(value, precision: int, scale: int) -> decimal.Decimal:
     """Decimal text (exact), or a JSON number (read as a double: exact to 15 significant digits), at `scale`.
     Never rounded: more decimal places than the scale, or more digits before the point than the precision

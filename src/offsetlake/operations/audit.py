@@ -24,7 +24,6 @@ from deltalake.exceptions import TableNotFoundError
 
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, TableError
-from offsetlake.files import action_partition_values, despite_log_cleanup, from_delta_path, read_with_partitions
 from offsetlake.formats.columns import LINEAGE_SCHEMA
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.operations.fold import UpsertAuditReport, audit_upsert, rebuild
@@ -33,6 +32,8 @@ from offsetlake.protocol.ledger import pipeline_history, read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, unflat_offsets
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.read.reader import read_range
+from offsetlake.storage.location import Location, despite_log_cleanup
+from offsetlake.storage.parquet import action_partition_values, from_delta_path, read_with_partitions
 from offsetlake.table import files_added_in, open_table, query
 
 
@@ -120,15 +121,15 @@ def audit(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> Audit
         return audit_upsert(cfg, ranges)
     cluster = KafkaCluster(cfg.kafka)
     tps = cluster.partitions(cfg.topics)
-    table = open_table(cfg.table_path)
-    ledger = read_ledger(table, cfg.name, tps)
+    table = open_table(cfg.table_location)
+    ledger = read_ledger(cfg.table_location, table, cfg.name, tps)
     if ranges is None:
         ranges = audited_ranges(tps, cluster.start_offsets(tps), ledger.offsets)
-    table_rows = _lineage_counts(cfg.table_path)
-    quarantined = _lineage_counts(cfg.quarantine_path, missing_ok=True)
-    history = pipeline_history(table, cfg.name)
+    table_rows = _lineage_counts(cfg.table_location)
+    quarantined = _lineage_counts(cfg.quarantine_location, missing_ok=True)
+    history = pipeline_history(cfg.table_location, table, cfg.name)
     skipped = skipped_ranges(history)
-    rewritten, unlocated = rewritten_by_others(table, cfg.table.partition_by)
+    rewritten, unlocated = rewritten_by_others(cfg.table_location, table, cfg.table.partition_by)
     report = AuditReport(
         cfg.name, [_audit_partition(cfg, r, table_rows, quarantined, skipped, rewritten) for r in ranges]
     )
@@ -145,11 +146,12 @@ def audit(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> Audit
 ROW_REWRITES = ("UPDATE", "MERGE")
 
 
-def rewritten_by_others(table: DeltaTable, partition_by: list[str]) -> tuple[dict[TP, set[int]], list[tuple[int, str]]]:
+def rewritten_by_others(
+    location: Location, table: DeltaTable, partition_by: list[str]
+) -> tuple[dict[TP, set[int]], list[tuple[int, str]]]:
     """({partition: offsets of rows in files another writer's UPDATE or MERGE added, still in the table},
     [(version, operation) of such commits whose log entry is gone]). offsetlake's own MERGEs (upsert mode)
     carry its commit metadata and are not another writer's."""
-    uri = table.table_uri
     theirs = [
         (h["version"], h["operation"])
         for h in despite_log_cleanup(table.history)
@@ -160,7 +162,7 @@ def rewritten_by_others(table: DeltaTable, partition_by: list[str]) -> tuple[dic
     live = {from_delta_path(a["path"]): a for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
     suspect, unlocated = set(), []
     for version, operation in theirs:
-        added = files_added_in(uri, version)
+        added = files_added_in(location, version)
         if added is None:
             unlocated.append((version, operation))
         else:
@@ -169,16 +171,16 @@ def rewritten_by_others(table: DeltaTable, partition_by: list[str]) -> tuple[dic
     offsets: dict[TP, set[int]] = {}
     for path in suspect:
         values = action_partition_values(live[path], lineage_partitions)
-        rows = read_with_partitions(uri, path, values, LINEAGE_SCHEMA)
+        rows = read_with_partitions(location, path, values, LINEAGE_SCHEMA)
         where = (rows.column(c).to_pylist() for c in ("kafka_topic", "kafka_partition", "kafka_offset"))
         for topic, partition, offset in zip(*where):
             offsets.setdefault((topic, partition), set()).add(offset)
     return offsets, unlocated
 
 
-def _lineage_counts(uri: str, missing_ok: bool = False) -> dict[TP, Counter]:
+def _lineage_counts(location: Location, missing_ok: bool = False) -> dict[TP, Counter]:
     try:
-        lineage = query(uri, "SELECT kafka_topic, kafka_partition, kafka_offset FROM t")
+        lineage = query(location, "SELECT kafka_topic, kafka_partition, kafka_offset FROM t")
     except (TableError, TableNotFoundError):
         if missing_ok:
             return {}

@@ -22,10 +22,8 @@ import pyarrow.compute as pc
 from deltalake.transaction import RemoveAction
 
 from offsetlake import faults
-from offsetlake.batch import TaskFiles, evolved_schema, run_tasks, table_columns
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import ConfigError, DataLossError
-from offsetlake.files import action_partition_values, from_delta_path, read_with_partitions, write_file
 from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, commit, new_attempt_id
@@ -33,7 +31,10 @@ from offsetlake.protocol.ledger import read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, ranges_json
 from offsetlake.protocol.planning import split_ranges
 from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.read.jobs import TaskFiles, evolved_schema, run_tasks, table_columns
 from offsetlake.read.tasks import TaskContext
+from offsetlake.storage.location import Location
+from offsetlake.storage.parquet import action_partition_values, from_delta_path, read_with_partitions, write_file
 from offsetlake.table import open_table, query
 
 log = logging.getLogger("offsetlake.operations.backfill")
@@ -139,37 +140,37 @@ def backfill(
     )
     cluster = KafkaCluster(cfg.kafka)
     schema = table_schema(cfg)
-    table = open_table(cfg.table_path, schema, cfg.table.partition_by, cfg.name, create=False)
+    table = open_table(cfg.table_location, schema, cfg.table.partition_by, cfg.name, create=False)
     tps = cluster.partitions(cfg.topics)
-    ledger = read_ledger(table, cfg.name, tps)
+    ledger = read_ledger(cfg.table_location, table, cfg.name, tps)
     ranges = sorted(ranges, key=lambda r: (r.topic, r.partition, r.start))
     validate(cfg, cluster, ranges, ledger.offsets)
     if dry_run:
-        return BackfillResult("dry_run", ranges, rows_removed=_rows_in(cfg.table_path, ranges))
+        return BackfillResult("dry_run", ranges, rows_removed=_rows_in(cfg.table_location, ranges))
 
     attempt = new_attempt_id()
     fault_settings = faults.settings_from_env()
     tasks = split_ranges(ranges, cfg.batch.max_records_per_task)
     # Bad records of these offsets were quarantined at ingest: this attempt's quarantine files all go.
-    with attempt_files(attempt, cfg.table_path, cfg.quarantine_path) as files:
+    with attempt_files(attempt, cfg.table_location, cfg.quarantine_location) as files:
         out = run_tasks(
             spark, TaskContext(cfg, ledger.batch or 0, attempt, tuple(tasks), fault_settings, table_columns(table))
         )
         new_files = [f for _, f in out.data]
-        files.written[cfg.table_path] |= {f.path for f in new_files}
-        files.written[cfg.quarantine_path] |= {f.path for _, f in out.quarantine}
+        files.written[cfg.table_location] |= {f.path for f in new_files}
+        files.written[cfg.quarantine_location] |= {f.path for _, f in out.quarantine}
         records = Records(read=sum(out.read.values()), rows=sum(f.num_records for f in new_files))
         replaced: dict = {}
 
         def decide(table) -> Change:
             # A restore or reset that committed since the plan may have moved the ledger back below these
             # ranges: checked against every snapshot the commit is decided on, not only the plan's.
-            committed = read_ledger(table, cfg.name, tps).offsets
+            committed = read_ledger(cfg.table_location, table, cfg.name, tps).offsets
             for r in ranges:
                 check_within_ledger(r, committed, moved=committed != ledger.offsets)
             # Rewrites decided against a snapshot that loses the race are this attempt's files: they go too.
             removes, rewritten, removed_rows = _replacement(cfg, table, ranges, attempt)
-            files.written[cfg.table_path] |= {f.path for f in rewritten}
+            files.written[cfg.table_location] |= {f.path for f in rewritten}
             replaced.update(files=len(removes) - len(rewritten), rewritten=len(rewritten), rows=removed_rows)
             faults.hit("before_commit", fault_settings)
             metadata = CommitMetadata(
@@ -189,16 +190,16 @@ def backfill(
                 evolve=wider is not None,
             )
 
-        outcome = commit(cfg.table_path, decide, "backfill", rewrites=True)
+        outcome = commit(cfg.table_location, decide, "backfill", rewrites=True)
         assert isinstance(outcome, Committed)  # decide() always writes, or raises
-        files.kept[cfg.table_path] = outcome.added_paths()
+        files.kept[cfg.table_location] = outcome.added_paths()
     return BackfillResult(
         "committed", ranges, outcome.version, replaced["rows"], records.rows, replaced["files"], replaced["rewritten"]
     )
 
 
-def _rows_in(uri: str, ranges: list[OffsetRange]) -> int:
-    lineage = query(uri, "SELECT kafka_topic, kafka_partition, kafka_offset FROM t")
+def _rows_in(location: Location, ranges: list[OffsetRange]) -> int:
+    lineage = query(location, "SELECT kafka_topic, kafka_partition, kafka_offset FROM t")
     return int(pc.sum(_in_ranges(lineage, ranges)).as_py() or 0)
 
 
@@ -223,7 +224,7 @@ def _replacement(cfg: PipelineConfig, table, ranges: list[OffsetRange], attempt:
         if not _may_overlap(row, ranges):
             continue
         partition_values = action_partition_values(row, cfg.table.partition_by)
-        rows = read_with_partitions(cfg.table_path, row["path"], partition_values, types)
+        rows = read_with_partitions(cfg.table_location, row["path"], partition_values, types)
         hit = _in_ranges(rows, ranges)
         hits = int(pc.sum(hit).as_py() or 0)
         if hits == 0:
@@ -236,7 +237,7 @@ def _replacement(cfg: PipelineConfig, table, ranges: list[OffsetRange], attempt:
             base = from_delta_path(row["path"]).rsplit("/", 1)
             name = f"part-rewrite-{attempt}-{i:05d}.zstd.parquet"
             rel = f"{base[0]}/{name}" if len(base) == 2 else name
-            rewritten.append(write_file(cfg.table_path, rel, kept, partition_values))
+            rewritten.append(write_file(cfg.table_location, rel, kept, partition_values))
     return removes, rewritten, removed_rows
 
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from offsetlake.files import storage_options
 from offsetlake.protocol.metadata import CommitMetadata
+from offsetlake.storage.location import Location
 
 MAX_VERSIONS_PER_EVENT = 200  # after a long pause of the watcher, a backlog comes as several events
 
@@ -36,19 +35,19 @@ class TableCommit:
         return "create" if self.operation == "CREATE TABLE" else "other"
 
 
-def table_version(path: str) -> int | None:
+def table_version(location: Location) -> int | None:
     """The table's current version; None while there is no table."""
     try:
-        return DeltaTable(path, storage_options=storage_options(path)).version()
+        return location.delta_table().version()
     except TableNotFoundError:
         return None
 
 
-def commits_after(path: str, version: int) -> list[TableCommit]:
+def commits_after(location: Location, version: int) -> list[TableCommit]:
     """Every commit of the table after `version`, oldest first (any writer's); [] while there is no table.
     A table now older than `version` was deleted and created again: all its commits are new."""
     try:
-        table = DeltaTable(path, storage_options=storage_options(path))
+        table = location.delta_table()
     except TableNotFoundError:
         return []
     newest = table.version()

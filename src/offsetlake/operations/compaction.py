@@ -23,16 +23,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.transaction import AddAction, RemoveAction
 
-from offsetlake.files import DataFile, action_partition_values, conform, from_delta_path, read_file, write_file
 from offsetlake.protocol.commit import Change, Committed, Settled, attempt_files, commit, new_attempt_id
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run
+from offsetlake.storage.location import Location
+from offsetlake.storage.parquet import (
+    DataFile,
+    action_partition_values,
+    conform,
+    from_delta_path,
+    read_file,
+    write_file,
+)
 
 MB = 1024 * 1024
 
 
 @dataclass
 class OptimizeResult:
-    table: str
+    table: Location
     version: int | None
     files_removed: int = 0
     files_added: int = 0
@@ -48,7 +56,7 @@ class OptimizeResult:
 
 
 def optimize(
-    uri: str,
+    location: Location,
     pipeline: str,
     schema: pa.Schema,
     partition_by: list[str],
@@ -57,7 +65,7 @@ def optimize(
     only: set[str] | None = None,
     run: Run | None = None,
 ) -> OptimizeResult:
-    """Compact the files of `uri` smaller than the target (of those in `only`, when given)."""
+    """Compact the files of `location` smaller than the target (of those in `only`, when given)."""
     attempt, run = new_attempt_id(), run or Run.here()
     written: dict[frozenset[str], DataFile] = {}  # compacted files by their sources, reused across decisions
 
@@ -72,8 +80,8 @@ def optimize(
             sources = frozenset(f["path"] for f in files)
             if sources not in written:
                 tag = f"{attempt}-{len(written):05d}"
-                written[sources] = _compact(uri, files, in_files, partition_by, zorder_by, tag)
-                attempt_written.written[uri].add(written[sources].path)
+                written[sources] = _compact(location, files, in_files, partition_by, zorder_by, tag)
+                attempt_written.written[location].add(written[sources].path)
             new = written[sources]
             adds.append(AddAction(new.path, new.size, new.partition_values, new.modification_time, False, new.stats))
             removes += [
@@ -84,15 +92,15 @@ def optimize(
         meta = CommitMetadata(pipeline, "optimize", attempt=attempt, records=Records(rows=rows), run=run)
         return Change(meta, [*removes, *adds], schema=schema, partition_by=partition_by)
 
-    with attempt_files(attempt, uri) as attempt_written:
-        outcome = commit(uri, decide, "optimize", rewrites=True)
+    with attempt_files(attempt, location) as attempt_written:
+        outcome = commit(location, decide, "optimize", rewrites=True)
         if not isinstance(outcome, Committed):
-            return OptimizeResult(uri, None)
-        attempt_written.kept[uri] = outcome.added_paths()
+            return OptimizeResult(location, None)
+        attempt_written.kept[location] = outcome.added_paths()
     actions = outcome.change.actions
     added = [a for a in actions if isinstance(a, AddAction)]
     return OptimizeResult(
-        uri, outcome.version, len(actions) - len(added), len(added), outcome.change.metadata.records.rows
+        location, outcome.version, len(actions) - len(added), len(added), outcome.change.metadata.records.rows
     )
 
 
@@ -118,18 +126,23 @@ def _bins(actions: pa.Table, partition_by: list[str], target: int, only: set[str
 
 
 def _compact(
-    uri: str, files: list[dict], schema: pa.Schema, partition_by: list[str], zorder_by: Sequence[str], tag: str
+    location: Location,
+    files: list[dict],
+    schema: pa.Schema,
+    partition_by: list[str],
+    zorder_by: Sequence[str],
+    tag: str,
 ) -> DataFile:
     """One file of `files`' rows, each file's conformed to the table's `schema` first: files another writer
     wrote may type a column otherwise (Spark writes timestamps as INT96, read back without a zone), and
     older files lack the columns added since (null in them, as Delta reads them)."""
-    rows = pa.concat_tables([conform(read_file(uri, f["path"]), schema) for f in files])
+    rows = pa.concat_tables([conform(read_file(location, f["path"]), schema) for f in files])
     if zorder_by:
         rows = rows.take(zorder_indices(rows, zorder_by))
     directory = from_delta_path(files[0]["path"]).rpartition("/")[0]
     name = f"part-compact-{tag}.zstd.parquet"
     return write_file(
-        uri, f"{directory}/{name}" if directory else name, rows, action_partition_values(files[0], partition_by)
+        location, f"{directory}/{name}" if directory else name, rows, action_partition_values(files[0], partition_by)
     )
 
 

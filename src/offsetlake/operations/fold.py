@@ -35,10 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.transaction import RemoveAction
 
-from offsetlake.batch import table_columns
 from offsetlake.config import DELETED_COLUMN, LINEAGE_COLUMNS, PipelineConfig
 from offsetlake.errors import OffsetlakeError
-from offsetlake.files import action_partition_values, conform, write_files
 from offsetlake.formats.records import convert, reads_headers
 from offsetlake.kafka import KafkaCluster
 from offsetlake.operations.ledger_checks import audited_ranges, continuity_issues, sanity_issues
@@ -57,7 +55,9 @@ from offsetlake.protocol.upsert import (
     key_text,
     stale_as_deleted,
 )
+from offsetlake.read.jobs import table_columns
 from offsetlake.read.reader import read_range
+from offsetlake.storage.parquet import action_partition_values, conform, write_files
 from offsetlake.table import open_table, query
 
 SHOWN = 20  # keys listed per kind in a report
@@ -152,8 +152,8 @@ class UpsertAuditReport:
 def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> UpsertAuditReport:
     cluster = KafkaCluster(cfg.kafka)
     tps = cluster.partitions(cfg.topics)
-    table = open_table(cfg.table_path)
-    ledger = read_ledger(table, cfg.name, tps)
+    table = open_table(cfg.table_location)
+    ledger = read_ledger(cfg.table_location, table, cfg.name, tps)
     log_starts = cluster.start_offsets(tps)
     if ranges is None:
         ranges = audited_ranges(tps, log_starts, ledger.offsets)
@@ -169,11 +169,11 @@ def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -
         rows, _ = carry_across_key_changes(rows, cfg.write.key, cfg.write.order_by, unavailable, None)
     winners, unordered = fold(rows, cfg.write.key, cfg.write.order_by, unavailable)
     winners = stale_as_deleted(winners, snapshot_ends)
-    current = query(cfg.table_path, "SELECT * FROM t")
+    current = query(cfg.table_location, "SELECT * FROM t")
     report = UpsertAuditReport(cfg.name, table.version(), reads, compacted=_compacted(cluster, cfg.topics))
     report.table_rows = current.num_rows
     _compare(report, cfg, winners, unordered, current, log_starts, columns)
-    history = pipeline_history(table, cfg.name)
+    history = pipeline_history(cfg.table_location, table, cfg.name)
     report.continuity = continuity_issues(history)
     report.sanity = sanity_issues(ledger.offsets, cluster.end_offsets(tps, cfg.kafka.isolation_level))
     return report
@@ -307,11 +307,14 @@ def rebuild(
         return RebuildResult("dry_run", rows.num_rows)
     attempt = new_attempt_id()
     run = msgspec.structs.replace(run or Run.here(), via="repair")
-    with attempt_files(attempt, cfg.table_path) as files:
+    with attempt_files(attempt, cfg.table_location) as files:
         written = write_files(
-            cfg.table_path, rows, cfg.table.partition_by, lambda part: f"part-rebuild-{attempt}-{part:05d}.zstd.parquet"
+            cfg.table_location,
+            rows,
+            cfg.table.partition_by,
+            lambda part: f"part-rebuild-{attempt}-{part:05d}.zstd.parquet",
         )
-        files.written[cfg.table_path] |= {f.path for f in written}
+        files.written[cfg.table_location] |= {f.path for f in written}
 
         def decide(table) -> Change:
             if table.version() != report.version:
@@ -341,8 +344,8 @@ def rebuild(
                 metadata, [*removes, *add_actions(written)], schema=rows.schema, partition_by=cfg.table.partition_by
             )
 
-        outcome = commit(cfg.table_path, decide, "repair", rewrites=True)
+        outcome = commit(cfg.table_location, decide, "repair", rewrites=True)
         assert isinstance(outcome, Committed)  # decide() always writes, or raises
-        files.kept[cfg.table_path] = outcome.added_paths()
+        files.kept[cfg.table_location] = outcome.added_paths()
     removed = sum(isinstance(a, RemoveAction) for a in outcome.change.actions)
     return RebuildResult("committed", rows.num_rows, removed, outcome.version)

@@ -13,12 +13,13 @@ from deltalake import CommitProperties
 
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import ConfigError, OffsetlakeError
-from offsetlake.files import delete_if_there, from_delta_path, open_filesystem, retrying
 from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.protocol.commit import Change, Committed, commit, new_attempt_id
 from offsetlake.protocol.ledger import ledger_at, read_ledger, txn_actions
 from offsetlake.protocol.metadata import CommitMetadata, Run, flat_offsets
+from offsetlake.storage.location import Location, delete_if_there, retrying
+from offsetlake.storage.parquet import from_delta_path
 from offsetlake.table import open_table
 
 DEFAULT_CLEANUP_AGE_SECONDS = 3600  # older than any batch in flight: a batch writes and commits within minutes
@@ -27,7 +28,7 @@ LOG_READ_ATTEMPTS = 20  # reads of the whole log, each after log clean-up remove
 
 @dataclass
 class CleanupResult:
-    table: str
+    table: Location
     deleted: list[str]
     kept_recent: int
     dry_run: bool
@@ -40,10 +41,10 @@ class CleanupResult:
         )
 
 
-def referenced_files(uri: str) -> set[str]:
+def referenced_files(location: Location) -> set[str]:
     """Every data file any commit still in the log (or its checkpoint) adds or removes (time travel may need
     it), and the change data files (`cdc`) of an upsert table's MERGEs: the change feed reads them."""
-    fs, root = open_filesystem(uri)
+    fs, root = location.filesystem()
     log_dir = f"{root.rstrip('/')}/_delta_log"
 
     def read_log() -> set[str] | None:  # read again as a whole if the store fails part way
@@ -58,10 +59,10 @@ def referenced_files(uri: str) -> set[str]:
     # An entry that vanished was older than a checkpoint written before it went, which may not have been
     # listed yet: its live files are named only there, so the log is listed and read again, never skipped.
     for _ in range(LOG_READ_ATTEMPTS):
-        paths = retrying(uri, read_log)
+        paths = retrying(location, read_log)
         if paths is not None:
             return paths
-    raise OffsetlakeError(f"{uri}: the log changed under every one of {LOG_READ_ATTEMPTS} reads; run it again")
+    raise OffsetlakeError(f"{location}: the log changed under every one of {LOG_READ_ATTEMPTS} reads; run it again")
 
 
 def _files_named_in(fs, info) -> set[str]:
@@ -79,19 +80,21 @@ def _files_named_in(fs, info) -> set[str]:
     return set()
 
 
-def cleanup(uri: str, older_than_seconds: int = DEFAULT_CLEANUP_AGE_SECONDS, dry_run: bool = False) -> CleanupResult:
+def cleanup(
+    location: Location, older_than_seconds: int = DEFAULT_CLEANUP_AGE_SECONDS, dry_run: bool = False
+) -> CleanupResult:
     """Delete files under the table that no commit references and that are older than the window."""
     if older_than_seconds < 60:
         raise ConfigError(
             "cleanup safety window must be at least 60 seconds: younger files may belong to a batch in flight"
         )
-    open_table(uri)  # fail clearly if there is no table here
-    fs, root = open_filesystem(uri)
+    open_table(location)  # fail clearly if there is no table here
+    fs, root = location.filesystem()
     prefix = root.rstrip("/") + "/"
-    referenced = referenced_files(uri)
+    referenced = referenced_files(location)
     cutoff = time.time() - older_than_seconds
     deleted, recent = [], 0
-    for info in retrying(uri, lambda: fs.get_file_info(pafs.FileSelector(root, recursive=True))):
+    for info in retrying(location, lambda: fs.get_file_info(pafs.FileSelector(root, recursive=True))):
         rel = info.path.removeprefix(prefix)
         if info.type != pafs.FileType.File or rel.startswith("_delta_log/") or not rel.endswith(".parquet"):
             continue
@@ -101,9 +104,9 @@ def cleanup(uri: str, older_than_seconds: int = DEFAULT_CLEANUP_AGE_SECONDS, dry
             recent += 1
             continue
         if not dry_run:
-            retrying(uri, lambda: delete_if_there(fs, info.path))  # noqa: B023 -- called at once
+            retrying(location, lambda: delete_if_there(fs, info.path))  # noqa: B023 -- called at once
         deleted.append(rel)
-    return CleanupResult(uri, sorted(deleted), recent, dry_run)
+    return CleanupResult(location, sorted(deleted), recent, dry_run)
 
 
 MIN_VACUUM_RETENTION_HOURS = DEFAULT_CLEANUP_AGE_SECONDS // 3600  # never below the clean-up safety window
@@ -111,7 +114,7 @@ MIN_VACUUM_RETENTION_HOURS = DEFAULT_CLEANUP_AGE_SECONDS // 3600  # never below 
 
 @dataclass
 class VacuumResult:
-    table: str
+    table: Location
     deleted: list[str]
     retention_hours: int
     dry_run: bool
@@ -125,7 +128,7 @@ class VacuumResult:
 
 
 def vacuum(
-    uri: str, pipeline: str, retention_hours: int | None = None, dry_run: bool = False, run: Run | None = None
+    location: Location, pipeline: str, retention_hours: int | None = None, dry_run: bool = False, run: Run | None = None
 ) -> VacuumResult:
     """Delete data files that no version inside the retention needs.
 
@@ -138,7 +141,7 @@ def vacuum(
     minutes): the table would keep them forever. The retention defaults to the table's
     delta.deletedFileRetentionDuration and is never below the clean-up safety window.
     """
-    table = open_table(uri)
+    table = open_table(location)
     hours = retention_hours if retention_hours is not None else _deleted_file_retention_hours(table)
     if hours < MIN_VACUUM_RETENTION_HOURS:
         raise ConfigError(
@@ -153,7 +156,7 @@ def vacuum(
         full=True,
         commit_properties=CommitProperties(custom_metadata={"userMetadata": meta.to_json()}),
     )
-    return VacuumResult(uri, sorted(deleted), hours, dry_run)
+    return VacuumResult(location, sorted(deleted), hours, dry_run)
 
 
 def _deleted_file_retention_hours(table) -> int:
@@ -164,10 +167,10 @@ def _deleted_file_retention_hours(table) -> int:
     return int(number * {"week": 168, "day": 24, "hour": 1, "minute": 1 / 60, "second": 1 / 3600}.get(unit, 24))
 
 
-def checkpoint(uri: str) -> int:
+def checkpoint(location: Location) -> int:
     """Write a Delta checkpoint of the latest version, then remove commit files older than the table's
     log retention that the checkpoint covers. The ledger (txn actions) is part of the checkpoint."""
-    table = open_table(uri)
+    table = open_table(location)
     table.create_checkpoint()
     table.cleanup_metadata()
     return table.version()
@@ -204,7 +207,7 @@ def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run: Run | N
     attempt, run = new_attempt_id(), run or Run.here()
 
     def decide(table) -> Change:
-        ledger = read_ledger(table, cfg.name, tps)
+        ledger = read_ledger(cfg.table_location, table, cfg.name, tps)
         new, batch = {**ledger.offsets, **offsets}, ledger.next_batch()
         metadata = CommitMetadata(
             cfg.name,
@@ -221,10 +224,12 @@ def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run: Run | N
         )
 
     outcome = commit(
-        cfg.table_path,
+        cfg.table_location,
         decide,
         "reset",
-        open_=lambda uri: open_table(uri, schema, cfg.table.partition_by, cfg.name, properties=cfg.table_properties()),
+        open_=lambda location: open_table(
+            location, schema, cfg.table.partition_by, cfg.name, properties=cfg.table_properties()
+        ),
     )
     assert isinstance(outcome, Committed)  # decide() always writes
     return outcome.version
@@ -246,8 +251,8 @@ def restore(cfg: PipelineConfig, version: int, run: Run | None = None) -> int:
             raise ConfigError(
                 f"version {version} is not an earlier version of {cfg.table_path} (now {table.version()})"
             )
-        current = read_ledger(table, cfg.name, tps)
-        then = ledger_at(cfg.table_path, cfg.name, tps, version)
+        current = read_ledger(cfg.table_location, table, cfg.name, tps)
+        then = ledger_at(cfg.table_location, cfg.name, tps, version)
         # Partitions the ledger did not know at that version start again from their earliest offset.
         offsets = {**cluster.start_offsets(tps), **then.offsets}
         batch = current.next_batch()
@@ -263,6 +268,6 @@ def restore(cfg: PipelineConfig, version: int, run: Run | None = None) -> int:
         )
         return Change(metadata, txns=txn_actions(cfg.name, batch, offsets), restore_version=version)
 
-    outcome = commit(cfg.table_path, decide, "restore")
+    outcome = commit(cfg.table_location, decide, "restore")
     assert isinstance(outcome, Committed)  # decide() always writes
     return outcome.version

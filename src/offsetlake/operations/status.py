@@ -33,7 +33,7 @@ def status(cfg: PipelineConfig) -> list[PartitionStatus]:
     ends = cluster.end_offsets(tps, cfg.kafka.isolation_level)
     starts = cluster.start_offsets(tps)
     try:
-        offsets = read_ledger(open_table(cfg.table_path), cfg.name, tps).offsets
+        offsets = read_ledger(cfg.table_location, open_table(cfg.table_location), cfg.name, tps).offsets
     except Exception as err:  # no table yet: everything is lag
         if not _is_missing_table(err):
             raise
@@ -51,7 +51,7 @@ def _is_missing_table(err: Exception) -> bool:
 
 
 def history(cfg: PipelineConfig, limit: int | None = None) -> list[HistoryEntry]:
-    return pipeline_history(open_table(cfg.table_path), cfg.name, limit)
+    return pipeline_history(cfg.table_location, open_table(cfg.table_location), cfg.name, limit)
 
 
 def format_status(rows: list[PartitionStatus]) -> str:
@@ -104,7 +104,7 @@ def commits_of_task_try(
     cfg = load_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
     pipeline = cfg.name
     try:
-        entries = pipeline_history(open_table(cfg.table_path), pipeline, since_ms=started_ms)
+        entries = pipeline_history(cfg.table_location, open_table(cfg.table_location), pipeline, since_ms=started_ms)
     except Exception as err:
         if not _is_missing_table(err):
             raise

@@ -62,19 +62,12 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from offsetlake.config import DELETED_COLUMN
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StorageError, TableError
-from offsetlake.files import (
-    DataFile,
-    conform,
-    despite_log_cleanup,
-    is_transient,
-    read_with_partitions,
-    retry_seconds,
-    storage_options,
-)
 from offsetlake.protocol.ledger import Ledger
 from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.protocol.planning import BatchPlan
 from offsetlake.protocol.upsert import Merge
+from offsetlake.storage.location import Location, despite_log_cleanup, is_transient
+from offsetlake.storage.parquet import DataFile, conform, read_with_partitions
 from offsetlake.table import (
     check_mergeable,
     check_row_rules,
@@ -132,10 +125,10 @@ Decide = Callable[[DeltaTable], "Change | Settled"]
 
 
 def commit(
-    uri: str,
+    location: Location,
     decide: Decide,
     what: str,
-    open_: Callable[[str], DeltaTable] = open_table,
+    open_: Callable[[Location], DeltaTable] = open_table,
     snapshot: DeltaTable | None = None,
     rewrites: bool = False,
 ) -> Committed | Settled:
@@ -144,10 +137,10 @@ def commit(
     `snapshot`: a table object the caller has just loaded, used for the first decision instead of
     loading again (if it is stale, the commit fails on the conflict and the next try loads).
     `rewrites`: the change rewrites data files offsetlake reads as Parquet (optimize, backfill, repair)."""
-    conflicts, store_deadline, pause = 0, time.monotonic() + retry_seconds(uri), 0.5
+    conflicts, store_deadline, pause = 0, time.monotonic() + location.retry_seconds, 0.5
     for _ in range(MAX_ATTEMPTS):
-        table, snapshot = snapshot or open_(uri), None
-        check_writable(uri, table, what if rewrites else None)  # a feature another engine just enabled
+        table, snapshot = snapshot or open_(location), None
+        check_writable(location, table, what if rewrites else None)  # a feature another engine just enabled
         decided_on = table.version()
         change = decide(table)
         if isinstance(change, Settled):
@@ -155,37 +148,37 @@ def commit(
         if conflicts:  # recorded in the commit itself: a metric of contention (the Airflow view shows it)
             change = replace(change, metadata=msgspec.structs.replace(change.metadata, conflicts=conflicts))
         if change.merge is not None or any(isinstance(a, AddAction) and a.data_change for a in change.actions):
-            check_row_rules(uri, table, what)  # a constraint another engine just added
+            check_row_rules(location, table, what)  # a constraint another engine just added
         try:
             if change.merge is not None:
-                check_mergeable(uri, table, what)  # a property another engine just set
+                check_mergeable(location, table, what)  # a property another engine just set
                 return _apply_merge(table, change, change.merge)
             if change.evolve:
-                return _apply_evolving(uri, table, change)
+                return _apply_evolving(location, table, change)
             return Committed(_apply(table, change), change)
         except CommitFailedError as err:
             if "Unsupported table features" in str(err):  # enabled by another engine since check_writable
-                raise TableError(f"{what}: table {uri}: {err}; nothing was written") from None
+                raise TableError(f"{what}: table {location}: {err}; nothing was written") from None
             # The log entry was there already: another writer's, or our own whose answer the store lost
             # (the write landed, the connection dropped, the client's retry met its own put: step 5).
-            version = _landed_version(uri, change.metadata.attempt)
+            version = _landed_version(location, change.metadata.attempt)
             if version is not None:
                 return Committed(version, change)
             log.info("%s: another commit landed first; deciding again", what)
             conflicts += 1
         except OSError as err:  # the object store, past its retries: after the did-it-land check
-            version = _landed_version(uri, change.metadata.attempt)
+            version = _landed_version(location, change.metadata.attempt)
             if version is not None:
                 return Committed(version, change)
             if not is_transient(err) or time.monotonic() + pause > store_deadline:
-                raise StorageError(f"{what}: the commit to {uri} did not land: {store_refusal(err)}") from None
+                raise StorageError(f"{what}: the commit to {location} did not land: {store_refusal(err)}") from None
             # A store restarting reset the put's connection, which the object-store client does not retry
             # for a put. Ours did not land: deciding again is safe, within the table's retry_seconds.
             log.warning("%s: the commit did not land (%s); deciding again in %.1f s", what, store_refusal(err), pause)
             time.sleep(pause)
             pause = min(pause * 2, 10.0)
         except Exception as err:
-            latest = _latest(uri)  # one read of the log answers both: did ours land, did another's
+            latest = _latest(location)  # one read of the log answers both: did ours land, did another's
             version = _landed_in(latest, change.metadata.attempt)
             if version is not None:
                 return Committed(version, change)
@@ -294,7 +287,7 @@ def _add_join_columns(table: DeltaTable, merge: Merge) -> bool:
     return True
 
 
-def _apply_evolving(uri: str, table: DeltaTable, change: Change) -> Committed:
+def _apply_evolving(location: Location, table: DeltaTable, change: Change) -> Committed:
     """Step 7: the change's files written again through write_deltalake with the wider schema."""
     if any(not isinstance(a, AddAction) for a in change.actions):
         raise OffsetlakeError(
@@ -308,7 +301,7 @@ def _apply_evolving(uri: str, table: DeltaTable, change: Change) -> Committed:
     def batches() -> Iterator[pa.RecordBatch]:
         for action in change.actions:
             values = {c: (action.partition_values or {}).get(c) for c in change.partition_by}
-            yield from conform(read_with_partitions(uri, action.path, values, schema), schema).to_batches()
+            yield from conform(read_with_partitions(location, action.path, values, schema), schema).to_batches()
 
     decided_on = table.version()
     write_deltalake(
@@ -320,7 +313,7 @@ def _apply_evolving(uri: str, table: DeltaTable, change: Change) -> Committed:
         commit_properties=_properties(change),
     )
     version = decided_on + 1  # no rebase, as in _apply
-    after = DeltaTable(uri, version=version, storage_options=storage_options(uri))
+    after = location.delta_table(version)
     return Committed(
         version,
         change,
@@ -332,14 +325,14 @@ def _file_paths(table: DeltaTable) -> set[str]:
     return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
 
 
-def _latest(uri: str) -> DeltaTable:
+def _latest(location: Location) -> DeltaTable:
     """The table at its newest version, read from the store now."""
-    return despite_log_cleanup(lambda: DeltaTable(uri, storage_options=storage_options(uri)))
+    return despite_log_cleanup(location.delta_table)
 
 
-def _landed_version(uri: str, attempt: str | None) -> int | None:
+def _landed_version(location: Location, attempt: str | None) -> int | None:
     """The version of this attempt's commit if it landed after all, else None."""
-    return _landed_in(_latest(uri), attempt) if attempt else None
+    return _landed_in(_latest(location), attempt) if attempt else None
 
 
 def _landed_in(table: DeltaTable, attempt: str | None) -> int | None:
@@ -362,27 +355,27 @@ def new_attempt_id() -> str:
 class AttemptFiles:
     """The files one attempt wrote (`written`) and those a landed commit references (`kept`), per table."""
 
-    written: dict[str, set[str]]
-    kept: dict[str, set[str]]
+    written: dict[Location, set[str]]
+    kept: dict[Location, set[str]]
 
 
 @contextmanager
-def attempt_files(attempt: str, *uris: str) -> Iterator[AttemptFiles]:
+def attempt_files(attempt: str, *locations: Location) -> Iterator[AttemptFiles]:
     """On the way out, delete the attempt's files under each table except the `kept` ones.
 
     Normally that is exactly the `written` files not kept: a few deletes, whatever the table's
     size. After an error we may not know every file (a Spark job that failed half-way), so the
     table is searched for the attempt's id. Files a failed Spark task attempt wrote inside a job
     that then succeeded are never reported to the driver: `offsetlake cleanup` removes those."""
-    files = AttemptFiles({uri: set() for uri in uris}, {uri: set() for uri in uris})
+    files = AttemptFiles({location: set() for location in locations}, {location: set() for location in locations})
     try:
         yield files
     except BaseException:
-        for uri in uris:
-            delete_attempt_files(uri, attempt, keep=files.kept[uri])
+        for location in locations:
+            delete_attempt_files(location, attempt, keep=files.kept[location])
         raise
-    for uri in uris:
-        delete_files(uri, files.written[uri] - files.kept[uri])
+    for location in locations:
+        delete_files(location, files.written[location] - files.kept[location])
 
 
 def add_actions(files: list[DataFile]) -> list[AddAction]:

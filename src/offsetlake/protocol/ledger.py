@@ -27,9 +27,9 @@ from typing import Any
 import pyarrow.fs as pafs
 from deltalake import DeltaTable, Transaction
 
-from offsetlake.files import despite_log_cleanup, open_filesystem, retrying, storage_options
 from offsetlake.kafka import TP
 from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, Rewind, flat_offsets
+from offsetlake.storage.location import Location, despite_log_cleanup, retrying
 
 MAX_RESTORE_CHAIN = 20
 MAX_HISTORY_READS = 5  # re-read when a commit lands while we read the history
@@ -60,7 +60,7 @@ class Ledger:
         return (self.batch or 0) + 1
 
 
-def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
+def read_ledger(location: Location, table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     """The ledger as the next batch must see it, rewound if a RESTORE requires it.
 
     A version's ledger never changes (a RESTORE is a new version), so it is read once per
@@ -69,7 +69,7 @@ def read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     with _LEDGERS_LOCK:
         ledger = _LEDGERS.get(key)
     if ledger is None:
-        ledger = _read_ledger(table, pipeline, tps)
+        ledger = _read_ledger(location, table, pipeline, tps)
         with _LEDGERS_LOCK:
             _LEDGERS[key] = ledger
             while len(_LEDGERS) > MAX_CACHED_LEDGERS:
@@ -82,14 +82,14 @@ _LEDGERS: dict[tuple[str, int, str, tuple[TP, ...]], Ledger] = {}
 _LEDGERS_LOCK = threading.Lock()
 
 
-def _read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
+def _read_ledger(location: Location, table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     current = _txn_state(table, pipeline, tps)
-    history = commit_history(table, until=_ledger_commit_of(pipeline))
-    restore = find_unrecorded_restore(history, pipeline, table.version(), table.table_uri)
+    history = commit_history(location, table, until=_ledger_commit_of(pipeline))
+    restore = find_unrecorded_restore(history, pipeline, table.version(), location)
     if restore is None:
         return current
     restored_version, restore_commit = restore
-    restored = ledger_at(table.table_uri, pipeline, tps, restored_version)
+    restored = ledger_at(location, pipeline, tps, restored_version)
     # Batch numbers never go back: a zombie of an old batch must still find its batch committed.
     return Ledger(
         batch=current.batch,
@@ -99,17 +99,17 @@ def _read_ledger(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     )
 
 
-def ledger_at(uri: str, pipeline: str, tps: list[TP], version: int, depth: int = 1) -> Ledger:
+def ledger_at(location: Location, pipeline: str, tps: list[TP], version: int, depth: int = 1) -> Ledger:
     """The ledger as of `version`, following RESTOREs that version itself had not recorded."""
-    table = DeltaTable(uri, version=version, storage_options=storage_options(uri))
+    table = location.delta_table(version)
     state = _txn_state(table, pipeline, tps)
     if depth >= MAX_RESTORE_CHAIN:
         return state
-    history = commit_history(table, until=_ledger_commit_of(pipeline))
-    restore = find_unrecorded_restore(history, pipeline, version, uri)
+    history = commit_history(location, table, until=_ledger_commit_of(pipeline))
+    restore = find_unrecorded_restore(history, pipeline, version, location)
     if restore is None:
         return state
-    return ledger_at(uri, pipeline, tps, restore[0], depth + 1)
+    return ledger_at(location, pipeline, tps, restore[0], depth + 1)
 
 
 def _ledger_commit_of(pipeline: str) -> Callable[[Commit], bool]:
@@ -120,7 +120,9 @@ def _ledger_commit_of(pipeline: str) -> Callable[[Commit], bool]:
     return found
 
 
-def commit_history(table: DeltaTable, until: Callable[[Commit], bool] | None = None) -> list[Commit]:
+def commit_history(
+    location: Location, table: DeltaTable, until: Callable[[Commit], bool] | None = None
+) -> list[Commit]:
     """The table's commits up to the version `table` has loaded, newest first, truly numbered.
 
     Read in pages (8 commits, then 32, 128...) and only as far back as needed: up to and
@@ -133,7 +135,7 @@ def commit_history(table: DeltaTable, until: Callable[[Commit], bool] | None = N
     the read -- the caller's, when no commit file follows its version -- and keep the commits
     up to `table`'s version.
     """
-    for entries, complete in _pages(table, whole=until is None):
+    for entries, complete in _pages(location, table, whole=until is None):
         for i, entry in enumerate(entries):
             if until is not None and until(entry):
                 return entries[: i + 1]
@@ -142,42 +144,41 @@ def commit_history(table: DeltaTable, until: Callable[[Commit], bool] | None = N
     raise AssertionError("unreachable: the last page is complete")
 
 
-def _pages(table: DeltaTable, whole: bool = False) -> Iterator[tuple[list[Commit], bool]]:
+def _pages(location: Location, table: DeltaTable, whole: bool = False) -> Iterator[tuple[list[Commit], bool]]:
     """(newest commits up to `table`'s version, whether that is all the log holds), in growing pages."""
     limit = None if whole else FIRST_PAGE
     while True:
-        page, complete = _latest_history(table, limit)
+        page, complete = _latest_history(location, table, limit)
         yield [e for e in page if e["version"] <= table.version()], complete
         if complete or limit is None:  # without a limit the first page is the whole log
             return
         limit *= 4
 
 
-def _latest_history(table: DeltaTable, limit: int | None) -> tuple[list[Commit], bool]:
+def _latest_history(location: Location, table: DeltaTable, limit: int | None) -> tuple[list[Commit], bool]:
     """(the newest `limit` commits, whether that is all the log holds), truly numbered."""
     entries: list[Commit] = despite_log_cleanup(lambda: table.history(limit))
-    if not _commit_after(table):  # checked after the read: the read saw no commit past `table`'s version
+    if not _commit_after(location, table):  # checked after the read: the read saw no commit past `table`'s version
         return entries, limit is None or len(entries) < limit
-    uri = table.table_uri
-    current = _latest(uri)
+    current = _latest(location)
     for _ in range(MAX_HISTORY_READS):
         entries = despite_log_cleanup(lambda: current.history(limit))  # noqa: B023 - called at once
-        latest = _latest(uri)
+        latest = _latest(location)
         if latest.version() == current.version():
             break
         current = latest
     return entries, limit is None or len(entries) < limit
 
 
-def _latest(uri: str) -> DeltaTable:
-    return despite_log_cleanup(lambda: DeltaTable(uri, storage_options=storage_options(uri)))
+def _latest(location: Location) -> DeltaTable:
+    return despite_log_cleanup(location.delta_table)
 
 
-def _commit_after(table: DeltaTable) -> bool:
+def _commit_after(location: Location, table: DeltaTable) -> bool:
     """Is there a commit file after `table`'s version? One metadata request, not a table load."""
-    fs, root = open_filesystem(table.table_uri)
+    fs, root = location.filesystem()
     path = f"{root.rstrip('/')}/_delta_log/{table.version() + 1:020d}.json"
-    info = retrying(table.table_uri, lambda: fs.get_file_info(path))
+    info = retrying(location, lambda: fs.get_file_info(path))
     return bool(info.type != pafs.FileType.NotFound)
 
 
@@ -191,7 +192,7 @@ def _txn_state(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
 
 
 def find_unrecorded_restore(
-    history: list[Commit], pipeline: str, version: int, uri: str | None = None
+    history: list[Commit], pipeline: str, version: int, location: Location | None = None
 ) -> tuple[int, int] | None:
     """(restored version, RESTORE commit version) of a RESTORE at or before `version` that is newer
     than the pipeline's last ledger commit. `history`: newest first, back to that commit at least."""
@@ -202,11 +203,11 @@ def find_unrecorded_restore(
         if is_ledger_commit(entry):
             return None
         if entry.get("operation") == "RESTORE":
-            return _restored_version(history, entry, uri), entry["version"]
+            return _restored_version(history, entry, location), entry["version"]
     return None
 
 
-def _restored_version(history: list[Commit], entry: Commit, uri: str | None = None) -> int:
+def _restored_version(history: list[Commit], entry: Commit, location: Location | None = None) -> int:
     """The version a RESTORE went back to: its parameter, or the newest commit at or before its timestamp
     (read further back in the log when `history` does not reach that far)."""
     params = entry.get("operationParameters") or {}
@@ -218,8 +219,8 @@ def _restored_version(history: list[Commit], entry: Commit, uri: str | None = No
     def before_target(h: Commit) -> bool:
         return bool(h["version"] < entry["version"] and h["timestamp"] <= target_ms)
 
-    if uri is not None and not any(before_target(h) for h in history):
-        history = commit_history(_latest(uri), until=before_target)
+    if location is not None and not any(before_target(h) for h in history):
+        history = commit_history(location, _latest(location), until=before_target)
     candidates = [h["version"] for h in history if before_target(h)]
     return int(max(candidates)) if candidates else 0
 
@@ -235,12 +236,12 @@ def _to_epoch_ms(value: Any) -> int:
 
 
 def pipeline_history(
-    table: DeltaTable, pipeline: str, limit: int | None = None, since_ms: int | None = None
+    location: Location, table: DeltaTable, pipeline: str, limit: int | None = None, since_ms: int | None = None
 ) -> list[HistoryEntry]:
     """The pipeline's commits, oldest first: all of them, the newest `limit`, or those made since
     `since_ms` (epoch ms), reading the log no further back than that."""
     bounded = bool(limit) or since_ms is not None
-    for entries, complete in _pages(table, whole=not bounded):
+    for entries, complete in _pages(location, table, whole=not bounded):
         rows = []
         for entry in entries:
             if since_ms is not None and entry["timestamp"] < since_ms:

@@ -16,13 +16,14 @@ from deltalake import DeltaTable
 
 from offsetlake.config import HEADERS_COLUMN
 from offsetlake.errors import TableMissing
-from offsetlake.files import DataFile, from_delta_path, read_file, write_file
 from offsetlake.formats.columns import QUARANTINE_SCHEMA
 from offsetlake.protocol.commit import AttemptFiles, Change, Committed, Settled, add_actions, commit
 from offsetlake.protocol.ledger import quarantine_app_id, txn_actions
 from offsetlake.protocol.metadata import CommitMetadata, Run
 from offsetlake.protocol.planning import BatchPlan
 from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.storage.location import Location
+from offsetlake.storage.parquet import DataFile, from_delta_path, read_file, write_file
 from offsetlake.table import check_schema, open_table
 
 
@@ -35,7 +36,7 @@ class WrittenFile:
 def commit_quarantine(
     plan: BatchPlan,
     bad: list[WrittenFile],
-    uri: str,
+    location: Location,
     attempt: str,
     run: Run,
     files: AttemptFiles,
@@ -58,8 +59,10 @@ def commit_quarantine(
         }
         if all(done is not None and done >= plan.ends[tp] for tp, done in covered.items()):
             return Settled("already_committed", f"batch {plan.batch}: its bad records are quarantined already")
-        adds = [f for w in bad if (f := _uncovered_part(uri, w, covered[(w.range.topic, w.range.partition)], attempt))]
-        files.written[uri] |= {f.path for f in adds}
+        adds = [
+            f for w in bad if (f := _uncovered_part(location, w, covered[(w.range.topic, w.range.partition)], attempt))
+        ]
+        files.written[location] |= {f.path for f in adds}
         return Change(
             CommitMetadata(plan.pipeline, "quarantine", batch=plan.batch, attempt=attempt, run=run),
             actions=add_actions(adds),
@@ -74,23 +77,23 @@ def commit_quarantine(
         )
 
     outcome = commit(
-        uri,
+        location,
         decide,
         f"batch {plan.batch} quarantine",
         open_=lambda u: open_quarantine(u, schema, properties),
     )
     if isinstance(outcome, Committed):
-        files.kept[uri] |= outcome.added_paths()
+        files.kept[location] |= outcome.added_paths()
 
 
-def open_quarantine(uri: str, schema: pa.Schema, properties: dict[str, str] | None = None) -> DeltaTable:
+def open_quarantine(location: Location, schema: pa.Schema, properties: dict[str, str] | None = None) -> DeltaTable:
     """The quarantine table, created with `schema` if there is none, and checked against it. One made
     before the quarantine kept headers is checked without them: its next commit adds the column."""
     try:
-        table = open_table(uri, create=False)
+        table = open_table(location, create=False)
     except TableMissing:
-        return open_table(uri, schema, properties=properties)
-    check_schema(uri, table, quarantine_schema_of(table, schema), [])
+        return open_table(location, schema, properties=properties)
+    check_schema(location, table, quarantine_schema_of(table, schema), [])
     return table
 
 
@@ -103,16 +106,16 @@ def _lacks_headers(table: DeltaTable, schema: pa.Schema) -> bool:
     return HEADERS_COLUMN in schema.names and HEADERS_COLUMN not in [f.name for f in table.schema().fields]
 
 
-def _uncovered_part(uri: str, written: WrittenFile, covered_to: int | None, attempt: str) -> DataFile | None:
+def _uncovered_part(location: Location, written: WrittenFile, covered_to: int | None, attempt: str) -> DataFile | None:
     """The file, or a rewrite of its rows at or past `covered_to`, or None if all were quarantined before."""
     rng = written.range
     if covered_to is None or covered_to <= rng.start:
         return written.file
     if covered_to >= rng.end:
         return None
-    rows = read_file(uri, written.file.path)
+    rows = read_file(location, written.file.path)
     rows = rows.filter(pc.greater_equal(rows["kafka_offset"], covered_to))
     if rows.num_rows == 0:
         return None
     name = from_delta_path(written.file.path).replace(".parquet", f"-from{covered_to}.parquet")
-    return write_file(uri, name, rows, {})
+    return write_file(location, name, rows, {})

@@ -30,9 +30,10 @@ import pyarrow.compute as pc
 
 from offsetlake.config import DEBEZIUM_OP_COLUMN, DEBEZIUM_POSITION_COLUMN, DELETED_COLUMN, OLD_KEY_COLUMN
 from offsetlake.errors import UpsertKeyError
-from offsetlake.files import DataFile, read_with_partitions
 from offsetlake.formats.debezium import snapshot_end_rows, truncate_rows
 from offsetlake.protocol import unavailable as placeholders
+from offsetlake.storage.location import Location
+from offsetlake.storage.parquet import DataFile, read_with_partitions
 
 if TYPE_CHECKING:
     import polars as pl
@@ -176,11 +177,13 @@ def _quoted(column: str) -> str:
     return '"' + column.replace('"', '""') + '"'
 
 
-def read_staging(uri: str, files: Sequence[DataFile], partition_by: Sequence[str], types: pa.Schema) -> pa.Table:
+def read_staging(
+    location: Location, files: Sequence[DataFile], partition_by: Sequence[str], types: pa.Schema
+) -> pa.Table:
     """The batch's rows from its staging files, partition columns put back (a partitioned file holds
     them in its path only), in one schema (the files of tasks that saw different writer schemas differ)."""
     placed = [(f, {c: (f.partition_values or {}).get(c) for c in partition_by}) for f in files]
-    tables = [read_with_partitions(uri, f.path, values, types) for f, values in placed]
+    tables = [read_with_partitions(location, f.path, values, types) for f, values in placed]
     if not tables:
         return pa.schema([*types, pa.field(DELETED_COLUMN, pa.bool_())]).empty_table()
     return pa.concat_tables(tables, promote_options="permissive")

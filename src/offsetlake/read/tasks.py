@@ -16,12 +16,13 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from offsetlake import faults
-from offsetlake.config import STAGING_COLUMNS, PipelineConfig, register_storage
-from offsetlake.files import DataFile, attempt_file_name, write_files
+from offsetlake.config import STAGING_COLUMNS, PipelineConfig
+from offsetlake.errors import OffsetlakeError, to_wire
 from offsetlake.formats.evolution import schema_from_text, schema_to_text
 from offsetlake.formats.records import convert, reads_headers
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.read.reader import RangeReader, message_schema
+from offsetlake.storage.parquet import DataFile, attempt_file_name, write_files
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,6 @@ def run_tasks_in_order(ctx: TaskContext, indexes: list[int]) -> list[dict]:
     and written: a task's first records take a fifth to a third of it to arrive, mostly the broker's
     time, and that wait now overlaps with work. At most two ranges are held at a time, one as Arrow
     and the next in librdkafka's queue."""
-    register_storage(ctx.cfg)  # an executor unpickles the pipeline; its tables' storage options go with it
     out: list[dict] = []
     with collector_paused(), pandas_left_out():
         reader: RangeReader | None = open_range(ctx, indexes[0])
@@ -179,11 +179,11 @@ def convert_and_write(ctx: TaskContext, index: int, messages: pa.Table) -> list[
         {"task": index, "kind": "read", "file": None, "records": messages.num_rows},
         {"task": index, "kind": "schema", "file": schema_to_text(_table_columns(rows.schema)), "records": 0},
     ]
-    for kind, uri, table, partition_by in (
-        ("data", cfg.table_path, rows, cfg.table.partition_by),
-        ("quarantine", cfg.quarantine_path, bad, []),
+    for kind, location, table, partition_by in (
+        ("data", cfg.table_location, rows, cfg.table.partition_by),  # the pipeline brought its credentials
+        ("quarantine", cfg.quarantine_location, bad, []),
     ):
-        for f in write_files(uri, table, partition_by, name):
+        for f in write_files(location, table, partition_by, name):
             out.append({"task": index, "kind": kind, "file": f.to_json(), "records": f.num_records})
     faults.hit("after_task_write", ctx.fault_settings)  # its files are on disk, not yet reported
     return out
@@ -207,7 +207,10 @@ def task_function(ctx: TaskContext, slots: list[list[int]]):
     Arrow's JVM side, about 2 s of every spark-submit's first batch."""
 
     def run(slot: int, _rows) -> list[dict]:
-        return run_tasks_in_order(ctx, slots[slot])
+        try:
+            return run_tasks_in_order(ctx, slots[slot])
+        except OffsetlakeError as err:  # Spark carries an error across as text: its kind goes as a code
+            raise RuntimeError(to_wire(err)) from err
 
     return run
 

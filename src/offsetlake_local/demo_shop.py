@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from offsetlake.errors import OffsetlakeError
-from offsetlake.local import connect, postgres, processes
-from offsetlake.local.shop import Shop
+from offsetlake_local import connect, postgres, processes
+from offsetlake_local.shop import Shop
 
 PORT = 15432
 DATABASE = "shop"
@@ -21,7 +21,7 @@ SCHEMA = "shop"
 TOPIC_PREFIX = "demo"  # topics demo.shop.customers and demo.shop.orders
 PIPELINE = "demo_shop"  # a table per topic
 TABLES = ("customers", "orders", "parcels")  # the shop's tables (the pipeline's; the heartbeat table is left out)
-SHOP_MARKER = "offsetlake.local.shop"
+SHOP_MARKER = "offsetlake_local.shop"
 
 
 def up(base: Path, bootstrap_servers: str) -> Shop:
@@ -76,7 +76,7 @@ def describe(shop: Shop, table: str, cfg) -> str:
     from offsetlake.table import query
 
     try:
-        rows = query(cfg.table_path, "SELECT count(*) AS n FROM t").column("n")[0].as_py()
+        rows = query(cfg.table_location, "SELECT count(*) AS n FROM t").column("n")[0].as_py()
     except OffsetlakeError:
         rows = 0
     return f"{len(shop.rows(table))} rows in PostgreSQL, {rows} in {cfg.table_path}"

@@ -12,11 +12,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import re
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TypeVar
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
@@ -25,10 +22,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from offsetlake.errors import StorageError, one_line
+from offsetlake.storage.location import Location, retrying
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 STRING_STATS_MAX = 32  # longer strings get no min/max: a truncated max would be wrong for skipping
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -64,52 +61,9 @@ def attempt_file_name(batch: int, attempt: str, task: int, task_attempt: int, pa
     return f"part-{batch:08d}-{attempt}-t{task:05d}-a{task_attempt}-{part:03d}.zstd.parquet"
 
 
-# Object-store settings per table location (a pipeline's `table.storage_options`): registered when a
-# pipeline is loaded (config.parse_pipeline) and at the start of each Spark task (read/tasks.py), and read
-# by every delta-rs and pyarrow call on that location, so that no signature has to carry them.
-_STORAGE: dict[str, dict[str, str]] = {}
-
-
-def register_storage(uri: str, options: dict[str, str]) -> None:
-    if options:
-        _STORAGE[uri.rstrip("/")] = dict(options)
-
-
-def storage_options(uri: str) -> dict[str, str] | None:
-    """The options registered for `uri` or the table it lies in (None: the store's defaults)."""
-    uri = uri.rstrip("/")
-    for prefix in sorted(_STORAGE, key=len, reverse=True):
-        if uri == prefix or uri.startswith(prefix + "/"):
-            return _STORAGE[prefix]
-    return None
-
-
-def open_filesystem(table_uri: str) -> tuple[pafs.FileSystem, str]:
-    """pyarrow's file system for a table and the table's root path in it, with the table's storage options
-    (S3: endpoint, region, credentials, plain HTTP) when it has any."""
-    options = storage_options(table_uri)
-    if not options or not table_uri.startswith(("s3://", "s3a://")):
-        return pafs.FileSystem.from_uri(table_uri)
-    given = {k.lower(): v for k, v in options.items()}
-    endpoint = given.get("aws_endpoint_url") or given.get("aws_endpoint") or given.get("endpoint")
-    settings: dict[str, str] = {}
-    if endpoint:
-        scheme, _, host = endpoint.rpartition("://")
-        settings.update(endpoint_override=host, scheme=scheme or "https")
-    fs = pafs.S3FileSystem(
-        # A file is sent when it is closed: one PutObject for a data file, not the three requests of a
-        # multipart upload (CreateMultipartUpload, UploadPart, Complete) that an eager open starts.
-        allow_delayed_open=True,
-        access_key=given.get("aws_access_key_id"),
-        secret_key=given.get("aws_secret_access_key"),
-        session_token=given.get("aws_session_token"),
-        region=given.get("aws_region") or given.get("region") or "us-east-1",
-        **settings,
-    )
-    return fs, table_uri.split("://", 1)[1].rstrip("/")
-
-
-def write_files(table_uri: str, table: pa.Table, partition_by: list[str], name_for_part) -> list[DataFile]:
+def write_files(
+    location: Location, table: pa.Table, partition_by: list[str], name_for_part: Callable[[int], str]
+) -> list[DataFile]:
     """Write `table` (split by partition values) and return one DataFile per file written."""
     if table.num_rows == 0:
         return []
@@ -118,14 +72,14 @@ def write_files(table_uri: str, table: pa.Table, partition_by: list[str], name_f
         rel_dir = "/".join(f"{quote(c, safe='')}={_dir_value(values[c])}" for c in partition_by)
         rel_path = f"{rel_dir}/{name_for_part(part_no)}" if rel_dir else name_for_part(part_no)
         data = rows.drop_columns(partition_by) if partition_by else rows
-        written.append(write_file(table_uri, rel_path, data, {c: _partition_string(values[c]) for c in partition_by}))
+        written.append(write_file(location, rel_path, data, {c: _partition_string(values[c]) for c in partition_by}))
     return written
 
 
-def write_file(table_uri: str, rel_path: str, data: pa.Table, partition_values: dict) -> DataFile:
+def write_file(location: Location, rel_path: str, data: pa.Table, partition_values: dict) -> DataFile:
     """Write one Parquet file (data without partition columns) at `rel_path` under the table. On an object
     store a retriable error is retried until the table's retry bound; a local error fails at once."""
-    fs, root = open_filesystem(table_uri)
+    fs, root = location.filesystem()
     full = f"{root.rstrip('/')}/{rel_path}"
 
     def write() -> pafs.FileInfo:
@@ -139,9 +93,9 @@ def write_file(table_uri: str, rel_path: str, data: pa.Table, partition_values: 
             raise
 
     try:
-        info = retrying(table_uri, write)
+        info = retrying(location, write)
     except OSError as err:  # a full disk, a quota, permissions, a store away too long: name the path
-        raise StorageError(f"cannot write {full}: {_os_reason(err)}") from None
+        raise StorageError(f"cannot write {full}: {_os_reason(err)}") from err
     return DataFile(
         path=to_delta_path(rel_path),
         size=info.size,
@@ -150,86 +104,6 @@ def write_file(table_uri: str, rel_path: str, data: pa.Table, partition_values: 
         stats=delta_stats(data),
         num_records=data.num_rows,
     )
-
-
-def retrying(table_uri: str, call: Callable[[], T], errors: tuple[type[Exception], ...] = (OSError,)) -> T:
-    """`call()` -- pyarrow on the table's store -- asked again while the store gives an answer that may change
-    soon (a 503, throttling, refused or reset connections), until the table's retry bound: the same bound
-    delta-rs gets as `retry_timeout`, so the driver's own reads and the executors' writes ride out the same
-    outage its commits do. Other errors, and every error on a local table (bound 0), are raised at once.
-    `call` must be safe to repeat (a read, a listing, an idempotent delete, a write of a unique name).
-    `errors`: the exception types that may carry such an answer (delta-rs raises some as DeltaError)."""
-    deadline = time.monotonic() + retry_seconds(table_uri)
-    pause = 0.5
-    while True:
-        try:
-            return call()
-        except errors as err:
-            if not is_transient(err) or time.monotonic() + pause > deadline:
-                raise
-            time.sleep(pause)
-            pause = min(pause * 2, 10.0)
-
-
-def despite_log_cleanup(read: Callable[[], T], tries: int = 5) -> T:
-    """`read()` -- delta-rs loading a table or reading its history -- asked again when a file of the log
-    vanished between delta-rs listing the log and reading the file: log clean-up (offsetlake's `cleanup`,
-    or another engine's) deletes commit files older than the newest checkpoint, and a read that listed them
-    just before finds them gone (seen on S3, where listing and reading are requests apart). Listed again,
-    the log starts at that checkpoint. Only a vanished `_delta_log/` file is asked again: locally delta-rs
-    raises FileNotFoundError; from S3 a DeltaError ("Object at location .../_delta_log/...checkpoint.parquet
-    not found ... 404", met by a stream while the checkpoint fault cleaned the log up)."""
-    for attempt in range(tries):
-        try:
-            return read()
-        except Exception as err:
-            if not _vanished_log_file(err) or attempt == tries - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-_NOT_FOUND = re.compile(r"not found|NoSuchKey|No such file", re.IGNORECASE)
-
-
-def _vanished_log_file(err: Exception) -> bool:
-    text = str(err)
-    if "_delta_log/" not in text:
-        return False
-    return isinstance(err, FileNotFoundError) or bool(_NOT_FOUND.search(text))
-
-
-def retry_seconds(uri: str) -> float:
-    """The retry bound registered for an object-store table (its delta-rs `retry_timeout`); 0 locally."""
-    timeout = (storage_options(uri) or {}).get("retry_timeout", "0s")
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", timeout)
-    if not match:
-        return 0.0
-    return float(match.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[match.group(2) or "s"]
-
-
-# What an object store answers when it will not say yes now but may soon: throttling, a server error, a
-# connection refused or reset, a timeout. Not retried: access denied, no such bucket, a full local disk.
-# pyarrow names the AWS SDK's error kind (`AWS Error SLOW_DOWN during CreateMultipartUpload operation`), often
-# without the HTTP status; S3 and delta-rs use the XML codes (SlowDown).
-_RETRIABLE = re.compile(
-    r"HTTP (response code:|status) (5\d\d|429)|SLOW_?DOWN|SERVICE_?UNAVAILABLE|INTERNAL_?(ERROR|FAILURE)|"
-    r"THROTTLING|REQUEST_?TIMEOUT|NETWORK_CONNECTION|curlCode: (6|7|28|52|55|56)|"
-    r"Couldn't connect|Could not connect|Connection refused|Connection reset|timed out|Timeout",
-    re.IGNORECASE,
-)
-
-
-def is_transient(err: Exception) -> bool:
-    """The store's answer may change soon (see _RETRIABLE): asking again is worth it."""
-    return bool(_RETRIABLE.search(str(err)))
-
-
-def delete_if_there(fs: pafs.FileSystem, path: str) -> None:
-    """Delete `path`; already gone is fine (an earlier try whose answer the store lost may have deleted it)."""
-    try:
-        fs.delete_file(path)
-    except FileNotFoundError:
-        pass
 
 
 def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
@@ -245,18 +119,18 @@ def _os_reason(err: OSError) -> str:
     return text.split("Detail: ", 1)[-1] if "Detail: " in text else text
 
 
-def read_file(table_uri: str, delta_path: str, columns: list[str] | None = None) -> pa.Table:
-    fs, root = open_filesystem(table_uri)
+def read_file(location: Location, delta_path: str, columns: list[str] | None = None) -> pa.Table:
+    fs, root = location.filesystem()
     path = f"{root.rstrip('/')}/{from_delta_path(delta_path)}"
-    return plain_types(retrying(table_uri, lambda: pq.read_table(path, filesystem=fs, columns=columns)))
+    return plain_types(retrying(location, lambda: pq.read_table(path, filesystem=fs, columns=columns)))
 
 
 def read_with_partitions(
-    table_uri: str, delta_path: str, partition_values: dict[str, str | None] | None, types: pa.Schema
+    location: Location, delta_path: str, partition_values: dict[str, str | None] | None, types: pa.Schema
 ) -> pa.Table:
     """A data file's rows with its partition columns put back as `types` types them: a partitioned file
     holds them in its path only (Delta keeps them as strings in the add action)."""
-    rows = read_file(table_uri, delta_path)
+    rows = read_file(location, delta_path)
     for column, value in (partition_values or {}).items():
         if column not in rows.column_names:
             values = pa.array([value] * rows.num_rows, pa.string())

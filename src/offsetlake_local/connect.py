@@ -6,7 +6,7 @@ command line, its source offsets (how far Debezium has read the database's WAL) 
 `offset.flush.interval.ms`. Killed, it is started again on the same directory, reads the same files, and
 re-sends what it sent since its last flush: Debezium is at least once, and the pipeline downstream folds the
 repeats. Its REST API (on 127.0.0.1) tells a connector's state. The jars come from Maven Central through
-`offsetlake.local.jars` (`poms/kafka-connect.xml` pins Connect's runtime and Debezium).
+`offsetlake_local.jars` (`poms/kafka-connect.xml` pins Connect's runtime and Debezium).
 
 Measured on the 2-core machine this was written on (Connect 4.3.0, Debezium 3.6.1.Final, Java 17): the REST
 API answers 4-6 s after the JVM starts; Debezium's snapshot of a small database, another 2-3 s.
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from offsetlake.errors import OffsetlakeError
-from offsetlake.local import jvm, processes
-from offsetlake.local.broker import free_port
-from offsetlake.local.postgres import Postgres
+from offsetlake_local import jvm, processes
+from offsetlake_local.broker import free_port
+from offsetlake_local.postgres import Postgres
 
 MARKER = "org.apache.kafka.connect.cli.ConnectStandalone"
 HEAP = os.environ.get("OFFSETLAKE_CONNECT_HEAP", "512m")

@@ -4,7 +4,7 @@ Each stack is one Maven POM shipped in this package (`poms/<name>.xml`), whose d
 and nowhere else. `mvn dependency:copy-dependencies` copies the resolved jars into
 `~/.cache/offsetlake/jvm/<name>-<hash of the POM>/`, and a `.complete` file written last marks the directory
 whole; a new POM (another version) gets a new directory, and an interrupted copy is redone. `make` resolves
-them once per machine (`python -m offsetlake.local.jars`); later calls return the directory at once.
+them once per machine (`python -m offsetlake_local.jars`); later calls return the directory at once.
 No jar is ever committed.
 """
 
@@ -75,7 +75,7 @@ def delta_spark_stack() -> str:
         return "delta-spark"
     if (Path(__file__).parent / "poms" / f"delta-spark-{line}.xml").is_file():
         return f"delta-spark-{line}"
-    raise OffsetlakeError(f"no delta-spark POM pairs with pyspark {pyspark.__version__} (src/offsetlake/local/poms)")
+    raise OffsetlakeError(f"no delta-spark POM pairs with pyspark {pyspark.__version__} (src/offsetlake_local/poms)")
 
 
 def _spark_line(stack: str) -> str:

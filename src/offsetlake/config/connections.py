@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from offsetlake.config import RESERVED_CLIENT_KEYS, PipelineConfig, register_storage
+from offsetlake.config.model import RESERVED_CLIENT_KEYS, PipelineConfig
 from offsetlake.errors import ConfigError
 
 CONNECTIONS_FILE_ENV = "OFFSETLAKE_CONNECTIONS_FILE"
@@ -111,9 +111,7 @@ def resolve_connections(cfg: PipelineConfig, given: dict[str, dict[str, Any]] | 
         table = getattr(cfg, key)
         if table is not None and table.connection:
             update[key] = _object_store(table, conns[table.connection])
-    resolved = cfg.model_copy(update=update)
-    register_storage(resolved)  # every delta-rs and pyarrow call on the tables now takes the credentials
-    return resolved
+    return cfg.model_copy(update=update)  # its table_location now holds the credentials
 
 
 def _kafka(cfg: PipelineConfig, conn: dict[str, Any]):

@@ -3,14 +3,14 @@ once a metadata request lists them, stopped by PID.
 
 Each node is one JVM (`kafka.Kafka`) in combined mode (broker and controller in one process, as Kafka's
 quick start runs it), with its own directory holding `server.properties`, the KRaft log and `broker.log`. The
-jars come from Maven Central through `offsetlake.local.jars` (the `kafka-broker` POM pins the version).
+jars come from Maven Central through `offsetlake_local.jars` (the `kafka-broker` POM pins the version).
 
 - `start(dir)`: one node (replication factor 1), the demo's and the shared test broker. Started again on the
   same directory, it reuses its configuration (ports, cluster id) and data: a restart, as in production.
 - `start_cluster(dir, 3)`: three nodes, a controller quorum of three, replication factor 3 and
   `min.insync.replicas` 2, so one node can die (SIGKILL) while leaders move to the others.
 - `listeners`: extra listeners (SASL/SCRAM-SHA-512, SSL) and ACLs for the security tests
-  (`offsetlake.local.broker_security`); the PLAINTEXT listener stays for the harness, as a super user.
+  (`offsetlake_local.broker_security`); the PLAINTEXT listener stays for the harness, as a super user.
 
 Measured on the 2-core machine this was written on (Apache Kafka 4.4.0, Java 17): a node answers its first
 metadata request 3-5 s after the JVM starts (formatting the directory takes another ~1 s, once); a
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from offsetlake.errors import KafkaError
-from offsetlake.local import jvm, processes
+from offsetlake_local import jvm, processes
 
 HOST = "127.0.0.1"
 MARKER = "kafka.Kafka"

@@ -17,7 +17,7 @@ a schema with references, `format=serialized` refused with HTTP 500 "Internal se
 schemas with their keys reordered, JSON Schemas with every `/` escaped. What is stored stays as
 registered, so lookups by the producers' serializers match either way.
 
-    python -m offsetlake.local.schema_registry --port 18081 --data-dir DIR [--user U --password-env VAR]
+    python -m offsetlake_local.schema_registry --port 18081 --data-dir DIR [--user U --password-env VAR]
                                                [--answer-as confluent|karapace]
 """
 
@@ -38,7 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from offsetlake.local import processes
+from offsetlake_local import processes
 
 HOST = "127.0.0.1"
 
@@ -98,7 +98,7 @@ def as_karapace(entry: dict) -> dict:
     if kind == "PROTOBUF":
         from google.protobuf import descriptor_pb2
 
-        from offsetlake.local.proto_text import proto_text
+        from offsetlake_local.proto_text import proto_text
 
         try:
             descriptor = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text, validate=True))
@@ -254,7 +254,7 @@ def start(
 ) -> SchemaRegistry:
     """Start the registry as its own process (stopped by PID); returns when it answers. `answer_as`:
     "confluent", or "karapace" to answer as Karapace does (the module docstring)."""
-    from offsetlake.local.broker import free_port
+    from offsetlake_local.broker import free_port
 
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -263,7 +263,7 @@ def start(
     args = [
         sys.executable,
         "-m",
-        "offsetlake.local.schema_registry",
+        "offsetlake_local.schema_registry",
         "--port",
         str(port),
         "--data-dir",

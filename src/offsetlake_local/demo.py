@@ -25,9 +25,9 @@ from collections import Counter
 from pathlib import Path
 
 from offsetlake.config import load_pipeline, project_home
+from offsetlake.config.topic_tables import for_topic
 from offsetlake.errors import OffsetlakeError, TableError
-from offsetlake.local import broker, demo_shop, processes, schema_registry, stack
-from offsetlake.topic_tables import for_topic
+from offsetlake_local import broker, demo_shop, processes, schema_registry, stack
 
 PIPELINE = "demo_events"
 AVRO_PIPELINE = "demo_avro"
@@ -177,7 +177,7 @@ def _current_state(cfg) -> str:
 
     from offsetlake.table import query
 
-    users = query(cfg.table_path, "SELECT count(*) AS n FROM t").column("n")[0].as_py()
+    users = query(cfg.table_location, "SELECT count(*) AS n FROM t").column("n")[0].as_py()
     feed = pa.table(DeltaTable(cfg.table_path).load_cdf(starting_version=0, columns=["kafka_key", "_change_type"]))
     kinds = Counter(feed.column("_change_type").to_pylist())
     return (
@@ -189,7 +189,7 @@ def _current_state(cfg) -> str:
 def _columns(cfg) -> str:
     from offsetlake.table import open_table
 
-    return ", ".join(f.name for f in open_table(cfg.table_path).schema().fields)
+    return ", ".join(f.name for f in open_table(cfg.table_location).schema().fields)
 
 
 def _wait_for_commits(cfg, dag_id: str, since_ms: int, timeout: float) -> list:
@@ -202,7 +202,9 @@ def _wait_for_commits(cfg, dag_id: str, since_ms: int, timeout: float) -> list:
         try:
             mine = [
                 h
-                for h in pipeline_history(open_table(cfg.table_path), cfg.name, since_ms=since_ms)
+                for h in pipeline_history(
+                    cfg.table_location, open_table(cfg.table_location), cfg.name, since_ms=since_ms
+                )
                 if h.meta.run.dag_id == dag_id
             ]
         except TableError:  # no table yet
@@ -251,7 +253,7 @@ def down() -> None:
     print(f"stopped Airflow components: {', '.join(stopped) or 'none running'}")
     if processes.stop_from_pid_file(base / "producer.pid", "offsetlake.cli"):
         print("stopped the demo producer")
-    if processes.stop_from_pid_file(base / "registry.pid", "offsetlake.local.schema_registry"):
+    if processes.stop_from_pid_file(base / "registry.pid", "offsetlake_local.schema_registry"):
         print("stopped the schema registry")
     for what in demo_shop.down(base):
         print(f"stopped {what}")

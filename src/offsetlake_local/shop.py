@@ -5,7 +5,7 @@ workload of the change-data-capture tests (tests/source_db.py holds their oracle
 timestamp with and without zone, jsonb, uuid, text[], bytea, an enum, integer[]; the text, arrays and
 bytea sometimes large enough for PostgreSQL to store them out of line, TOASTed), changed by a seeded
 random workload of multi-row transactions: inserts, updates of some columns, deletes, primary-key updates,
-an `ALTER TABLE ... ADD COLUMN` and a TRUNCATE when asked. `python -m offsetlake.local.shop` keeps one
+an `ALTER TABLE ... ADD COLUMN` and a TRUNCATE when asked. `python -m offsetlake_local.shop` keeps one
 changing (the demo's, started and stopped by PID).
 """
 
@@ -19,7 +19,7 @@ import random
 import time
 import uuid
 
-from offsetlake.local.postgres import Postgres
+from offsetlake_local.postgres import Postgres
 
 UTC = dt.UTC
 ADDED_COLUMN = ("country", "text")  # what add_column adds to customers
@@ -276,7 +276,7 @@ def _moment(rng: random.Random) -> dt.datetime:
 
 def main(argv: list[str] | None = None) -> int:
     """Keep a shop made earlier changing: a few transactions every `--every` seconds, until stopped."""
-    parser = argparse.ArgumentParser(prog="python -m offsetlake.local.shop", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m offsetlake_local.shop", description=main.__doc__)
     parser.add_argument("--port", type=int, required=True, help="the PostgreSQL server's port on 127.0.0.1")
     parser.add_argument("--user", required=True)
     parser.add_argument("--database", required=True)

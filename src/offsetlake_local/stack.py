@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from offsetlake.errors import OffsetlakeError
-from offsetlake.local import processes
+from offsetlake_local import processes
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 HOST = "127.0.0.1"

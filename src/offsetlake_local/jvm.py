@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from offsetlake.local import jars
+from offsetlake_local import jars
 
 LOG4J = """\
 status = warn
@@ -27,7 +27,7 @@ def java() -> str:
 
 
 def command(stack: str, heap: str, log4j_file: Path, *options: str) -> list[str]:
-    """java with a capped heap and G1, the stack's jars (offsetlake.local.jars) on the class path."""
+    """java with a capped heap and G1, the stack's jars (offsetlake_local.jars) on the class path."""
     return [
         java(),
         f"-Xmx{heap}",

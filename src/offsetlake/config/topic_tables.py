@@ -20,10 +20,11 @@ both kinds.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from offsetlake.config import PipelineConfig, path_placeholders, register_storage
+from offsetlake.config.model import PipelineConfig
+from offsetlake.config.strict import path_placeholders
 from offsetlake.errors import ConfigError
 
 PATTERN_PREFIX = "^"
@@ -102,7 +103,7 @@ def resolve(cfg: PipelineConfig, cluster_topics: Iterable[str]) -> list[Pipeline
 
 def for_topic(cfg: PipelineConfig, topic: str) -> PipelineConfig:
     """The single-table pipeline of one topic of a per-topic pipeline: its table and quarantine paths
-    rendered, its key (`write.keys`, else `write.key`), their storage options registered."""
+    rendered, its key (`write.keys`, else `write.key`)."""
     fields = {"table": topic.rsplit(".", 1)[-1], "topic": topic}
     update: dict = {
         "topics": [topic],
@@ -119,9 +120,7 @@ def for_topic(cfg: PipelineConfig, topic: str) -> PipelineConfig:
         update["write"] = cfg.write.model_copy(update={"key": key, "keys": {}})
     if cfg.quarantine is not None:
         update["quarantine"] = cfg.quarantine.model_copy(update={"path": cfg.quarantine.path.format(**fields)})
-    one = cfg.model_copy(update=update)
-    register_storage(one)
-    return one
+    return cfg.model_copy(update=update)
 
 
 def table_path(cfg: PipelineConfig, name: str | None) -> str:
@@ -139,17 +138,12 @@ def table_path(cfg: PipelineConfig, name: str | None) -> str:
     return cfg.table.path.format(table=name, topic=name)
 
 
-def pipeline_tables(cfg: PipelineConfig, cluster=None) -> list[PipelineTable]:
+def pipeline_tables(cfg: PipelineConfig, topic_names: Callable[[], Iterable[str]]) -> list[PipelineTable]:
     """The pipeline's tables now. A pipeline that names its topics and writes one table needs no Kafka;
-    otherwise the cluster's topic list is read once (`cluster`: a KafkaCluster, made from the pipeline's
-    settings when not given)."""
+    otherwise `topic_names()` (the cluster's topics: `KafkaCluster.topic_names`) is asked once."""
     if not per_topic(cfg) and not any(is_pattern(t) for t in cfg.topics):
         return [PipelineTable(None, cfg)]
-    if cluster is None:
-        from offsetlake.kafka import KafkaCluster
-
-        cluster = KafkaCluster(cfg.kafka)
-    return resolve(cfg, cluster.topic_names())
+    return resolve(cfg, topic_names())
 
 
 def select(tables: list[PipelineTable], cfg: PipelineConfig, name: str | None) -> list[PipelineTable]:
@@ -168,10 +162,10 @@ def select(tables: list[PipelineTable], cfg: PipelineConfig, name: str | None) -
     return chosen
 
 
-def only_table(cfg: PipelineConfig, name: str | None, cluster=None) -> PipelineConfig:
+def only_table(cfg: PipelineConfig, name: str | None, topic_names: Callable[[], Iterable[str]]) -> PipelineConfig:
     """The one table a command acts on: the pipeline's table, or `--table NAME` of a per-topic pipeline
     (where leaving it out is refused, naming the tables)."""
-    tables = select(pipeline_tables(cfg, cluster), cfg, name)
+    tables = select(pipeline_tables(cfg, topic_names), cfg, name)
     if len(tables) > 1 or (name is None and per_topic(cfg)):
         known = ", ".join(t.name or "" for t in tables)
         raise ConfigError(

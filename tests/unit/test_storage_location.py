@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from offsetlake import files
-from offsetlake.files import is_transient, register_storage, retry_seconds, retrying
+from offsetlake.storage import location as storage_location
+from offsetlake.storage.location import Location, is_transient, retrying
 
 
 @pytest.mark.parametrize(
@@ -40,10 +40,19 @@ def test_a_busy_or_absent_store_is_retried_and_a_refusal_is_not(message, retried
     assert is_transient(OSError(message)) is retried
 
 
-def test_the_retry_bound_is_the_tables_registered_retry_timeout():
-    register_storage("s3://bucket/retry-table", {"retry_timeout": "90s"})
-    assert retry_seconds("s3://bucket/retry-table/part-1.parquet") == 90
-    assert retry_seconds("/local/table") == 0
+def test_the_retry_bound_is_the_locations_retry_timeout():
+    assert Location.of("s3://bucket/retry-table", {"retry_timeout": "90s"}).retry_seconds == 90
+    assert Location.of("s3://bucket/retry-table", {"retry_timeout": "500ms"}).retry_seconds == 0.5
+    assert Location.of("/local/table").retry_seconds == 0
+
+
+def test_a_location_is_a_value_that_never_shows_its_secrets():
+    options = {"AWS_SECRET_ACCESS_KEY": "pw-s3", "AWS_REGION": "us-east-2"}
+    location = Location.of("s3://lake/t", options)
+    assert location == Location.of("s3://lake/t", dict(reversed(options.items())))  # the order does not matter
+    assert hash(location) == hash(Location.of("s3://lake/t", options))  # a key of AttemptFiles
+    assert str(location) == "s3://lake/t" and "pw-s3" not in repr(location) and "us-east-2" in repr(location)
+    assert location.storage_options == options and Location.of("/t").storage_options is None
 
 
 class _Store:
@@ -62,37 +71,37 @@ class _Store:
 @pytest.fixture
 def no_sleep(monkeypatch):
     slept: list[float] = []
-    monkeypatch.setattr(files.time, "sleep", slept.append)
+    monkeypatch.setattr(storage_location.time, "sleep", slept.append)
     return slept
 
 
 def test_a_store_away_for_a_while_is_asked_again_with_growing_pauses(no_sleep):
-    register_storage("s3://bucket/away-table", {"retry_timeout": "60s"})
+    away = Location.of("s3://bucket/away-table", {"retry_timeout": "60s"})
     store = _Store(3, "curlCode: 7, Could not connect to server")
-    assert retrying("s3://bucket/away-table", store) == "ok"
+    assert retrying(away, store) == "ok"
     assert store.calls == 4 and no_sleep == [0.5, 1.0, 2.0]
 
 
 def test_a_store_away_past_the_bound_raises_its_own_error(no_sleep):
-    register_storage("s3://bucket/bounded-table", {"retry_timeout": "3s"})
+    bounded = Location.of("s3://bucket/bounded-table", {"retry_timeout": "3s"})
     store = _Store(100, "AWS Error UNKNOWN (HTTP status 503) during HeadObject")
     with pytest.raises(OSError, match="HTTP status 503"):
-        retrying("s3://bucket/bounded-table", store)
+        retrying(bounded, store)
     assert no_sleep == [0.5, 1.0, 2.0]  # the next pause (4 s) would pass the 3 s bound
 
 
 @pytest.mark.parametrize("uri", ["s3://bucket/denied-table", "/local/table"])
 def test_a_refusal_or_a_local_error_is_raised_at_once(uri, no_sleep):
-    register_storage("s3://bucket/denied-table", {"retry_timeout": "60s"})
+    location = Location.of(uri, {"retry_timeout": "60s"} if uri.startswith("s3") else {})
     message = "HTTP response code: 403" if uri.startswith("s3") else "curlCode: 7, Could not connect"
     store = _Store(1, message)
     with pytest.raises(OSError):
-        retrying(uri, store)
+        retrying(location, store)
     assert store.calls == 1 and no_sleep == []
 
 
 def test_a_log_file_vanished_under_a_read_is_read_again_and_nothing_else_is():
-    from offsetlake.files import despite_log_cleanup
+    from offsetlake.storage.location import despite_log_cleanup
 
     calls = []
 

@@ -1,6 +1,6 @@
 """Security an embedded broker enforces: SASL/SCRAM-SHA-512 and mutual-TLS listeners, with ACLs.
 
-`start_secured(dir)` starts one KRaft node (offsetlake.local.broker) with three listeners:
+`start_secured(dir)` starts one KRaft node (offsetlake_local.broker) with three listeners:
 
 - `PLAINTEXT`: the harness's own (topics, users, ACLs); its principal (User:ANONYMOUS) is a super user, so
   it must never be what a pipeline under test connects to;
@@ -32,7 +32,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
-from offsetlake.local import broker
+from offsetlake_local import broker
 
 SCRAM = "SCRAM-SHA-512"
 

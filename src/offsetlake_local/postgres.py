@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from offsetlake.errors import OffsetlakeError
-from offsetlake.local import processes
-from offsetlake.local.broker import free_port
+from offsetlake_local import processes
+from offsetlake_local.broker import free_port
 
 # What Debezium's PostgreSQL connector needs of a server (pgoutput ships with PostgreSQL 10+): logical
 # decoding, and a replication slot and WAL sender for each connector (and a spare for a restarted one).

@@ -1,0 +1,281 @@
+"""What a command or an Airflow task runs, for every table of a pipeline: ingest, stream, recover and
+maintain, as library calls. The CLI (offsetlake.cli) and the Spark jobs the Airflow operator submits
+(jobs/*.py) both come here; each says what happened through `say`, one line at a time (the CLI prints it).
+
+A table that fails does not stop the others: each is tried, and the run fails afterwards naming each
+failed table and why.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from offsetlake.config import PipelineConfig
+from offsetlake.config.topic_tables import PipelineTable, only_table, pipeline_tables, select
+from offsetlake.errors import ConfigError, OffsetlakeError, one_line
+from offsetlake.kafka import KafkaCluster, topic_lister
+from offsetlake.protocol.metadata import Run
+
+Say = Callable[[str], None]
+SparkFactory = Callable[[PipelineConfig, str], Any]  # (pipeline, job) -> a context manager yielding a session
+
+
+def tables_of(cfg: PipelineConfig, name: str | None = None) -> list[PipelineTable]:
+    """The tables a run acts on: the pipeline's (as of the cluster's topics now), or `name`'s."""
+    return select(pipeline_tables(cfg, topic_lister(cfg.kafka)), cfg, name)
+
+
+def one_table(cfg: PipelineConfig, name: str | None = None) -> PipelineConfig:
+    """The one table a run acts on, as a single-table pipeline (`name`: a table of a per-topic pipeline)."""
+    return only_table(cfg, name, topic_lister(cfg.kafka))
+
+
+def check_reachable(cfg: PipelineConfig) -> None:
+    """Fail in seconds if the table's object store, Kafka or the topics are not there: before a Spark
+    session starts (from a terminal), or while one starts in the background (under spark-submit:
+    LazySession.start_early)."""
+    from offsetlake.table import check_store
+
+    check_store(cfg.table_location)
+    if cfg.quarantine_path != cfg.table_path:
+        check_store(cfg.quarantine_location, "quarantine")
+    cluster = KafkaCluster(cfg.kafka)
+    cluster.partitions(cfg.topics)
+    cluster.check_access(cfg.topics, cfg.consumer_group)
+    if cfg.format.registry is not None:
+        from offsetlake.formats.registry_client import registry_for
+
+        registry_for(cfg.format.registry).check()
+
+
+def ingest_tables(spark: Any, tables: list[PipelineTable], run: Run, say: Say, warn: Say) -> tuple[float, float] | None:
+    """Each table in turn in one Spark session; a summary line per batch. Returns the first Spark job's
+    (submitted, ended) for the session's start-up report."""
+    from offsetlake.batch import ingest
+
+    first_job = None
+    failed: list[str] = []
+    for table in tables:
+        try:
+            check_reachable(table.cfg)
+            for result in ingest(spark, table.cfg, run):
+                result.table = table.name
+                say(result.summary())
+                first_job = first_job or result.spark_job
+        except Exception as err:  # noqa: BLE001 - one table's failure is reported, the others go on
+            if len(tables) == 1:
+                raise
+            failed.append(f"{table.name} ({one_line(err)})")
+            warn(f"{table.name}: failed: {one_line(err)}")
+    if failed:
+        raise OffsetlakeError(f"ingest failed for {len(failed)} of {len(tables)} tables: {'; '.join(failed)}")
+    return first_job
+
+
+def stream_tables(
+    spark: Any,
+    current_tables: Callable[[], list[PipelineTable]],
+    stop: threading.Event,
+    interval: float,
+    run: Run,
+    warn: Say,
+    max_seconds: float | None = None,
+) -> int:
+    """Batches of every table, round after round, until `stop`; the tables are listed again before each
+    round (a topic created meanwhile that matches gets its table). Returns the batches committed."""
+    from offsetlake.batch import print_progress
+    from offsetlake.streaming import stream
+
+    tables = current_tables()
+    unreachable = []
+    for table in tables:
+        try:
+            check_reachable(table.cfg)
+        except Exception as err:  # noqa: BLE001 - a table per topic: the stream tries it again each round
+            if table.name is None:
+                raise
+            unreachable.append(err)
+            warn(f"{table.name}: failed: {one_line(err)}")
+    if len(unreachable) == len(tables):
+        raise unreachable[0]
+    return stream(
+        spark,
+        tables[0].cfg,
+        stop,
+        interval,
+        run,
+        max_seconds=max_seconds,
+        on_batch=print_progress,
+        tables=current_tables,
+    )
+
+
+def problems(cfg: PipelineConfig) -> str:
+    """What an audit counts: offsets (append mode), keys (upsert mode: the table against the fold)."""
+    return "bad keys" if cfg.write.upsert else "bad offsets"
+
+
+def repair(spark_for: SparkFactory, cfg: PipelineConfig, run: Run, say: Say, dry_run: bool, before: Any = None) -> Any:
+    """Audit (unless given), backfill every damaged span, audit again. The audit after, or the one before."""
+    from offsetlake.operations.audit import audit
+    from offsetlake.operations.audit import repair as repair_spans
+
+    with spark_for(cfg, "repair") as spark:
+        before, result = repair_spans(spark, cfg, run, dry_run=dry_run, report=before)
+    say(before.format())
+    if result is None:
+        say("nothing to repair")
+        return before
+    say(result.summary())
+    if dry_run:
+        return before
+    after = audit(cfg)
+    say(after.format())
+    if not after.ok:
+        raise OffsetlakeError("repair finished but audit still finds problems")
+    return after
+
+
+def cleanup(cfg: PipelineConfig, older_than: int, dry_run: bool, say: Say) -> None:
+    """Both tables; the quarantine table may not exist yet (no bad record so far)."""
+    from offsetlake.operations.maintenance import cleanup as cleanup_table
+
+    for location in (cfg.table_location, cfg.quarantine_location):
+        try:
+            say(cleanup_table(location, older_than, dry_run).summary())
+        except OffsetlakeError as err:
+            if location == cfg.table_location:
+                raise
+            say(f"{location}: skipped ({err})")
+
+
+def reset(cfg: PipelineConfig, offsets: str, reason: str, run: Run, say: Say) -> None:
+    from offsetlake.operations.maintenance import parse_offsets
+    from offsetlake.operations.maintenance import reset as reset_ledger
+
+    version = reset_ledger(cfg, parse_offsets(offsets), reason, run)
+    say(f"ledger reset recorded in table version {version}")
+
+
+def recover(
+    spark_for: SparkFactory,
+    cfg: PipelineConfig,
+    run: Run,
+    say: Say,
+    *,
+    reset_offsets: str | None = None,
+    reason: str = "",
+    repair_damage: bool = False,
+    clean_up: bool = False,
+    older_than: int = 0,
+) -> None:
+    """The recovery DAG's workflow: reset the ledger (if asked), audit, repair what the audit finds (if
+    asked), clean up orphaned files (if asked); fails while the audit still finds problems."""
+    from offsetlake.operations.audit import audit
+
+    if reset_offsets:
+        reset(cfg, reset_offsets, reason, run, say)
+    report = audit(cfg)
+    if repair_damage and not report.ok:
+        report = repair(spark_for, cfg, run, say, dry_run=False, before=report)
+    else:
+        say(report.format())
+    if clean_up:
+        cleanup(cfg, older_than, dry_run=False, say=say)
+    if not report.ok:
+        raise OffsetlakeError(
+            f"audit found {report.problem_count()} {problems(cfg)} in {cfg.name}"
+            + ("" if repair_damage else "; run again with repair to fix them")
+        )
+
+
+def maintained_tables(cfg: PipelineConfig) -> list[Any]:
+    """What maintenance runs on: the table, and its quarantine table once one exists."""
+    from deltalake import DeltaTable
+
+    quarantine = cfg.quarantine_location
+    exists = DeltaTable.is_deltatable(quarantine.uri, quarantine.storage_options)
+    return [cfg.table_location] + ([quarantine] if exists else [])
+
+
+def optimize(
+    cfg: PipelineConfig, run: Run, say: Say, target_file_mb: int | None = None, zorder_by: str | None = None
+) -> None:
+    """The table, then the quarantine table if there is one (no z-order there: it has other columns)."""
+    from offsetlake.formats.columns import quarantine_schema, table_schema
+    from offsetlake.operations.compaction import optimize as compact
+    from offsetlake.protocol.quarantine import quarantine_schema_of
+    from offsetlake.table import open_table
+
+    settings = cfg.maintenance
+    target = target_file_mb or settings.target_file_mb
+    zorder = [c.strip() for c in zorder_by.split(",") if c.strip()] if zorder_by else settings.zorder_by
+    columns = cfg.data_columns()
+    if cfg.format.evolves:  # the payload columns come from the registry: the table has them
+        fields = open_table(cfg.table_location).schema().fields
+        columns = [f.name for f in fields if f.name not in cfg.table.partition_by]
+    wrong = sorted(c for c in zorder if c not in columns)
+    if wrong:
+        raise ConfigError(f"--zorder-by column {wrong[0]!r} is not a data column of pipeline {cfg.name!r}")
+    for location in maintained_tables(cfg):
+        if location == cfg.table_location:
+            outcome = compact(location, cfg.name, table_schema(cfg), cfg.table.partition_by, target, zorder, run=run)
+        else:
+            schema = quarantine_schema_of(open_table(location), quarantine_schema(cfg))
+            outcome = compact(location, cfg.name, schema, [], target, run=run)
+        say(outcome.summary())
+
+
+def vacuum(cfg: PipelineConfig, retention_hours: int | None, dry_run: bool, run: Run, say: Say) -> None:
+    from offsetlake.operations.maintenance import vacuum as vacuum_table
+
+    for location in maintained_tables(cfg):
+        say(vacuum_table(location, cfg.name, retention_hours, dry_run, run).summary())
+
+
+def checkpoint(cfg: PipelineConfig, say: Say) -> None:
+    from offsetlake.operations.maintenance import checkpoint as checkpoint_table
+
+    for location in maintained_tables(cfg):
+        version = checkpoint_table(location)
+        say(f"{location}: checkpoint at version {version}; commit files past the log retention removed")
+
+
+def maintain(
+    cfg: PipelineConfig,
+    run: Run,
+    say: Say,
+    *,
+    compact: bool = False,
+    vacuum_files: bool = False,
+    checkpoint_log: bool = False,
+    target_file_mb: int | None = None,
+    zorder_by: str | None = None,
+    retention_hours: int | None = None,
+) -> None:
+    """The maintenance DAG's workflow: optimize, vacuum and checkpoint, as asked, in that order."""
+    if not (compact or vacuum_files or checkpoint_log):
+        raise ConfigError("nothing to do: give --optimize, --vacuum and/or --checkpoint")
+    if compact:
+        optimize(cfg, run, say, target_file_mb, zorder_by)
+    if vacuum_files:
+        vacuum(cfg, retention_hours, dry_run=False, run=run, say=say)
+    if checkpoint_log:
+        checkpoint(cfg, say)
+
+
+@contextmanager
+def spark_session(cfg: PipelineConfig, job: str, master: str | None = None) -> Iterator[Any]:
+    """A Spark session started on first use (a run with nothing to do starts no JVM), always stopped.
+    Under spark-submit, whose JVM runs already, it starts while the run plans (start_early)."""
+    from offsetlake.spark.session import LazySession
+
+    spark = LazySession(f"offsetlake-{job}-{cfg.name}", master)
+    spark.start_early()
+    try:
+        yield spark
+    finally:
+        spark.stop()
