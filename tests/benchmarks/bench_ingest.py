@@ -82,8 +82,8 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from offsetlake import batch as batch_module
 from offsetlake.batch import ingest
-from offsetlake.engine import DeltaRs
 from offsetlake.config import RESERVED_CLIENT_KEYS, parse_pipeline
+from offsetlake.engine import DeltaRs
 from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import KafkaCluster
 from offsetlake.protocol.commit import add_actions

@@ -10,10 +10,10 @@ import uuid
 import pytest
 
 from offsetlake.batch import ingest
-from offsetlake.storage.location import Location
 from offsetlake.formats.columns import table_schema
 from offsetlake.operations.compaction import optimize
 from offsetlake.operations.maintenance import checkpoint, vacuum
+from offsetlake.storage.location import Location
 from offsetlake.table import check_store
 from support import (
     assert_exactly_once,
