@@ -168,7 +168,7 @@ def open_pipeline_table(cfg: PipelineConfig):
     try:
         schema = initial_table_schema(cfg)
     except Incompatible as err:
-        raise TableError(f"cannot create the table of pipeline {cfg.name}: {err}") from None
+        raise TableError(f"cannot create the table of pipeline {cfg.name}: {err}") from err
     missing = sorted(set(cfg.table.partition_by) - set(schema.names))
     if missing:
         raise TableError(

@@ -107,7 +107,7 @@ def retrying(
             if stop is None:
                 time.sleep(pause)
             elif stop.wait(pause):
-                raise Stopped(f"{what}: stopped while waiting for the broker") from None
+                raise Stopped(f"{what}: stopped while waiting for the broker") from err
             before_retry(err)
             wait = min(wait * 2, LONGEST_WAIT)
 
@@ -235,7 +235,7 @@ class KafkaCluster:
                 stop=self.stop,
             )
         except KafkaException as err:
-            raise self._fail(what, err) from None
+            raise self._fail(what, err) from err
 
     def partitions(self, topics: Iterable[str]) -> list[TP]:
         """Every partition of the topics; an unknown topic is an error (never auto-created)."""
@@ -279,7 +279,7 @@ class KafkaCluster:
         except KafkaException as err:
             kerr = err.args[0] if err.args else None
             if isinstance(kerr, _KErr) and kerr.code() == _KErr.TOPIC_AUTHORIZATION_FAILED:
-                raise KafkaError(f"{where}: not authorized to DESCRIBE topic {topic!r}") from None
+                raise KafkaError(f"{where}: not authorized to DESCRIBE topic {topic!r}") from err
         raise KafkaError(f"unknown topic {topic!r} on {where}")
 
     def check_access(self, topics: Iterable[str], group: str) -> None:
@@ -341,7 +341,7 @@ class KafkaCluster:
             return self._retrying(what, call)
         except KafkaError as err:
             if _REFUSED.search(str(err)):
-                raise KafkaError(f"Kafka at {self.settings.bootstrap_servers}: not authorized to {refusal}") from None
+                raise KafkaError(f"Kafka at {self.settings.bootstrap_servers}: not authorized to {refusal}") from err
             raise
 
     def _list_offsets(

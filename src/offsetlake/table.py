@@ -58,12 +58,12 @@ def open_table(
     """Open the table and check it; create it (empty, version 0, with `properties`) when asked and none exists."""
     try:
         table = despite_log_cleanup(location.delta_table)
-    except TableNotFoundError:
+    except TableNotFoundError as err:
         if schema is None or not create:
-            raise TableMissing(f"no Delta table at {location}") from None
+            raise TableMissing(f"no Delta table at {location}") from err
         table = _create(location, schema, partition_by or [], name, properties)
     except OSError as err:
-        raise TableError(f"cannot open Delta table at {location}: {err}") from None
+        raise TableError(f"cannot open Delta table at {location}: {err}") from err
     if LEDGER_EXPIRING_PROPERTY in table.metadata().configuration:
         raise TableError(
             f"table {location} sets {LEDGER_EXPIRING_PROPERTY}: Delta would expire the offsets "
@@ -200,9 +200,7 @@ def check_store(location: Location, what: str = "table") -> None:
             refused = re.match(r"[34]\d\d ", reason) is not None
             if refused or time.monotonic() + pause > deadline:
                 waited = "" if refused else f" (for {bound:.0f} s: table.retry_seconds)"
-                raise StorageError(
-                    f"{what} {location}: the object store refused to list it: {reason}{waited}"
-                ) from None
+                raise StorageError(f"{what} {location}: the object store refused to list it: {reason}{waited}") from err
             time.sleep(pause)
             pause = min(pause * 2, 10.0)
 
@@ -242,7 +240,7 @@ def _create(
     try:
         return retrying(location, create, errors=(OSError, DeltaError))
     except (OSError, DeltaError) as err:  # not writable, not a directory, no such bucket...
-        raise TableError(f"cannot create Delta table at {location}: {err}") from None
+        raise TableError(f"cannot create Delta table at {location}: {err}") from err
 
 
 def check_schema(location: Location, table: DeltaTable, expected: pa.Schema, partition_by: list[str]) -> None:

@@ -105,7 +105,7 @@ def _resolve(source: Path, target: Path) -> None:
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired as err:
-        raise OffsetlakeError(f"resolving {source.name} from Maven Central took over {err.timeout:.0f}s") from None
+        raise OffsetlakeError(f"resolving {source.name} from Maven Central took over {err.timeout:.0f}s") from err
     if done.returncode != 0:
         last = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["(no output)"]
         raise OffsetlakeError(f"mvn could not resolve {source.name}: {last[0]}")

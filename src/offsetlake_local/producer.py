@@ -58,7 +58,7 @@ def ensure_topic(settings: KafkaSettings, topic: str, partitions: int) -> None:
         future.result()
     except KafkaException as err:
         if "TOPIC_ALREADY_EXISTS" not in str(err):
-            raise KafkaError(f"cannot create topic {topic!r}: {err}") from None
+            raise KafkaError(f"cannot create topic {topic!r}: {err}") from err
 
 
 def demo_event(rng: random.Random, seq: int) -> tuple[bytes, bytes]:
@@ -247,7 +247,7 @@ def produce(
                     journal.ended(transaction, committed=True)
                 report.committed += size
     except KafkaException as err:
-        raise KafkaError(f"producing to {topic!r} failed: {err.args[0].str() if err.args else err}") from None
+        raise KafkaError(f"producing to {topic!r} failed: {err.args[0].str() if err.args else err}") from err
     finally:
         idempotent.flush(5)
     return report

@@ -184,7 +184,7 @@ class Api:
             with urllib.request.urlopen(request, timeout=30) as resp:
                 text = resp.read()
         except urllib.error.HTTPError as err:
-            raise OffsetlakeError(f"Airflow API {method} {path}: HTTP {err.code}: {err.read()[:300]!r}") from None
+            raise OffsetlakeError(f"Airflow API {method} {path}: HTTP {err.code}: {err.read()[:300]!r}") from err
         return json.loads(text) if text else None
 
     def get(self, path: str):

@@ -50,7 +50,6 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from offsetlake.batch import BatchResult, commit_batch  # noqa: E402
 from offsetlake.config import parse_pipeline  # noqa: E402
-from offsetlake.files import attempt_file_name, write_files  # noqa: E402
 from offsetlake.formats.columns import table_schema  # noqa: E402
 from offsetlake.operations.compaction import optimize  # noqa: E402
 from offsetlake.operations.maintenance import checkpoint  # noqa: E402
@@ -61,6 +60,7 @@ from offsetlake.protocol.planning import BatchPlan  # noqa: E402
 from offsetlake.protocol.quarantine import WrittenFile  # noqa: E402
 from offsetlake.protocol.ranges import OffsetRange  # noqa: E402
 from offsetlake.read.jobs import TaskFiles  # noqa: E402
+from offsetlake.storage.parquet import attempt_file_name, write_files  # noqa: E402
 from offsetlake.streaming import StreamCompaction  # noqa: E402
 from offsetlake.table import open_table, query  # noqa: E402
 

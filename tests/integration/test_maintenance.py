@@ -16,7 +16,6 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from offsetlake.batch import ingest
 from offsetlake.errors import ConfigError, TableError
-from offsetlake.files import write_file
 from offsetlake.formats.columns import table_schema
 from offsetlake.operations.audit import audit, repair
 from offsetlake.operations.backfill import backfill
@@ -24,6 +23,7 @@ from offsetlake.operations.compaction import optimize
 from offsetlake.operations.maintenance import checkpoint, restore, vacuum
 from offsetlake.protocol.ledger import read_ledger
 from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.storage.parquet import write_file
 from offsetlake.streaming import stream
 from offsetlake.table import committed_files, query
 from support import (

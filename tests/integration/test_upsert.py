@@ -59,7 +59,7 @@ def keyed_event(rng: random.Random, seq: int) -> tuple[bytes, bytes | None]:
     return str(user).encode(), json.dumps(event).encode()
 
 
-# The name offsetlake.files.attempt_file_name gives a task's file: in upsert mode, a staging file.
+# The name offsetlake.storage.parquet.attempt_file_name gives a task's file: in upsert mode, a staging file.
 STAGING = re.compile(r"part-\d{8}-[0-9a-f]{16}-t\d{5}-a\d+-\d{3}\.zstd\.parquet$")
 
 

@@ -35,8 +35,8 @@ def _time(value, what: str) -> dt.datetime:
         raise ConfigError(f"{what} must be an ISO 8601 time, got {value!r}")
     try:
         parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError(f"{what} must be an ISO 8601 time like 2026-11-22T10:00:00Z, got {value!r}") from None
+    except ValueError as err:
+        raise ConfigError(f"{what} must be an ISO 8601 time like 2026-11-22T10:00:00Z, got {value!r}") from err
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 

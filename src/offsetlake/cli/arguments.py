@@ -22,8 +22,8 @@ def _number(parse, low: float, high: float, what: str):
     def check(text: str):
         try:
             value = parse(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from err
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
         return value
@@ -41,8 +41,8 @@ def _timestamp(text: str):
 
     try:
         value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an ISO 8601 time like 2026-11-22T10:00:00Z, got {text!r}") from None
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected an ISO 8601 time like 2026-11-22T10:00:00Z, got {text!r}") from err
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 

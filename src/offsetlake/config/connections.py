@@ -28,7 +28,8 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from offsetlake.config.model import RESERVED_CLIENT_KEYS, PipelineConfig
+from offsetlake.config.format_settings import RegistrySettings
+from offsetlake.config.model import RESERVED_CLIENT_KEYS, KafkaSettings, PipelineConfig, TableSettings
 from offsetlake.errors import ConfigError
 
 CONNECTIONS_FILE_ENV = "OFFSETLAKE_CONNECTIONS_FILE"
@@ -46,14 +47,14 @@ def fetch_from_airflow(conn_id: str) -> dict[str, Any]:
     """One connection through Airflow's API (secrets backends, then the metadata database), as plain data."""
     try:
         from airflow.sdk import BaseHook
-    except ImportError:
-        raise ConfigError(f"Airflow connection {conn_id!r}: Airflow is not installed here") from None
+    except ImportError as err:
+        raise ConfigError(f"Airflow connection {conn_id!r}: Airflow is not installed here") from err
     try:
         conn = BaseHook.get_connection(conn_id)
     except Exception as err:  # noqa: BLE001 - Airflow raises its own types; one line for the user
         raise ConfigError(
             f"Airflow connection {conn_id!r} cannot be read: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
-        ) from None
+        ) from err
     return {
         "conn_type": conn.conn_type,
         "host": conn.host,
@@ -65,7 +66,7 @@ def fetch_from_airflow(conn_id: str) -> dict[str, Any]:
     }
 
 
-def write_connections_file(directory: Path, connections: dict[str, dict]) -> Path:
+def write_connections_file(directory: Path, connections: dict[str, dict[str, Any]]) -> Path:
     """The file the operator hands to its spark-submit: readable by this user only."""
     path = directory / "connections.json"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -85,12 +86,13 @@ def _handed_over() -> dict[str, dict[str, Any]]:
     if not path:
         return {}
     try:
-        return json.loads(Path(path).read_text())
+        handed: dict[str, dict[str, Any]] = json.loads(Path(path).read_text())
+        return handed
     except (OSError, ValueError) as err:
         raise ConfigError(
             f"{CONNECTIONS_FILE_ENV}={path}: cannot read the connections the Airflow task "
             f"resolved ({type(err).__name__})"
-        ) from None
+        ) from err
 
 
 def resolve_connections(cfg: PipelineConfig, given: dict[str, dict[str, Any]] | None = None) -> PipelineConfig:
@@ -114,7 +116,7 @@ def resolve_connections(cfg: PipelineConfig, given: dict[str, dict[str, Any]] | 
     return cfg.model_copy(update=update)  # its table_location now holds the credentials
 
 
-def _kafka(cfg: PipelineConfig, conn: dict[str, Any]):
+def _kafka(cfg: PipelineConfig, conn: dict[str, Any]) -> KafkaSettings:
     """The Kafka provider's connection: librdkafka settings in its extra. The protocol's own keys
     (group.id, isolation.level...) are offsetlake's and are left out; the pipeline's `client` wins."""
     extra = {str(k): v for k, v in (conn.get("extra") or {}).items()}
@@ -130,7 +132,7 @@ def _kafka(cfg: PipelineConfig, conn: dict[str, Any]):
     )
 
 
-def _object_store(table, conn: dict[str, Any]):
+def _object_store(table: TableSettings, conn: dict[str, Any]) -> TableSettings:
     """The amazon provider's `aws` connection: login and password are the access key and secret; extra
     `region_name`, `endpoint_url` (also as `service_config.s3.endpoint_url`) and `aws_session_token`. An
     `http://` endpoint (an S3-compatible store on premises) is allowed plain HTTP. The pipeline's own
@@ -153,7 +155,7 @@ def _object_store(table, conn: dict[str, Any]):
     return table.model_copy(update={"storage_options": {**options, **table.storage_options}})
 
 
-def _registry(registry, conn: dict[str, Any]):
+def _registry(registry: RegistrySettings, conn: dict[str, Any]) -> RegistrySettings:
     """An HTTP connection: host (a URL, or a host name with schema and port) and basic auth."""
     url = registry.url or _url(conn)
     if not url:

@@ -30,12 +30,12 @@ def resolve_env(value: Any, where: str = "") -> Any:
     if not isinstance(value, str):
         return value
 
-    def substitute(match: re.Match) -> str:
+    def substitute(match: re.Match[str]) -> str:
         var, default = match.group(1), match.group(2)
         if var in os.environ:
             return os.environ[var]
         if default is not None:
-            return default
+            return str(default)
         raise ConfigError(f"key {where!r} refers to environment variable {var} which is not set")
 
     return ENV_REF.sub(substitute, value)
@@ -60,7 +60,7 @@ def parse_pipeline(raw: Any, source: str, base_dir: Path | None = None) -> Pipel
     try:
         cfg = PipelineConfig.model_validate(resolved)
     except ValidationError as err:
-        raise ConfigError(_error_line(source, err)) from None
+        raise ConfigError(_error_line(source, err)) from err
     if base_dir is not None:
         cfg = _absolute_paths(cfg, base_dir)
     return cfg
@@ -101,7 +101,7 @@ def load_pipeline(name: str, directory: Path | str | None = None) -> PipelineCon
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}") from None
+        raise ConfigError(f"{path}: not valid YAML{where}") from err
     cfg = parse_pipeline(raw, str(path), base_dir=project_home())
     if cfg.name != name:
         raise ConfigError(f"{path}: key 'name' is {cfg.name!r} but the file is named {name!r}")

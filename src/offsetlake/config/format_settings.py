@@ -3,7 +3,7 @@ its key."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import (
     Field,
@@ -79,7 +79,7 @@ class RegistrySettings(Strict):
     """HTTP timeout of a registry request."""
 
     @model_validator(mode="after")
-    def _record_name_when_needed(self):
+    def _record_name_when_needed(self) -> Self:
         if self.subject_name_strategy != "topic" and not self.record_name:
             raise ValueError(f"subject_name_strategy {self.subject_name_strategy!r} needs 'record_name'")
         if (self.username is None) != (self.password is None):
@@ -113,7 +113,7 @@ class KeyFormat(Strict):
     """The declared fields of a `json` key."""
 
     @model_validator(mode="after")
-    def _schema_matches_type(self):
+    def _schema_matches_type(self) -> Self:
         if self.type == "json" and not self.schema_:
             raise ValueError("key type 'json' needs a declared 'schema' (a list of fields)")
         if self.type != "json" and self.schema_:
@@ -202,7 +202,7 @@ class RecordFormat(Strict):
         return (self.type in REGISTRY_FORMATS and self.schema_file is None) or self.type == "connect_json"
 
     @model_validator(mode="after")
-    def _schema_matches_type(self):
+    def _schema_matches_type(self) -> Self:
         if self.type == "json" and not self.schema_:
             raise ValueError("format 'json' needs a declared 'schema' (a list of fields)")
         if self.type in ("raw", "connect_json", *REGISTRY_FORMATS) and self.schema_:
@@ -219,7 +219,7 @@ class RecordFormat(Strict):
         key_in_registry = self.key is not None and self.key.type in REGISTRY_FORMATS
         if self.registry is not None and self.type not in REGISTRY_FORMATS and not key_in_registry:
             raise ValueError(f"'registry' is for formats {', '.join(REGISTRY_FORMATS)} (value or key)")
-        if key_in_registry and self.registry is None:
+        if key_in_registry and self.registry is None and self.key is not None:
             raise ValueError(f"key type {self.key.type!r} needs a 'registry'")
         if self.type == "raw" and self.key is not None:
             raise ValueError("format 'raw' keeps the key as bytes in column 'key' and takes no 'key' section")

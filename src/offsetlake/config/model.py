@@ -4,7 +4,8 @@ names its key. A `PipelineConfig` is what the rest of offsetlake is given."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import Any, Literal, Self
 
 from pydantic import (
     Field,
@@ -60,7 +61,7 @@ class KafkaSettings(Strict):
     authentication and authorization failures fail at once. `0`: never retry."""
 
     @model_validator(mode="after")
-    def _no_reserved_keys(self):
+    def _no_reserved_keys(self) -> Self:
         clash = sorted(RESERVED_CLIENT_KEYS & set(self.client))
         if clash:
             raise ValueError(f"client setting {clash[0]!r} is managed by offsetlake and cannot be set")
@@ -72,7 +73,7 @@ class KafkaSettings(Strict):
         """librdkafka settings shared by every client the platform creates."""
         return {"bootstrap.servers": self.bootstrap_servers, **self.client}
 
-    def __repr_args__(self):
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         for key, value in super().__repr_args__():
             yield key, (redact_client(value) if key == "client" else value)
 
@@ -127,7 +128,7 @@ class TableSettings(Strict):
     Parquet writes); past it the job fails in one line and nothing is half-written. Local tables ignore it."""
 
     @model_validator(mode="after")
-    def _safe_commits_on_s3(self):
+    def _safe_commits_on_s3(self) -> Self:
         if self.path.startswith(S3_SCHEMES):
             given = {k.lower(): v.lower() for k, v in self.storage_options.items()}
             if "aws_s3_locking_provider" in given:
@@ -144,7 +145,7 @@ class TableSettings(Strict):
                 )
         return self
 
-    def __repr_args__(self):
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         for key, value in super().__repr_args__():
             yield key, (redact_client(value) if key == "storage_options" else value)
 
@@ -188,7 +189,7 @@ class WriteSettings(Strict):
     updates and deletes for `table_changes` / `load_cdf`."""
 
     @model_validator(mode="after")
-    def _key_for_upsert(self):
+    def _key_for_upsert(self) -> Self:
         if self.mode == "upsert" and not self.key and not self.keys:
             raise ValueError("write.mode 'upsert' needs write.key: the columns that identify a row")
         if self.mode == "append" and (self.key or self.keys or self.order_by):
@@ -297,7 +298,7 @@ class PipelineConfig(Strict):
                 try:
                     re.compile(topic)
                 except re.error as err:
-                    raise ValueError(f"{topic!r} is not a valid regular expression: {err}") from None
+                    raise ValueError(f"{topic!r} is not a valid regular expression: {err}") from err
         return topics
 
     kafka: KafkaSettings
@@ -332,7 +333,7 @@ class PipelineConfig(Strict):
     """Shown on the pipeline's DAGs."""
 
     @model_validator(mode="after")
-    def _partition_columns_exist(self):
+    def _partition_columns_exist(self) -> Self:
         columns = set(self.column_names())
         for col in self.table.partition_by:
             # Registry formats learn their payload columns from the registry: checked when the table is made.

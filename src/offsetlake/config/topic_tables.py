@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from offsetlake.config.model import PipelineConfig
 from offsetlake.config.strict import path_placeholders
@@ -105,7 +106,7 @@ def for_topic(cfg: PipelineConfig, topic: str) -> PipelineConfig:
     """The single-table pipeline of one topic of a per-topic pipeline: its table and quarantine paths
     rendered, its key (`write.keys`, else `write.key`)."""
     fields = {"table": topic.rsplit(".", 1)[-1], "topic": topic}
-    update: dict = {
+    update: dict[str, Any] = {
         "topics": [topic],
         "table": cfg.table.model_copy(update={"path": cfg.table.path.format(**fields)}),
     }

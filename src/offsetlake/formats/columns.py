@@ -94,7 +94,7 @@ def initial_table_schema(cfg: PipelineConfig) -> pa.Schema:
         try:
             payload = debezium.table_columns(latest, fmt.debezium.position)
         except debezium.NotAChangeEvent as err:
-            raise Incompatible(f"topic {topic}: {err}") from None
+            raise Incompatible(f"topic {topic}: {err}") from err
     else:
         payload = struct_fields(latest)
     columns = [*payload, *fixed]

@@ -194,8 +194,8 @@ def _decimal(schema: dict, path: str) -> tuple[pa.DataType, Convert]:
     try:
         scale = int(parameters["scale"])
         precision = int(parameters.get("connect.decimal.precision", MAX_DECIMAL_PRECISION))
-    except (KeyError, TypeError, ValueError):
-        raise UnusableConnectSchema(f"{path}: a Decimal without an integer 'scale' parameter") from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise UnusableConnectSchema(f"{path}: a Decimal without an integer 'scale' parameter") from err
     if not 0 < precision <= MAX_DECIMAL_PRECISION or not 0 <= scale <= precision:
         raise UnusableConnectSchema(
             f"{path}: Decimal({precision}, {scale}) does not fit Delta's decimal (precision at most 38): set the "
@@ -225,8 +225,8 @@ def _days(value) -> dt.date:
         raise TypeError(f"expected days since 1970-01-01, got {type(value).__name__}")
     try:
         return EPOCH_DAY + dt.timedelta(days=value)
-    except OverflowError:
-        raise OverflowError(f"{value} days from 1970-01-01 is out of range for a date") from None
+    except OverflowError as err:
+        raise OverflowError(f"{value} days from 1970-01-01 is out of range for a date") from err
 
 
 def _epoch(value, per_second: int) -> dt.datetime:
@@ -234,8 +234,8 @@ def _epoch(value, per_second: int) -> dt.datetime:
         raise TypeError(f"expected an epoch number, got {type(value).__name__}")
     try:
         return EPOCH + dt.timedelta(microseconds=value * 1_000_000 // per_second)
-    except OverflowError:
-        raise OverflowError(f"epoch {value} (1/{per_second} s) is out of range for a timestamp") from None
+    except OverflowError as err:
+        raise OverflowError(f"epoch {value} (1/{per_second} s) is out of range for a timestamp") from err
 
 
 def _time_of_day(value, per_second: int) -> int:
@@ -314,13 +314,13 @@ class ConnectDecoders:
             raise ValueError("value is null (tombstone)")
         try:
             envelope = msgspec.json.decode(data, type=_Wrapped)
-        except msgspec.ValidationError:
+        except msgspec.ValidationError as err:
             raise ValueError(
                 "value is not Kafka Connect JSON with its schema (an object of 'schema' and 'payload': "
                 "the JsonConverter's schemas.enable=true)"
-            ) from None
+            ) from err
         except msgspec.DecodeError as err:
-            raise ValueError(f"value is not valid JSON ({err})") from None
+            raise ValueError(f"value is not valid JSON ({err})") from err
         return self._decoder(envelope.schema), msgspec.json.decode(envelope.payload)
 
     def _decoder(self, schema_text: msgspec.Raw) -> ConnectDecoder:

@@ -68,7 +68,7 @@ def json_event(
     try:
         event = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as err:
-        raise NotAChangeEvent(f"value is not valid JSON ({err})") from None
+        raise NotAChangeEvent(f"value is not valid JSON ({err})") from err
     if isinstance(event, dict) and set(event) == {"schema", "payload"}:  # the JSON converter's schemas.enable
         event = event["payload"]
     if not isinstance(event, dict) or "op" not in event:
@@ -86,7 +86,7 @@ def json_event(
     try:
         at = None if source[position] is None else coerce(source[position], position_type)
     except (TypeError, ValueError, OverflowError) as err:
-        raise NotAChangeEvent(f"debezium: source.{position}: {err}") from None
+        raise NotAChangeEvent(f"debezium: source.{position}: {err}") from err
     for name, scale in (scaled_bytes or {}).items():
         if row.get(name) is not None:
             row[name] = _scaled_text(row[name], name, scale)
@@ -100,11 +100,11 @@ def _scaled_text(value: object, name: str, scale: int) -> str:
         if not isinstance(value, str):
             raise ValueError
         unscaled = int.from_bytes(base64.b64decode(value, validate=True), "big", signed=True)
-    except (ValueError, binascii.Error):
+    except (ValueError, binascii.Error) as err:
         raise NotAChangeEvent(
             f"debezium: field {name!r} is not base64 of a decimal's unscaled bytes "
             "(format.debezium.decimal_handling_mode: precise)"
-        ) from None
+        ) from err
     return str(from_unscaled(unscaled, scale))
 
 

@@ -261,7 +261,7 @@ def _unknown_json(extra: dict) -> str | None:
         text = json.dumps(extra, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         check_unicode(text)
     except ValueError as err:
-        raise BadRecord(f"undeclared fields: {err}") from None
+        raise BadRecord(f"undeclared fields: {err}") from err
     return text
 
 
@@ -271,10 +271,10 @@ def parse_record(raw: bytes | None, fields: list[SchemaField]) -> tuple[dict, di
         raise BadRecord("value is null (tombstone)")
     try:
         record = json.loads(raw)
-    except UnicodeDecodeError:
-        raise BadRecord("value is not UTF-8") from None
+    except UnicodeDecodeError as err:
+        raise BadRecord("value is not UTF-8") from err
     except ValueError as err:
-        raise BadRecord(f"value is not JSON: {err}") from None
+        raise BadRecord(f"value is not JSON: {err}") from err
     if not isinstance(record, dict):
         raise BadRecord(f"value is a JSON {type(record).__name__}, expected an object")
     out: dict[str, Any] = {}
@@ -288,5 +288,5 @@ def parse_record(raw: bytes | None, fields: list[SchemaField]) -> tuple[dict, di
         try:
             out[f.name] = coerce(value, f.type)
         except (TypeError, ValueError, OverflowError) as err:
-            raise BadRecord(f"field {f.name!r}: {err}") from None
+            raise BadRecord(f"field {f.name!r}: {err}") from err
     return out, {k: v for k, v in record.items() if k not in out}

@@ -26,8 +26,8 @@ class JsonSchemaDecoder(SchemaDecoder):
     def decode(self, payload: bytes) -> Any:
         try:
             value = json.loads(payload)
-        except UnicodeDecodeError:
-            raise ValueError("value is not UTF-8") from None
+        except UnicodeDecodeError as err:
+            raise ValueError("value is not UTF-8") from err
         return self._convert(value, "value")
 
 
@@ -41,8 +41,8 @@ def referenced_documents(registry, schema, documents: dict[str, dict] | None = N
         referenced = registry.version(ref.subject, ref.version).schema
         try:
             documents[ref.name] = json.loads(referenced.schema_str)
-        except ValueError:
-            raise UnusableSchema(f"the JSON Schema referenced as {ref.name!r} is not JSON") from None
+        except ValueError as err:
+            raise UnusableSchema(f"the JSON Schema referenced as {ref.name!r} is not JSON") from err
         referenced_documents(registry, referenced, documents)
     return documents
 
@@ -178,6 +178,6 @@ def _json_converter(t: pa.DataType) -> Callable[[Any, str], Any]:
         try:
             return coerce(value, name)
         except (TypeError, ValueError, OverflowError) as err:
-            raise ValueError(f"{where}: {err}") from None
+            raise ValueError(f"{where}: {err}") from err
 
     return scalar

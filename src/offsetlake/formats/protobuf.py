@@ -43,7 +43,7 @@ class ProtobufDecoder(SchemaDecoder):
         try:
             message = self._cls.FromString(payload)
         except DecodeError as err:
-            raise ValueError(f"not a valid Protobuf message: {err}") from None
+            raise ValueError(f"not a valid Protobuf message: {err}") from err
         return self._convert(message)
 
 

@@ -47,7 +47,7 @@ def split_frame(data: bytes | None, schema_type: str):
     try:
         rest = frame.from_bytes(io.BytesIO(data))
     except Exception as err:
-        raise ValueError(f"value is not in the Schema Registry wire format: {err}") from None
+        raise ValueError(f"value is not in the Schema Registry wire format: {err}") from err
     return frame.id, frame.guid, tuple(frame.message_indexes or ()), rest.read()
 
 
@@ -394,7 +394,7 @@ def _schema_file(path: str):
         with open(path) as f:
             return json.load(f)
     except (OSError, ValueError) as err:
-        raise ConfigError(f"format.schema_file {path}: {err}") from None
+        raise ConfigError(f"format.schema_file {path}: {err}") from err
 
 
 class _Record(SchemaDecoder):

@@ -81,15 +81,15 @@ class Registry:
         except SchemaRegistryError as err:
             if err.http_status_code == 404:
                 if unknown:  # the caller names the schema
-                    raise UnusableSchema(f"unknown to the Schema Registry at {self.url}") from None
-                raise RegistryError(f"Schema Registry at {self.url}: {what} not found") from None
+                    raise UnusableSchema(f"unknown to the Schema Registry at {self.url}") from err
+                raise RegistryError(f"Schema Registry at {self.url}: {what} not found") from err
             status, message = err.http_status_code, shortened(err.error_message)
-            raise RegistryRefused(f"Schema Registry at {self.url} refused {what}: HTTP {status} {message}") from None
+            raise RegistryRefused(f"Schema Registry at {self.url} refused {what}: HTTP {status} {message}") from err
         except Exception as err:  # httpx transport errors, timeouts: the registry is away
             raise RegistryError(
                 f"Schema Registry at {self.url} is unreachable ({type(err).__name__}: "
                 f"{shortened(str(err))}) while fetching {what}; nothing was committed"
-            ) from None
+            ) from err
 
 
 def shortened(text: str) -> str:

@@ -25,8 +25,8 @@ def check_unicode(text: str) -> None:
     if not text.isascii():
         try:
             text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError("text holds a lone surrogate escape, which is not valid Unicode") from None
+        except UnicodeEncodeError as err:
+            raise ValueError("text holds a lone surrogate escape, which is not valid Unicode") from err
 
 
 def coerce(value, type_: str):
@@ -96,8 +96,8 @@ def to_decimal(value, precision: int, scale: int) -> decimal.Decimal:
     declared = f"decimal({precision},{scale})"
     try:
         scaled = exact.quantize(decimal.Decimal(1).scaleb(-scale), context=_EXACT)
-    except decimal.InvalidOperation:
-        raise OverflowError(f"{value} out of range for {declared}") from None
+    except decimal.InvalidOperation as err:
+        raise OverflowError(f"{value} out of range for {declared}") from err
     if scaled != exact:
         raise ValueError(f"{value} has more than {scale} decimal places, the scale of {declared}")
     if scaled and scaled.adjusted() >= precision - scale:
@@ -112,8 +112,8 @@ def timestamp(value) -> dt.datetime:
     if isinstance(value, (int, float)):
         try:
             return dt.datetime.fromtimestamp(value / 1000.0, tz=dt.UTC)
-        except (OverflowError, OSError, ValueError):  # OSError: the C library's "value too large"
-            raise OverflowError(f"epoch milliseconds {value} out of range for a timestamp") from None
+        except (OverflowError, OSError, ValueError) as err:  # OSError: the C library's "value too large"
+            raise OverflowError(f"epoch milliseconds {value} out of range for a timestamp") from err
     if not isinstance(value, str):
         raise TypeError(f"expected a timestamp, got {type(value).__name__}")
     parsed = dt.datetime.fromisoformat(value)

@@ -262,4 +262,4 @@ def repair(
             spark, cfg, ranges, msgspec.structs.replace(run or Run.here(), via="repair"), dry_run=dry_run
         )
     except OffsetlakeError as err:
-        raise OffsetlakeError(f"repair could not backfill what audit found: {err}") from None
+        raise OffsetlakeError(f"repair could not backfill what audit found: {err}") from err

@@ -158,7 +158,7 @@ def commit(
             return Committed(_apply(table, change), change)
         except CommitFailedError as err:
             if "Unsupported table features" in str(err):  # enabled by another engine since check_writable
-                raise TableError(f"{what}: table {location}: {err}; nothing was written") from None
+                raise TableError(f"{what}: table {location}: {err}; nothing was written") from err
             # The log entry was there already: another writer's, or our own whose answer the store lost
             # (the write landed, the connection dropped, the client's retry met its own put: step 5).
             version = _landed_version(location, change.metadata.attempt)
@@ -171,7 +171,7 @@ def commit(
             if version is not None:
                 return Committed(version, change)
             if not is_transient(err) or time.monotonic() + pause > store_deadline:
-                raise StorageError(f"{what}: the commit to {location} did not land: {store_refusal(err)}") from None
+                raise StorageError(f"{what}: the commit to {location} did not land: {store_refusal(err)}") from err
             # A store restarting reset the put's connection, which the object-store client does not retry
             # for a put. Ours did not land: deciding again is safe, within the table's retry_seconds.
             log.warning("%s: the commit did not land (%s); deciding again in %.1f s", what, store_refusal(err), pause)

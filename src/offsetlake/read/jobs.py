@@ -38,7 +38,7 @@ def evolved_schema(table, written: TaskFiles) -> pa.Schema | None:
         try:
             merged = merge_schema(merged, schema)
         except Incompatible as err:  # two writer schemas in one batch disagree on a new column's type
-            raise OffsetlakeError(f"the batch's records add a column two ways: {err}") from None
+            raise OffsetlakeError(f"the batch's records add a column two ways: {err}") from err
     return merged if adds_columns(current, merged) else None
 
 

@@ -154,7 +154,7 @@ class RangeReader:
             self._consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
         except KafkaException as err:
             self.close()
-            raise _read_failed(rng, err) from None
+            raise _read_failed(rng, err) from err
 
     def _client_error(self, err) -> None:
         # "Connect to ... failed: Connection refused (after 1ms in state CONNECT)": one error, whatever the ms.
@@ -177,7 +177,7 @@ class RangeReader:
         try:
             yield from self._batches(self._consumer)
         except KafkaException as err:
-            raise _read_failed(self.rng, err) from None
+            raise _read_failed(self.rng, err) from err
         finally:
             self.close()
 

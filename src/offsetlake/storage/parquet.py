@@ -12,8 +12,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from typing import Any
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
@@ -33,7 +34,7 @@ class DataFile:
     path: str  # relative to the table root, as Delta stores it
     size: int
     modification_time: int  # epoch ms
-    partition_values: dict
+    partition_values: dict[str, str | None]
     stats: str
     num_records: int
 
@@ -76,7 +77,7 @@ def write_files(
     return written
 
 
-def write_file(location: Location, rel_path: str, data: pa.Table, partition_values: dict) -> DataFile:
+def write_file(location: Location, rel_path: str, data: pa.Table, partition_values: dict[str, str | None]) -> DataFile:
     """Write one Parquet file (data without partition columns) at `rel_path` under the table. On an object
     store a retriable error is retried until the table's retry bound; a local error fails at once."""
     fs, root = location.filesystem()
@@ -161,7 +162,7 @@ def plain_types(table: pa.Table) -> pa.Table:
     return table.cast(pa.schema([plain(f) for f in table.schema]))
 
 
-def _split_by_partition(table: pa.Table, partition_by: list[str]):
+def _split_by_partition(table: pa.Table, partition_by: list[str]) -> Iterator[tuple[dict[str, Any], pa.Table]]:
     if not partition_by:
         yield {}, table
         return
@@ -178,13 +179,13 @@ def _split_by_partition(table: pa.Table, partition_by: list[str]):
         yield key, table.filter(mask)
 
 
-def action_partition_values(action: dict, partition_by: list[str]) -> dict[str, str | None]:
+def action_partition_values(action: dict[str, Any], partition_by: list[str]) -> dict[str, str | None]:
     """A file's partition values as Delta's actions hold them (text), from a row of
     `get_add_actions(flatten=True)`, which types them (an int partition column gives ints)."""
     return {c: _partition_string(action.get(f"partition.{c}")) for c in partition_by}
 
 
-def _partition_string(value) -> str | None:
+def _partition_string(value: Any) -> str | None:
     if value is None:
         return None
     if isinstance(value, dt.datetime):
@@ -194,7 +195,7 @@ def _partition_string(value) -> str | None:
     return str(value)
 
 
-def _dir_value(value) -> str:
+def _dir_value(value: Any) -> str:
     text = _partition_string(value)
     return HIVE_NULL if text is None else quote(text, safe="")
 
@@ -215,7 +216,7 @@ def delta_stats(table: pa.Table) -> str:
     )
 
 
-def _bounds(column: pa.ChunkedArray):
+def _bounds(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
     t = column.type
     if not (
         pa.types.is_integer(t)
