@@ -34,19 +34,16 @@ from offsetlake.protocol.commit import (
     new_attempt_id,
     verdict,
 )
+from offsetlake.protocol.key_changes import Key, OldRows, carry_across_key_changes, keys_predicate
 from offsetlake.protocol.ledger import Ledger, read_ledger, txn_actions
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, flat_offsets, ranges_json
 from offsetlake.protocol.planning import BatchPlan, apply_data_loss, cap_ends, split_ranges, start_offsets
 from offsetlake.protocol.quarantine import WrittenFile, commit_quarantine
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.protocol.upsert import (
-    Key,
     Merge,
-    OldRows,
     after_last_truncate,
     after_snapshot_end,
-    carry_across_key_changes,
-    keys_predicate,
     latest_per_key,
     read_staging,
     stale_as_deleted,

@@ -8,6 +8,7 @@ import pytest
 
 from offsetlake import kafka
 from offsetlake.config import parse_pipeline
+from offsetlake.kafka import cluster as kafka_cluster
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.read import reader
 from offsetlake_local import producer
@@ -53,8 +54,8 @@ def built(monkeypatch):
 
         return make
 
-    monkeypatch.setattr(kafka, "AdminClient", recorder("planner (admin)"))
-    monkeypatch.setattr(kafka, "Consumer", recorder("group offsets"))
+    monkeypatch.setattr(kafka_cluster, "AdminClient", recorder("planner (admin)"))
+    monkeypatch.setattr(kafka_cluster, "Consumer", recorder("group offsets"))
     monkeypatch.setattr(reader, "Consumer", recorder("reader"))
     monkeypatch.setattr(producer, "Producer", recorder("producer"))
     monkeypatch.setattr(producer, "AdminClient", recorder("topic admin"))

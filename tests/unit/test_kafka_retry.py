@@ -5,7 +5,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from offsetlake import kafka
+from offsetlake.kafka import cluster as kafka_cluster
 from offsetlake.kafka import is_retriable, retrying
+from offsetlake.kafka import retries as kafka_retries
 
 
 def failing(*codes):
@@ -23,7 +25,7 @@ def failing(*codes):
 @pytest.fixture
 def waits(monkeypatch):
     slept = []
-    monkeypatch.setattr(kafka.time, "sleep", slept.append)
+    monkeypatch.setattr(kafka_retries.time, "sleep", slept.append)
     return slept
 
 
@@ -125,7 +127,7 @@ def test_a_listed_offset_of_minus_1001_is_asked_again_through_a_new_client_unles
             return {tp: _Listed(o) for tp, o in zip(request, offsets, strict=True)}
 
     clients: list[Admin] = []
-    monkeypatch.setattr(kafka, "AdminClient", lambda settings: clients.append(Admin()) or clients[-1])
+    monkeypatch.setattr(kafka_cluster, "AdminClient", lambda settings: clients.append(Admin()) or clients[-1])
     cluster = kafka.KafkaCluster(KafkaSettings(bootstrap_servers="127.0.0.1:9", retry_seconds=60))
     tps = [("t", 0), ("t", 1)]
     assert cluster.end_offsets(tps, "read_committed") == {("t", 0): 12, ("t", 1): 7} and len(waits) == 1

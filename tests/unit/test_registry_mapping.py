@@ -14,15 +14,12 @@ import pytest
 
 from offsetlake.config import parse_pipeline
 from offsetlake.errors import ConfigError
+from offsetlake.formats.avro import AvroDecoder
 from offsetlake.formats.evolution import Incompatible, adds_columns, merge_schema, merge_type
 from offsetlake.formats.json_schema import JsonSchemaDecoder, json_schema_to_arrow
-from offsetlake.formats.registry import (
-    TIMESTAMP,
-    AvroDecoder,
-    UnusableSchema,
-    split_frame,
-)
+from offsetlake.formats.registry import UnusableSchema, split_frame
 from offsetlake.formats.registry_client import redacted_url
+from offsetlake.formats.schema_decoder import TIMESTAMP
 
 EVERY_AVRO_CONSTRUCT = {
     "type": "record",

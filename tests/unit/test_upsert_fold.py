@@ -7,13 +7,12 @@ import pytest
 from offsetlake.config import DELETED_COLUMN, OLD_KEY_COLUMN, parse_pipeline
 from offsetlake.errors import UpsertKeyError
 from offsetlake.formats.records import convert
+from offsetlake.protocol.key_changes import KeyChanges, carry_across_key_changes
 from offsetlake.protocol.upsert import (
-    KeyChanges,
     Merge,
     SnapshotEnd,
     after_last_truncate,
     after_snapshot_end,
-    carry_across_key_changes,
     latest_per_key,
     stale_as_deleted,
 )

@@ -42,6 +42,7 @@ from offsetlake.kafka import KafkaCluster
 from offsetlake.operations.ledger_checks import audited_ranges, continuity_issues, sanity_issues
 from offsetlake.protocol import unavailable as placeholders
 from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, commit, new_attempt_id
+from offsetlake.protocol.key_changes import carry_across_key_changes
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, ranges_json
 from offsetlake.protocol.ranges import OffsetRange
@@ -50,7 +51,6 @@ from offsetlake.protocol.upsert import (
     SnapshotEnd,
     after_last_truncate,
     after_snapshot_end,
-    carry_across_key_changes,
     fold,
     key_text,
     stale_as_deleted,

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from offsetlake.config import DEBEZIUM_OP_COLUMN, DEBEZIUM_POSITION_COLUMN, DELETED_COLUMN, OLD_KEY_COLUMN
+from offsetlake.config import DEBEZIUM_OP_COLUMN, DEBEZIUM_POSITION_COLUMN, DELETED_COLUMN
 from offsetlake.errors import UpsertKeyError
 from offsetlake.formats.debezium import snapshot_end_rows, truncate_rows
 from offsetlake.protocol import unavailable as placeholders
@@ -85,7 +83,7 @@ class Merge:
         for column in columns:
             if column == DELETED_COLUMN:
                 continue
-            quoted = _quoted(column)
+            quoted = quoted_column(column)
             out[quoted] = f"s.{quoted}"
             if column in unavailable:
                 assert self.unavailable is not None  # unavailable_columns is empty without it
@@ -99,11 +97,12 @@ class Merge:
         by their min/max statistics only for literal bounds in the predicate, not from the source, so without
         them every MERGE reads the whole table (measured: 10 files scanned of 10 for a key in one). After a
         TRUNCATE or a snapshot's end, the join alone: every target row must be seen, to be deleted."""
-        join = [f"t.{_quoted(c)} = s.{_quoted(c)}" for c in self.key]
+        join = [f"t.{quoted_column(c)} = s.{quoted_column(c)}" for c in self.key]
         if self.truncate or self.snapshot_ends:
             return " AND ".join(join)
         bounds = [
-            f"t.{_quoted(c)} >= {low} AND t.{_quoted(c)} <= {high}" for c, (low, high) in self.key_ranges().items()
+            f"t.{quoted_column(c)} >= {low} AND t.{quoted_column(c)} <= {high}"
+            for c, (low, high) in self.key_ranges().items()
         ]
         return " AND ".join([*join, *bounds])
 
@@ -119,7 +118,7 @@ class Merge:
             low, high = bounds["min"].as_py(), bounds["max"].as_py()
             if low is None or high is None:
                 continue
-            ranges[column] = (_literal(low), _literal(high))
+            ranges[column] = (sql_literal(low), sql_literal(high))
         return ranges
 
     def updates(self) -> str:
@@ -134,16 +133,16 @@ class Merge:
     def _not_older(self, condition: str) -> str:
         if self.order_by is None:
             return condition
-        column = _quoted(self.order_by)
+        column = quoted_column(self.order_by)
         return f"{condition} AND (t.{column} IS NULL OR s.{column} >= t.{column})"
 
     def stale(self) -> str:
         """Which target rows a snapshot's end deletes: its topic's rows older than it (it read every row that
         was still there)."""
         assert self.snapshot_ends, "a merge after a snapshot's end"
-        position = _quoted(DEBEZIUM_POSITION_COLUMN)
+        position = quoted_column(DEBEZIUM_POSITION_COLUMN)
         return " OR ".join(
-            f"(t.kafka_topic = {_literal(end.topic)} AND t.{position} < {_literal(end.position)})"
+            f"(t.kafka_topic = {sql_literal(end.topic)} AND t.{position} < {sql_literal(end.position)})"
             for end in self.snapshot_ends
         )
 
@@ -152,27 +151,17 @@ class Merge:
         return int(pa.compute.sum(self.source.column(DELETED_COLUMN)).as_py() or 0)
 
 
-def keys_predicate(key: Sequence[str], keys: Sequence[Key]) -> str | None:
-    """SQL that holds for the rows with one of `keys` (integer and string values only, whose literals compare
-    exactly; keys of other values are left out). None: no key left."""
-    chosen = [k for k in keys if all(type(v) in (int, str) for v in k)]
-    if not chosen:
-        return None
-    matches = (" AND ".join(f"{_quoted(c)} = {_literal(v)}" for c, v in zip(key, k)) for k in chosen)
-    return " OR ".join(f"({match})" for match in matches)
-
-
 def _is_integer(kind: pa.DataType) -> bool:
     return bool(pa.types.is_integer(kind))
 
 
-def _literal(value: int | str) -> str:
+def sql_literal(value: int | str) -> str:
     if isinstance(value, int):
         return str(value)
     return "'" + value.replace("'", "''") + "'"
 
 
-def _quoted(column: str) -> str:
+def quoted_column(column: str) -> str:
     """A SQL identifier for DataFusion, which would lower-case an unquoted one."""
     return '"' + column.replace('"', '""') + '"'
 
@@ -203,7 +192,7 @@ def after_last_truncate(rows: pa.Table, order_by: str | None, batch: int | None 
         return rows, False
     import polars as pl
 
-    frame = _ordering_frame(rows, [], order_by).with_columns(pl.Series("_truncate", truncating))
+    frame = ordering_frame(rows, [], order_by).with_columns(pl.Series("_truncate", truncating))
     if order_by is None:
         places = frame.select("kafka_topic", "kafka_partition").unique(maintain_order=True)
         if places.height > 1:
@@ -213,7 +202,7 @@ def after_last_truncate(rows: pa.Table, order_by: str | None, batch: int | None 
                 f"{where}: a TRUNCATE and records of {first[0]}[{first[1]}] and {other[0]}[{other[1]}]: Kafka orders "
                 f"records within one partition only; set write.order_by to the source position (_debezium_position)"
             )
-    ordered = frame.sort(_order(order_by), nulls_last=False, maintain_order=True)
+    ordered = frame.sort(winner_order(order_by), nulls_last=False, maintain_order=True)
     last = int(ordered.get_column("_truncate").arg_true()[-1])
     kept = ordered.slice(last + 1).filter(~pl.col("_truncate")).sort("_row")
     return rows.take(kept.get_column("_row").to_arrow()), True
@@ -281,7 +270,7 @@ def latest_per_key(
     its unavailable text values first replaced by the latest earlier value of the key (`carry_values`)."""
     if rows.num_rows == 0:
         return rows
-    frame = _ordering_frame(rows, key, order_by)
+    frame = ordering_frame(rows, key, order_by)
     if order_by is None:
         _refuse_keys_in_two_partitions(frame, list(key), batch)
     if unavailable is not None:
@@ -298,7 +287,7 @@ def fold(
         return rows, set()
     import polars as pl
 
-    frame = _ordering_frame(rows, key, order_by)
+    frame = ordering_frame(rows, key, order_by)
     if unavailable is not None:
         rows = carry_values(rows, frame, key, order_by, unavailable)
     unordered: set[str] = set()
@@ -325,7 +314,7 @@ def carry_values(
         return rows
     flags = {f"_unavailable{i}": placeholders.holds(rows.column(c), unavailable) for i, c in enumerate(columns)}
     ordered = frame.with_columns([pl.Series(name, flag) for name, flag in flags.items()]).sort(
-        _order(order_by), nulls_last=False, maintain_order=True
+        winner_order(order_by), nulls_last=False, maintain_order=True
     )
     sources = ordered.select(
         "_row",
@@ -337,147 +326,12 @@ def carry_values(
     return rows
 
 
-@dataclass(frozen=True)
-class KeyChanges:
-    """What `carry_across_key_changes` did with the values a primary-key change's create event lacked."""
-
-    carried: int = 0  # taken from the old key's row, in the batch or in the table
-    left_null: int = 0  # no row of the old key held them (it was never captured): null in the table
-
-
-Key = tuple[Any, ...]  # a key's values, in write.key's order
-# The table's rows of some keys: {key: row}.
-OldRows = Callable[[Sequence[Key]], dict[Key, dict[str, Any]]]
-
-
-def carry_across_key_changes(
-    rows: pa.Table, key: Sequence[str], order_by: str | None, unavailable: str | None, old_rows: OldRows | None
-) -> tuple[pa.Table, KeyChanges]:
-    """`rows` without OLD_KEY_COLUMN, each unavailable value of a row that names an old key (a primary-key
-    change's create: Debezium sends, for the new key, the placeholder for every TOASTed value the change left
-    alone) replaced by that column's value in the old key's row as it stood before the change: its latest
-    earlier row in the batch that has the value, else its row in the table (`old_rows`). Changes are followed
-    in the order winners are chosen in, so a key changed twice in one batch takes its values from the first
-    old key. Same-key carrying (`carry_values`) is done here too, before and after."""
-    if OLD_KEY_COLUMN not in rows.column_names:
-        return rows, KeyChanges()
-    old_keys = rows.column(OLD_KEY_COLUMN).combine_chunks()
-    rows = rows.drop_columns([OLD_KEY_COLUMN])
-    if unavailable is None or rows.num_rows == 0 or old_keys.null_count == len(old_keys):
-        return rows, KeyChanges()
-    frame = _ordering_frame(rows, key, order_by)
-    rows = carry_values(rows, frame, key, order_by, unavailable)
-    columns = placeholders.holding_columns(rows, key, unavailable)
-    lacking = {c: placeholders.holds(rows.column(c), unavailable).to_numpy(zero_copy_only=False) for c in columns}
-    named = pc.is_valid(old_keys).to_numpy(zero_copy_only=False)
-    moved = [int(i) for i in np.flatnonzero(named) if any(lacking[c][i] for c in columns)]
-    if not moved:
-        return rows, KeyChanges()
-    in_order = frame.sort(_order(order_by), nulls_last=False, maintain_order=True).get_column("_row").to_numpy()
-    rank = np.empty(rows.num_rows, dtype=np.int64)
-    rank[in_order] = np.arange(rows.num_rows)  # each row's place in the order winners are chosen in
-    olds = {i: _old_key(old_keys[i].as_py(), key) for i in moved}
-    named_keys = [k for k in olds.values() if k is not None]
-    history = _rows_of_keys(rows, key, set(named_keys), rank)
-    in_table: dict[Key, dict[str, Any]] | None = None  # read once, when the batch lacks an old row's value
-    deleted = rows.column(DELETED_COLUMN).combine_chunks() if DELETED_COLUMN in rows.column_names else None
-    found: dict[str, dict[int, object]] = {c: {} for c in columns}
-    left = 0
-    for target in sorted(moved, key=lambda i: rank[i]):
-        old = olds[target]
-        for column in (c for c in columns if lacking[c][target]):
-            value, known = _value_before(rows, column, old, rank[target], rank, history, lacking, found, deleted)
-            if not known and old is not None and old_rows is not None:
-                in_table = old_rows(named_keys) if in_table is None else in_table
-                if column in in_table.get(old, {}):
-                    value, known = in_table[old][column], True
-            if known:
-                found[column][target] = value
-            else:
-                left += 1
-    for column, values in found.items():
-        rows = _with_values(rows, column, values)
-    rows = carry_values(rows, frame, key, order_by, unavailable)  # the new key's later rows take them too
-    return rows, KeyChanges(sum(map(len, found.values())), left)
-
-
-def _old_key(header: bytes | None, key: Sequence[str]) -> Key | None:
-    """The key a create's old-key header names, as a tuple in `key`'s order (None: unreadable, or not this
-    pipeline's key). The header is JSON of the key's fields (with the JSON converter's schemas, its payload)."""
-    try:
-        fields = json.loads(header) if header is not None else None
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if isinstance(fields, dict) and set(fields) == {"schema", "payload"}:
-        fields = fields["payload"]
-    if not isinstance(fields, dict) or any(c not in fields for c in key):
-        return None
-    return tuple(fields[c] for c in key)
-
-
-def _rows_of_keys(rows: pa.Table, key: Sequence[str], keys: set[Key], rank: np.ndarray) -> dict[Key, list[int]]:
-    """{key: its rows' indices, latest first} for the rows whose key is one of `keys`."""
-    if not keys:
-        return {}
-    mask = None
-    for j, column in enumerate(key):
-        values = rows.column(column)
-        try:
-            wanted = pa.array([k[j] for k in keys], values.type)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # a header value this column cannot hold
-            return {}
-        hit = pc.fill_null(pc.is_in(values, value_set=wanted), False)
-        mask = hit if mask is None else pc.and_(mask, hit)
-    by_key: dict[Key, list[int]] = {}
-    for i in pc.indices_nonzero(mask).to_pylist():
-        by_key.setdefault(tuple(rows.column(c)[i].as_py() for c in key), []).append(i)
-    for indices in by_key.values():
-        indices.sort(key=lambda i: -rank[i])
-    return by_key
-
-
-def _value_before(
-    rows: pa.Table,
-    column: str,
-    old: Key | None,
-    before: int,
-    rank: np.ndarray,
-    history: dict[Key, list[int]],
-    lacking: dict[str, np.ndarray],
-    found: dict[str, dict[int, object]],
-    deleted: pa.Array | None,
-) -> tuple[object, bool]:
-    """(value, whether known) of `column` in key `old`'s latest row ranked before `before` that holds it,
-    counting the values found for earlier changes; a delete holds nothing (a key change's own delete of the
-    old key comes just before its create)."""
-    for i in history.get(old, []) if old is not None else []:
-        if rank[i] >= before:
-            continue
-        if i in found[column]:
-            return found[column][i], True
-        if lacking[column][i] or (deleted is not None and deleted[i].as_py()):
-            continue
-        return rows.column(column)[i].as_py(), True
-    return None, False
-
-
-def _with_values(rows: pa.Table, column: str, values: dict[int, object]) -> pa.Table:
-    """`rows` with `column`'s value at each index of `values` replaced."""
-    if not values:
-        return rows
-    current = rows.column(column).combine_chunks()
-    take = np.arange(rows.num_rows)
-    take[list(values)] = rows.num_rows + np.arange(len(values))
-    replaced = pa.concat_arrays([current, pa.array(list(values.values()), current.type)]).take(pa.array(take))
-    return rows.set_column(rows.schema.get_field_index(column), rows.schema.field(column), replaced)
-
-
-def _order(order_by: str | None) -> list[str]:
+def winner_order(order_by: str | None) -> list[str]:
     """What orders a key's rows, last wins: order_by (when set), then the offset."""
     return [*([order_by] if order_by else []), "kafka_offset"]
 
 
-def _ordering_frame(rows: pa.Table, key: Sequence[str], order_by: str | None) -> pl.DataFrame:
+def ordering_frame(rows: pa.Table, key: Sequence[str], order_by: str | None) -> pl.DataFrame:
     """The columns that decide which row of a key wins, and each row's position (`_row`)."""
     import polars as pl  # here: only upsert mode needs it (grouping by any key type, structs included)
 
@@ -489,7 +343,7 @@ def _ordering_frame(rows: pa.Table, key: Sequence[str], order_by: str | None) ->
 
 def _winners(rows: pa.Table, frame: pl.DataFrame, key: Sequence[str], order_by: str | None) -> pa.Table:
     """Per key of `frame`, the row with the greatest order_by (then offset), in the rows' order."""
-    winners = frame.sort(_order(order_by), nulls_last=False).unique(subset=list(key), keep="last").sort("_row")
+    winners = frame.sort(winner_order(order_by), nulls_last=False).unique(subset=list(key), keep="last").sort("_row")
     return rows.take(winners.get_column("_row").to_arrow())
 
 

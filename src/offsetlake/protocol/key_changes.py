@@ -1,0 +1,171 @@
+"""Primary-key changes in upsert mode: the values a key change's create event lacks, taken from the old
+key's row.
+
+Debezium turns `UPDATE ... SET id = ...` into a delete of the old key and a create of the new one that names
+the old key (its `__debezium.oldkey` header, carried in the staging rows as OLD_KEY_COLUMN); the create
+holds the placeholder for every TOASTed value the change left alone. `carry_across_key_changes` takes those
+values from the old key's row: earlier in the batch, or in the table (`keys_predicate` finds its rows).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from offsetlake.config import DELETED_COLUMN, OLD_KEY_COLUMN
+from offsetlake.protocol import unavailable as placeholders
+from offsetlake.protocol.upsert import carry_values, ordering_frame, quoted_column, sql_literal, winner_order
+
+if TYPE_CHECKING:
+    pass
+
+
+@dataclass(frozen=True)
+class KeyChanges:
+    """What `carry_across_key_changes` did with the values a primary-key change's create event lacked."""
+
+    carried: int = 0  # taken from the old key's row, in the batch or in the table
+    left_null: int = 0  # no row of the old key held them (it was never captured): null in the table
+
+
+Key = tuple[Any, ...]  # a key's values, in write.key's order
+# The table's rows of some keys: {key: row}.
+OldRows = Callable[[Sequence[Key]], dict[Key, dict[str, Any]]]
+
+
+def carry_across_key_changes(
+    rows: pa.Table, key: Sequence[str], order_by: str | None, unavailable: str | None, old_rows: OldRows | None
+) -> tuple[pa.Table, KeyChanges]:
+    """`rows` without OLD_KEY_COLUMN, each unavailable value of a row that names an old key (a primary-key
+    change's create: Debezium sends, for the new key, the placeholder for every TOASTed value the change left
+    alone) replaced by that column's value in the old key's row as it stood before the change: its latest
+    earlier row in the batch that has the value, else its row in the table (`old_rows`). Changes are followed
+    in the order winners are chosen in, so a key changed twice in one batch takes its values from the first
+    old key. Same-key carrying (`carry_values`) is done here too, before and after."""
+    if OLD_KEY_COLUMN not in rows.column_names:
+        return rows, KeyChanges()
+    old_keys = rows.column(OLD_KEY_COLUMN).combine_chunks()
+    rows = rows.drop_columns([OLD_KEY_COLUMN])
+    if unavailable is None or rows.num_rows == 0 or old_keys.null_count == len(old_keys):
+        return rows, KeyChanges()
+    frame = ordering_frame(rows, key, order_by)
+    rows = carry_values(rows, frame, key, order_by, unavailable)
+    columns = placeholders.holding_columns(rows, key, unavailable)
+    lacking = {c: placeholders.holds(rows.column(c), unavailable).to_numpy(zero_copy_only=False) for c in columns}
+    named = pc.is_valid(old_keys).to_numpy(zero_copy_only=False)
+    moved = [int(i) for i in np.flatnonzero(named) if any(lacking[c][i] for c in columns)]
+    if not moved:
+        return rows, KeyChanges()
+    in_order = frame.sort(winner_order(order_by), nulls_last=False, maintain_order=True).get_column("_row").to_numpy()
+    rank = np.empty(rows.num_rows, dtype=np.int64)
+    rank[in_order] = np.arange(rows.num_rows)  # each row's place in the order winners are chosen in
+    olds = {i: _old_key(old_keys[i].as_py(), key) for i in moved}
+    named_keys = [k for k in olds.values() if k is not None]
+    history = _rows_of_keys(rows, key, set(named_keys), rank)
+    in_table: dict[Key, dict[str, Any]] | None = None  # read once, when the batch lacks an old row's value
+    deleted = rows.column(DELETED_COLUMN).combine_chunks() if DELETED_COLUMN in rows.column_names else None
+    found: dict[str, dict[int, object]] = {c: {} for c in columns}
+    left = 0
+    for target in sorted(moved, key=lambda i: rank[i]):
+        old = olds[target]
+        for column in (c for c in columns if lacking[c][target]):
+            value, known = _value_before(rows, column, old, rank[target], rank, history, lacking, found, deleted)
+            if not known and old is not None and old_rows is not None:
+                in_table = old_rows(named_keys) if in_table is None else in_table
+                if column in in_table.get(old, {}):
+                    value, known = in_table[old][column], True
+            if known:
+                found[column][target] = value
+            else:
+                left += 1
+    for column, values in found.items():
+        rows = _with_values(rows, column, values)
+    rows = carry_values(rows, frame, key, order_by, unavailable)  # the new key's later rows take them too
+    return rows, KeyChanges(sum(map(len, found.values())), left)
+
+
+def _old_key(header: bytes | None, key: Sequence[str]) -> Key | None:
+    """The key a create's old-key header names, as a tuple in `key`'s order (None: unreadable, or not this
+    pipeline's key). The header is JSON of the key's fields (with the JSON converter's schemas, its payload)."""
+    try:
+        fields = json.loads(header) if header is not None else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if isinstance(fields, dict) and set(fields) == {"schema", "payload"}:
+        fields = fields["payload"]
+    if not isinstance(fields, dict) or any(c not in fields for c in key):
+        return None
+    return tuple(fields[c] for c in key)
+
+
+def _rows_of_keys(rows: pa.Table, key: Sequence[str], keys: set[Key], rank: np.ndarray) -> dict[Key, list[int]]:
+    """{key: its rows' indices, latest first} for the rows whose key is one of `keys`."""
+    if not keys:
+        return {}
+    mask = None
+    for j, column in enumerate(key):
+        values = rows.column(column)
+        try:
+            wanted = pa.array([k[j] for k in keys], values.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # a header value this column cannot hold
+            return {}
+        hit = pc.fill_null(pc.is_in(values, value_set=wanted), False)
+        mask = hit if mask is None else pc.and_(mask, hit)
+    by_key: dict[Key, list[int]] = {}
+    for i in pc.indices_nonzero(mask).to_pylist():
+        by_key.setdefault(tuple(rows.column(c)[i].as_py() for c in key), []).append(i)
+    for indices in by_key.values():
+        indices.sort(key=lambda i: -rank[i])
+    return by_key
+
+
+def _value_before(
+    rows: pa.Table,
+    column: str,
+    old: Key | None,
+    before: int,
+    rank: np.ndarray,
+    history: dict[Key, list[int]],
+    lacking: dict[str, np.ndarray],
+    found: dict[str, dict[int, object]],
+    deleted: pa.Array | None,
+) -> tuple[object, bool]:
+    """(value, whether known) of `column` in key `old`'s latest row ranked before `before` that holds it,
+    counting the values found for earlier changes; a delete holds nothing (a key change's own delete of the
+    old key comes just before its create)."""
+    for i in history.get(old, []) if old is not None else []:
+        if rank[i] >= before:
+            continue
+        if i in found[column]:
+            return found[column][i], True
+        if lacking[column][i] or (deleted is not None and deleted[i].as_py()):
+            continue
+        return rows.column(column)[i].as_py(), True
+    return None, False
+
+
+def _with_values(rows: pa.Table, column: str, values: dict[int, object]) -> pa.Table:
+    """`rows` with `column`'s value at each index of `values` replaced."""
+    if not values:
+        return rows
+    current = rows.column(column).combine_chunks()
+    take = np.arange(rows.num_rows)
+    take[list(values)] = rows.num_rows + np.arange(len(values))
+    replaced = pa.concat_arrays([current, pa.array(list(values.values()), current.type)]).take(pa.array(take))
+    return rows.set_column(rows.schema.get_field_index(column), rows.schema.field(column), replaced)
+
+
+def keys_predicate(key: Sequence[str], keys: Sequence[Key]) -> str | None:
+    """SQL that holds for the rows with one of `keys` (integer and string values only, whose literals compare
+    exactly; keys of other values are left out). None: no key left."""
+    chosen = [k for k in keys if all(type(v) in (int, str) for v in k)]
+    if not chosen:
+        return None
+    matches = (" AND ".join(f"{quoted_column(c)} = {sql_literal(v)}" for c, v in zip(key, k)) for k in chosen)
+    return " OR ".join(f"({match})" for match in matches)
