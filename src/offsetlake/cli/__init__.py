@@ -43,6 +43,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"offsetlake: error: {type(err).__name__}: {one_line(err)}", file=sys.stderr)
         return EXIT_FAILED
 
-
-if __name__ == "__main__":
-    sys.exit(main())
