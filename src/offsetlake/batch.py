@@ -48,8 +48,8 @@ from offsetlake.protocol.upsert import (
     read_staging,
     stale_as_deleted,
 )
-from offsetlake.read.jobs import TaskFiles, evolved_schema, table_columns
 from offsetlake.read.tasks import TaskContext
+from offsetlake.read_job import TaskFiles, evolved_schema, table_columns
 from offsetlake.storage.location import Location
 from offsetlake.table import check_mergeable, open_table, query
 

@@ -22,8 +22,8 @@ from offsetlake.config import PipelineConfig
 from offsetlake.kafka import TP
 from offsetlake.protocol.commit import Committed, Decide, Settled, commit
 from offsetlake.protocol.ledger import Ledger, read_ledger
-from offsetlake.read.jobs import run_tasks
 from offsetlake.read.tasks import TaskContext, TaskResults
+from offsetlake.read_job import run_tasks
 from offsetlake.storage.location import Location
 from offsetlake.table import check_writable, open_table
 

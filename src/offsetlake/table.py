@@ -301,7 +301,7 @@ def query(location: Location, sql: str) -> pa.Table:
     """Run SQL over the table (registered as `t`) with delta-rs' DataFusion engine.
 
     Used instead of DeltaTable.to_pyarrow_dataset(), whose Rust-backed file system
-    aborts the interpreter at exit now and then (measured with deltalake 1.6.6).
+    aborts the interpreter at exit now and then (docs/development/measurements.md).
     """
     result = pa.table(QueryBuilder().register("t", open_table(location)).execute(sql).read_all())
     return plain_types(result)

@@ -136,8 +136,8 @@ def avro_event_maker(client, topic: str, version: int = 1, headers: bool = True)
 
 def transactional_producer(settings: KafkaSettings, transactional_id: str, **extra) -> Producer:
     """A transactional producer, initialised. A metadata request goes first: librdkafka 2.16 asks for the
-    transaction coordinator only once a connection is up, and otherwise retries on a 500 ms timer, so
-    `init_transactions` alone took 0.5-1.0 s against Apache Kafka 4.4 and 65 ms after it (measured)."""
+    transaction coordinator only once a connection is up, and otherwise retries on a timer, which held
+    `init_transactions` back (docs/development/measurements.md)."""
     producer = Producer(client_settings(settings, **{"transactional.id": transactional_id, "linger.ms": 5, **extra}))
     producer.list_topics(timeout=settings.timeout_seconds)
     # A broker just started may still be loading its transaction coordinator (COORDINATOR_LOAD_IN_PROGRESS,

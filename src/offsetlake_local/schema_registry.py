@@ -11,7 +11,7 @@ serializer registers base64 descriptors, which is what offsetlake asks for with
 `format=serialized`). No compatibility checks: the producer decides. Optional
 basic auth. State lives in `<data-dir>/schemas.json`, so a restart keeps every id.
 
-`--answer-as karapace` answers as Karapace does (measured, 3.16), and as other Confluent-compatible
+`--answer-as karapace` answers as Karapace 3.16 does, and as other Confluent-compatible
 registries may: a Protobuf schema as `.proto` source even when asked for `format=serialized` (and, for
 a schema with references, `format=serialized` refused with HTTP 500 "Internal server error"), Avro
 schemas with their keys reordered, JSON Schemas with every `/` escaped. What is stored stays as

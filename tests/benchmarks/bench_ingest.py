@@ -91,8 +91,8 @@ from offsetlake.protocol.metadata import HistoryEntry
 from offsetlake.protocol.planning import split_ranges
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.read import reader as reader_module
-from offsetlake.read.jobs import run_tasks
 from offsetlake.read.tasks import TaskContext
+from offsetlake.read_job import run_tasks
 from offsetlake.spark import prewarm as prewarm_module
 from offsetlake.spark.session import build_session
 from offsetlake.streaming import stream

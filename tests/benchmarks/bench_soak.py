@@ -59,7 +59,7 @@ from offsetlake.protocol.metadata import Run  # noqa: E402
 from offsetlake.protocol.planning import BatchPlan  # noqa: E402
 from offsetlake.protocol.quarantine import WrittenFile  # noqa: E402
 from offsetlake.protocol.ranges import OffsetRange  # noqa: E402
-from offsetlake.read.jobs import TaskFiles  # noqa: E402
+from offsetlake.read_job import TaskFiles  # noqa: E402
 from offsetlake.storage.parquet import attempt_file_name, write_files  # noqa: E402
 from offsetlake.streaming import StreamCompaction  # noqa: E402
 from offsetlake.table import open_table, query  # noqa: E402

@@ -42,4 +42,3 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"offsetlake: error: {type(err).__name__}: {one_line(err)}", file=sys.stderr)
         return EXIT_FAILED
-

@@ -333,7 +333,7 @@ def cmd_schema(args) -> int:
 
 
 def pipeline_json_schema() -> dict:
-    """The pipeline file's JSON Schema, generated from the models that read it (config.py). An editor checks
+    """The pipeline file's JSON Schema, generated from the models that read it (offsetlake.config). An editor checks
     the file before `${VAR}` references are substituted, so a string holding one passes any pattern."""
     schema = PipelineConfig.model_json_schema(by_alias=True)
     _allow_references(schema)

@@ -83,8 +83,8 @@ class KafkaSettings(Strict):
 # "succeed" and one commit is lost. So an s3:// table must say it has them. deltalake 1.6.6 happens to send
 # If-None-Match by default, but its maintainers call that accidental (delta-io/delta-rs#4464): the setting
 # keeps the safety from resting on a default. delta-rs' DynamoDB lock, the other way, is gone from it:
-# with `AWS_S3_LOCKING_PROVIDER: dynamodb` it logs "no longer supports S3DynamoDBLogStores" and writes
-# without the lock (measured: no item in the lock table), so that setting is refused, not trusted.
+# with `AWS_S3_LOCKING_PROVIDER: dynamodb` it commits without the lock (docs/development/measurements.md),
+# so that setting is refused, not trusted.
 S3_SCHEMES = ("s3://", "s3a://")
 PUT_IF_ABSENT = {"conditional_put": "etag", "aws_conditional_put": "etag"}
 
@@ -277,8 +277,8 @@ class AirflowSettings(Strict):
     """The first wait before a retry; it doubles, up to 10 minutes."""
 
 
-# Commits in the log, or files removed within the retention, that a batch pays for cheaply: ~0.2 s a batch
-# on a local disk at this size (`make soak`).
+# Commits in the log, or files removed within the retention, that a batch pays for cheaply
+# (docs/development/measurements.md).
 STREAM_WINDOW_BUDGET = 20_000
 
 

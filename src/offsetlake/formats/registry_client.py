@@ -43,7 +43,7 @@ class Registry:
             "retries.wait.ms": 200,
             "retries.max.wait.ms": 1000,
         }
-        # The config's validators (and connections.py, for a connection) give both or neither, and a URL.
+        # The config's validators (and config/connections.py, for a connection) give both or neither, and a URL.
         assert settings.url is not None
         if settings.username is not None and settings.password is not None:
             conf["basic.auth.user.info"] = (

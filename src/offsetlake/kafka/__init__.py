@@ -1,5 +1,5 @@
 """Kafka: the cluster as the driver sees it (`cluster`) and the retry policy every client follows
-(`retries`)."""
+(`retries`). Imports: config, errors."""
 
 from offsetlake.kafka.cluster import KafkaCluster, topic_lister
 from offsetlake.kafka.retries import TP, Stopped, client_settings, is_retriable, librdkafka_log, retrying

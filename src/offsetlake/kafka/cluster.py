@@ -225,11 +225,10 @@ class KafkaCluster:
         self, tps: list[TP], spec: OffsetSpec, isolation=IsolationLevel.READ_UNCOMMITTED, none_is_an_answer=False
     ) -> dict[TP, int]:
         """Each partition's offset for `spec`. A negative one is asked again unless `none_is_an_answer` (a
-        timestamp past the last record): measured on Apache Kafka 4.4 with librdkafka 2.16, the first
-        ListOffsets after a one-node broker restarted can answer the latest offset as -1001 without an
-        error, which a planner would take for an empty partition, and so does every ListOffsets through
-        the same client for a partition whose leader's node died; a new client (STALE_LEADERS) asks the
-        new leader."""
+        timestamp past the last record): the first ListOffsets after a broker restarted can answer the
+        latest offset as -1001 without an error, which a planner would take for an empty partition, and
+        so does every ListOffsets through the same client for a partition whose leader's node died
+        (docs/development/measurements.md); a new client (STALE_LEADERS) asks the new leader."""
         if not tps:
             return {}
         request = {TopicPartition(t, p): spec for t, p in tps}

@@ -106,10 +106,9 @@ def retrying(
 
 
 # Answers that say the client's picture of the partitions' leaders is out of date (a broker restarted, a
-# leader moved). An admin client does not refresh it by itself for ListOffsets: measured on Apache Kafka
-# 4.4 with librdkafka 2.16, after a one-node broker restarted, every retry of the same client met
-# FENCED_LEADER_EPOCH ("Leader epoch is older than broker epoch") for as long as it tried. A new client
-# asks for the leaders afresh.
+# leader moved). An admin client does not refresh it by itself for ListOffsets, so every retry through the
+# same client meets the same answer (docs/development/measurements.md); a new client asks for the leaders
+# afresh.
 STALE_LEADERS = {
     _KErr.OFFSET_NOT_AVAILABLE,  # and a listed offset of -1001: its leader's node died (see _list_offsets)
     _KErr.FENCED_LEADER_EPOCH,
@@ -128,11 +127,9 @@ def stale_leaders(err: KafkaException) -> bool:
 # reconnect.backoff.ms: a new client's first request (a metadata lookup, a group coordinator) goes out on the
 # bootstrap connection, which librdkafka (2.5 and later) closes as soon as metadata names the brokers; the
 # request is then sent again once a broker may be connected to, and librdkafka holds that back for half of
-# reconnect.backoff.ms (at least 11 ms). Every client offsetlake creates is new (one per batch, one per
-# offset range), so the default of 100 ms cost each of them 50 ms: measured against Apache Kafka 4.4.0 on
-# 127.0.0.1, listing a topic 55 -> 15 ms and a group-offset commit 63 -> 21 ms; about 0.1 s of every
-# batch's driver. Reconnecting after a broker goes away still backs off exponentially, from 10 ms up to
-# reconnect.backoff.max.ms (10 s).
+# reconnect.backoff.ms. Every client offsetlake creates is new (one per batch, one per offset range), so the
+# default held each of them back (docs/development/measurements.md). Reconnecting after a broker goes away
+# still backs off exponentially, up to reconnect.backoff.max.ms.
 CLIENT_DEFAULTS = {"reconnect.backoff.ms": 10}
 
 

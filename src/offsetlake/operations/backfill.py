@@ -31,8 +31,8 @@ from offsetlake.protocol.ledger import read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, ranges_json
 from offsetlake.protocol.planning import split_ranges
 from offsetlake.protocol.ranges import OffsetRange
-from offsetlake.read.jobs import TaskFiles, evolved_schema, run_tasks, table_columns
 from offsetlake.read.tasks import TaskContext
+from offsetlake.read_job import TaskFiles, evolved_schema, run_tasks, table_columns
 from offsetlake.storage.location import Location
 from offsetlake.storage.parquet import action_partition_values, from_delta_path, read_with_partitions, write_file
 from offsetlake.table import open_table, query

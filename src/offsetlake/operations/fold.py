@@ -55,8 +55,8 @@ from offsetlake.protocol.upsert import (
     key_text,
     stale_as_deleted,
 )
-from offsetlake.read.jobs import table_columns
 from offsetlake.read.reader import read_range
+from offsetlake.read_job import table_columns
 from offsetlake.storage.parquet import action_partition_values, conform, write_files
 from offsetlake.table import open_table, query
 

@@ -95,7 +95,7 @@ class Merge:
     def predicate(self) -> str:
         """The join on the key, and each key column's range in this batch: delta-rs (1.6) prunes target files
         by their min/max statistics only for literal bounds in the predicate, not from the source, so without
-        them every MERGE reads the whole table (measured: 10 files scanned of 10 for a key in one). After a
+        them every MERGE reads the whole table (docs/development/measurements.md). After a
         TRUNCATE or a snapshot's end, the join alone: every target row must be seen, to be deleted."""
         join = [f"t.{quoted_column(c)} = s.{quoted_column(c)}" for c in self.key]
         if self.truncate or self.snapshot_ends:

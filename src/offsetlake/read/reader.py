@@ -59,18 +59,15 @@ _FATAL = {
 # ---- fetch sizing ------------------------------------------------------------------------------------
 # A reader reads one partition, so its per-partition limit is its whole fetch. librdkafka's default
 # `max.partition.fetch.bytes` is 1 MiB: on Apache Kafka, which honours it, a reader then gets ~1 MiB per round
-# trip. Measured on Apache Kafka 4.1 (1M records of ~110 B, 4 partitions, 2 cores): `read_range` of one 250k
-# range 119k rec/s with the default, 362k-469k rec/s with 50 MiB; `offsetlake ingest` (raw) 213k-224k ->
-# 866k-1,120k rec/s, JSON 210k -> 740k-774k rec/s (docs/speed.md).
+# trip, and a fetch's round trip, not decoding, bounds a reader (docs/development/measurements.md).
 FETCH_BYTES = 50 * 1024 * 1024  # one response: fetch.max.bytes = max.partition.fetch.bytes
 # librdkafka keeps fetching ahead while a partition's queue holds less than this (and fewer than
 # queued.min.messages); a fetch in flight may overshoot it by one response. So what one reader holds in
 # librdkafka is at most QUEUE_BYTES + FETCH_BYTES, whatever the backlog.
 QUEUE_BYTES = 64 * 1024 * 1024
 # Once its queue holds more than QUEUE_BYTES, librdkafka waits fetch.queue.backoff.ms before it looks again
-# (1,000 ms by default): a reader that drains its queue in a tenth of that then sits idle. Measured on Apache
-# Kafka 4.4, one consumer of 1M ~110 B records in 4 partitions (2 cores): 287k rec/s with the default,
-# 500k-556k with 10 ms. The queue's bound stands: the fetcher still fetches only below it.
+# (1,000 ms by default): a reader that drains its queue in a tenth of that then sits idle
+# (docs/development/measurements.md). The queue's bound stands: the fetcher still fetches only below it.
 FETCH_QUEUE_BACKOFF_MS = 10
 # The largest response librdkafka accepts (it must exceed fetch.max.bytes by 512 at least). A response never
 # exceeds FETCH_BYTES, plus one record batch, which the broker sends whole when it alone is larger (a

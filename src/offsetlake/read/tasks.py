@@ -39,7 +39,7 @@ class TaskContext:
 def collector_paused():
     """Python's cyclic garbage collector off while a task runs. A task makes millions of short-lived
     objects (one Kafka message each, then bytes, ints, tuples) and none in cycles; the collector would
-    scan them again and again as they are made: a quarter of a reader's time, measured."""
+    scan them again and again as they are made (docs/development/measurements.md)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -58,10 +58,10 @@ def freeze_long_lived_objects() -> None:
     """Once per Python worker, after its first task: move what the worker holds by then (the modules the
     task imported, their classes and functions) out of the collector's sight. Spark's reused workers
     collect after every task (pyspark/daemon.py), before taking the next one, and that full collection
-    walked all of it: 50-120 ms between two tasks of one worker, measured with py-spy; under 1 ms
-    frozen. Later tasks' objects are collected as usual. No collection first: it would cost the first
-    batch 25-80 ms, and a task leaves no cyclic garbage behind (gc.collect() found 0 objects after
-    one), so what is frozen by mistake is at most the imports' few cycles, once per worker."""
+    walked all of it between two tasks of one worker (docs/development/measurements.md). Later tasks'
+    objects are collected as usual. No collection first: it would cost the first batch, and a task leaves
+    no cyclic garbage behind, so what is frozen by mistake is at most the imports' few cycles, once per
+    worker."""
     global _frozen
     if not _frozen:
         gc.freeze()

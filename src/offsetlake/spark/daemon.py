@@ -3,8 +3,8 @@
 
 Spark puts `pyspark.zip`, `py4j-*-src.zip` and the spark-core jar first on every Python worker's path,
 and before each task the worker calls `importlib.invalidate_caches()`, which makes every zip importer
-read its archive's whole directory again (1,328 entries in pyspark.zip, thousands of classes in the
-jar): about 0.15 s per task, measured with py-spy, the largest cost of a warm batch after reading Kafka.
+read its archive's whole directory again (thousands of entries in pyspark.zip and the jar): the largest
+cost of a warm batch after reading Kafka (docs/development/measurements.md).
 Where pyspark is installed in this Python (pip, as offsetlake requires), the archives hold the same
 code, so the daemon and the workers it forks import pyspark from the installation and no zip importer
 is left to re-read. Where it is not, nothing changes.
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 PREWARMED_ENV = "OFFSETLAKE_SPARK_PREWARMED"  # the socket of the driver's prewarmed process (prewarm.py)
-BIND_WAIT_SECONDS = 2.0  # a fresh interpreter binds its socket in ~0.05 s; a JVM takes seconds to ask
+BIND_WAIT_SECONDS = 2.0  # an interpreter binds at once; a JVM takes seconds to ask (docs/development/measurements.md)
 
 
 def _is_spark_archive(entry: str) -> bool:

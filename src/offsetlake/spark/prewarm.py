@@ -1,15 +1,15 @@
 """A Python process, started with a local Spark session, that forks Spark's Python daemon ready to work.
 
 The first Spark job of a session waited for Spark to start its Python daemon (a new interpreter that
-imports pyspark: 0.4 s) and then for each Python worker the daemon forks to import the task code
-(pyspark.worker, pyarrow, confluent-kafka, the pipeline config: 0.6 s in each, on 2 cores at once). Every
-spark-submit that Airflow runs is a new session, so every scheduled batch paid about 1.4 s of a 1M-record
-ingest that takes 1.1 s warm (measured on 2 cores, `tests/benchmarks/bench_ingest.py`'s first ingest).
+imports pyspark) and then for each Python worker the daemon forks to import the task code
+(pyspark.worker, pyarrow, confluent-kafka, the pipeline config). Every spark-submit that Airflow runs is a
+new session, so every scheduled batch paid that, more than a warm 1M-record ingest takes
+(docs/development/measurements.md).
 
 So the driver starts this process first, while the driver JVM starts (2-4 s). It imports what the
 daemon and its workers import (`PRELOADED`) and waits on a Unix socket in a private directory. On 2 cores
-those imports slow the JVM's start by about 0.3 s and spare the first batch about 1 s (`make bench` prints
-both, with and without). When the JVM starts Spark's daemon (`spark.python.daemon.module`, offsetlake/spark/daemon.py),
+those imports slow the JVM's start a little and spare the first batch more (`make bench` prints both,
+with and without). When the JVM starts Spark's daemon (`spark.python.daemon.module`, offsetlake/spark/daemon.py),
 that new interpreter imports nothing heavy: it hands this process its standard input, output and error
 (the pipes the JVM reads the daemon's socket address from and writes worker pids to), its environment,
 working directory and arguments; this process forks, and the child becomes pyspark's daemon on those

@@ -27,19 +27,18 @@ DEFAULTS = {
     # Workers that do not re-read pyspark.zip before every task (see offsetlake/spark/daemon.py).
     "spark.python.daemon.module": "offsetlake.spark.daemon",
     # The JVM and its Python workers talk over Unix domain sockets instead of loopback TCP, where each
-    # task's worker waited ~40 ms for its (empty) input before the task's function ran: a small write
-    # held back by Nagle's algorithm until the delayed ACK. 50 -> 10 ms per task, measured.
+    # task's worker waited for its (empty) input before the task's function ran: a small write held back
+    # by Nagle's algorithm until the delayed ACK (docs/development/measurements.md).
     "spark.python.unix.domain.socket.enabled": "true",
     "spark.log.level": "WARN",
 }
 LOOPBACK = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
-# The driver JVM compiles with C1 only. A session started 0.9 s sooner and its first job took 0.5 s
-# instead of 0.67 s (spark-submit of a job that does nothing, medians of 4, 2 cores): C2 spends the
-# first seconds compiling what start-up runs once. The driver schedules tasks and passes their small
+# The driver JVM compiles with C1 only: C2 spends the first seconds compiling what start-up runs once
+# (docs/development/measurements.md). The driver schedules tasks and passes their small
 # results; the records never go through it (Python workers read Kafka and write Parquet), so it has
 # no hot loop for C2 to pay back, in a batch or in an hour-long stream (`make bench` measures both).
 # Executors on a cluster keep their JVM's default.
-# C1 only also makes HotSpot size the code cache as a client VM's (48 MB instead of 240 MB). A long
+# C1 only also makes HotSpot size the code cache as a client VM's, a fifth of a server VM's. A long
 # session running delta-spark's SQL (MERGE, DELETE, OPTIMIZE) outgrows that: the cache then sits full and
 # the JVM can no longer create the native stub of a new method-handle signature, so a query fails at random
 # with `InternalError: NoSuchMethodException: no such method: MethodHandle.linkToStatic(...)` (JDK-8295724).

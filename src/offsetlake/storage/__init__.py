@@ -1,1 +1,5 @@
-"""Where tables live (a Location: URI, options, retries) and the Parquet files written into them."""
+"""Where tables live and the files in them: `location` (a table's Location: its URI and storage options as
+one value, the store's file system, the retry policy and which errors are transient) and `parquet` (data
+files written in executors and read on the driver, with their Delta statistics). Imports: errors only; no
+module-level state (what a table needs travels in its Location).
+"""
