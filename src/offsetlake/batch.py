@@ -11,18 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import msgspec
-import pyarrow as pa
 
 from offsetlake import faults
 from offsetlake.config import PipelineConfig
-from offsetlake.engine import engine_for
-from offsetlake.errors import TableError, TableMissing
-from offsetlake.formats.columns import initial_table_schema, quarantine_schema, table_schema
-from offsetlake.formats.evolution import Incompatible
+from offsetlake.engine import CommitEngine, engine_for
+from offsetlake.errors import TableError
 from offsetlake.kafka import TP, KafkaCluster, Stopped
 from offsetlake.protocol.commit import (
     AttemptFiles,
@@ -30,28 +26,20 @@ from offsetlake.protocol.commit import (
     Committed,
     Settled,
     add_actions,
-    attempt_files,
     new_attempt_id,
     verdict,
 )
-from offsetlake.protocol.key_changes import Key, OldRows, carry_across_key_changes, keys_predicate
-from offsetlake.protocol.ledger import Ledger, read_ledger, txn_actions
+from offsetlake.protocol.ledger import Ledger, txn_actions
+from offsetlake.protocol.merge_batch import merge_of_batch
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, flat_offsets, ranges_json
 from offsetlake.protocol.planning import BatchPlan, apply_data_loss, cap_ends, split_ranges, start_offsets
-from offsetlake.protocol.quarantine import WrittenFile, commit_quarantine
+from offsetlake.protocol.quarantine import WrittenFile
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.protocol.upsert import (
     Merge,
-    after_last_truncate,
-    after_snapshot_end,
-    latest_per_key,
-    read_staging,
-    stale_as_deleted,
 )
 from offsetlake.read.tasks import TaskContext
-from offsetlake.read_job import TaskFiles, evolved_schema, table_columns
-from offsetlake.storage.location import Location
-from offsetlake.table import check_mergeable, open_table, query
+from offsetlake.read_job import TaskFiles
 
 log = logging.getLogger("offsetlake.batch")
 MAX_BATCHES_PER_RUN = 100_000
@@ -122,16 +110,16 @@ def run_batch(
     fault_settings = faults.settings_from_env()
     began = time.monotonic()
     engine = engine_for(cfg)
-    table = open_pipeline_table(cfg)
-    plan = plan_batch(cfg, cluster, engine.ledger(cfg.table_location, table, cfg.name, tps), tps, targets)
+    table = engine.open()
+    plan = plan_batch(cfg, cluster, engine.ledger(table, tps), tps, targets)
     faults.hit("after_plan", fault_settings)
     if not plan.needs_commit:
         return BatchResult("up_to_date")
 
     attempt = new_attempt_id()
     tasks = split_ranges(plan.ranges, cfg.batch.max_records_per_task)
-    columns = table_columns(table)
-    with attempt_files(attempt, cfg.table_location, cfg.quarantine_location) as files:
+    columns = engine.columns(table)
+    with engine.attempt(attempt) as files:
         out = engine.write(spark, TaskContext(cfg, plan.batch, attempt, tuple(tasks), fault_settings, columns))
         faults.hit("after_files_written", fault_settings)
         written = TaskFiles(
@@ -141,38 +129,23 @@ def run_batch(
             out.schemas,
         )
         result = commit_batch(
-            cfg, plan, attempt, written, run, files, fault_settings, snapshot=table, began=began, targets=targets
+            cfg,
+            plan,
+            attempt,
+            written,
+            run,
+            files,
+            fault_settings,
+            snapshot=table,
+            began=began,
+            targets=targets,
+            engine=engine,
         )
     faults.hit("after_commit", fault_settings)
     result.spark_job = out.job
     if result.status == "committed":
         cluster.commit_group_offsets(cfg.consumer_group, plan.ends)
     return result
-
-
-def open_pipeline_table(cfg: PipelineConfig):
-    """The pipeline's table, checked; created when missing (registry formats: from the registry's latest
-    schema, so a table exists with its columns before the first record arrives)."""
-    engine = engine_for(cfg)
-    try:
-        table = engine.open(cfg.table_location, table_schema(cfg), cfg.table.partition_by, cfg.name, create=False)
-    except TableMissing:
-        pass
-    else:
-        if cfg.write.upsert:  # refused before a task writes a file
-            check_mergeable(cfg.table_location, table, f"pipeline {cfg.name}")
-        return table
-    try:
-        schema = initial_table_schema(cfg)
-    except Incompatible as err:
-        raise TableError(f"cannot create the table of pipeline {cfg.name}: {err}") from err
-    missing = sorted(set(cfg.table.partition_by) - set(schema.names))
-    if missing:
-        raise TableError(
-            f"table.partition_by column {missing[0]!r} is not a column of the table "
-            f"(the registry's latest schema has no such field)"
-        )
-    return engine.open(cfg.table_location, schema, cfg.table.partition_by, cfg.name, properties=cfg.table_properties())
 
 
 def commit_batch(
@@ -186,74 +159,41 @@ def commit_batch(
     snapshot=None,
     began: float | None = None,
     targets: dict[TP, int] | None = None,
+    engine: CommitEngine | None = None,
 ) -> BatchResult:
-    """Quarantine, then data and offsets, in one commit each, through the one commit path. The files
-    written and those that landed are recorded in `files` (`attempt_files` removes the others).
+    """Quarantine, then data and offsets, in one commit each, through the table's engine. The files
+    written and those that landed are recorded in `files` (the engine's `attempt` removes the others).
     `snapshot`: the table as the plan read it, for the first decision; `began` (time.monotonic())
     and `targets` (Kafka's end offsets the plan reads up to) go into the metadata as the batch's
     duration and the lag it started from."""
-    engine = engine_for(cfg)
+    engine = engine or engine_for(cfg)
     files.written[cfg.table_location] |= {w.file.path for w in written.data}
     files.written[cfg.quarantine_location] |= {w.file.path for w in written.quarantine}
     rows = sum(w.file.num_records for w in written.data)
     quarantined = sum(w.file.num_records for w in written.quarantine)
-    metadata = batch_metadata(plan, attempt, Records(written.read, rows, quarantined), run)
-    metadata = msgspec.structs.replace(
-        metadata,
-        lag=None
-        if targets is None
-        else sum(max(0, targets[tp] - start) for tp, start in plan.starts.items() if tp in targets),
-        seconds=None if began is None else round(time.monotonic() - began, 3),
-    )
-    schema = table_schema(cfg)
+    metadata = batch_metadata(plan, attempt, Records(written.read, rows, quarantined), run, targets, began)
     merge = None
     if cfg.write.upsert:  # before the quarantine commits: a batch whose keys cannot be ordered writes nothing
-        columns = table_columns(snapshot if snapshot is not None else open_table(cfg.table_location))
-        rows_read = read_staging(cfg.table_location, [w.file for w in written.data], cfg.table.partition_by, columns)
-        unavailable = cfg.format.unavailable_value
-        rows_read, truncated = after_last_truncate(rows_read, cfg.write.order_by, plan.batch)
-        rows_read, snapshot_ends = after_snapshot_end(rows_read)
-        in_table = None if truncated else table_rows_of_keys(cfg.table_location, columns, cfg.write.key)
-        rows_read, moved = carry_across_key_changes(rows_read, cfg.write.key, cfg.write.order_by, unavailable, in_table)
-        if moved.left_null:
-            log.warning(
-                "batch %d: %d values that primary-key changes left unchanged are null: no row of the old key held "
-                "them (set REPLICA IDENTITY FULL on the source table to send them)",
-                plan.batch,
-                moved.left_null,
-            )
-        metadata = msgspec.structs.replace(metadata, carried_over=moved.carried, left_null=moved.left_null)
-        winners = latest_per_key(rows_read, cfg.write.key, cfg.write.order_by, plan.batch, unavailable)
-        winners = stale_as_deleted(winners, snapshot_ends)
-        merge = Merge(winners, cfg.write.key, cfg.write.order_by, unavailable, truncated, snapshot_ends)
+        merge, metadata = _merge(engine, cfg, plan, written, snapshot, metadata)
 
     def decide(table) -> Change | Settled:
-        refused = verdict(engine.ledger(cfg.table_location, table, cfg.name, list(plan.starts)), plan)
+        refused = verdict(engine.ledger(table, list(plan.starts)), plan)
         if refused is not None:
             return refused
-        commit_quarantine(
-            plan,
-            written.quarantine,
-            cfg.quarantine_location,
-            attempt,
-            run,
-            files,
-            cfg.maintenance.table_properties(),
-            quarantine_schema(cfg),
-        )
+        engine.commit_quarantine(plan, written.quarantine, attempt, run, files)
         faults.hit("before_commit", fault_settings)
-        wider = evolved_schema(table, written)
+        wider = engine.evolved_schema(table, written)
         return Change(
             metadata,
             [] if merge is not None else add_actions([w.file for w in written.data]),
             txn_actions(cfg.name, plan.batch, plan.ends),
-            wider or schema,
+            wider or engine.schema,
             cfg.table.partition_by,
             evolve=wider is not None,
             merge=merge,
         )
 
-    outcome = engine.commit(cfg.table_location, decide, f"batch {plan.batch}", snapshot=snapshot)
+    outcome = engine.commit(decide, f"batch {plan.batch}", snapshot=snapshot)
     if not isinstance(outcome, Committed):
         return BatchResult(outcome.status, plan.batch, None, plan.ranges, rows, quarantined, outcome.reason)
     files.kept[cfg.table_location] = added = outcome.added_paths()
@@ -262,23 +202,33 @@ def commit_batch(
     )
 
 
-def table_rows_of_keys(location: Location, columns: pa.Schema, key: Sequence[str]) -> OldRows | None:
-    """The table's rows of given keys, as the old rows of key changes are looked up; None when the table lacks
-    a key column (a table whose columns come with its events, before its first)."""
-    if any(column not in columns.names for column in key):
-        return None
+def _merge(
+    engine: CommitEngine, cfg: PipelineConfig, plan: BatchPlan, written: TaskFiles, snapshot, metadata: CommitMetadata
+) -> tuple[Merge, CommitMetadata]:
+    """Upsert mode: the batch's staged rows read back and folded to the MERGE the commit applies."""
+    staged = engine.staged_rows(snapshot, [w.file for w in written.data])
+    old_rows = engine.rows_of_keys(staged.schema)
+    unavailable = cfg.format.unavailable_value
+    merge, moved = merge_of_batch(staged, cfg.write.key, cfg.write.order_by, unavailable, plan.batch, old_rows)
+    if moved.left_null:
+        log.warning(
+            "batch %d: %d values that primary-key changes left unchanged are null: no row of the old key held "
+            "them (set REPLICA IDENTITY FULL on the source table to send them)",
+            plan.batch,
+            moved.left_null,
+        )
+    return merge, msgspec.structs.replace(metadata, carried_over=moved.carried, left_null=moved.left_null)
 
-    def rows_of(keys: Sequence[Key]) -> dict[Key, dict]:
-        predicate = keys_predicate(key, keys)
-        if predicate is None:
-            return {}
-        found = query(location, f"SELECT * FROM t WHERE {predicate}")
-        return {tuple(row[c] for c in key): row for row in found.to_pylist()}
 
-    return rows_of
-
-
-def batch_metadata(plan: BatchPlan, attempt: str, records: Records, run: Run) -> CommitMetadata:
+def batch_metadata(
+    plan: BatchPlan,
+    attempt: str,
+    records: Records,
+    run: Run,
+    targets: dict[TP, int] | None = None,
+    began: float | None = None,
+) -> CommitMetadata:
+    """The batch's commit metadata; `targets` give the lag it started from, `began` its duration."""
     return CommitMetadata(
         plan.pipeline,
         "ingest",
@@ -290,6 +240,10 @@ def batch_metadata(plan: BatchPlan, attempt: str, records: Records, run: Run) ->
         lost=ranges_json(OffsetRange(t, p, lo, hi) for (t, p), (lo, hi) in plan.lost.items()),
         rewind=plan.rewind,
         initialised_at=flat_offsets(plan.ends) if plan.initialises else {},
+        lag=None
+        if targets is None
+        else sum(max(0, targets[tp] - start) for tp, start in plan.starts.items() if tp in targets),
+        seconds=None if began is None else round(time.monotonic() - began, 3),
     )
 
 
@@ -297,15 +251,15 @@ def nothing_to_ingest(cfg: PipelineConfig) -> bool:
     """True when a plan made now would find nothing to commit, decided without Spark and without
     creating the table, so a caller can skip starting a JVM at all. False whenever it cannot tell
     (no table yet): the ingest itself then decides, and words any error."""
+    engine = engine_for(cfg)
     try:
-        table = open_table(cfg.table_location)
+        table = engine.existing()
     except TableError:
         return False
     cluster = KafkaCluster(cfg.kafka)
     tps = cluster.partitions(cfg.topics)
     targets = cluster.end_offsets(tps, cfg.kafka.isolation_level)
-    ledger = read_ledger(cfg.table_location, table, cfg.name, tps)
-    return not plan_batch(cfg, cluster, ledger, tps, targets).needs_commit
+    return not plan_batch(cfg, cluster, engine.ledger(table, tps), tps, targets).needs_commit
 
 
 def ingest(

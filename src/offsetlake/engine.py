@@ -1,107 +1,208 @@
-"""The seam every batch's commit goes through: one interface, one implementation per commit engine.
+"""The seam a pipeline table's batches go through: one interface, one implementation per commit engine.
 
-A batch asks its engine to open the table (creating it when asked), to read the ledger the plan is made
-against, to write the batch's rows, and to commit them together with the ledger and the commit's metadata
-in one table version -- or to refuse, in one line, a table the engine cannot write. Whatever the engine,
-the ledger's format (txn actions and `userMetadata`, `protocol.ledger`) is the same, so a table written by
-one engine is read, planned and audited by any.
+A batch asks its table's engine to open the table (created when missing, checked against the pipeline's
+columns), to read the ledger the plan is made against, to write the batch's rows, to read back an upsert
+batch's staged rows and the table's rows of some keys, to commit the bad records and then the rows with
+the ledger and the commit's metadata in one table version -- or to refuse, in one line, a table it cannot
+write. Whatever the engine, the ledger's format (txn actions and `userMetadata`, `protocol.ledger`) is the
+same, so a table written by one engine is read, planned and audited by any.
 
-`DeltaRs` is offsetlake's own commit path (`protocol.commit`: delta-rs, the rows written as Parquet by the
-Spark tasks and committed as add actions; upserts as a delta-rs MERGE). A pipeline's engine comes from
-`engine_for`.
+`DeltaRs` is offsetlake's own commit path: delta-rs, the rows written as Parquet by the Spark tasks
+(`read_job`) and committed as add actions, upserts as a delta-rs MERGE (`protocol.commit`). A pipeline's
+engine comes from `engine_for`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from functools import cached_property
 from typing import Any, Protocol
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
 from offsetlake.config import PipelineConfig
+from offsetlake.errors import TableError, TableMissing
+from offsetlake.formats.columns import initial_table_schema, quarantine_schema, table_schema
+from offsetlake.formats.evolution import Incompatible
 from offsetlake.kafka import TP
-from offsetlake.protocol.commit import Committed, Decide, Settled, commit
+from offsetlake.protocol.commit import AttemptFiles, Committed, Decide, Settled, attempt_files, commit
+from offsetlake.protocol.key_changes import Key, OldRows, keys_predicate
 from offsetlake.protocol.ledger import Ledger, read_ledger
+from offsetlake.protocol.metadata import Run
+from offsetlake.protocol.planning import BatchPlan
+from offsetlake.protocol.quarantine import WrittenFile, commit_quarantine
+from offsetlake.protocol.upsert import read_staging
 from offsetlake.read.tasks import TaskContext, TaskResults
-from offsetlake.read_job import run_tasks
-from offsetlake.storage.location import Location
-from offsetlake.table import check_writable, open_table
+from offsetlake.read_job import TaskFiles, evolved_schema, run_tasks, table_columns
+from offsetlake.storage.parquet import DataFile
+from offsetlake.table import check_mergeable, check_writable, open_table, query
 
 
 class CommitEngine(Protocol):
-    """What a batch needs of the engine that commits it."""
+    """What a batch needs of the engine that commits its pipeline table."""
 
     name: str
 
-    def open(
-        self,
-        location: Location,
-        schema: pa.Schema | None = None,
-        partition_by: list[str] | None = None,
-        name: str | None = None,
-        *,
-        create: bool = True,
-        properties: dict[str, str] | None = None,
-    ) -> DeltaTable:
-        """The table, checked against `schema`; created (empty) when missing and `create`."""
+    @property
+    def schema(self) -> pa.Schema:
+        """The columns the pipeline writes (registry formats: those its file names)."""
         ...
 
-    def ledger(self, location: Location, table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
+    def open(self) -> DeltaTable:
+        """The table, checked against the pipeline; created (empty) when missing."""
+        ...
+
+    def existing(self) -> DeltaTable:
+        """The table as it is, unchecked; TableError (TableMissing) when there is none."""
+        ...
+
+    def columns(self, table: DeltaTable) -> pa.Schema:
+        """The table's columns now, as the tasks build rows in."""
+        ...
+
+    def ledger(self, table: DeltaTable, tps: list[TP]) -> Ledger:
         """The pipeline's ledger as of `table`'s version: what the next plan starts from."""
+        ...
+
+    def attempt(self, attempt: str) -> AbstractContextManager[AttemptFiles]:
+        """The files one attempt writes, in the table and its quarantine: on the way out, those no landed
+        commit references are deleted."""
         ...
 
     def write(self, spark: Any, ctx: TaskContext) -> TaskResults:
         """The batch's rows read from Kafka and written where the commit can add them."""
         ...
 
-    def commit(
-        self, location: Location, decide: Decide, what: str, *, snapshot: DeltaTable | None = None
-    ) -> Committed | Settled:
+    def staged_rows(self, table: DeltaTable | None, files: Sequence[DataFile]) -> pa.Table:
+        """An upsert batch's rows as its tasks staged them, typed as the table's columns."""
+        ...
+
+    def rows_of_keys(self, columns: pa.Schema) -> OldRows | None:
+        """The table's rows of given keys (the old rows of key changes); None when it has no key column yet."""
+        ...
+
+    def evolved_schema(self, table: DeltaTable, written: TaskFiles) -> pa.Schema | None:
+        """The table's schema with the columns the rows add, when they add any."""
+        ...
+
+    def commit_quarantine(
+        self, plan: BatchPlan, bad: list[WrittenFile], attempt: str, run: Run, files: AttemptFiles
+    ) -> None:
+        """The batch's bad records not quarantined yet, committed to the quarantine table."""
+        ...
+
+    def commit(self, decide: Decide, what: str, snapshot: DeltaTable | None = None) -> Committed | Settled:
         """`decide` against the newest table, and its change committed with the ledger in one version; on a
         conflict, decided again; `Settled` when `decide` refuses (the batch was committed already)."""
         ...
 
-    def refuse(self, location: Location, table: DeltaTable, rewrite: str | None = None) -> None:
+    def refuse(self, table: DeltaTable, rewrite: str | None = None) -> None:
         """Raise, in one line, if the engine cannot write this table (`rewrite`: an operation that rewrites
         data files)."""
         ...
 
 
 class DeltaRs:
-    """delta-rs: offsetlake's own commit path."""
+    """delta-rs: offsetlake's own commit path, for one pipeline table."""
 
     name = "delta-rs"
 
-    def open(
-        self,
-        location: Location,
-        schema: pa.Schema | None = None,
-        partition_by: list[str] | None = None,
-        name: str | None = None,
-        *,
-        create: bool = True,
-        properties: dict[str, str] | None = None,
-    ) -> DeltaTable:
-        return open_table(location, schema, partition_by, name, create=create, properties=properties)
+    def __init__(self, cfg: PipelineConfig) -> None:
+        self.cfg = cfg
+        self.location = cfg.table_location
 
-    def ledger(self, location: Location, table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
-        return read_ledger(location, table, pipeline, tps)
+    @cached_property
+    def schema(self) -> pa.Schema:
+        return table_schema(self.cfg)
+
+    def open(self) -> DeltaTable:
+        """Registry formats create a missing table from the registry's latest schema, so a table exists with
+        its columns before the first record arrives. An upsert table is refused before a task writes a file
+        if a MERGE cannot be written to it."""
+        cfg = self.cfg
+        try:
+            table = open_table(self.location, self.schema, cfg.table.partition_by, cfg.name, create=False)
+        except TableMissing:
+            return self._create()
+        if cfg.write.upsert:
+            check_mergeable(self.location, table, f"pipeline {cfg.name}")
+        return table
+
+    def _create(self) -> DeltaTable:
+        cfg = self.cfg
+        try:
+            schema = initial_table_schema(cfg)
+        except Incompatible as err:
+            raise TableError(f"cannot create the table of pipeline {cfg.name}: {err}") from err
+        missing = sorted(set(cfg.table.partition_by) - set(schema.names))
+        if missing:
+            raise TableError(
+                f"table.partition_by column {missing[0]!r} is not a column of the table "
+                f"(the registry's latest schema has no such field)"
+            )
+        return open_table(self.location, schema, cfg.table.partition_by, cfg.name, properties=cfg.table_properties())
+
+    def existing(self) -> DeltaTable:
+        return open_table(self.location)
+
+    def columns(self, table: DeltaTable) -> pa.Schema:
+        return table_columns(table)
+
+    def ledger(self, table: DeltaTable, tps: list[TP]) -> Ledger:
+        return read_ledger(self.location, table, self.cfg.name, tps)
+
+    def attempt(self, attempt: str) -> AbstractContextManager[AttemptFiles]:
+        return attempt_files(attempt, self.location, self.cfg.quarantine_location)
 
     def write(self, spark: Any, ctx: TaskContext) -> TaskResults:
         return run_tasks(spark, ctx)
 
-    def commit(
-        self, location: Location, decide: Decide, what: str, *, snapshot: DeltaTable | None = None
-    ) -> Committed | Settled:
-        return commit(location, decide, what, snapshot=snapshot)
+    def staged_rows(self, table: DeltaTable | None, files: Sequence[DataFile]) -> pa.Table:
+        columns = table_columns(table if table is not None else open_table(self.location))
+        return read_staging(self.location, files, self.cfg.table.partition_by, columns)
 
-    def refuse(self, location: Location, table: DeltaTable, rewrite: str | None = None) -> None:
-        check_writable(location, table, rewrite)
+    def rows_of_keys(self, columns: pa.Schema) -> OldRows | None:
+        key = self.cfg.write.key
+        if any(column not in columns.names for column in key):
+            return None
+        location = self.location
 
+        def rows_of(keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
+            predicate = keys_predicate(key, keys)
+            if predicate is None:
+                return {}
+            found = query(location, f"SELECT * FROM t WHERE {predicate}")
+            return {tuple(row[c] for c in key): row for row in found.to_pylist()}
 
-DELTA_RS = DeltaRs()
+        return rows_of
+
+    def evolved_schema(self, table: DeltaTable, written: TaskFiles) -> pa.Schema | None:
+        return evolved_schema(table, written)
+
+    def commit_quarantine(
+        self, plan: BatchPlan, bad: list[WrittenFile], attempt: str, run: Run, files: AttemptFiles
+    ) -> None:
+        cfg = self.cfg
+        commit_quarantine(
+            plan,
+            bad,
+            cfg.quarantine_location,
+            attempt,
+            run,
+            files,
+            cfg.maintenance.table_properties(),
+            quarantine_schema(cfg),
+        )
+
+    def commit(self, decide: Decide, what: str, snapshot: DeltaTable | None = None) -> Committed | Settled:
+        return commit(self.location, decide, what, snapshot=snapshot)
+
+    def refuse(self, table: DeltaTable, rewrite: str | None = None) -> None:
+        check_writable(self.location, table, rewrite)
 
 
 def engine_for(cfg: PipelineConfig) -> CommitEngine:
     """The engine that commits `cfg`'s table."""
-    return DELTA_RS
+    return DeltaRs(cfg)

@@ -160,3 +160,24 @@ def test_no_module_is_longer_than_max_lines_unless_listed_with_a_reason():
     }
     assert {k: n for k, n in long.items() if k not in LONG_MODULES} == {}
     assert set(LONG_MODULES) <= set(long), "a listed module is short again: take it off LONG_MODULES"
+
+
+def test_the_batch_reaches_its_table_only_through_its_commit_engine():
+    """offsetlake.engine is the seam a second commit engine implements: the batch opens, reads, writes and
+    commits its table through it, never through delta-rs or the modules that use it."""
+    imported = {
+        (node.module, alias.name)
+        for node in ast.walk(ast.parse((SRC / "offsetlake" / "batch.py").read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    }
+    through_the_engine = {
+        ("offsetlake.protocol.commit", "commit"),
+        ("offsetlake.protocol.commit", "attempt_files"),
+        ("offsetlake.protocol.ledger", "read_ledger"),
+        ("offsetlake.protocol.quarantine", "commit_quarantine"),
+        ("offsetlake.read_job", "run_tasks"),
+    }
+    assert imported & through_the_engine == set()
+    modules = {module for module, _ in imported}
+    assert not {m for m in modules if m.startswith(("deltalake", "offsetlake.table", "offsetlake.storage"))}

@@ -1,0 +1,35 @@
+"""An upsert batch's staging rows to the Merge its commit applies: the rows after the batch's last
+TRUNCATE and snapshot end, the values primary-key changes left out carried over, one row per key."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from offsetlake.protocol.key_changes import KeyChanges, OldRows, carry_across_key_changes
+from offsetlake.protocol.upsert import (
+    Merge,
+    after_last_truncate,
+    after_snapshot_end,
+    latest_per_key,
+    stale_as_deleted,
+)
+
+
+def merge_of_batch(
+    rows: pa.Table,
+    key: Sequence[str],
+    order_by: str | None,
+    unavailable: str | None,
+    batch: int,
+    old_rows: OldRows | None,
+) -> tuple[Merge, KeyChanges]:
+    """The Merge of one batch's staging `rows`, and what its key changes took from older rows (`old_rows`:
+    the table's rows of given keys; not asked after a TRUNCATE, which emptied the table)."""
+    rows, truncated = after_last_truncate(rows, order_by, batch)
+    rows, snapshot_ends = after_snapshot_end(rows)
+    rows, moved = carry_across_key_changes(rows, key, order_by, unavailable, None if truncated else old_rows)
+    winners = latest_per_key(rows, key, order_by, batch, unavailable)
+    winners = stale_as_deleted(winners, snapshot_ends)
+    return Merge(winners, list(key), order_by, unavailable, truncated, snapshot_ends), moved
