@@ -12,12 +12,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
 from offsetlake import faults
 from offsetlake.config import PipelineConfig
-from offsetlake.engine import CommitEngine, engine_for
+from offsetlake.engine import CommitEngine, Snapshot, engine_for
 from offsetlake.errors import TableError
 from offsetlake.kafka import TP, KafkaCluster, Stopped
 from offsetlake.protocol.commit import (
@@ -105,7 +106,7 @@ def plan_batch(
 
 
 def run_batch(
-    spark, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], targets: dict[TP, int], run: Run
+    spark: Any, cfg: PipelineConfig, cluster: KafkaCluster, tps: list[TP], targets: dict[TP, int], run: Run
 ) -> BatchResult:
     fault_settings = faults.settings_from_env()
     began = time.monotonic()
@@ -156,7 +157,7 @@ def commit_batch(
     run: Run,
     files: AttemptFiles,
     fault_settings: dict | None = None,
-    snapshot=None,
+    snapshot: Snapshot | None = None,
     began: float | None = None,
     targets: dict[TP, int] | None = None,
     engine: CommitEngine | None = None,
@@ -176,7 +177,7 @@ def commit_batch(
     if cfg.write.upsert:  # before the quarantine commits: a batch whose keys cannot be ordered writes nothing
         merge, metadata = _merge(engine, cfg, plan, written, snapshot, metadata)
 
-    def decide(table) -> Change | Settled:
+    def decide(table: Snapshot) -> Change | Settled:
         refused = verdict(engine.ledger(table, list(plan.starts)), plan)
         if refused is not None:
             return refused
@@ -263,7 +264,7 @@ def nothing_to_ingest(cfg: PipelineConfig) -> bool:
 
 
 def ingest(
-    spark, cfg: PipelineConfig, run: Run | None = None, stop: threading.Event | None = None
+    spark: Any, cfg: PipelineConfig, run: Run | None = None, stop: threading.Event | None = None
 ) -> list[BatchResult]:
     """Catch up to the end offsets taken now. Returns the result of every batch attempted.
 

@@ -39,6 +39,8 @@ from offsetlake.read_job import TaskFiles, evolved_schema, run_tasks, table_colu
 from offsetlake.storage.parquet import DataFile
 from offsetlake.table import check_mergeable, check_writable, open_table, query
 
+Snapshot = DeltaTable  # the table at one version, as its engine loaded it: what a batch decides against
+
 
 class CommitEngine(Protocol):
     """What a batch needs of the engine that commits its pipeline table."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -15,8 +16,11 @@ from offsetlake.protocol.quarantine import WrittenFile
 from offsetlake.read.tasks import TaskContext, TaskResults, parse_results, task_function
 from offsetlake.spark.session import is_local, session_of
 
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
-def table_columns(table) -> pa.Schema:
+
+def table_columns(table: DeltaTable) -> pa.Schema:
     """The table's schema now, as the tasks build rows in (registry formats may add to it)."""
     return plain_schema(pa.schema(table.schema()))
 
@@ -31,7 +35,7 @@ class TaskFiles:
     schemas: list[pa.Schema] = field(default_factory=list)  # of the rows each task wrote
 
 
-def evolved_schema(table, written: TaskFiles) -> pa.Schema | None:
+def evolved_schema(table: DeltaTable, written: TaskFiles) -> pa.Schema | None:
     """The table's schema with the columns the rows add, when they add any (decided per snapshot)."""
     current = merged = table_columns(table)
     for schema in written.schemas:
@@ -42,7 +46,7 @@ def evolved_schema(table, written: TaskFiles) -> pa.Schema | None:
     return merged if adds_columns(current, merged) else None
 
 
-def run_tasks(spark, ctx: TaskContext) -> TaskResults:
+def run_tasks(spark: Any, ctx: TaskContext) -> TaskResults:
     """Run the tasks, one range each, in a Spark task per slot; what each read and wrote, by task index."""
     if not ctx.tasks:
         return TaskResults({}, [], [], [])
@@ -60,14 +64,14 @@ def run_tasks(spark, ctx: TaskContext) -> TaskResults:
     return results
 
 
-def task_slots(context) -> int | None:
+def task_slots(context: Any) -> int | None:
     """How many tasks run at once: a local master's cores (local[N]). On a cluster None, so each range
     has a Spark task of its own: the cores there are only known once executors have registered, and
     Spark then balances the tasks across them as they finish."""
     return context.defaultParallelism if is_local(context.master) else None
 
 
-def wait_for_running_tasks(spark, timeout: float = 30.0) -> None:
+def wait_for_running_tasks(spark: Any, timeout: float = 30.0) -> None:
     """A failed job returns while its other tasks are still being killed, and a Python worker may still be
     writing a data file then: the attempt's clean-up, which runs next, waits until no task runs and
     Spark's grace for stopping a worker (spark.python.task.killTimeout) has passed."""

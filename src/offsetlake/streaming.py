@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -25,7 +25,7 @@ log = logging.getLogger("offsetlake.batch")  # a stream's lines are its batches'
 
 
 def stream(
-    spark,
+    spark: Any,
     cfg: PipelineConfig,
     stop: threading.Event,
     interval: float | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import sys
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from offsetlake.config.topic_tables import PipelineTable
 
 
-def _loaded(args) -> PipelineConfig:
+def _loaded(args: argparse.Namespace) -> PipelineConfig:
     """The pipeline as its file says (topic patterns, a table path per topic), with its Airflow connections
     (kafka.connection, format.registry.connection) applied: handed over by the operator's task
     (offsetlake.config.connections), or read through Airflow where it runs."""
@@ -27,12 +28,12 @@ def _loaded(args) -> PipelineConfig:
     return resolve_connections(load_pipeline(args.pipeline, args.pipelines_dir))
 
 
-def _pipeline(args) -> PipelineConfig:
+def _pipeline(args: argparse.Namespace) -> PipelineConfig:
     """The one table the command acts on, as a single-table pipeline (`--table` of a per-topic pipeline)."""
     return runs.one_table(_loaded(args), args.table)
 
 
-def _pipeline_tables(args) -> list[PipelineTable]:
+def _pipeline_tables(args: argparse.Namespace) -> list[PipelineTable]:
     """The tables a command that takes all of them acts on: the pipeline's (as of the cluster's topics
     now), or `--table`'s."""
     return runs.tables_of(_loaded(args), args.table)
@@ -43,7 +44,7 @@ def _heading(table: PipelineTable) -> str | None:
     return f"== {table.label}: {table.cfg.table_path}" if table.name is not None else None
 
 
-def _print_each_table(args, rows_of, text_of) -> None:
+def _print_each_table(args: argparse.Namespace, rows_of, text_of) -> None:
     """`status` and `history`: each table's rows (`rows_of(cfg)`), as JSON rows naming their table, or as
     text (`text_of(rows)`) under a heading per table."""
     out: list[Any] = []  # JSON rows, or lines of text
@@ -56,7 +57,7 @@ def _print_each_table(args, rows_of, text_of) -> None:
     print(json.dumps(out) if args.json else "\n".join(out))
 
 
-def cmd_status(args) -> int:
+def cmd_status(args: argparse.Namespace) -> int:
     from offsetlake.operations.status import format_status, status
 
     _print_each_table(args, status, format_status)
@@ -68,14 +69,14 @@ def _table_field(table: PipelineTable) -> dict:
     return {} if table.name is None else {"table": table.name}
 
 
-def cmd_history(args) -> int:
+def cmd_history(args: argparse.Namespace) -> int:
     from offsetlake.operations.status import format_history, history
 
     _print_each_table(args, lambda cfg: history(cfg, args.limit), format_history)
     return 0
 
 
-def cmd_show(args) -> int:
+def cmd_show(args: argparse.Namespace) -> int:
     from offsetlake.table import query
 
     cfg = _pipeline(args)
@@ -87,11 +88,11 @@ def cmd_show(args) -> int:
     return 0
 
 
-def _run(args) -> Run:
+def _run(args: argparse.Namespace) -> Run:
     return Run.here(args.dag_id, args.run_id, args.try_number)
 
 
-def spark_session(args):
+def spark_session(args: argparse.Namespace) -> runs.SparkFactory:
     """`runs.spark_session` on the command's `--master`: what a run that needs Spark is given."""
     return lambda cfg, job: runs.spark_session(cfg, job, args.master)
 
@@ -104,7 +105,7 @@ def _warn(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def cmd_ingest(args) -> int:
+def cmd_ingest(args: argparse.Namespace) -> int:
     """Each table in turn in one Spark session (runs.ingest_tables)."""
     from offsetlake.spark.session import startup_report
 
@@ -117,7 +118,7 @@ def cmd_ingest(args) -> int:
     return 0
 
 
-def cmd_stream(args) -> int:
+def cmd_stream(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())  # finish the batch in flight, then leave
@@ -134,7 +135,7 @@ def cmd_stream(args) -> int:
     return 0
 
 
-def cmd_backfill(args) -> int:
+def cmd_backfill(args: argparse.Namespace) -> int:
     from offsetlake.kafka import KafkaCluster
     from offsetlake.operations.backfill import backfill, parse_ranges, ranges_for_time_window
 
@@ -154,7 +155,7 @@ def cmd_backfill(args) -> int:
     return 0
 
 
-def cmd_audit(args) -> int:
+def cmd_audit(args: argparse.Namespace) -> int:
     from offsetlake.operations.audit import audit
     from offsetlake.operations.backfill import parse_ranges
 
@@ -181,24 +182,24 @@ def cmd_audit(args) -> int:
     return 0
 
 
-def cmd_repair(args) -> int:
+def cmd_repair(args: argparse.Namespace) -> int:
     cfg = _pipeline(args)
     runs.check_reachable(cfg)
     runs.repair(spark_session(args), cfg, _run(args), _say, args.dry_run)
     return 0
 
 
-def cmd_cleanup(args) -> int:
+def cmd_cleanup(args: argparse.Namespace) -> int:
     runs.cleanup(_pipeline(args), args.older_than, args.dry_run, _say)
     return 0
 
 
-def cmd_reset(args) -> int:
+def cmd_reset(args: argparse.Namespace) -> int:
     runs.reset(_pipeline(args), args.offsets, args.reason, _run(args), _say)
     return 0
 
 
-def cmd_restore(args) -> int:
+def cmd_restore(args: argparse.Namespace) -> int:
     from offsetlake.operations.maintenance import restore
 
     cfg = _pipeline(args)
@@ -207,22 +208,22 @@ def cmd_restore(args) -> int:
     return 0
 
 
-def cmd_optimize(args) -> int:
+def cmd_optimize(args: argparse.Namespace) -> int:
     runs.optimize(_pipeline(args), _run(args), _say, args.target_file_mb, args.zorder_by)
     return 0
 
 
-def cmd_vacuum(args) -> int:
+def cmd_vacuum(args: argparse.Namespace) -> int:
     runs.vacuum(_pipeline(args), args.retention_hours, args.dry_run, _run(args), _say)
     return 0
 
 
-def cmd_checkpoint(args) -> int:
+def cmd_checkpoint(args: argparse.Namespace) -> int:
     runs.checkpoint(_pipeline(args), _say)
     return 0
 
 
-def cmd_maintain(args) -> int:
+def cmd_maintain(args: argparse.Namespace) -> int:
     runs.maintain(
         _pipeline(args),
         _run(args),
@@ -237,7 +238,7 @@ def cmd_maintain(args) -> int:
     return 0
 
 
-def cmd_recover(args) -> int:
+def cmd_recover(args: argparse.Namespace) -> int:
     runs.recover(
         spark_session(args),
         _pipeline(args),
@@ -252,7 +253,7 @@ def cmd_recover(args) -> int:
     return 0
 
 
-def cmd_produce(args) -> int:
+def cmd_produce(args: argparse.Namespace) -> int:
     from offsetlake.config.topic_tables import for_topic, matching_topics, per_topic
     from offsetlake_local.producer import demo_event, ensure_topic, keyed, produce
 
@@ -309,7 +310,7 @@ def _demo_records(cfg: PipelineConfig, topic: str, schema_version: int):
     return avro_event_maker(client, topic, schema_version, headers=fmt.include_headers)
 
 
-def cmd_broker(args) -> int:
+def cmd_broker(args: argparse.Namespace) -> int:
     from offsetlake_local import broker
 
     if args.action == "stop":
@@ -327,7 +328,7 @@ def cmd_broker(args) -> int:
     return 0
 
 
-def cmd_schema(args) -> int:
+def cmd_schema(args: argparse.Namespace) -> int:
     print(json.dumps(pipeline_json_schema(), indent=2))
     return 0
 

@@ -9,7 +9,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError as _KErr
 from confluent_kafka import KafkaException
@@ -133,7 +133,7 @@ def stale_leaders(err: KafkaException) -> bool:
 CLIENT_DEFAULTS = {"reconnect.backoff.ms": 10}
 
 
-def client_settings(settings: KafkaSettings, **extra) -> dict:
+def client_settings(settings: KafkaSettings, **extra: Any) -> dict[str, Any]:
     """Settings for any client offsetlake creates: CLIENT_DEFAULTS, then the pipeline's, then ours (ours win)."""
     return {**CLIENT_DEFAULTS, **settings.client_config(), "logger": librdkafka_log, **extra}
 

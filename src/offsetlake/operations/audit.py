@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -29,7 +30,7 @@ from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.operations.fold import UpsertAuditReport, audit_upsert, rebuild
 from offsetlake.operations.ledger_checks import audited_ranges, continuity_issues, sanity_issues
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
-from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, unflat_offsets
+from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, Run, unflat_offsets
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.read.reader import read_range
 from offsetlake.storage.location import Location, despite_log_cleanup
@@ -241,14 +242,17 @@ def _audit_partition(
 
 
 def repair(
-    spark, cfg: PipelineConfig, run=None, dry_run: bool = False, report: AuditReport | UpsertAuditReport | None = None
-):
+    spark: Any,
+    cfg: PipelineConfig,
+    run: Run | None = None,
+    dry_run: bool = False,
+    report: AuditReport | UpsertAuditReport | None = None,
+) -> tuple[AuditReport | UpsertAuditReport, Any]:
     """Audit (unless `report` is one just made), then backfill every span with a problem (upsert mode:
     rebuild the table from the fold). Returns (audit before, backfill or rebuild result, or None)."""
     import msgspec
 
     from offsetlake.operations.backfill import backfill
-    from offsetlake.protocol.metadata import Run
 
     if report is None:
         report = audit(cfg)

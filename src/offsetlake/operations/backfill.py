@@ -16,6 +16,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,6 +37,9 @@ from offsetlake.read_job import TaskFiles, evolved_schema, run_tasks, table_colu
 from offsetlake.storage.location import Location
 from offsetlake.storage.parquet import action_partition_values, from_delta_path, read_with_partitions, write_file
 from offsetlake.table import open_table, query
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 log = logging.getLogger("offsetlake.operations.backfill")
 RANGE_RE = re.compile(r"^\s*([A-Za-z0-9._-]{1,249}):(\d{1,9}):(\d{1,18})-(\d{1,18})\s*$")
@@ -133,7 +137,7 @@ def check_within_ledger(r: OffsetRange, committed: dict[TP, int], moved: bool = 
 
 
 def backfill(
-    spark, cfg: PipelineConfig, ranges: list[OffsetRange], run: Run | None = None, dry_run: bool = False
+    spark: Any, cfg: PipelineConfig, ranges: list[OffsetRange], run: Run | None = None, dry_run: bool = False
 ) -> BackfillResult:
     cfg.refuse_in_upsert_mode(
         "backfill", "is not defined for it yet: an upsert table keeps one row per key, not one per offset"
@@ -162,7 +166,7 @@ def backfill(
         records = Records(read=sum(out.read.values()), rows=sum(f.num_records for f in new_files))
         replaced: dict = {}
 
-        def decide(table) -> Change:
+        def decide(table: DeltaTable) -> Change:
             # A restore or reset that committed since the plan may have moved the ledger back below these
             # ranges: checked against every snapshot the commit is decided on, not only the plan's.
             committed = read_ledger(cfg.table_location, table, cfg.name, tps).offsets

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +34,9 @@ from offsetlake.storage.parquet import (
     read_file,
     write_file,
 )
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 MB = 1024 * 1024
 
@@ -69,7 +72,7 @@ def optimize(
     attempt, run = new_attempt_id(), run or Run.here()
     written: dict[frozenset[str], DataFile] = {}  # compacted files by their sources, reused across decisions
 
-    def decide(table) -> Change | Settled:
+    def decide(table: DeltaTable) -> Change | Settled:
         bins = _bins(pa.table(table.get_add_actions(flatten=True)), partition_by, target_file_mb * MB, only)
         if not bins:
             return Settled("nothing_to_do", "no partition has two files below the target size")

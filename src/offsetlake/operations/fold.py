@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import msgspec
 import pyarrow as pa
@@ -59,6 +60,9 @@ from offsetlake.read.reader import read_range
 from offsetlake.read_job import table_columns
 from offsetlake.storage.parquet import action_partition_values, conform, write_files
 from offsetlake.table import open_table, query
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 SHOWN = 20  # keys listed per kind in a report
 
@@ -316,7 +320,7 @@ def rebuild(
         )
         files.written[cfg.table_location] |= {f.path for f in written}
 
-        def decide(table) -> Change:
+        def decide(table: DeltaTable) -> Change:
             if table.version() != report.version:
                 raise OffsetlakeError(
                     f"repair: {cfg.name}'s table changed since the audit (version {report.version}, now "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -21,6 +22,9 @@ from offsetlake.protocol.metadata import CommitMetadata, Run, flat_offsets
 from offsetlake.storage.location import Location, delete_if_there, retrying
 from offsetlake.storage.parquet import from_delta_path
 from offsetlake.table import open_table
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 DEFAULT_CLEANUP_AGE_SECONDS = 3600  # older than any batch in flight: a batch writes and commits within minutes
 LOG_READ_ATTEMPTS = 20  # reads of the whole log, each after log clean-up removed an entry it listed
@@ -159,7 +163,7 @@ def vacuum(
     return VacuumResult(location, sorted(deleted), hours, dry_run)
 
 
-def _deleted_file_retention_hours(table) -> int:
+def _deleted_file_retention_hours(table: DeltaTable) -> int:
     """The table's delta.deletedFileRetentionDuration ("interval 168 hours", "interval 7 days"), in hours."""
     text = table.metadata().configuration.get("delta.deletedFileRetentionDuration") or "interval 7 days"
     parts = text.split()
@@ -206,7 +210,7 @@ def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run: Run | N
     schema = table_schema(cfg)
     attempt, run = new_attempt_id(), run or Run.here()
 
-    def decide(table) -> Change:
+    def decide(table: DeltaTable) -> Change:
         ledger = read_ledger(cfg.table_location, table, cfg.name, tps)
         new, batch = {**ledger.offsets, **offsets}, ledger.next_batch()
         metadata = CommitMetadata(
@@ -246,7 +250,7 @@ def restore(cfg: PipelineConfig, version: int, run: Run | None = None) -> int:
     tps = cluster.partitions(cfg.topics)
     attempt, run = new_attempt_id(), run or Run.here()
 
-    def decide(table) -> Change:
+    def decide(table: DeltaTable) -> Change:
         if not 0 <= version < table.version():
             raise ConfigError(
                 f"version {version} is not an earlier version of {cfg.table_path} (now {table.version()})"

@@ -14,6 +14,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -83,7 +84,7 @@ def reader_memory_bound(max_records_per_task: int, record_bytes: int) -> int:
     return QUEUE_BYTES + FETCH_BYTES + max_records_per_task * record_bytes
 
 
-def reader_settings(settings: KafkaSettings, group: str, **extra) -> dict:
+def reader_settings(settings: KafkaSettings, group: str, **extra: Any) -> dict:
     return client_settings(
         settings,
         **extra,
