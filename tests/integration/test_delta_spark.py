@@ -22,6 +22,7 @@ from offsetlake.formats.columns import table_schema
 from offsetlake.operations.audit import audit, repair
 from offsetlake.operations.compaction import optimize
 from offsetlake.operations.maintenance import checkpoint, cleanup, vacuum
+from offsetlake.storage.location import Location
 from offsetlake.storage.parquet import plain_types
 from offsetlake.table import NOT_REWRITABLE
 from oracle import changes_with_delta_rs, read_with_delta_rs
@@ -428,7 +429,7 @@ def test_delta_spark_reads_an_avro_table_of_every_kind_of_field_with_its_key_and
     assert types["tags"] == "map<string,bigint>" and types["kafka_headers"] == "map<string,binary>"
 
 
-def s3a_reader(spark, s3) -> Callable[[str], pa.Table]:
+def s3a_reader(spark, s3) -> Callable[[Location | str], pa.Table]:
     """delta-spark reading `s3://` tables of the moto server through Hadoop's S3A (hadoop-aws), configured for
     the server's bucket by the docs' example (docs/examples/integrations/spark_s3.py), credentials added."""
     with mock.patch.dict(os.environ, {"LAKE_BUCKET": s3.bucket, "S3_ENDPOINT": s3.url}):
@@ -437,7 +438,7 @@ def s3a_reader(spark, s3) -> Callable[[str], pa.Table]:
     hadoop.set(f"fs.s3a.bucket.{s3.bucket}.access.key", s3.access_key)
     hadoop.set(f"fs.s3a.bucket.{s3.bucket}.secret.key", s3.secret_key)
     read = reader(spark)
-    return lambda uri: read(uri.replace("s3://", "s3a://", 1))
+    return lambda location: read(str(location).replace("s3://", "s3a://", 1))
 
 
 def test_delta_spark_reads_a_table_on_s3_through_s3a(spark, pipeline, s3):
