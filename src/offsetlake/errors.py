@@ -86,11 +86,13 @@ _WIRE = re.compile(r"\[offsetlake-error:([a-z-]+)\] ([^\n]*)")
 
 
 def _kinds() -> dict[str, type[OffsetlakeError]]:
+    """Each code to the class that defines it; a subclass without a code of its own travels as its parent."""
     found: dict[str, type[OffsetlakeError]] = {}
     pending: list[type[OffsetlakeError]] = [OffsetlakeError]
     while pending:
         cls = pending.pop()
-        found[cls.code] = cls
+        if "code" in vars(cls):
+            found.setdefault(cls.code, cls)
         pending.extend(cls.__subclasses__())
     return found
 

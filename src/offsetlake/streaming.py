@@ -31,7 +31,7 @@ def stream(
     interval: float | None = None,
     run: Run | None = None,
     max_seconds: float | None = None,
-    on_batch=None,
+    on_batch: Callable[[BatchResult], None] | None = None,
     tables: Callable[[], list[PipelineTable]] | None = None,
 ) -> int:
     """Ingest in a loop in one Spark session until `stop` is set (SIGTERM) or max_seconds pass.

@@ -36,7 +36,7 @@ from offsetlake.formats.schema_decoder import SchemaDecoder
 # ---- the wire format ----------------------------------------------------------------------------
 
 
-def split_frame(data: bytes | None, schema_type: str):
+def split_frame(data: bytes | None, schema_type: str) -> tuple[int | None, Any, tuple[int, ...], bytes]:
     """(schema id, GUID, message indexes, payload) of a wire-format value; ValueError when it is not one."""
     from confluent_kafka.schema_registry.serde import SchemaId
 

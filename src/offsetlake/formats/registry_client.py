@@ -21,6 +21,8 @@ class RegistryRefused(RegistryError):
     """The registry answered a request with an HTTP error other than "not found" (a 5xx, a 4xx): the same
     schema may still be had in another form (Protobuf: the text form, see `protobuf.fetch_schema`)."""
 
+    code = "registry-refused"
+
 
 def redacted_url(url: str) -> str:
     """The URL without any user:password@ part, for messages."""

@@ -10,6 +10,7 @@ import decimal
 import functools
 import math
 import re
+from typing import Any
 
 from offsetlake.config.columns import decimal_type
 
@@ -29,7 +30,7 @@ def check_unicode(text: str) -> None:
             raise ValueError("text holds a lone surrogate escape, which is not valid Unicode") from err
 
 
-def coerce(value, type_: str):
+def coerce(value: Any, type_: str) -> Any:
     """Strict: no silent string-to-number or number-to-string conversion."""
     if type_ == "string":
         if not isinstance(value, str):
@@ -77,7 +78,7 @@ def from_unscaled(unscaled: int, scale: int) -> decimal.Decimal:
 
 
 @functools.lru_cache(maxsize=64)
-def to_decimal(value, precision: int, scale: int) -> decimal.Decimal:
+def to_decimal(value: Any, precision: int, scale: int) -> decimal.Decimal:
     """Decimal text (exact), or a JSON number (read as a double: exact to 15 significant digits), at `scale`.
     Never rounded: more decimal places than the scale, or more digits before the point than the precision
     leaves room for, is refused."""
@@ -105,7 +106,7 @@ def to_decimal(value, precision: int, scale: int) -> decimal.Decimal:
     return scaled
 
 
-def timestamp(value) -> dt.datetime:
+def timestamp(value: Any) -> dt.datetime:
     """ISO 8601 text (naive means UTC) or epoch milliseconds."""
     if isinstance(value, bool):
         raise TypeError("expected a timestamp, got bool")

@@ -11,7 +11,9 @@ import gc
 import importlib.abc
 import importlib.machinery
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -36,7 +38,7 @@ class TaskContext:
 
 
 @contextlib.contextmanager
-def collector_paused():
+def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while a task runs. A task makes millions of short-lived
     objects (one Kafka message each, then bytes, ints, tuples) and none in cycles; the collector would
     scan them again and again as they are made (docs/development/measurements.md)."""
@@ -69,7 +71,7 @@ def freeze_long_lived_objects() -> None:
 
 
 @contextlib.contextmanager
-def pandas_left_out():
+def pandas_left_out() -> Iterator[None]:
     """pandas unimportable while a task runs, in a worker that has not imported it.
 
     pyarrow checks the inputs it converts for pandas objects (`pa.array` and `pa.scalar` without a
@@ -115,7 +117,7 @@ class _NotLoaded(importlib.abc.Loader):
 _NO_PANDAS = _PandasNotFound()
 
 
-def spark_task_context():
+def spark_task_context() -> Any:
     """The running Spark task's context; None outside a Spark task (a driver, a test)."""
     from pyspark import TaskContext as SparkTaskContext
 
@@ -200,13 +202,13 @@ def spark_task_attempt() -> int:
     return context.taskAttemptId() if context is not None else 0
 
 
-def task_function(ctx: TaskContext, slots: list[list[int]]):
+def task_function(ctx: TaskContext, slots: list[list[int]]) -> Callable[[int, Any], list[dict[str, Any]]]:
     """The function given to mapPartitionsWithIndex over one partition per slot: the partition's index
     is the slot's, and the slot lists the tasks it runs in order (planning.assign_slots). A plain RDD
     job, not a DataFrame one: the first job of a session then skips Spark SQL's code generation and
     Arrow's JVM side, about 2 s of every spark-submit's first batch."""
 
-    def run(slot: int, _rows) -> list[dict]:
+    def run(slot: int, _rows: Any) -> list[dict[str, Any]]:
         try:
             return run_tasks_in_order(ctx, slots[slot])
         except OffsetlakeError as err:  # Spark carries an error across as text: its kind goes as a code
@@ -224,7 +226,7 @@ class TaskResults:
     job: tuple[float, float] | None = None  # epoch seconds the Spark job was submitted and ended
 
 
-def parse_results(rows) -> TaskResults:
+def parse_results(rows: Iterable[dict[str, Any]]) -> TaskResults:
     """What the tasks read and wrote, from their collected results."""
     read, data, quarantine, schemas = {}, [], [], []
     for row in rows:

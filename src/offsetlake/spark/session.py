@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from offsetlake.spark import jvm_archive, prewarm
 
@@ -172,7 +173,7 @@ def startup_report(session_ready: float | None, first_job: tuple[float, float] |
     return "start-up, seconds after spark-submit's JVM started: " + ", ".join(marks)
 
 
-def session_of(spark):
+def session_of(spark: Any) -> Any:
     """The SparkSession behind `spark`, which may be a LazySession."""
     return spark.get() if isinstance(spark, LazySession) else spark
 
