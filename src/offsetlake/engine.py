@@ -37,7 +37,7 @@ from offsetlake.protocol.upsert import read_staging
 from offsetlake.read.tasks import TaskContext, TaskResults
 from offsetlake.read_job import TaskFiles, evolved_schema, run_tasks, table_columns
 from offsetlake.storage.parquet import DataFile
-from offsetlake.table import check_mergeable, check_writable, open_table, query
+from offsetlake.table import check_mergeable, open_table, query
 
 Snapshot = DeltaTable  # the table at one version, as its engine loaded it: what a batch decides against
 
@@ -98,11 +98,6 @@ class CommitEngine(Protocol):
     def commit(self, decide: Decide, what: str, snapshot: DeltaTable | None = None) -> Committed | Settled:
         """`decide` against the newest table, and its change committed with the ledger in one version; on a
         conflict, decided again; `Settled` when `decide` refuses (the batch was committed already)."""
-        ...
-
-    def refuse(self, table: DeltaTable, rewrite: str | None = None) -> None:
-        """Raise, in one line, if the engine cannot write this table (`rewrite`: an operation that rewrites
-        data files)."""
         ...
 
 
@@ -200,9 +195,6 @@ class DeltaRs:
 
     def commit(self, decide: Decide, what: str, snapshot: DeltaTable | None = None) -> Committed | Settled:
         return commit(self.location, decide, what, snapshot=snapshot)
-
-    def refuse(self, table: DeltaTable, rewrite: str | None = None) -> None:
-        check_writable(self.location, table, rewrite)
 
 
 def engine_for(cfg: PipelineConfig) -> CommitEngine:

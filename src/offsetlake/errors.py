@@ -108,6 +108,6 @@ def from_wire(text: str) -> OffsetlakeError | None:
     if match is None:
         return None
     cls = _kinds().get(match.group(1), OffsetlakeError)
-    error = cls.__new__(cls)
+    error = cls.__new__(cls)  # not cls(message): a kind's own __init__ builds its message (CommitConflictError)
     Exception.__init__(error, match.group(2).strip())
     return error

@@ -18,6 +18,7 @@ from offsetlake.config.topic_tables import PipelineTable, only_table, pipeline_t
 from offsetlake.errors import ConfigError, OffsetlakeError, one_line
 from offsetlake.kafka import KafkaCluster, topic_lister
 from offsetlake.protocol.metadata import Run
+from offsetlake.storage.location import Location
 
 Say = Callable[[str], None]
 SparkFactory = Callable[[PipelineConfig, str], Any]  # (pipeline, job) -> a context manager yielding a session
@@ -192,7 +193,7 @@ def recover(
         )
 
 
-def maintained_tables(cfg: PipelineConfig) -> list[Any]:
+def maintained_tables(cfg: PipelineConfig) -> list[Location]:
     """What maintenance runs on: the table, and its quarantine table once one exists."""
     from deltalake import DeltaTable
 

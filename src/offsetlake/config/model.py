@@ -21,7 +21,7 @@ from offsetlake.config.columns import LINEAGE_COLUMNS, RAW_COLUMNS, UNKNOWN_FIEL
 from offsetlake.config.format_settings import RecordFormat
 from offsetlake.config.strict import Strict, path_placeholders, redact_client
 from offsetlake.errors import ConfigError
-from offsetlake.storage.location import Location
+from offsetlake.storage.location import S3_SCHEMES, Location
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
 # Settings offsetlake owns: a pipeline may not override them, because the batch protocol depends on them.
@@ -85,7 +85,6 @@ class KafkaSettings(Strict):
 # keeps the safety from resting on a default. delta-rs' DynamoDB lock, the other way, is gone from it:
 # with `AWS_S3_LOCKING_PROVIDER: dynamodb` it commits without the lock (docs/development/measurements.md),
 # so that setting is refused, not trusted.
-S3_SCHEMES = ("s3://", "s3a://")
 PUT_IF_ABSENT = {"conditional_put": "etag", "aws_conditional_put": "etag"}
 
 
@@ -433,7 +432,7 @@ def effective_storage_options(table: TableSettings) -> dict[str, str]:
     """What every reader and writer of an object-store table is given: the pipeline's storage options, with
     `retry_seconds` as delta-rs' retry bound (object_store stops after 10 retries, ~3 s, by default: too
     short for a store that answers 503 SlowDown for a while). Local tables get none."""
-    if "://" not in table.path or table.path.startswith("file://"):
+    if not Location.of(table.path).is_object_store:
         return dict(table.storage_options)
     given = {k.lower() for k in table.storage_options}
     retry = {"retry_timeout": f"{table.retry_seconds}s", "max_retries": str(max(table.retry_seconds, 1) * 4)}

@@ -57,9 +57,6 @@ class Location:
         """The retry bound of an object-store table (its delta-rs `retry_timeout`); 0 locally."""
         return parse_duration(dict(self.options).get("retry_timeout", "0s"))
 
-    def with_options(self, **extra: str) -> Location:
-        return Location.of(self.uri, {**dict(self.options), **extra})
-
     def delta_table(self, version: int | None = None) -> DeltaTable:
         from deltalake import DeltaTable
 
