@@ -1028,7 +1028,7 @@ def assert_exactly_once(
     findings = check(cfg, offsets, **options)
     assert findings.ok, f"the oracle found, in {cfg.table_path}:\n{findings.report()}"
     if cfg.write.upsert and cfg.write.change_data_feed:
-        replays = change_feed_replays(cfg, read_changes or changes_with_delta_rs)
+        replays = change_feed_replays(cfg, read_changes or changes_with_delta_rs, options.get("read"))
         assert replays, "the change data feed does not replay to the table"
     return findings.table_rows
 
@@ -1162,7 +1162,13 @@ def _oldest_loadable_version(location: Location) -> int | None:
     return checkpoints[0]
 
 
-def change_feed_replays(cfg, read_changes: Callable[[Location, int], pa.Table] = changes_with_delta_rs) -> bool:
-    """True when the change data feed, replayed from the table's creation, builds the table row by row."""
-    table = sorted(query(cfg.table_location, "SELECT * FROM t").to_pylist(), key=lambda r: upsert_key(r, cfg.write.key))
+def change_feed_replays(
+    cfg,
+    read_changes: Callable[[Location, int], pa.Table] = changes_with_delta_rs,
+    read: Callable[[Location], pa.Table] | None = None,
+) -> bool:
+    """True when the change data feed, replayed from the table's creation, builds the table row by row
+    (the table as `read` reads it; default delta-rs)."""
+    rows = (read(cfg.table_location) if read else query(cfg.table_location, "SELECT * FROM t")).to_pylist()
+    table = sorted(rows, key=lambda r: upsert_key(r, cfg.write.key))
     return change_feed_state(cfg, read_changes) == table

@@ -110,7 +110,7 @@ def run_batch(
 ) -> BatchResult:
     fault_settings = faults.settings_from_env()
     began = time.monotonic()
-    engine = engine_for(cfg)
+    engine = engine_for(cfg, spark)
     table = engine.open()
     plan = plan_batch(cfg, cluster, engine.ledger(table, tps), tps, targets)
     faults.hit("after_plan", fault_settings)

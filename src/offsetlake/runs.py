@@ -272,9 +272,10 @@ def maintain(
 def spark_session(cfg: PipelineConfig, job: str, master: str | None = None) -> Iterator[Any]:
     """A Spark session started on first use (a run with nothing to do starts no JVM), always stopped.
     Under spark-submit, whose JVM runs already, it starts while the run plans (start_early)."""
-    from offsetlake.spark.session import LazySession
+    from offsetlake.spark.session import LazySession, delta_spark_conf, read_defaults
 
-    spark = LazySession(f"offsetlake-{job}-{cfg.name}", master)
+    extra = delta_spark_conf(read_defaults()) if cfg.table.engine == "delta-spark" else None
+    spark = LazySession(f"offsetlake-{job}-{cfg.name}", master, extra)
     spark.start_early()
     try:
         yield spark

@@ -54,8 +54,11 @@ def open_table(
     name: str | None = None,
     create: bool = True,
     properties: dict[str, str] | None = None,
+    writer: str = "delta-rs",
 ) -> DeltaTable:
-    """Open the table and check it; create it (empty, version 0, with `properties`) when asked and none exists."""
+    """Open the table and check it; create it (empty, version 0, with `properties`) when asked and none exists.
+    `writer`: the engine that will write it; delta-spark writes every table feature and keeps the table's
+    rules for its rows itself, so only the columns are checked for it."""
     try:
         table = despite_log_cleanup(location.delta_table)
     except TableNotFoundError as err:
@@ -69,9 +72,10 @@ def open_table(
             f"table {location} sets {LEDGER_EXPIRING_PROPERTY}: Delta would expire the offsets "
             f"offsetlake keeps in it (its txn actions); unset that property to use the table"
         )
-    if schema is not None:  # a writer's open: refused here, before its tasks write a file
+    if schema is not None and writer == "delta-rs":  # a writer's open: refused here, before its tasks write a file
         check_writable(location, table)
         check_row_rules(location, table)
+    if schema is not None:
         check_schema(location, table, schema, partition_by or [])
     return table
 
@@ -84,17 +88,16 @@ def check_writable(location: Location, table: DeltaTable, rewrite: str | None = 
     if unknown:
         raise TableError(
             f"table {location} uses the Delta table feature{'s' * (len(unknown) > 1)} {', '.join(unknown)}, which "
-            f"offsetlake cannot write (its writer, delta-rs, does not support {'them' if len(unknown) > 1 else 'it'}); "
-            f"nothing was written. Drop {'them' if len(unknown) > 1 else 'it'} in Spark (ALTER TABLE ... DROP "
-            f"FEATURE) or write to a table without {'them' if len(unknown) > 1 else 'it'}"
+            f"the delta-rs engine cannot write; nothing was written. Set `table.engine: delta-spark` in the "
+            f"pipeline: delta-spark writes {'them' if len(unknown) > 1 else 'it'}"
         )
     _check_columns_stored_under_their_names(location, table)  # also on a legacy protocol, which lists no features
     unrewritable = sorted(features & NOT_REWRITABLE) if rewrite else []
     if unrewritable:
         raise TableError(
             f"table {location} uses the Delta table feature {', '.join(unrewritable)}, and {rewrite} would bring back "
-            f"rows it deleted; nothing was written. Compact this table in Spark (OPTIMIZE), or ingest into a "
-            f"table without the feature"
+            f"rows it deleted; nothing was written. Set `table.engine: delta-spark` in the pipeline (its own "
+            f"rewrites honour deletion vectors), or compact this table in Spark (OPTIMIZE)"
         )
 
 

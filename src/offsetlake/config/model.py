@@ -111,6 +111,11 @@ class TableSettings(Strict):
 
     partition_by: list[StrictStr] = Field(default_factory=list)
     """Partition columns (columns of the table)."""
+    engine: Literal["delta-rs", "delta-spark"] = "delta-rs"
+    """What commits the batches: `delta-rs` (offsetlake's own writer, no JVM work on the driver) or
+    `delta-spark` (Delta's Spark engine in the job's Spark session, which writes every table feature Spark
+    and Databricks turn on: liquid clustering, row tracking, in-commit timestamps, identity columns...).
+    The ledger is the same, so a table may change engine between runs."""
     storage_options: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     """delta-rs/object_store settings for every reader and writer of this table: `AWS_ENDPOINT_URL`,
     `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` (as `${ENV}` references; never printed),

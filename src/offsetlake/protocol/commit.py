@@ -161,13 +161,13 @@ def commit(
                 raise TableError(f"{what}: table {location}: {err}; nothing was written") from err
             # The log entry was there already: another writer's, or our own whose answer the store lost
             # (the write landed, the connection dropped, the client's retry met its own put: step 5).
-            version = _landed_version(location, change.metadata.attempt)
+            version = landed_version(location, change.metadata.attempt)
             if version is not None:
                 return Committed(version, change)
             log.info("%s: another commit landed first; deciding again", what)
             conflicts += 1
         except OSError as err:  # the object store, past its retries: after the did-it-land check
-            version = _landed_version(location, change.metadata.attempt)
+            version = landed_version(location, change.metadata.attempt)
             if version is not None:
                 return Committed(version, change)
             if not is_transient(err) or time.monotonic() + pause > store_deadline:
@@ -330,13 +330,13 @@ def _latest(location: Location) -> DeltaTable:
     return despite_log_cleanup(location.delta_table)
 
 
-def _landed_version(location: Location, attempt: str | None) -> int | None:
+def landed_version(location: Location, attempt: str | None) -> int | None:
     """The version of this attempt's commit if it landed after all, else None."""
     return _landed_in(_latest(location), attempt) if attempt else None
 
 
 def _landed_in(table: DeltaTable, attempt: str | None) -> int | None:
-    """`_landed_version`, in a table just read."""
+    """`landed_version`, in a table just read."""
     if not attempt:
         return None
     for entry in despite_log_cleanup(lambda: table.history(limit=MAX_ATTEMPTS)):

@@ -33,6 +33,10 @@ DEFAULTS = {
     "spark.python.unix.domain.socket.enabled": "true",
     "spark.log.level": "WARN",
 }
+# delta-spark in the session, as Spark and Databricks users have it, for a pipeline whose engine is delta-spark.
+# Its jars come the way any Spark package does: `--packages`/`spark.jars.packages`, or `spark.jars`.
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 LOOPBACK = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 # The driver JVM compiles with C1 only: C2 spends the first seconds compiling what start-up runs once
 # (docs/development/measurements.md). The driver schedules tasks and passes their small
@@ -59,6 +63,15 @@ def spark_conf(master: str) -> dict[str, str]:
     key = "spark.driver.extraJavaOptions"
     conf[key] = f"{jvm_archive.driver_java_options()} {DRIVER_JIT} {conf.get(key, '')}".strip()
     return conf
+
+
+def delta_spark_conf(conf: dict[str, str]) -> dict[str, str]:
+    """Delta's SQL extension and catalog added to `conf`'s (a session's own extensions are kept)."""
+    extensions = [e for e in conf.get("spark.sql.extensions", "").split(",") if e]
+    return {
+        "spark.sql.extensions": ",".join(dict.fromkeys([*extensions, DELTA_EXTENSION])),
+        "spark.sql.catalog.spark_catalog": conf.get("spark.sql.catalog.spark_catalog", DELTA_CATALOG),
+    }
 
 
 def build_session(app_name: str, master: str | None = None, extra_conf: dict | None = None):
@@ -109,8 +122,8 @@ class LazySession:
     background while the driver plans (Kafka, the Delta log), so the two overlap.
     """
 
-    def __init__(self, app_name: str, master: str | None = None):
-        self.app_name, self.master = app_name, master
+    def __init__(self, app_name: str, master: str | None = None, extra_conf: dict[str, str] | None = None):
+        self.app_name, self.master, self.extra_conf = app_name, master, extra_conf
         self.ready_at: float | None = None  # epoch seconds the session was up
         self._session = None
         self._starting: threading.Thread | None = None
@@ -125,7 +138,7 @@ class LazySession:
 
     def _start(self) -> None:
         try:
-            self._session = build_session(self.app_name, self.master)
+            self._session = build_session(self.app_name, self.master, self.extra_conf)
             self.ready_at = time.time()
         except Exception:  # noqa: BLE001 - get() starts it again in the caller's thread, which sees the error
             pass
@@ -138,7 +151,7 @@ class LazySession:
     def get(self):
         self._join()
         if self._session is None:
-            self._session = build_session(self.app_name, self.master)
+            self._session = build_session(self.app_name, self.master, self.extra_conf)
             self.ready_at = time.time()
         return self._session
 

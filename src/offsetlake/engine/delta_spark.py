@@ -1,0 +1,227 @@
+"""`DeltaSpark`: the batches of a pipeline table committed by delta-spark, Delta's engine in Spark and Databricks.
+
+Everything before the commit is offsetlake's own, as on the delta-rs engine: the plan, the ledger (read with
+delta-rs from the snapshot the commit is decided on), the Spark tasks that read Kafka and stage the rows,
+the quarantine table. The commit is delta-spark's: one transaction (`spark_transaction`) whose version the
+decision is made against, writing the staged rows again through `OptimisticTransaction.writeFiles` -- which
+computes generated and identity columns, checks constraints, clusters and tracks rows as the table's
+features ask -- with the ledger's `txn` actions and the commit's `userMetadata`. An upsert is planned and
+written in that same transaction (`spark_merge`). Columns a batch adds (a registry schema that grew) are
+added first by their own `ALTER TABLE ... ADD COLUMNS` commit: a nullable column and nothing else, which a
+refused batch leaves harmlessly behind.
+
+A conflict (another commit set one of the ledger's application ids, or changed a file an upsert rewrites)
+is decided again, as on delta-rs; an unsure failure looks for the attempt's commit first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.transaction import AddAction
+
+from offsetlake.config import PipelineConfig
+from offsetlake.engine import spark_merge, spark_transaction
+from offsetlake.engine.delta_rs import DeltaRs
+from offsetlake.errors import CommitConflictError, TableError, TableMissing, one_line
+from offsetlake.protocol.commit import MAX_ATTEMPTS, Change, Committed, Decide, Settled, landed_version
+from offsetlake.protocol.key_changes import Key, OldRows, keys_predicate
+from offsetlake.storage.parquet import from_delta_path, plain_types
+from offsetlake.table import check_mergeable, delete_files, open_table
+
+log = logging.getLogger("offsetlake.engine.delta_spark")
+
+
+class DeltaSpark(DeltaRs):
+    """delta-spark, in the job's Spark session, commits one pipeline table."""
+
+    name = "delta-spark"
+
+    def __init__(self, cfg: PipelineConfig, spark: Any) -> None:
+        super().__init__(cfg)
+        self.spark = spark
+
+    @property
+    def session(self) -> Any:
+        from offsetlake.spark.session import session_of
+
+        if self.spark is None:
+            raise TableError(f"pipeline {self.cfg.name}: the delta-spark engine commits in a Spark session; none given")
+        session = session_of(self.spark)
+        spark_transaction.check_on_classpath(session)
+        return session
+
+    def open(self) -> DeltaTable:
+        cfg = self.cfg
+        try:
+            table = open_table(
+                self.location, self.schema, cfg.table.partition_by, cfg.name, create=False, writer=self.name
+            )
+        except TableMissing:
+            self._create_with_spark()
+            return open_table(self.location, self.schema, cfg.table.partition_by, cfg.name, writer=self.name)
+        if cfg.write.upsert:
+            check_mergeable(self.location, table, f"pipeline {cfg.name}")
+        return table
+
+    def _create_with_spark(self) -> None:
+        """A missing table created by delta-spark, with the pipeline's columns and properties."""
+        schema = self.initial_schema()
+        properties = ", ".join(f"'{k}' = '{v}'" for k, v in self.cfg.table_properties().items())
+        partitioned = self.cfg.table.partition_by
+        self._sql(
+            f"CREATE TABLE IF NOT EXISTS delta.{spark_merge.quoted(self.uri)} ({_ddl(self.session, list(schema))}) "
+            f"USING delta"
+            + (f" PARTITIONED BY ({', '.join(spark_merge.quoted(c) for c in partitioned)})" if partitioned else "")
+            + (f" TBLPROPERTIES ({properties})" if properties else ""),
+            "create the table",
+        )
+
+    @property
+    def uri(self) -> str:
+        return str(self.location)
+
+    def commit(self, decide: Decide, what: str, snapshot: DeltaTable | None = None) -> Committed | Settled:
+        spark = self.session
+        conflicts = 0
+        for _ in range(MAX_ATTEMPTS):
+            txn = spark_transaction.start(spark, self.uri)
+            version = int(txn.readVersion())
+            table = snapshot if snapshot is not None and snapshot.version() == version else None
+            table, snapshot = table or self.location.delta_table(version), None
+            change = decide(table)
+            if isinstance(change, Settled):
+                return change
+            if conflicts:
+                change = replace(change, metadata=msgspec.structs.replace(change.metadata, conflicts=conflicts))
+            if self._add_columns(change, table):
+                continue  # the columns landed in a commit of their own: decide again on top of it
+            try:
+                return self._commit(spark, txn, change)
+            except Exception as err:  # noqa: BLE001 - a JVM error: did ours land, or did another's first?
+                landed = landed_version(self.location, change.metadata.attempt)
+                if landed is not None:
+                    return Committed(landed, change)
+                conflict = spark_transaction.conflict_of(err)
+                if conflict is None:
+                    raise TableError(f"{what}: the commit to {self.location} failed: {one_line(err)}") from err
+                log.info("%s: another commit landed first (%s); deciding again", what, conflict)
+                conflicts += 1
+        raise CommitConflictError(what, MAX_ATTEMPTS)
+
+    def _commit(self, spark: Any, txn: Any, change: Change) -> Committed:
+        if change.restore_version is not None:
+            raise TableError("a RESTORE is not written by the delta-spark engine: run it with delta-rs")
+        spark_transaction.read_app_ids(txn, change.txns)
+        merged = None
+        if change.merge is not None:
+            plan = spark_merge.rewrite(spark, txn, self.uri, change.merge)
+            actions = list(plan.removed)
+            if plan.rows is not None:
+                actions += spark_transaction.as_list(txn.writeFiles(plan.rows._jdf))
+            merged = plan.merged
+        else:
+            actions = self._written(spark, txn, change)
+        written = {a.path() for a in actions if a.getClass().getSimpleName() == "AddFile"}
+        actions += spark_transaction.set_transactions(spark, change.txns)
+        try:
+            version = spark_transaction.commit(spark, txn, actions, change.metadata.to_json())
+        except BaseException:
+            # delta-spark's files do not carry the attempt's id, so the attempt's clean-up cannot find them:
+            # unless the commit landed after all, they go now.
+            if landed_version(self.location, change.metadata.attempt) is None:
+                delete_files(self.location, written)
+            raise
+        return Committed(version, change, rewritten=frozenset(written), merged=merged)
+
+    def _written(self, spark: Any, txn: Any, change: Change) -> list[Any]:
+        """The staged files' rows written again by delta-spark: its data files (AddFiles)."""
+        files = [a for a in change.actions if isinstance(a, AddAction)]
+        if not files:
+            return []
+        rows = self._staged_frame(spark, files)
+        return spark_transaction.as_list(txn.writeFiles(rows._jdf))
+
+    def _staged_frame(self, spark: Any, files: list[Any]) -> Any:
+        """The staged files as one Spark DataFrame in the table's columns, partition values put back from
+        each file's add action (a partitioned file holds them in its path only)."""
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+
+        target = spark.read.format("delta").load(self.uri).schema
+        partition_by = self.cfg.table.partition_by
+        data_schema = _struct_without(target, partition_by)
+        groups: dict[tuple[tuple[str, str | None], ...], list[str]] = {}
+        for f in files:
+            values = tuple((c, (f.partition_values or {}).get(c)) for c in partition_by)
+            groups.setdefault(values, []).append(f"{self.uri.rstrip('/')}/{from_delta_path(f.path)}")
+        frames = []
+        for values, paths in groups.items():
+            frame = spark.read.schema(data_schema).parquet(*paths)
+            for column, value in values:
+                frame = frame.withColumn(column, F.lit(value).cast(target[column].dataType))
+            frames.append(frame.select(*[F.col(spark_merge.quoted(c)) for c in target.names]))
+        return reduce(lambda a, b: a.unionByName(b), frames)
+
+    def rows_of_keys(self, columns: pa.Schema) -> OldRows | None:
+        """As delta-rs' (the old rows of key changes), read by delta-spark: a table with a feature delta-rs
+        cannot read (type widening) is read here too."""
+        key = self.cfg.write.key
+        if any(column not in columns.names for column in key):
+            return None
+
+        def rows_of(keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
+            predicate = keys_predicate(key, keys)
+            if predicate is None:
+                return {}
+            table = self.session.read.format("delta").load(self.uri)
+            found = plain_types(table.where(spark_merge.spark_sql(predicate)).toArrow())
+            return {tuple(row[c] for c in key): row for row in found.to_pylist()}
+
+        return rows_of
+
+    def _add_columns(self, change: Change, table: DeltaTable) -> bool:
+        """Columns the change brings that the table lacks, added in a commit of their own; True if any."""
+        present = pa.schema(table.schema()).names
+        if change.merge is not None:
+            new = spark_merge.added_columns(change.merge.source.schema, present)
+        elif change.evolve and change.schema is not None:
+            new = [f for f in change.schema if f.name not in present]
+        else:
+            new = []
+        if not new:
+            return False
+        self._sql(
+            f"ALTER TABLE delta.{spark_merge.quoted(self.uri)} ADD COLUMNS ({_ddl(self.session, new)})",
+            "add the batch's new columns",
+        )
+        return True
+
+    def _sql(self, statement: str, what: str) -> None:
+        try:
+            self.session.sql(statement).collect()
+        except Exception as err:
+            raise TableError(f"table {self.location}: could not {what}: {one_line(err)}") from err
+
+
+def _ddl(spark: Any, fields: list[pa.Field]) -> str:
+    """Spark SQL column definitions of Arrow fields."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    return ", ".join(
+        f"{spark_merge.quoted(f.name)} {from_arrow_type(f.type).simpleString()}" + ("" if f.nullable else " NOT NULL")
+        for f in fields
+    )
+
+
+def _struct_without(struct: Any, names: list[str]) -> Any:
+    from pyspark.sql.types import StructType
+
+    return StructType([f for f in struct.fields if f.name not in names])

@@ -1,0 +1,177 @@
+"""An upsert batch's MERGE on the delta-spark engine, written inside offsetlake's own transaction.
+
+delta-spark's MERGE command commits in a transaction of its own, which can carry one application id
+(`spark.databricks.delta.write.txnAppId`), and the ledger needs one per partition besides the pipeline's.
+So the batch's MERGE is planned here and written through the transaction that commits the ledger
+(`spark_transaction`), copy-on-write as Delta's own MERGE does without deletion vectors: the files
+holding a key of the batch (every file, after a TRUNCATE or a snapshot's end) are read at the
+transaction's version, joined with the batch's rows on the key, and written again with the rows
+updated, deleted and inserted as `protocol.upsert.Merge` says; the old files are removed in the same
+commit. The transaction reads the whole table, so a commit that changed any file since fails it, and
+the batch is decided again.
+
+The clauses are `Merge`'s own SQL (its DataFusion dialect made Spark's by `spark_sql`), so both engines
+apply one definition of an upsert.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from offsetlake.config import DELETED_COLUMN
+from offsetlake.engine import spark_transaction
+from offsetlake.protocol.upsert import Merge, quoted_column
+
+_ARROW_CAST = re.compile(r"arrow_cast\((-?\d+), 'Int(32|64)'\)")
+
+
+@dataclass
+class Rewrite:
+    """What the MERGE commits: the files it removes, the rows it writes instead, and its counts."""
+
+    removed: list[Any]  # delta-spark RemoveFile actions
+    rows: Any | None  # a Spark DataFrame, or None when no file is rewritten and nothing is inserted
+    merged: dict[str, int]
+
+
+def rewrite(spark: Any, txn: Any, uri: str, merge: Merge) -> Rewrite:
+    """The MERGE of `merge` into the table at the transaction's version (see the module docstring)."""
+    from pyspark.sql import functions as F
+
+    files = spark_transaction.files_of(txn)
+    if merge.source.num_rows == 0:  # nothing to join: a batch of tombstones of absent keys, or a TRUNCATE
+        removed = files if merge.truncate else []
+        return Rewrite(_removes(removed), None, {"inserted": 0, "updated": 0, "deleted": _rows_in(removed)})
+    target = (
+        spark.read.format("delta")
+        .option("versionAsOf", txn.readVersion())
+        .load(uri)
+        .select("*", F.col("_metadata.file_name").alias("__file"), F.lit(True).alias("__t"))
+    )
+    source = spark.createDataFrame(merge.source).withColumn("__s", F.lit(True))
+    t, s = target.alias("t"), source.alias("s")
+    join = F.expr(spark_sql(merge.predicate()))
+    touched = set(_touched_files(merge, t, s, join))
+    rewritten = [f for f in files if _file_name(f) in touched]
+    joined = t.where(F.col("__file").isin(sorted(touched))).alias("t").join(s, join, "full_outer")
+    columns = [c for c in target.columns if c not in ("__file", "__t")]
+    kinds = {f.name: f.dataType.simpleString() for f in target.schema.fields}
+    joined = joined.withColumn("__outcome", F.expr(_outcome(merge)))
+    counted = joined.groupBy("__outcome").count().collect()
+    tally = {row["__outcome"]: int(row["count"]) for row in counted}
+    rows = joined.where(F.col("__outcome").isin("kept", "updated", "inserted")).select(
+        *[F.expr(f"CAST(({_value(merge, c, columns)}) AS {kinds[c]})").alias(c) for c in columns]
+    )
+    merged = {k: tally.get(k, 0) for k in ("inserted", "updated", "deleted")}
+    return Rewrite(_removes(rewritten), rows, merged)
+
+
+def _touched_files(merge: Merge, t: Any, s: Any, join: Any) -> list[str]:
+    """The names of the files a row of the batch (or a TRUNCATE, or a snapshot's end) changes."""
+    from pyspark.sql import functions as F
+
+    if merge.truncate:
+        hits = t
+    else:
+        hits = t.join(s, join, "left_semi")
+        if merge.snapshot_ends:
+            hits = hits.unionByName(t.where(F.expr(f"coalesce({spark_sql(merge.stale())}, false)")))
+    return [row["__file"] for row in hits.select("__file").distinct().collect()]
+
+
+def _outcome(merge: Merge) -> str:
+    """Each joined row's fate, as Delta's MERGE clauses decide it (a clause whose condition is null does
+    not apply)."""
+    both = "t.__t IS NOT NULL AND s.__s IS NOT NULL"
+    deletes = f"coalesce({spark_sql(merge.deletions())}, false)"
+    updates = f"coalesce({spark_sql(merge.updates())}, false)"
+    if merge.truncate:
+        gone = "true"
+    elif merge.snapshot_ends:
+        gone = f"coalesce({spark_sql(merge.stale())}, false)"
+    else:
+        gone = "false"
+    deleted = f"s.{quoted(DELETED_COLUMN)}"
+    return (
+        f"CASE WHEN {both} AND {deletes} THEN 'deleted' WHEN {both} AND {updates} THEN 'updated' "
+        f"WHEN {both} THEN 'kept' "
+        f"WHEN t.__t IS NOT NULL THEN CASE WHEN {gone} THEN 'deleted' ELSE 'kept' END "
+        f"WHEN coalesce({deleted}, false) THEN 'absent' ELSE 'inserted' END"
+    )
+
+
+def _value(merge: Merge, column: str, target: list[str]) -> str:
+    """A column's value in the written row: the target's when kept, the source's (or, where the connector
+    sent the unavailable value, the target's) when updated, the source's or null when inserted."""
+    source = [c for c in merge.source.column_names if c != DELETED_COLUMN]
+    name = quoted_column(column)
+    kept = f"t.{quoted(column)}"
+    if column not in source:
+        return kept  # null for an inserted row: the target side of the join is null
+    updated = spark_sql(merge.assignments(source, target, keep_target=True)[name])
+    inserted = spark_sql(merge.assignments(source, target, keep_target=False)[name])
+    return f"CASE __outcome WHEN 'updated' THEN {updated} WHEN 'inserted' THEN {inserted} ELSE {kept} END"
+
+
+def _removes(files: list[Any]) -> list[Any]:
+    now = int(time.time() * 1000)
+    return [f.removeWithTimestamp(now, True) for f in files]
+
+
+def _rows_in(files: list[Any]) -> int:
+    total = 0
+    for f in files:
+        records = f.numLogicalRecords()
+        total += int(records.get()) if records.isDefined() else 0
+    return total
+
+
+def _file_name(add_file: Any) -> str:
+    from urllib.parse import unquote
+
+    return unquote(add_file.path().rsplit("/", 1)[-1])
+
+
+def quoted(column: str) -> str:
+    """A Spark SQL identifier."""
+    return "`" + column.replace("`", "``") + "`"
+
+
+def spark_sql(expression: str) -> str:
+    """`Merge`'s DataFusion SQL as Spark SQL: "quoted" identifiers in backticks, DataFusion's array
+    functions as Spark's; string literals untouched."""
+    out: list[str] = []
+    i, n = 0, len(expression)
+    while i < n:
+        char = expression[i]
+        if char in "'\"":
+            end = i + 1
+            while end < n:
+                if expression[end] == char and end + 1 < n and expression[end + 1] == char:
+                    end += 2
+                    continue
+                if expression[end] == char:
+                    break
+                end += 1
+            token = expression[i : end + 1]
+            if char == '"':
+                token = quoted(token[1:-1].replace('""', '"'))
+            out.append(token)
+            i = end + 1
+            continue
+        start = i
+        while i < n and expression[i] not in "'\"":
+            i += 1
+        plain = expression[start:i].replace("make_array(", "array(")
+        out.append(_ARROW_CAST.sub(lambda m: f"CAST({m[1]} AS {'INT' if m[2] == '32' else 'BIGINT'})", plain))
+    return "".join(out)
+
+
+def added_columns(source: pa.Schema, target: list[str]) -> list[pa.Field]:
+    """The source's columns the target lacks (DELETED_COLUMN is the MERGE's own)."""
+    return [f for f in source if f.name not in target and f.name != DELETED_COLUMN]

@@ -1,0 +1,147 @@
+"""The delta-spark commit engine (`table.engine: delta-spark`): batches committed by delta-spark in the job's
+Spark session, on tables with the features Spark and Databricks turn on, checked by the oracle row by row
+against Kafka and the ledger, read by delta-spark and, where it can read the table, by delta-rs."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+from deltalake import DeltaTable
+from test_delta_spark import ENABLE, REFUSED, delta
+
+from delta_spark import change_reader, reader, sql
+from offsetlake.batch import ingest
+from offsetlake.protocol.ledger import partition_app_id, pipeline_app_id
+from offsetlake.table import committed_files
+from support import (
+    assert_exactly_once,
+    assert_job_failed_in_one_line,
+    data_files_on_disk,
+    ingest_process,
+    pipeline_commits,
+    produce,
+    run_cli,
+    wait_for_fault,
+)
+
+pytestmark = pytest.mark.slow
+DELTA_SPARK = {"engine": "delta-spark"}
+SMALL_BATCHES = {"max_records_per_batch": 300, "max_records_per_task": 100}
+
+
+def history(spark, cfg) -> list:
+    return sql(spark, f"DESCRIBE HISTORY {delta(cfg)}")
+
+
+def test_delta_spark_commits_each_batch_with_its_ledger_and_metadata_in_one_write(spark, pipeline):
+    """Every batch one delta-spark WRITE whose userMetadata names the batch, and whose txn actions are the
+    ledger delta-rs reads: the pipeline's batch number and each partition's next offset."""
+    cfg, topic = pipeline(partitions=3, records=600, table=DELTA_SPARK, batch=SMALL_BATCHES)
+    results = ingest(spark, cfg)
+    committed = [r for r in results if r.status == "committed"]
+    assert len(committed) >= 2
+    assert_exactly_once(cfg, read=reader(spark))
+    assert_exactly_once(cfg)  # and read by delta-rs
+
+    writes = {h.version: h for h in history(spark, cfg) if h.operation == "WRITE"}
+    assert {r.version for r in committed} <= set(writes)
+    for result in committed:
+        metadata = json.loads(writes[result.version].userMetadata)
+        assert (metadata["pipeline"], metadata["kind"], metadata["batch"]) == (cfg.name, "ingest", result.batch)
+    table = DeltaTable(cfg.table_path)
+    assert table.transaction_version(pipeline_app_id(cfg.name)) == committed[-1].batch
+    for partition, end in {r.partition: r.end for r in committed[-1].ranges}.items():
+        assert table.transaction_version(partition_app_id(cfg.name, topic, partition)) == end
+
+
+@pytest.mark.parametrize("feature", REFUSED)
+def test_each_feature_delta_rs_refuses_is_written_by_the_delta_spark_engine(spark, pipeline, pipelines_dir, feature):
+    """The delta-rs engine refuses the feature in one line that names the engine that writes it; with
+    `engine: delta-spark` the same table takes the batch, exactly."""
+    cfg, topic = pipeline(partitions=2, records=200, ingest=True)
+    sql(spark, f"ALTER TABLE {delta(cfg)} {ENABLE[feature]}")
+    version, files = DeltaTable(cfg.table_path).version(), data_files_on_disk(cfg.table_path)
+    produce(cfg.kafka, topic, 150, seed=186)
+
+    failed = run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir))
+    assert_job_failed_in_one_line(failed, feature, "table.engine: delta-spark", "nothing was written")
+    assert DeltaTable(cfg.table_path).version() == version
+    assert data_files_on_disk(cfg.table_path) == files
+
+    on_spark = cfg.model_copy(update={"table": cfg.table.model_copy(update={"engine": "delta-spark"})})
+    ingest(spark, on_spark)
+    assert_exactly_once(on_spark, read=reader(spark))
+
+
+def test_an_upsert_on_the_delta_spark_engine_stays_exact_on_a_table_with_every_feature(spark, pipeline):
+    """Upsert batches merged by delta-spark into a table with row tracking, liquid clustering, in-commit
+    timestamps, type widening, deletion vectors and the change data feed: the fold of Kafka, read by
+    delta-spark, and the change feed replays to it."""
+    from test_upsert import UPSERT, keyed_event
+
+    cfg, topic = pipeline(partitions=2, batch=SMALL_BATCHES, table=DELTA_SPARK, **UPSERT)
+    produce(cfg.kafka, topic, 400, seed=199, make_record=keyed_event)
+    ingest(spark, cfg)
+    for feature in [*REFUSED, "deletionVectors", "changeDataFeed"]:
+        if feature != "identityColumns":
+            sql(spark, f"ALTER TABLE {delta(cfg)} {ENABLE[feature]}")
+    produce(cfg.kafka, topic, 600, seed=200, make_record=keyed_event)
+    ingest(spark, cfg)
+    assert_exactly_once(cfg, read=reader(spark), read_changes=change_reader(spark))
+
+
+def job_env(env: dict | None = None) -> dict:
+    """An offsetlake job process with delta-spark's jars in its Spark session, as `--jars` gives them."""
+    from offsetlake_local.jars import delta_spark_stack, spark_jars
+
+    return {"PYSPARK_SUBMIT_ARGS": f"--jars {','.join(spark_jars(delta_spark_stack()))} pyspark-shell", **(env or {})}
+
+
+@pytest.mark.parametrize("point", ["after_files_written", "before_commit", "after_commit"])
+def test_a_delta_spark_job_killed_at_a_fault_point_then_rerun_is_exact(spark, pipeline, pipelines_dir, point):
+    cfg, _ = pipeline(partitions=3, records=900, table=DELTA_SPARK)
+    job = ingest_process(cfg, pipelines_dir, job_env({"OFFSETLAKE_FAULT": f"{point}:exit"}))
+    out, err = job.communicate(timeout=300)
+    assert job.returncode == -signal.SIGKILL, f"the job was not killed at {point}: {err[-2000:]}"
+    assert len(pipeline_commits(cfg)) == (1 if point == "after_commit" else 0)
+    orphans = data_files_on_disk(cfg.table_path) - committed_files(cfg.table_location)
+
+    results = ingest(spark, cfg)
+
+    assert len([r for r in results if r.status == "committed"]) == (0 if point == "after_commit" else 1)
+    assert_exactly_once(cfg, read=reader(spark))
+    referenced = committed_files(cfg.table_location)
+    assert not orphans & referenced
+    assert data_files_on_disk(cfg.table_path) - referenced == orphans
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_a_delta_spark_zombie_finds_its_batch_committed_and_leaves_no_file(
+    spark, pipeline, pipelines_dir, tmp_path, mode
+):
+    """The zombie, paused after deciding, commits into delta-spark's conflict checker: the retry set the
+    ledger's application ids first, so the zombie decides again, finds its batch committed, and deletes
+    the files delta-spark wrote for it."""
+    from test_upsert import UPSERT, keyed_event
+
+    settings = UPSERT if mode == "upsert" else {}
+    cfg, topic = pipeline(partitions=3, table=DELTA_SPARK, **settings)
+    produce(cfg.kafka, topic, 600, seed=205, **({"make_record": keyed_event} if mode == "upsert" else {}))
+    fault_dir = tmp_path / "faults"
+    zombie = ingest_process(
+        cfg, pipelines_dir, job_env({"OFFSETLAKE_FAULT": "before_commit:pause", "OFFSETLAKE_FAULT_DIR": str(fault_dir)})
+    )
+    wait_for_fault(fault_dir / "before_commit.reached", zombie)
+
+    ingest(spark, cfg)  # the retry: the same batch, to completion
+    version = DeltaTable(cfg.table_path).version()
+    (fault_dir / "before_commit.release").touch()
+    out, err = zombie.communicate(timeout=300)
+
+    assert zombie.returncode == 0, err[-2000:]
+    assert "batch 1: already_committed" in out
+    assert DeltaTable(cfg.table_path).version() == version
+    assert data_files_on_disk(cfg.table_path) == committed_files(cfg.table_location)
+    assert_exactly_once(cfg, read=reader(spark))
