@@ -16,6 +16,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # `make test` of 2026-11-27 (two workers, --durations=0); every other file is shorter and keeps its place.
 LONGEST_FIRST = (
     "tests/chaos/test_chaos.py",  # ~250-390 s, by the seed's mode
+    "tests/integration/test_delta_spark_engine.py",  # ~300 (one worker alone, 2026-11-28)
     "tests/airflow/test_cross_host.py",  # ~250
     "tests/airflow/test_dags.py",  # ~190, in many tests
     "tests/integration/test_delta_spark.py",  # ~160

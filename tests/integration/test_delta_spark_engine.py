@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from test_delta_spark import ENABLE, REFUSED, delta
@@ -56,12 +57,23 @@ def test_delta_spark_commits_each_batch_with_its_ledger_and_metadata_in_one_writ
         assert table.transaction_version(partition_app_id(cfg.name, topic, partition)) == end
 
 
-@pytest.mark.parametrize("feature", REFUSED)
+# What turns each feature on that only delta-spark writes: test_delta_spark's, and checkpoint protection, which
+# delta-spark adds when a feature is dropped.
+TURN_ON = {
+    **{feature: [ENABLE[feature]] for feature in REFUSED},
+    "checkpointProtection": [ENABLE["deletionVectors"], "DROP FEATURE deletionVectors"],
+}
+
+
+@pytest.mark.parametrize("feature", sorted(TURN_ON))
 def test_each_feature_delta_rs_refuses_is_written_by_the_delta_spark_engine(spark, pipeline, pipelines_dir, feature):
     """The delta-rs engine refuses the feature in one line that names the engine that writes it; with
     `engine: delta-spark` the same table takes the batch, exactly."""
     cfg, topic = pipeline(partitions=2, records=200, ingest=True)
-    sql(spark, f"ALTER TABLE {delta(cfg)} {ENABLE[feature]}")
+    for statement in TURN_ON[feature]:
+        sql(spark, f"ALTER TABLE {delta(cfg)} {statement}")
+    if feature != "clustering":
+        assert feature in (DeltaTable(cfg.table_path).protocol().writer_features or [])
     version, files = DeltaTable(cfg.table_path).version(), data_files_on_disk(cfg.table_path)
     produce(cfg.kafka, topic, 150, seed=186)
 
@@ -76,16 +88,17 @@ def test_each_feature_delta_rs_refuses_is_written_by_the_delta_spark_engine(spar
 
 
 def test_an_upsert_on_the_delta_spark_engine_stays_exact_on_a_table_with_every_feature(spark, pipeline):
-    """Upsert batches merged by delta-spark into a table with row tracking, liquid clustering, in-commit
-    timestamps, type widening, deletion vectors and the change data feed: the fold of Kafka, read by
-    delta-spark, and the change feed replays to it."""
+    """Upsert batches merged by delta-spark into a table with every feature of the features page but
+    append-only (row tracking, liquid clustering, in-commit timestamps, type widening, deletion vectors,
+    column mapping, the change data feed...): the fold of Kafka, read by delta-spark, and the change
+    feed replays to it."""
     from test_upsert import UPSERT, keyed_event
 
     cfg, topic = pipeline(partitions=2, batch=SMALL_BATCHES, table=DELTA_SPARK, **UPSERT)
     produce(cfg.kafka, topic, 400, seed=199, make_record=keyed_event)
     ingest(spark, cfg)
-    for feature in [*REFUSED, "deletionVectors", "changeDataFeed"]:
-        if feature != "identityColumns":
+    for feature in ENABLE:
+        if feature != "appendOnly":  # an upsert refuses it (test_delta_spark)
             sql(spark, f"ALTER TABLE {delta(cfg)} {ENABLE[feature]}")
     produce(cfg.kafka, topic, 600, seed=200, make_record=keyed_event)
     ingest(spark, cfg)
@@ -145,3 +158,19 @@ def test_a_delta_spark_zombie_finds_its_batch_committed_and_leaves_no_file(
     assert DeltaTable(cfg.table_path).version() == version
     assert data_files_on_disk(cfg.table_path) == committed_files(cfg.table_location)
     assert_exactly_once(cfg, read=reader(spark))
+
+
+def test_an_append_on_the_delta_spark_engine_stays_exact_on_a_table_with_every_feature(spark, pipeline):
+    """Every feature of the features page on one table, with a CHECK constraint the records keep and a
+    column added under column mapping (stored as `col-<uuid>`, which the delta-rs engine refuses): delta-spark
+    writes the batches, exactly."""
+    cfg, topic = pipeline(partitions=2, records=300, table=DELTA_SPARK, batch=SMALL_BATCHES)
+    ingest(spark, cfg)
+    for feature in ENABLE:
+        sql(spark, f"ALTER TABLE {delta(cfg)} {ENABLE[feature]}")
+    sql(spark, f"ALTER TABLE {delta(cfg)} ADD CONSTRAINT known_user CHECK (user_id >= 0)")
+    sql(spark, f"ALTER TABLE {delta(cfg)} ADD COLUMNS (note STRING)")
+    produce(cfg.kafka, topic, 600, seed=207)
+    ingest(spark, cfg)
+    assert_exactly_once(cfg, read=reader(spark), user_columns={"note": pa.string()})
+    assert {r.note for r in sql(spark, f"SELECT DISTINCT note FROM {delta(cfg)}")} == {None}
