@@ -29,7 +29,7 @@ from deltalake.transaction import AddAction
 from offsetlake.config import PipelineConfig
 from offsetlake.engine import spark_merge, spark_transaction
 from offsetlake.engine.delta_rs import DeltaRs
-from offsetlake.errors import CommitConflictError, TableError, TableMissing, one_line
+from offsetlake.errors import CommitConflictError, OffsetlakeError, TableError, TableMissing, one_line
 from offsetlake.protocol.commit import MAX_ATTEMPTS, Change, Committed, Decide, Settled, landed_version
 from offsetlake.protocol.key_changes import Key, OldRows, keys_predicate
 from offsetlake.storage.parquet import from_delta_path, plain_types
@@ -104,6 +104,8 @@ class DeltaSpark(DeltaRs):
                 continue  # the columns landed in a commit of their own: decide again on top of it
             try:
                 return self._commit(spark, txn, change)
+            except OffsetlakeError:
+                raise
             except Exception as err:  # noqa: BLE001 - a JVM error: did ours land, or did another's first?
                 landed = landed_version(self.location, change.metadata.attempt)
                 if landed is not None:

@@ -27,7 +27,8 @@ from offsetlake.config import DELETED_COLUMN
 from offsetlake.engine import spark_transaction
 from offsetlake.protocol.upsert import Merge, quoted_column
 
-_ARROW_CAST = re.compile(r"arrow_cast\((-?\d+), 'Int(32|64)'\)")
+# A string literal (kept whole, so nothing inside one is rewritten), or DataFusion's cast of an integer.
+_LITERAL_OR_ARROW_CAST = re.compile(r"'(?:[^']|'')*'|arrow_cast\((-?\d+), 'Int(32|64)'\)")
 
 
 @dataclass
@@ -145,6 +146,9 @@ def quoted(column: str) -> str:
 def spark_sql(expression: str) -> str:
     """`Merge`'s DataFusion SQL as Spark SQL: "quoted" identifiers in backticks, DataFusion's array
     functions as Spark's; string literals untouched."""
+    expression = _LITERAL_OR_ARROW_CAST.sub(
+        lambda m: m[0] if m[1] is None else f"CAST({m[1]} AS {'INT' if m[2] == '32' else 'BIGINT'})", expression
+    )
     out: list[str] = []
     i, n = 0, len(expression)
     while i < n:
@@ -167,8 +171,7 @@ def spark_sql(expression: str) -> str:
         start = i
         while i < n and expression[i] not in "'\"":
             i += 1
-        plain = expression[start:i].replace("make_array(", "array(")
-        out.append(_ARROW_CAST.sub(lambda m: f"CAST({m[1]} AS {'INT' if m[2] == '32' else 'BIGINT'})", plain))
+        out.append(expression[start:i].replace("make_array(", "array("))
     return "".join(out)
 
 
