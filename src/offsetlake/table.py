@@ -88,16 +88,17 @@ def check_writable(location: Location, table: DeltaTable, rewrite: str | None = 
     if unknown:
         raise TableError(
             f"table {location} uses the Delta table feature{'s' * (len(unknown) > 1)} {', '.join(unknown)}, which "
-            f"the delta-rs engine cannot write; nothing was written. Set `table.engine: delta-spark` in the "
-            f"pipeline: delta-spark writes {'them' if len(unknown) > 1 else 'it'}"
+            f"the delta-rs engine cannot write; nothing was written. `table.engine: delta-spark` ingests into it "
+            f"(delta-spark writes {'them' if len(unknown) > 1 else 'it'}); offsetlake's maintenance, backfill, repair "
+            f"and restore do not yet: run those in Spark"
         )
     _check_columns_stored_under_their_names(location, table)  # also on a legacy protocol, which lists no features
     unrewritable = sorted(features & NOT_REWRITABLE) if rewrite else []
     if unrewritable:
         raise TableError(
             f"table {location} uses the Delta table feature {', '.join(unrewritable)}, and {rewrite} would bring back "
-            f"rows it deleted; nothing was written. Set `table.engine: delta-spark` in the pipeline (its own "
-            f"rewrites honour deletion vectors), or compact this table in Spark (OPTIMIZE)"
+            f"rows it deleted; nothing was written. Compact this table in Spark (OPTIMIZE), or ingest into a "
+            f"table without the feature"
         )
 
 

@@ -98,16 +98,18 @@ class DeltaRs:
         key = self.cfg.write.key
         if any(column not in columns.names for column in key):
             return None
-        location = self.location
 
         def rows_of(keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
             predicate = keys_predicate(key, keys)
             if predicate is None:
                 return {}
-            found = query(location, f"SELECT * FROM t WHERE {predicate}")
-            return {tuple(row[c] for c in key): row for row in found.to_pylist()}
+            return {tuple(row[c] for c in key): row for row in self.rows_where(predicate).to_pylist()}
 
         return rows_of
+
+    def rows_where(self, predicate: str) -> pa.Table:
+        """The table's rows for which `predicate` (SQL, DataFusion's dialect) holds."""
+        return query(self.location, f"SELECT * FROM t WHERE {predicate}")
 
     def evolved_schema(self, table: DeltaTable, written: TaskFiles) -> pa.Schema | None:
         return evolved_schema(table, written)

@@ -17,7 +17,6 @@ is decided again, as on delta-rs; an unsure failure looks for the attempt's comm
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -31,7 +30,6 @@ from offsetlake.engine import spark_merge, spark_transaction
 from offsetlake.engine.delta_rs import DeltaRs
 from offsetlake.errors import CommitConflictError, OffsetlakeError, TableError, TableMissing, one_line
 from offsetlake.protocol.commit import MAX_ATTEMPTS, Change, Committed, Decide, Settled, landed_version
-from offsetlake.protocol.key_changes import Key, OldRows, keys_predicate
 from offsetlake.storage.parquet import from_delta_path, plain_types
 from offsetlake.table import check_mergeable, delete_files, open_table
 
@@ -102,14 +100,20 @@ class DeltaSpark(DeltaRs):
                 change = replace(change, metadata=msgspec.structs.replace(change.metadata, conflicts=conflicts))
             if self._add_columns(change, table):
                 continue  # the columns landed in a commit of their own: decide again on top of it
+            written: set[str] = set()
+            merged: dict[str, int] | None = None
             try:
-                return self._commit(spark, txn, change)
+                actions, written, merged = self._actions(spark, txn, change)
+                version = spark_transaction.commit(spark, txn, actions, change.metadata.to_json())
+                return Committed(version, change, rewritten=frozenset(written), merged=merged)
             except OffsetlakeError:
                 raise
             except Exception as err:  # noqa: BLE001 - a JVM error: did ours land, or did another's first?
                 landed = landed_version(self.location, change.metadata.attempt)
                 if landed is not None:
-                    return Committed(landed, change)
+                    return Committed(landed, change, rewritten=frozenset(written), merged=merged)
+                # delta-spark's files do not carry the attempt's id, so the attempt's clean-up cannot find them
+                delete_files(self.location, written)
                 conflict = spark_transaction.conflict_of(err)
                 if conflict is None:
                     raise TableError(f"{what}: the commit to {self.location} failed: {one_line(err)}") from err
@@ -117,30 +121,20 @@ class DeltaSpark(DeltaRs):
                 conflicts += 1
         raise CommitConflictError(what, MAX_ATTEMPTS)
 
-    def _commit(self, spark: Any, txn: Any, change: Change) -> Committed:
+    def _actions(self, spark: Any, txn: Any, change: Change) -> tuple[list[Any], set[str], dict[str, int] | None]:
+        """The change's actions in `txn` -- its data files written by delta-spark, the ledger's `txn`
+        actions --, the paths of the files it wrote, and an upsert's counts."""
         if change.restore_version is not None:
             raise TableError("a RESTORE is not written by the delta-spark engine: run it with delta-rs")
         spark_transaction.read_app_ids(txn, change.txns)
         merged = None
         if change.merge is not None:
             plan = spark_merge.rewrite(spark, txn, self.uri, change.merge)
-            actions = list(plan.removed)
-            if plan.rows is not None:
-                actions += spark_transaction.as_list(txn.writeFiles(plan.rows._jdf))
-            merged = plan.merged
+            actions, merged = plan.actions, plan.merged
         else:
             actions = self._written(spark, txn, change)
         written = {a.path() for a in actions if a.getClass().getSimpleName() == "AddFile"}
-        actions += spark_transaction.set_transactions(spark, change.txns)
-        try:
-            version = spark_transaction.commit(spark, txn, actions, change.metadata.to_json())
-        except BaseException:
-            # delta-spark's files do not carry the attempt's id, so the attempt's clean-up cannot find them:
-            # unless the commit landed after all, they go now.
-            if landed_version(self.location, change.metadata.attempt) is None:
-                delete_files(self.location, written)
-            raise
-        return Committed(version, change, rewritten=frozenset(written), merged=merged)
+        return [*actions, *spark_transaction.set_transactions(spark, change.txns)], written, merged
 
     def _written(self, spark: Any, txn: Any, change: Change) -> list[Any]:
         """The staged files' rows written again by delta-spark: its data files (AddFiles)."""
@@ -172,22 +166,11 @@ class DeltaSpark(DeltaRs):
             frames.append(frame.select(*[F.col(spark_merge.quoted(c)) for c in target.names]))
         return reduce(lambda a, b: a.unionByName(b), frames)
 
-    def rows_of_keys(self, columns: pa.Schema) -> OldRows | None:
+    def rows_where(self, predicate: str) -> pa.Table:
         """As delta-rs' (the old rows of key changes), read by delta-spark: a table with a feature delta-rs
         cannot read (type widening) is read here too."""
-        key = self.cfg.write.key
-        if any(column not in columns.names for column in key):
-            return None
-
-        def rows_of(keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
-            predicate = keys_predicate(key, keys)
-            if predicate is None:
-                return {}
-            table = self.session.read.format("delta").load(self.uri)
-            found = plain_types(table.where(spark_merge.spark_sql(predicate)).toArrow())
-            return {tuple(row[c] for c in key): row for row in found.to_pylist()}
-
-        return rows_of
+        table = self.session.read.format("delta").load(self.uri)
+        return plain_types(table.where(spark_merge.spark_sql(predicate)).toArrow())
 
     def _add_columns(self, change: Change, table: DeltaTable) -> bool:
         """Columns the change brings that the table lacks, added in a commit of their own; True if any."""

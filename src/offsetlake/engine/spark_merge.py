@@ -33,21 +33,22 @@ _LITERAL_OR_ARROW_CAST = re.compile(r"'(?:[^']|'')*'|arrow_cast\((-?\d+), 'Int(3
 
 @dataclass
 class Rewrite:
-    """What the MERGE commits: the files it removes, the rows it writes instead, and its counts."""
+    """What the MERGE commits: its actions (the files it removes, and those written in their place) and its
+    counts."""
 
-    removed: list[Any]  # delta-spark RemoveFile actions
-    rows: Any | None  # a Spark DataFrame, or None when no file is rewritten and nothing is inserted
+    actions: list[Any]  # delta-spark RemoveFile and AddFile actions
     merged: dict[str, int]
 
 
 def rewrite(spark: Any, txn: Any, uri: str, merge: Merge) -> Rewrite:
-    """The MERGE of `merge` into the table at the transaction's version (see the module docstring)."""
+    """The MERGE of `merge` into the table at the transaction's version, its files written by the transaction
+    (see the module docstring)."""
     from pyspark.sql import functions as F
 
     files = spark_transaction.files_of(txn)
     if merge.source.num_rows == 0:  # nothing to join: a batch of tombstones of absent keys, or a TRUNCATE
         removed = files if merge.truncate else []
-        return Rewrite(_removes(removed), None, {"inserted": 0, "updated": 0, "deleted": _rows_in(removed)})
+        return Rewrite(_removes(removed), {"inserted": 0, "updated": 0, "deleted": _rows_in(removed)})
     target = (
         spark.read.format("delta")
         .option("versionAsOf", txn.readVersion())
@@ -62,14 +63,18 @@ def rewrite(spark: Any, txn: Any, uri: str, merge: Merge) -> Rewrite:
     joined = t.where(F.col("__file").isin(sorted(touched))).alias("t").join(s, join, "full_outer")
     columns = [c for c in target.columns if c not in ("__file", "__t")]
     kinds = {f.name: f.dataType.simpleString() for f in target.schema.fields}
-    joined = joined.withColumn("__outcome", F.expr(_outcome(merge)))
-    counted = joined.groupBy("__outcome").count().collect()
+    joined = joined.withColumn("__outcome", F.expr(_outcome(merge))).persist()  # counted, then written: one join
+    try:
+        counted = joined.groupBy("__outcome").count().collect()
+        rows = joined.where(F.col("__outcome").isin("kept", "updated", "inserted")).select(
+            *[F.expr(f"CAST(({value}) AS {kinds[c]})").alias(c) for c, value in _values(merge, columns).items()]
+        )
+        written = spark_transaction.as_list(txn.writeFiles(rows._jdf))
+    finally:
+        joined.unpersist()
     tally = {row["__outcome"]: int(row["count"]) for row in counted}
-    rows = joined.where(F.col("__outcome").isin("kept", "updated", "inserted")).select(
-        *[F.expr(f"CAST(({_value(merge, c, columns)}) AS {kinds[c]})").alias(c) for c in columns]
-    )
     merged = {k: tally.get(k, 0) for k in ("inserted", "updated", "deleted")}
-    return Rewrite(_removes(rewritten), rows, merged)
+    return Rewrite([*_removes(rewritten), *written], merged)
 
 
 def _touched_files(merge: Merge, t: Any, s: Any, join: Any) -> list[str]:
@@ -106,17 +111,23 @@ def _outcome(merge: Merge) -> str:
     )
 
 
-def _value(merge: Merge, column: str, target: list[str]) -> str:
-    """A column's value in the written row: the target's when kept, the source's (or, where the connector
-    sent the unavailable value, the target's) when updated, the source's or null when inserted."""
+def _values(merge: Merge, target: list[str]) -> dict[str, str]:
+    """Each target column's value in a written row: the target's when kept, the source's (or, where the
+    connector sent the unavailable value, the target's) when updated, the source's or null when inserted."""
     source = [c for c in merge.source.column_names if c != DELETED_COLUMN]
-    name = quoted_column(column)
-    kept = f"t.{quoted(column)}"
-    if column not in source:
-        return kept  # null for an inserted row: the target side of the join is null
-    updated = spark_sql(merge.assignments(source, target, keep_target=True)[name])
-    inserted = spark_sql(merge.assignments(source, target, keep_target=False)[name])
-    return f"CASE __outcome WHEN 'updated' THEN {updated} WHEN 'inserted' THEN {inserted} ELSE {kept} END"
+    updated = merge.assignments(source, target, keep_target=True)
+    inserted = merge.assignments(source, target, keep_target=False)
+    values = {}
+    for column in target:
+        name, kept = quoted_column(column), f"t.{quoted(column)}"
+        if column not in source:
+            values[column] = kept  # null for an inserted row: the target side of the join is null
+            continue
+        values[column] = (
+            f"CASE __outcome WHEN 'updated' THEN {spark_sql(updated[name])} "
+            f"WHEN 'inserted' THEN {spark_sql(inserted[name])} ELSE {kept} END"
+        )
+    return values
 
 
 def _removes(files: list[Any]) -> list[Any]:
