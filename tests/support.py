@@ -70,6 +70,13 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
 
+def delta_spark_submit_args() -> str:
+    """`PYSPARK_SUBMIT_ARGS` for an offsetlake job whose engine is delta-spark: its jars as `--jars` gives them."""
+    from offsetlake_local.jars import delta_spark_stack, spark_jars
+
+    return f"--jars {','.join(spark_jars(delta_spark_stack()))} pyspark-shell"
+
+
 def write_pipeline(
     directory: Path, bootstrap: str, topics: list[str], lake: Path, name: str | None = None, **overrides
 ) -> str:

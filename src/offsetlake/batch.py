@@ -18,7 +18,7 @@ import msgspec
 
 from offsetlake import faults
 from offsetlake.config import PipelineConfig
-from offsetlake.engine import CommitEngine, Snapshot, engine_for
+from offsetlake.engine import CommitEngine, Snapshot, catalog, engine_for
 from offsetlake.errors import TableError
 from offsetlake.kafka import TP, KafkaCluster, Stopped
 from offsetlake.protocol.commit import (
@@ -41,6 +41,7 @@ from offsetlake.protocol.upsert import (
 )
 from offsetlake.read.tasks import TaskContext
 from offsetlake.read_job import TaskFiles
+from offsetlake.spark.session import session_of
 
 log = logging.getLogger("offsetlake.batch")
 MAX_BATCHES_PER_RUN = 100_000
@@ -111,7 +112,11 @@ def run_batch(
     fault_settings = faults.settings_from_env()
     began = time.monotonic()
     engine = engine_for(cfg, spark)
+    if cfg.table.name is not None:
+        catalog.check(session_of(spark), cfg)
     table = engine.open()
+    if cfg.table.name is not None:
+        catalog.register(session_of(spark), cfg, table.version())
     plan = plan_batch(cfg, cluster, engine.ledger(table, tps), tps, targets)
     faults.hit("after_plan", fault_settings)
     if not plan.needs_commit:
@@ -145,6 +150,8 @@ def run_batch(
     faults.hit("after_commit", fault_settings)
     result.spark_job = out.job
     if result.status == "committed":
+        if cfg.table.name is not None:  # a batch may have added columns or changed properties
+            catalog.register(session_of(spark), cfg, result.version or 0)
         cluster.commit_group_offsets(cfg.consumer_group, plan.ends)
     return result
 

@@ -274,7 +274,9 @@ def spark_session(cfg: PipelineConfig, job: str, master: str | None = None) -> I
     Under spark-submit, whose JVM runs already, it starts while the run plans (start_early)."""
     from offsetlake.spark.session import LazySession, delta_spark_conf, read_defaults
 
-    extra = delta_spark_conf(read_defaults()) if cfg.table.engine == "delta-spark" else None
+    # delta-spark commits, or registers the table in the session's catalog (table.name).
+    wants_delta = cfg.table.engine == "delta-spark" or cfg.table.name is not None
+    extra = delta_spark_conf(read_defaults()) if wants_delta else None
     spark = LazySession(f"offsetlake-{job}-{cfg.name}", master, extra)
     spark.start_early()
     try:

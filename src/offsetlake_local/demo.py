@@ -10,7 +10,9 @@ up:   broker on 127.0.0.1:19092, demo events (with aborted transactions and a fe
       pipeline: events keyed by user (some deleting their user) and one triggered run of its
       ingest DAG, whose table holds each user's latest event. And change data capture
       (local/demo_shop.py): a shop database in PostgreSQL on 127.0.0.1:15432 changing live, Debezium's
-      connector in a Kafka Connect worker, and two upsert pipelines streaming its tables.
+      connector in a Kafka Connect worker, and two upsert pipelines streaming its tables. A Hive
+      Metastore on that PostgreSQL, where the events and users tables are registered as demo.events and
+      demo.users.
 down: everything above, stopped by its pid file.
 """
 
@@ -27,7 +29,7 @@ from pathlib import Path
 from offsetlake.config import load_pipeline, project_home
 from offsetlake.config.topic_tables import for_topic
 from offsetlake.errors import OffsetlakeError, TableError
-from offsetlake_local import broker, demo_shop, processes, schema_registry, stack
+from offsetlake_local import broker, demo_shop, metastore, processes, schema_registry, stack
 
 PIPELINE = "demo_events"
 AVRO_PIPELINE = "demo_avro"
@@ -35,6 +37,7 @@ UPSERT_PIPELINE = "demo_users"
 REGISTRY_PORT = 18081
 UI_PORT = int(os.environ.get("OFFSETLAKE_DEMO_UI_PORT", "8080"))
 BROKER_PORT = 19092
+CATALOG_NAMES = {"demo.events": PIPELINE, "demo.users": UPSERT_PIPELINE}  # registered in the demo's metastore
 
 
 def _dir() -> Path:
@@ -83,6 +86,8 @@ def up() -> None:
     if not _port_free(demo_shop.PORT):
         raise OffsetlakeError(f"port {demo_shop.PORT} on 127.0.0.1 (the demo's PostgreSQL) is taken")
     shop = demo_shop.up(base, f"127.0.0.1:{BROKER_PORT}")
+    catalog = metastore.start(base / "metastore", shop.server, pid_file=base / "metastore.pid")
+    print(f"Hive Metastore on {catalog.uri} (its catalog in the shop's PostgreSQL, database metastore)")
 
     home = base / "airflow"
     # The example consumer DAG (dags/offsetlake_examples.py) runs on every change of demo_events' table.
@@ -131,6 +136,8 @@ def up() -> None:
         f"              {table + ':':<{width}} {demo_shop.describe(shop, table, table_cfg)}"
         for table, table_cfg in shop_tables.items()
     )
+    if committed and upsert_committed:  # the tables exist: give them names in the catalog
+        metastore.register(catalog, CATALOG_NAMES)
     events = _wait_for_asset_event(api, f"offsetlake.{PIPELINE}", timeout=120)
     _cli("status", "--pipeline", PIPELINE)
     _cli("history", "--pipeline", PIPELINE, "--limit", "5")
@@ -144,6 +151,8 @@ Upsert:       {upsert_ingest}: {_describe(upsert_committed)}; {_current_state(up
 Capture:      PostgreSQL 127.0.0.1:{demo_shop.PORT} (psql -h 127.0.0.1 -p {demo_shop.PORT} -U {demo_shop.USER} {demo_shop.DATABASE})
               -> Debezium in Kafka Connect ({base}/connect/connect.out) -> {shop_stream} (a table per topic)
 {shop_lines}
+Catalog:      Hive Metastore {catalog.uri}: {", ".join(CATALOG_NAMES)} by name in Spark
+              (pyspark --properties-file {metastore.properties_file(catalog)} --jars <delta-spark's>, docs/how-to/catalog.md)
 Airflow UI:   {base_url}   login: {stack.USER} / {stack.password(home)}
 offsetlake:   {base_url}/plugin/offsetlake (lag, commits, audit; also a tab on each DAG)
 metrics:      {base_url}/offsetlake/metrics (Prometheus)
@@ -255,6 +264,8 @@ def down() -> None:
         print("stopped the demo producer")
     if processes.stop_from_pid_file(base / "registry.pid", "offsetlake_local.schema_registry"):
         print("stopped the schema registry")
+    if metastore.stop_from_pid_file(base / "metastore.pid"):
+        print("stopped the Hive Metastore")
     for what in demo_shop.down(base):
         print(f"stopped {what}")
     print("broker stopped" if broker.stop_from_pid_file(base / "broker.pid") else "broker was not running")

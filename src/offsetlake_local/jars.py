@@ -20,7 +20,7 @@ from pathlib import Path
 
 from offsetlake.errors import OffsetlakeError
 
-STACKS = ("kafka-broker", "delta-spark", "kafka-connect")
+STACKS = ("kafka-broker", "delta-spark", "kafka-connect", "hive-metastore", "hive-client")
 RESOLVE_TIMEOUT_SECONDS = 900
 
 
@@ -107,11 +107,17 @@ def _resolve(source: Path, target: Path) -> None:
     except subprocess.TimeoutExpired as err:
         raise OffsetlakeError(f"resolving {source.name} from Maven Central took over {err.timeout:.0f}s") from err
     if done.returncode != 0:
-        last = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["(no output)"]
-        raise OffsetlakeError(f"mvn could not resolve {source.name}: {last[0]}")
+        raise OffsetlakeError(f"mvn could not resolve {source.name}: {_first_error(done.stdout + done.stderr)}")
     (partial / ".complete").write_text(source.read_text())
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
+
+
+def _first_error(output: str) -> str:
+    """Maven's first `[ERROR]` line (the one naming the artifact), without its colour codes."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in output.splitlines()]
+    errors = [line.removeprefix("[ERROR]").strip() for line in lines if line.startswith("[ERROR]")]
+    return next((e for e in errors if e), next((line for line in reversed(lines) if line), "(no output)"))
 
 
 def main() -> int:

@@ -4,7 +4,9 @@ One run; its seed draws the records' format (JSON, or Avro through a Schema Regi
 kept and a field added mid-run), where the table lives (local disk, or S3 behind the fault proxy with
 object storage's faults) and the write mode (append, or upsert: the latest record per key, checked
 against the fold of Kafka). Eight seeds in a row cover every combination; a run per combination in every
-`make test` would not fit its 30 minutes (two runs took 6-7 of them).
+`make test` would not fit its 30 minutes (two runs took 6-7 of them). The delta-spark engine's faults run in
+`make chaos` (`--engine delta-spark`): twenty of them took 12 minutes here, too long for `make test`, which
+holds that engine's SIGKILLs, zombies and duplicate runs in tests/integration/test_delta_spark_engine.py.
 
 `make chaos` runs the same harness with 200. A failure names the seed; replay
 it with OFFSETLAKE_CHAOS_SEED=<seed> make test, or make chaos CHAOS_ARGS="--seed <seed>".

@@ -20,6 +20,7 @@ from support import (
     assert_exactly_once,
     assert_job_failed_in_one_line,
     data_files_on_disk,
+    delta_spark_submit_args,
     ingest_process,
     pipeline_commits,
     produce,
@@ -107,9 +108,7 @@ def test_an_upsert_on_the_delta_spark_engine_stays_exact_on_a_table_with_every_f
 
 def job_env(env: dict | None = None) -> dict:
     """An offsetlake job process with delta-spark's jars in its Spark session, as `--jars` gives them."""
-    from offsetlake_local.jars import delta_spark_stack, spark_jars
-
-    return {"PYSPARK_SUBMIT_ARGS": f"--jars {','.join(spark_jars(delta_spark_stack()))} pyspark-shell", **(env or {})}
+    return {"PYSPARK_SUBMIT_ARGS": delta_spark_submit_args(), **(env or {})}
 
 
 @pytest.mark.parametrize("point", ["after_files_written", "before_commit", "after_commit"])

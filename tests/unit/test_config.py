@@ -64,6 +64,8 @@ def test_a_valid_pipeline_gets_defaults():
         ),
         (lambda d: d["format"]["schema"].append({"name": "x", "type": "decimal"}), "key 'format.schema.1.type'"),
         (lambda d: d["table"].update(partition_by=["nope"]), "'nope' is not a column"),
+        (lambda d: d["table"].update(name="orders"), "'orders': a table name is schema.table"),
+        (lambda d: d["table"].update(name="lake.or-ders"), "key 'table.name'"),
         (lambda d: d.update(name="../etc"), "key 'name'"),
         (
             lambda d: (

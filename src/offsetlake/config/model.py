@@ -19,7 +19,7 @@ from pydantic import (
 
 from offsetlake.config.columns import LINEAGE_COLUMNS, RAW_COLUMNS, UNKNOWN_FIELDS_COLUMN
 from offsetlake.config.format_settings import RecordFormat
-from offsetlake.config.strict import Strict, path_placeholders, redact_client
+from offsetlake.config.strict import Strict, catalog_name, path_placeholders, redact_client
 from offsetlake.errors import ConfigError
 from offsetlake.storage.location import S3_SCHEMES, Location
 
@@ -111,6 +111,12 @@ class TableSettings(Strict):
 
     partition_by: list[StrictStr] = Field(default_factory=list)
     """Partition columns (columns of the table)."""
+    name: StrictStr | None = None
+    """The table's name in the Spark session's catalog, `schema.table` (`lake.orders`; `{table}` as in `path`),
+    registered by the first run that finds it unregistered, its schema and properties there refreshed by each
+    batch. The session needs that catalog and delta-spark: docs/how-to/catalog.md."""
+    _two_part_name = field_validator("name")(catalog_name)
+
     engine: Literal["delta-rs", "delta-spark"] = "delta-rs"
     """What commits the batches: `delta-rs` (offsetlake's own writer, no JVM work on the driver) or
     `delta-spark` (Delta's Spark engine in the job's Spark session, which writes every table feature Spark

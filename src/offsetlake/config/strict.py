@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any
 
@@ -23,3 +24,13 @@ def path_placeholders(path: str) -> set[str]:
 
 def redact_client(client: dict[str, Any]) -> dict[str, Any]:
     return {k: ("***" if any(h in k.lower() for h in SECRET_HINTS) else v) for k, v in client.items()}
+
+
+def catalog_name(name: str | None) -> str | None:
+    """A table's name in a catalog: `schema.table`, each part letters, digits, underscores or a placeholder."""
+    parts = (name or "").split(".")
+    if name is not None and (len(parts) != 2 or not all(re.fullmatch(r"(\w|\{table\}|\{topic\})+", p) for p in parts)):
+        raise ValueError(
+            f"{name!r}: a table name is schema.table, each of letters, digits and underscores (or {{table}})"
+        )
+    return name

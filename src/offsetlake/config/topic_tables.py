@@ -108,7 +108,12 @@ def for_topic(cfg: PipelineConfig, topic: str) -> PipelineConfig:
     fields = {"table": topic.rsplit(".", 1)[-1], "topic": topic}
     update: dict[str, Any] = {
         "topics": [topic],
-        "table": cfg.table.model_copy(update={"path": cfg.table.path.format(**fields)}),
+        "table": cfg.table.model_copy(
+            update={
+                "path": cfg.table.path.format(**fields),
+                "name": cfg.table.name.format(**fields) if cfg.table.name else None,
+            }
+        ),
     }
     if cfg.write.upsert:
         name = table_name(topic, cfg.table.path)

@@ -17,6 +17,7 @@ is decided again, as on delta-rs; an unsure failure looks for the attempt's comm
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -32,6 +33,8 @@ from offsetlake.errors import CommitConflictError, OffsetlakeError, TableError, 
 from offsetlake.protocol.commit import MAX_ATTEMPTS, Change, Committed, Decide, Settled, landed_version
 from offsetlake.storage.parquet import from_delta_path, plain_types
 from offsetlake.table import check_mergeable, delete_files, open_table
+
+CREATE_ATTEMPTS = 5  # a table another job is creating has its first commit within seconds
 
 log = logging.getLogger("offsetlake.engine.delta_spark")
 
@@ -73,13 +76,24 @@ class DeltaSpark(DeltaRs):
         schema = self.initial_schema()
         properties = ", ".join(f"'{k}' = '{v}'" for k, v in self.cfg.table_properties().items())
         partitioned = self.cfg.table.partition_by
-        self._sql(
+        create = (
             f"CREATE TABLE IF NOT EXISTS delta.{spark_merge.quoted(self.uri)} ({_ddl(self.session, list(schema))}) "
             f"USING delta"
             + (f" PARTITIONED BY ({', '.join(spark_merge.quoted(c) for c in partitioned)})" if partitioned else "")
-            + (f" TBLPROPERTIES ({properties})" if properties else ""),
-            "create the table",
+            + (f" TBLPROPERTIES ({properties})" if properties else "")
         )
+        for attempt in range(CREATE_ATTEMPTS):
+            try:
+                self._sql(create, "create the table")
+                return
+            except TableError:
+                # Another job creating it at the same moment: delta-spark saw its log directory before its
+                # first commit ("not empty and also not a Delta table"). Once that commit is there, it is ours too.
+                if DeltaTable.is_deltatable(self.location.uri, self.location.storage_options):
+                    return
+                if attempt == CREATE_ATTEMPTS - 1:
+                    raise
+                time.sleep(1.0)
 
     @property
     def uri(self) -> str:

@@ -1,0 +1,85 @@
+"""A pipeline table's entry in the Spark session's catalog (`table.name: schema.table`), for either engine.
+
+The entry is delta-spark's own (`CREATE TABLE … USING delta LOCATION …` through its catalog), so Spark SQL,
+`spark.table` and `DESCRIBE HISTORY` find the table by name, and the Delta log stays the one truth: the
+entry holds the location and a copy of the schema and properties, which delta-spark's catalog hook
+(`UpdateCatalog`) rewrites from the log. Whatever catalog the session has (a Hive Metastore, Unity Catalog,
+AWS Glue) is the one written.
+
+A name that already belongs to a table somewhere else is refused before anything is written, in one line:
+two pipelines, or a pipeline and a user's table, never share a name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlparse
+
+from offsetlake.config import PipelineConfig
+from offsetlake.engine import spark_transaction
+from offsetlake.errors import TableError
+
+LAST_UPDATE_VERSION = "delta.lastUpdateVersion"  # the log version delta-spark's hook last copied
+
+
+def check(spark: Any, cfg: PipelineConfig) -> None:
+    """Refuse a `table.name` the catalog gives to another location (before the table is created)."""
+    if cfg.table.name is None:
+        return
+    spark_transaction.check_on_classpath(spark)
+    registered = _registered_location(spark, cfg.table.name)
+    if registered is not None and _same_place(registered) != _same_place(cfg.table_location.uri):
+        raise TableError(
+            f"table.name {cfg.table.name} is the catalog's name for {registered}, not for {cfg.table_path}; "
+            f"nothing was written: choose another name, or drop that entry"
+        )
+
+
+def register(spark: Any, cfg: PipelineConfig, version: int) -> None:
+    """The table under `table.name` (its schema made if missing), and the entry's copy of its schema and
+    properties brought up to the log's when it is older than `version` (the table's newest, as the caller
+    read it): on an idle stream each batch only reads the entry."""
+    name = cfg.table.name
+    if name is None:
+        return
+    schema, table = name.split(".")
+    if _registered_location(spark, name) is None:
+        spark.sql(f"CREATE SCHEMA IF NOT EXISTS {_quoted(schema)}")
+        location = cfg.table_location.uri.replace("'", "\\'")
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {_quoted(schema)}.{_quoted(table)} USING delta LOCATION '{location}'")
+    jvm, session = spark._jvm, spark._jsparkSession
+    entry = session.sessionState().catalog().getTableMetadata(_identifier(spark, name))
+    copied = entry.properties().get(LAST_UPDATE_VERSION)
+    if copied.isDefined() and int(copied.get()) >= version:
+        return
+    # delta-spark's catalog hook, run now: the entry's schema and properties from the newest snapshot.
+    snapshot = spark_transaction.start(spark, cfg.table_location.uri).snapshot()
+    hook = jvm.org.apache.spark.sql.delta.hooks.UpdateCatalogFactory.getUpdateCatalogHook(entry, session)
+    hook.updateSchema(session, snapshot)
+
+
+def _registered_location(spark: Any, name: str) -> str | None:
+    catalog = spark._jsparkSession.sessionState().catalog()
+    identifier = _identifier(spark, name)
+    if not catalog.tableExists(identifier):
+        return None
+    location = catalog.getTableMetadata(identifier).storage().locationUri()
+    return str(location.get()) if location.isDefined() else ""
+
+
+def _identifier(spark: Any, name: str) -> Any:
+    schema, table = name.split(".")
+    jvm = spark._jvm
+    return jvm.org.apache.spark.sql.catalyst.TableIdentifier.apply(table, jvm.scala.Some.apply(schema))
+
+
+def _same_place(uri: str) -> str:
+    """A location as the catalog and offsetlake may each write it: `file:/x/`, `file:///x`, `/x` alike."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return parsed.path.rstrip("/")
+    return uri.rstrip("/")
+
+
+def _quoted(identifier: str) -> str:
+    return "`" + identifier.replace("`", "``") + "`"

@@ -1,0 +1,159 @@
+"""Tables in a catalog (`table.name: schema.table`): a Hive Metastore from Maven Central on a PostgreSQL
+server, both started here; pipelines on either engine register their table, and another Spark session (a
+process of its own) finds it by name. What the catalog holds is read where it is kept: the metastore's
+PostgreSQL tables."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+from deltalake import DeltaTable
+
+from support import (
+    REPO,
+    assert_exactly_once,
+    assert_job_failed_in_one_line,
+    delta_spark_submit_args,
+    ingest_process,
+    produce,
+)
+
+pytestmark = pytest.mark.slow
+
+# Another Spark session, as a user's notebook would open one on the same catalog: by name only.
+READER = """
+import json, sys
+from pyspark.sql import SparkSession
+name = sys.argv[1]
+spark = SparkSession.builder.master("local[1]").getOrCreate()
+rows = spark.sql(f"SELECT kafka_topic, kafka_partition, kafka_offset FROM {name}").collect()
+history = spark.sql(f"DESCRIBE HISTORY {name}").collect()
+print(json.dumps({
+    "rows": sorted([r.kafka_topic, r.kafka_partition, r.kafka_offset] for r in rows),
+    "count": spark.table(name).count(),
+    "history": [[h.version, h.operation, h.userMetadata] for h in history],
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def metastore(tmp_path_factory):
+    """PostgreSQL, and a Hive Metastore keeping its catalog there; both stopped by PID."""
+    from offsetlake_local import metastore as hive_metastore
+    from offsetlake_local import postgres
+
+    work = tmp_path_factory.mktemp("metastore")
+    database = postgres.start(database="metastore", user="hive", pid_file=work / "postgres.pid")
+    server = hive_metastore.start(work / "hms", database, pid_file=work / "metastore.pid")
+    server.database = database
+    yield server
+    server.stop()
+    database.stop()
+
+
+def submit_args(metastore) -> str:
+    """`PYSPARK_SUBMIT_ARGS` of a process whose Spark session has delta-spark and the metastore's catalog."""
+    confs = " ".join(f"--conf {key}={value}" for key, value in metastore.spark_conf().items())
+    return f"{confs} {delta_spark_submit_args()}"
+
+
+def read_by_name(metastore, name: str) -> dict:
+    env = {
+        "PYSPARK_SUBMIT_ARGS": (
+            "--conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension "
+            "--conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog "
+            + submit_args(metastore)
+        ),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    import os
+
+    done = subprocess.run(
+        [sys.executable, "-c", READER, name],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def catalog_entry(metastore, name: str) -> dict:
+    """The metastore's own record of `schema.table`: its location and parameters, from its database."""
+    schema, table = name.split(".")
+    conn = metastore.database.connect("metastore")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                # Spark keeps a Delta table's location as its storage's `path` parameter (the Hive
+                # location is a placeholder: the table is not one Hive itself could read).
+                'SELECT p."PARAM_VALUE", t."TBL_ID" FROM "TBLS" t JOIN "DBS" d ON d."DB_ID" = t."DB_ID" '
+                'JOIN "SDS" s ON s."SD_ID" = t."SD_ID" '
+                'JOIN "SERDE_PARAMS" p ON p."SERDE_ID" = s."SERDE_ID" AND p."PARAM_KEY" = \'path\' '
+                'WHERE d."NAME" = %s AND t."TBL_NAME" = %s',
+                (schema.lower(), table.lower()),
+            )
+            found = cur.fetchone()
+            if found is None:
+                return {}
+            cur.execute('SELECT "PARAM_KEY", "PARAM_VALUE" FROM "TABLE_PARAMS" WHERE "TBL_ID" = %s', (found[1],))
+            return {"location": found[0], "params": dict(cur.fetchall())}
+    finally:
+        conn.close()
+
+
+def ingest(cfg, pipelines_dir, metastore):
+    job = ingest_process(cfg, pipelines_dir, {"PYSPARK_SUBMIT_ARGS": submit_args(metastore)})
+    out, err = job.communicate(timeout=300)
+    job.stdout, job.stderr = out, err
+    return job
+
+
+@pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
+def test_a_named_table_is_registered_and_found_by_name_in_another_spark_session(
+    metastore, pipeline, pipelines_dir, bootstrap, engine
+):
+    name = f"lake_{uuid.uuid4().hex[:6]}.orders"
+    cfg, topic = pipeline(partitions=2, records=300, table={"name": name, "engine": engine})
+    job = ingest(cfg, pipelines_dir, metastore)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert catalog_entry(metastore, name)["params"]["delta.checkpointInterval"] == "10"
+    # A property changed outside offsetlake (delta-rs, by path), then more records: the next run puts the
+    # property, and the version its batch made, in the catalog's copy.
+    DeltaTable(cfg.table_path).alter.set_table_properties({"delta.checkpointInterval": "7"})
+    produce(cfg.kafka, topic, 200)
+    job = ingest(cfg, pipelines_dir, metastore)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert_exactly_once(cfg, topic)
+
+    entry = catalog_entry(metastore, name)
+    assert entry["location"].rstrip("/") in (f"file:{cfg.table_path}", f"file://{cfg.table_path}"), entry
+    assert entry["params"]["spark.sql.sources.provider"] == "delta"
+    assert entry["params"]["delta.checkpointInterval"] == "7"
+    assert entry["params"]["delta.lastUpdateVersion"] == str(DeltaTable(cfg.table_path).version())
+
+    found = read_by_name(metastore, name)
+    by_path = DeltaTable(cfg.table_path).to_pyarrow_table(columns=["kafka_topic", "kafka_partition", "kafka_offset"])
+    assert found["rows"] == sorted(map(list, zip(*by_path.to_pydict().values(), strict=True)))
+    assert found["count"] == by_path.num_rows > 0
+    batches = [json.loads(meta)["batch"] for _, op, meta in found["history"] if meta]
+    assert sorted(batches) == [1, 2], found["history"]
+
+
+def test_a_name_the_catalog_gives_another_table_is_refused_and_nothing_is_written(metastore, pipeline, pipelines_dir):
+    name = f"lake_{uuid.uuid4().hex[:6]}.orders"
+    first, _ = pipeline(partitions=1, records=20, table={"name": name})
+    assert ingest(first, pipelines_dir, metastore).returncode == 0
+    second, _ = pipeline(partitions=1, records=20, table={"name": name})
+
+    job = ingest(second, pipelines_dir, metastore)
+
+    assert_job_failed_in_one_line(job, f"table.name {name} is the catalog's name for", "nothing was written")
+    assert not DeltaTable.is_deltatable(second.table_path)
+    assert catalog_entry(metastore, name)["location"].rstrip("/").endswith(first.table_path)
