@@ -20,7 +20,7 @@ LONGEST_FIRST = (
     "tests/airflow/test_cross_host.py",  # ~250
     "tests/airflow/test_dags.py",  # ~190, in many tests
     "tests/integration/test_delta_spark.py",  # ~160
-    "tests/integration/test_catalog.py",  # ~155 (one worker alone, 2026-11-28)
+    "tests/integration/test_catalog.py",  # ~135 (one worker alone, 2026-11-28)
     "tests/integration/test_cdc.py",  # ~140
     "tests/integration/test_failures.py",  # ~125
     "tests/airflow/test_airflow_ui.py",  # ~125

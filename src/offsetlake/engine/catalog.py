@@ -12,12 +12,14 @@ two pipelines, or a pipeline and a user's table, never share a name.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlparse
 
 from offsetlake.config import PipelineConfig
 from offsetlake.engine import spark_transaction
-from offsetlake.errors import TableError
+from offsetlake.errors import OffsetlakeError, TableError, one_line
 
 LAST_UPDATE_VERSION = "delta.lastUpdateVersion"  # the log version delta-spark's hook last copied
 
@@ -27,7 +29,8 @@ def check(spark: Any, cfg: PipelineConfig) -> None:
     if cfg.table.name is None:
         return
     spark_transaction.check_on_classpath(spark)
-    registered = _registered_location(spark, cfg.table.name)
+    with _answered(cfg.table.name):
+        registered = _registered_location(spark, cfg.table.name)
     if registered is not None and _same_place(registered) != _same_place(cfg.table_location.uri):
         raise TableError(
             f"table.name {cfg.table.name} is the catalog's name for {registered}, not for {cfg.table_path}; "
@@ -42,6 +45,23 @@ def register(spark: Any, cfg: PipelineConfig, version: int) -> None:
     name = cfg.table.name
     if name is None:
         return
+    with _answered(name):
+        _register(spark, cfg, name, version)
+
+
+@contextmanager
+def _answered(name: str) -> Iterator[None]:
+    """A catalog that fails (unreachable, refusing) fails the job in one line; a committed batch stays."""
+    try:
+        yield
+    except OffsetlakeError:
+        raise
+    except Exception as err:
+        cause = "; ".join(line.strip() for line in str(err).splitlines()[:2] if line.strip())
+        raise TableError(f"table.name {name}: the Spark session's catalog failed: {one_line(cause)}") from err
+
+
+def _register(spark: Any, cfg: PipelineConfig, name: str, version: int) -> None:
     schema, table = name.split(".")
     if _registered_location(spark, name) is None:
         spark.sql(f"CREATE SCHEMA IF NOT EXISTS {_quoted(schema)}")
