@@ -72,9 +72,9 @@ def unique(prefix: str) -> str:
 
 def delta_spark_submit_args() -> str:
     """`PYSPARK_SUBMIT_ARGS` for an offsetlake job whose engine is delta-spark: its jars as `--jars` gives them."""
-    from offsetlake_local.jars import delta_spark_stack, spark_jars
+    from offsetlake_local.jars import delta_spark_jars_arg
 
-    return f"--jars {','.join(spark_jars(delta_spark_stack()))} pyspark-shell"
+    return f"{delta_spark_jars_arg()} pyspark-shell"
 
 
 def write_pipeline(

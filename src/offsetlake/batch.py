@@ -112,11 +112,10 @@ def run_batch(
     fault_settings = faults.settings_from_env()
     began = time.monotonic()
     engine = engine_for(cfg, spark)
-    if cfg.table.name is not None:
-        catalog.check(session_of(spark), cfg)
+    entry = catalog.check(session_of(spark), cfg) if cfg.table.name is not None else None
     table = engine.open()
     if cfg.table.name is not None:
-        catalog.register(session_of(spark), cfg, table.version())
+        catalog.register(session_of(spark), cfg, table.version(), entry)
     plan = plan_batch(cfg, cluster, engine.ledger(table, tps), tps, targets)
     faults.hit("after_plan", fault_settings)
     if not plan.needs_commit:

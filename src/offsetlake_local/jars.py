@@ -78,6 +78,11 @@ def delta_spark_stack() -> str:
     raise OffsetlakeError(f"no delta-spark POM pairs with pyspark {pyspark.__version__} (src/offsetlake_local/poms)")
 
 
+def delta_spark_jars_arg() -> str:
+    """delta-spark's jars as spark-submit's `--jars` takes them (for `PYSPARK_SUBMIT_ARGS`)."""
+    return f"--jars {','.join(spark_jars(delta_spark_stack()))}"
+
+
 def _spark_line(stack: str) -> str:
     """The POM's `spark.line` property, e.g. "4.2"."""
     found = re.search(r"<spark\.line>([^<]+)</spark\.line>", pom(stack).read_text())

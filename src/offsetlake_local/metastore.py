@@ -11,12 +11,15 @@ server checks the schema's version when it starts. A Spark session reaches it th
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import sys
 import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
 from offsetlake.errors import OffsetlakeError
@@ -169,9 +172,11 @@ def _site(database: Postgres, port: int, warehouse: Path) -> str:
 
 
 def _port(site: Path) -> int:
-    text = site.read_text()
-    start = text.index("<name>metastore.thrift.port</name><value>") + len("<name>metastore.thrift.port</name><value>")
-    return int(text[start : text.index("<", start)])
+    """The Thrift port an earlier start wrote into the site file."""
+    ports = [
+        p.findtext("value") for p in ElementTree.parse(site).getroot() if p.findtext("name") == "metastore.thrift.port"
+    ]
+    return int(ports[0] or "")
 
 
 def _wait(metastore: Metastore, proc: subprocess.Popen) -> None:
@@ -204,24 +209,21 @@ def properties_file(metastore: Metastore) -> Path:
     return path
 
 
+def submit_args(metastore: Metastore) -> str:
+    """`PYSPARK_SUBMIT_ARGS` of a process whose Spark session reaches `metastore`, delta-spark in it."""
+    return f"--properties-file {properties_file(metastore)} {jars.delta_spark_jars_arg()} pyspark-shell"
+
+
 def register(metastore: Metastore, names: dict[str, str]) -> None:
     """Register pipelines' tables under names ({`schema.table`: pipeline}) in `metastore`, in one Spark
     session of a process of its own (delta-spark's jars given as `--jars`), as a job with `table.name` would."""
-    import os
-    import sys
-
-    from offsetlake.errors import OffsetlakeError
-
     args = [f"{name}={pipeline}" for name, pipeline in names.items()]
-    submit = (
-        f"--properties-file {properties_file(metastore)} --jars {','.join(jars.spark_jars(jars.delta_spark_stack()))}"
-    )
-    env = {**os.environ, "PYSPARK_SUBMIT_ARGS": f"{submit} pyspark-shell", "SPARK_LOCAL_IP": "127.0.0.1"}
+    env = {**os.environ, "PYSPARK_SUBMIT_ARGS": submit_args(metastore), "SPARK_LOCAL_IP": "127.0.0.1"}
     done = subprocess.run(
         [sys.executable, "-m", "offsetlake_local.metastore", *args], env=env, capture_output=True, text=True
     )
     if done.returncode != 0:
-        raise OffsetlakeError(
+        raise MetastoreError(
             f"registering {', '.join(names)} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
         )
 
@@ -238,8 +240,8 @@ def main(argv: list[str]) -> int:
             name, pipeline = arg.split("=", 1)
             cfg = load_pipeline(pipeline)
             cfg = cfg.model_copy(update={"table": cfg.table.model_copy(update={"name": name})})
-            catalog.check(spark, cfg)
-            catalog.register(spark, cfg, cfg.table_location.delta_table().version())
+            entry = catalog.check(spark, cfg)
+            catalog.register(spark, cfg, cfg.table_location.delta_table().version(), entry)
             print(f"{name}: {cfg.table_path}")
     finally:
         spark.stop()
@@ -247,6 +249,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main(sys.argv[1:]))

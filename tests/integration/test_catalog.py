@@ -6,6 +6,7 @@ PostgreSQL tables."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -13,6 +14,7 @@ import uuid
 import pytest
 from deltalake import DeltaTable
 
+from offsetlake_local.metastore import submit_args
 from support import (
     REPO,
     assert_exactly_once,
@@ -55,26 +57,10 @@ def metastore(tmp_path_factory):
     database.stop()
 
 
-def submit_args(metastore) -> str:
-    """`PYSPARK_SUBMIT_ARGS` of a process whose Spark session has delta-spark and the metastore's catalog."""
-    confs = " ".join(f"--conf {key}={value}" for key, value in metastore.spark_conf().items())
-    return f"{confs} {delta_spark_submit_args()}"
-
-
 def read_by_name(metastore, name: str) -> dict:
-    env = {
-        "PYSPARK_SUBMIT_ARGS": (
-            "--conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension "
-            "--conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog "
-            + submit_args(metastore)
-        ),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-    }
-    import os
-
     done = subprocess.run(
         [sys.executable, "-c", READER, name],
-        env={**os.environ, **env},
+        env={**os.environ, "PYSPARK_SUBMIT_ARGS": submit_args(metastore), "SPARK_LOCAL_IP": "127.0.0.1"},
         capture_output=True,
         text=True,
         timeout=300,

@@ -24,29 +24,32 @@ from offsetlake.errors import OffsetlakeError, TableError, one_line
 LAST_UPDATE_VERSION = "delta.lastUpdateVersion"  # the log version delta-spark's hook last copied
 
 
-def check(spark: Any, cfg: PipelineConfig) -> None:
-    """Refuse a `table.name` the catalog gives to another location (before the table is created)."""
-    if cfg.table.name is None:
-        return
+def check(spark: Any, cfg: PipelineConfig) -> Any:
+    """Refuse a `table.name` the catalog gives to another location (before the table is created). Returns
+    the catalog's entry under that name (a `CatalogTable`), or None while there is none."""
+    name = cfg.table.name
+    assert name is not None
     spark_transaction.check_on_classpath(spark)
-    with _answered(cfg.table.name):
-        registered = _registered_location(spark, cfg.table.name)
+    with _answered(name):
+        entry = _entry(spark, name)
+        registered = _location(entry) if entry is not None else None
     if registered is not None and _same_place(registered) != _same_place(cfg.table_location.uri):
         raise TableError(
-            f"table.name {cfg.table.name} is the catalog's name for {registered}, not for {cfg.table_path}; "
+            f"table.name {name} is the catalog's name for {registered}, not for {cfg.table_path}; "
             f"nothing was written: choose another name, or drop that entry"
         )
+    return entry
 
 
-def register(spark: Any, cfg: PipelineConfig, version: int) -> None:
+def register(spark: Any, cfg: PipelineConfig, version: int, entry: Any = None) -> None:
     """The table under `table.name` (its schema made if missing), and the entry's copy of its schema and
     properties brought up to the log's when it is older than `version` (the table's newest, as the caller
-    read it): on an idle stream each batch only reads the entry."""
+    read it): on an idle stream each batch only reads the entry. `entry`: the one `check` returned, if the
+    caller has it (else it is looked up)."""
     name = cfg.table.name
-    if name is None:
-        return
+    assert name is not None
     with _answered(name):
-        _register(spark, cfg, name, version)
+        _register(spark, cfg, name, version, entry if entry is not None else _entry(spark, name))
 
 
 @contextmanager
@@ -61,29 +64,32 @@ def _answered(name: str) -> Iterator[None]:
         raise TableError(f"table.name {name}: the Spark session's catalog failed: {one_line(cause)}") from err
 
 
-def _register(spark: Any, cfg: PipelineConfig, name: str, version: int) -> None:
-    schema, table = name.split(".")
-    if _registered_location(spark, name) is None:
+def _register(spark: Any, cfg: PipelineConfig, name: str, version: int, entry: Any) -> None:
+    if entry is None:
+        schema, table = name.split(".")
         spark.sql(f"CREATE SCHEMA IF NOT EXISTS {_quoted(schema)}")
         location = cfg.table_location.uri.replace("'", "\\'")
         spark.sql(f"CREATE TABLE IF NOT EXISTS {_quoted(schema)}.{_quoted(table)} USING delta LOCATION '{location}'")
-    jvm, session = spark._jvm, spark._jsparkSession
-    entry = session.sessionState().catalog().getTableMetadata(_identifier(spark, name))
+        entry = _entry(spark, name)
     copied = entry.properties().get(LAST_UPDATE_VERSION)
     if copied.isDefined() and int(copied.get()) >= version:
         return
     # delta-spark's catalog hook, run now: the entry's schema and properties from the newest snapshot.
+    jvm, session = spark._jvm, spark._jsparkSession
     snapshot = spark_transaction.start(spark, cfg.table_location.uri).snapshot()
     hook = jvm.org.apache.spark.sql.delta.hooks.UpdateCatalogFactory.getUpdateCatalogHook(entry, session)
     hook.updateSchema(session, snapshot)
 
 
-def _registered_location(spark: Any, name: str) -> str | None:
+def _entry(spark: Any, name: str) -> Any:
+    """The session catalog's `CatalogTable` under `name`, or None."""
     catalog = spark._jsparkSession.sessionState().catalog()
     identifier = _identifier(spark, name)
-    if not catalog.tableExists(identifier):
-        return None
-    location = catalog.getTableMetadata(identifier).storage().locationUri()
+    return catalog.getTableMetadata(identifier) if catalog.tableExists(identifier) else None
+
+
+def _location(entry: Any) -> str:
+    location = entry.storage().locationUri()
     return str(location.get()) if location.isDefined() else ""
 
 
