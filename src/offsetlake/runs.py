@@ -203,10 +203,17 @@ def maintained_tables(cfg: PipelineConfig) -> list[Location]:
 
 
 def optimize(
-    cfg: PipelineConfig, run: Run, say: Say, target_file_mb: int | None = None, zorder_by: str | None = None
+    cfg: PipelineConfig,
+    run: Run,
+    say: Say,
+    target_file_mb: int | None = None,
+    zorder_by: str | None = None,
+    spark: Any = None,
 ) -> None:
-    """The table, then the quarantine table if there is one (no z-order there: it has other columns)."""
+    """The table, then the quarantine table if there is one (no z-order there: it has other columns). On the
+    delta-spark engine the table is optimized by delta-spark, in `spark`."""
     from offsetlake.formats.columns import quarantine_schema, table_schema
+    from offsetlake.operations import spark_maintenance
     from offsetlake.operations.compaction import optimize as compact
     from offsetlake.protocol.quarantine import quarantine_schema_of
     from offsetlake.table import open_table
@@ -222,7 +229,9 @@ def optimize(
     if wrong:
         raise ConfigError(f"--zorder-by column {wrong[0]!r} is not a data column of pipeline {cfg.name!r}")
     for location in maintained_tables(cfg):
-        if location == cfg.table_location:
+        if location == cfg.table_location and by_delta_spark(cfg):
+            outcome = spark_maintenance.optimize(in_session(spark, cfg), location, cfg.name, target, zorder, run)
+        elif location == cfg.table_location:
             outcome = compact(location, cfg.name, table_schema(cfg), cfg.table.partition_by, target, zorder, run=run)
         else:
             schema = quarantine_schema_of(open_table(location), quarantine_schema(cfg))
@@ -230,19 +239,56 @@ def optimize(
         say(outcome.summary())
 
 
-def vacuum(cfg: PipelineConfig, retention_hours: int | None, dry_run: bool, run: Run, say: Say) -> None:
+def vacuum(
+    cfg: PipelineConfig, retention_hours: int | None, dry_run: bool, run: Run, say: Say, spark: Any = None
+) -> None:
+    from offsetlake.operations import spark_maintenance
     from offsetlake.operations.maintenance import vacuum as vacuum_table
 
     for location in maintained_tables(cfg):
-        say(vacuum_table(location, cfg.name, retention_hours, dry_run, run).summary())
+        if location == cfg.table_location and by_delta_spark(cfg):
+            session = in_session(spark, cfg)
+            outcome = spark_maintenance.vacuum(session, location, cfg.name, retention_hours, dry_run, run)
+        else:
+            outcome = vacuum_table(location, cfg.name, retention_hours, dry_run, run)
+        say(outcome.summary())
 
 
-def checkpoint(cfg: PipelineConfig, say: Say) -> None:
+def checkpoint(cfg: PipelineConfig, say: Say, spark: Any = None) -> None:
+    from offsetlake.operations import spark_maintenance
     from offsetlake.operations.maintenance import checkpoint as checkpoint_table
 
     for location in maintained_tables(cfg):
-        version = checkpoint_table(location)
+        if location == cfg.table_location and by_delta_spark(cfg):
+            version = spark_maintenance.checkpoint(in_session(spark, cfg), location)
+        else:
+            version = checkpoint_table(location)
         say(f"{location}: checkpoint at version {version}; commit files past the log retention removed")
+
+
+def restore(cfg: PipelineConfig, version: int, run: Run, spark: Any = None) -> int:
+    """The table back at `version` with its ledger (on the delta-spark engine, by delta-spark in `spark`);
+    the version that holds it."""
+    from offsetlake.operations import spark_maintenance
+    from offsetlake.operations.maintenance import restore as restore_table
+
+    if by_delta_spark(cfg):
+        return spark_maintenance.restore(in_session(spark, cfg), cfg, version, run)
+    return restore_table(cfg, version, run)
+
+
+def by_delta_spark(cfg: PipelineConfig) -> bool:
+    """Whether the pipeline's table is maintained by delta-spark (its engine); its quarantine never is."""
+    return cfg.table.engine == "delta-spark"
+
+
+def in_session(spark: Any, cfg: PipelineConfig) -> Any:
+    if spark is None:
+        raise ConfigError(
+            f"pipeline {cfg.name} commits with delta-spark (table.engine), whose maintenance runs in a Spark "
+            f"session: none was given"
+        )
+    return spark
 
 
 def maintain(
@@ -256,16 +302,18 @@ def maintain(
     target_file_mb: int | None = None,
     zorder_by: str | None = None,
     retention_hours: int | None = None,
+    spark: Any = None,
 ) -> None:
-    """The maintenance DAG's workflow: optimize, vacuum and checkpoint, as asked, in that order."""
+    """The maintenance DAG's workflow: optimize, vacuum and checkpoint, as asked, in that order (`spark`: the
+    session a delta-spark engine's table is maintained in)."""
     if not (compact or vacuum_files or checkpoint_log):
         raise ConfigError("nothing to do: give --optimize, --vacuum and/or --checkpoint")
     if compact:
-        optimize(cfg, run, say, target_file_mb, zorder_by)
+        optimize(cfg, run, say, target_file_mb, zorder_by, spark)
     if vacuum_files:
-        vacuum(cfg, retention_hours, dry_run=False, run=run, say=say)
+        vacuum(cfg, retention_hours, dry_run=False, run=run, say=say, spark=spark)
     if checkpoint_log:
-        checkpoint(cfg, say)
+        checkpoint(cfg, say, spark)
 
 
 @contextmanager

@@ -59,7 +59,7 @@ def stream(
                     result.table = name
                     if result.status == "committed":
                         committed += 1
-                        tidy.setdefault(one.table_path, StreamCompaction(one, run)).after(result)
+                        tidy.setdefault(one.table_path, StreamCompaction(one, run, spark)).after(result)
                     if on_batch:
                         on_batch(result)
             except Exception as err:
@@ -83,10 +83,11 @@ def stream(
 
 class StreamCompaction:
     """A stream bounds its own small files: every `maintenance.compact_every_batches` committed batches it
-    compacts the files those batches added (and only those, so the cost stays that of N batches)."""
+    compacts the files those batches added (and only those, so the cost stays that of N batches). On the
+    delta-spark engine, delta-spark's OPTIMIZE compacts the table's small files, in the stream's session."""
 
-    def __init__(self, cfg: PipelineConfig, run: Run | None):
-        self.cfg, self.run = cfg, run
+    def __init__(self, cfg: PipelineConfig, run: Run | None, spark: Any = None):
+        self.cfg, self.run, self.spark = cfg, run, spark
         self.every = cfg.maintenance.compact_every_batches
         self.pending: set[str] = set()
         self.batches = 0
@@ -98,20 +99,26 @@ class StreamCompaction:
         self.batches += 1
         if self.batches < self.every:
             return
+        from offsetlake.operations import spark_maintenance
         from offsetlake.operations.compaction import optimize
 
         cfg = self.cfg
         try:
-            outcome = optimize(
-                cfg.table_location,
-                cfg.name,
-                table_schema(cfg),
-                cfg.table.partition_by,
-                cfg.maintenance.target_file_mb,
-                cfg.maintenance.zorder_by,
-                only=self.pending,
-                run=self.run,
-            )
+            if cfg.table.engine == "delta-spark":
+                outcome = spark_maintenance.optimize(
+                    self.spark, cfg.table_location, cfg.name, cfg.maintenance.target_file_mb, [], self.run or Run.here()
+                )
+            else:
+                outcome = optimize(
+                    cfg.table_location,
+                    cfg.name,
+                    table_schema(cfg),
+                    cfg.table.partition_by,
+                    cfg.maintenance.target_file_mb,
+                    cfg.maintenance.zorder_by,
+                    only=self.pending,
+                    run=self.run,
+                )
         except OffsetlakeError as err:  # best effort: the batches are committed; try again after the next N
             log.warning("stream: compaction skipped: %s", err)
             self.batches = 0

@@ -86,19 +86,20 @@ def check_writable(location: Location, table: DeltaTable, rewrite: str | None = 
     features = set(table.protocol().writer_features or ())
     unknown = sorted(features - WRITABLE_FEATURES)
     if unknown:
+        pronoun = "them" if len(unknown) > 1 else "it"
         raise TableError(
             f"table {location} uses the Delta table feature{'s' * (len(unknown) > 1)} {', '.join(unknown)}, which "
-            f"the delta-rs engine cannot write; nothing was written. `table.engine: delta-spark` ingests into it "
-            f"(delta-spark writes {'them' if len(unknown) > 1 else 'it'}); offsetlake's maintenance, backfill, repair "
-            f"and restore do not yet: run those in Spark"
+            f"the delta-rs engine cannot write; nothing was written. `table.engine: delta-spark` ingests into it, "
+            f"optimizes, vacuums, checkpoints and restores it (delta-spark writes {pronoun}); offsetlake's backfill "
+            f"and repair do not yet: run those in Spark"
         )
     _check_columns_stored_under_their_names(location, table)  # also on a legacy protocol, which lists no features
     unrewritable = sorted(features & NOT_REWRITABLE) if rewrite else []
     if unrewritable:
         raise TableError(
             f"table {location} uses the Delta table feature {', '.join(unrewritable)}, and {rewrite} would bring back "
-            f"rows it deleted; nothing was written. Compact this table in Spark (OPTIMIZE), or ingest into a "
-            f"table without the feature"
+            f"rows it deleted; nothing was written. `table.engine: delta-spark` optimizes and backfills it "
+            f"(delta-spark applies the deletion vectors), or compact it in Spark (OPTIMIZE)"
         )
 
 

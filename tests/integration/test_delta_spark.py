@@ -254,22 +254,6 @@ def test_a_column_stored_under_another_name_by_column_mapping_is_refused_in_one_
     assert data_files_on_disk(cfg.table_path) == files
 
 
-@pytest.mark.parametrize("feature", REFUSED)
-def test_a_feature_offsetlake_cannot_write_is_refused_in_one_line_before_anything_is_written(
-    spark, pipeline, pipelines_dir, feature
-):
-    cfg, topic = pipeline(partitions=2, records=200, ingest=True)
-    sql(spark, f"ALTER TABLE {delta(cfg)} {ENABLE[feature]}")
-    version, files = DeltaTable(cfg.table_path).version(), data_files_on_disk(cfg.table_path)
-    produce(cfg.kafka, topic, 100, seed=86)
-
-    failed = run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir))
-
-    assert_job_failed_in_one_line(failed, "uses the Delta table feature", feature, "nothing was written")
-    assert DeltaTable(cfg.table_path).version() == version
-    assert data_files_on_disk(cfg.table_path) == files
-
-
 def test_offsetlakes_rewrites_refuse_a_table_with_deletion_vectors_and_ingest_appends_beside_them(spark, pipeline):
     """Optimize and repair read data files as Parquet: on a table with deletion vectors they refuse in one
     line rather than bring deleted rows back. Ingest appends beside them, exactly: afterwards, what audit

@@ -5,7 +5,10 @@ against Kafka and the ledger, read by delta-spark and, where it can read the tab
 from __future__ import annotations
 
 import json
+import os
 import signal
+import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -13,9 +16,14 @@ from deltalake import DeltaTable
 from test_delta_spark import ENABLE, REFUSED, delta
 
 from delta_spark import change_reader, reader, sql
+from offsetlake import runs
 from offsetlake.batch import ingest
+from offsetlake.errors import TableError
+from offsetlake.operations.audit import repair
 from offsetlake.protocol.ledger import partition_app_id, pipeline_app_id
+from offsetlake.protocol.metadata import Run
 from offsetlake.table import committed_files
+from oracle import MISSING, check
 from support import (
     assert_exactly_once,
     assert_job_failed_in_one_line,
@@ -66,6 +74,9 @@ TURN_ON = {
 }
 
 
+CHECKED_FROM_THE_COMMAND_LINE = "rowTracking"  # one job process is enough for the one-line check: each costs a JVM
+
+
 @pytest.mark.parametrize("feature", sorted(TURN_ON))
 def test_each_feature_delta_rs_refuses_is_written_by_the_delta_spark_engine(spark, pipeline, pipelines_dir, feature):
     """The delta-rs engine refuses the feature in one line that names the engine that writes it; with
@@ -78,8 +89,15 @@ def test_each_feature_delta_rs_refuses_is_written_by_the_delta_spark_engine(spar
     version, files = DeltaTable(cfg.table_path).version(), data_files_on_disk(cfg.table_path)
     produce(cfg.kafka, topic, 150, seed=186)
 
-    failed = run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir))
-    assert_job_failed_in_one_line(failed, feature, "table.engine: delta-spark", "nothing was written")
+    if feature == CHECKED_FROM_THE_COMMAND_LINE:  # a job process's last line; the others in this session
+        failed = run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir))
+        assert_job_failed_in_one_line(failed, feature, "table.engine: delta-spark", "nothing was written")
+    else:
+        with pytest.raises(TableError) as refused:
+            ingest(spark, cfg)
+        assert "\n" not in str(refused.value)
+        for fragment in (feature, "table.engine: delta-spark", "nothing was written"):
+            assert fragment in str(refused.value)
     assert DeltaTable(cfg.table_path).version() == version
     assert data_files_on_disk(cfg.table_path) == files
 
@@ -173,3 +191,73 @@ def test_an_append_on_the_delta_spark_engine_stays_exact_on_a_table_with_every_f
     ingest(spark, cfg)
     assert_exactly_once(cfg, read=reader(spark), user_columns={"note": pa.string()})
     assert {r.note for r in sql(spark, f"SELECT DISTINCT note FROM {delta(cfg)}")} == {None}
+
+
+def test_the_delta_spark_engine_maintains_repairs_and_restores_a_table_delta_rs_cannot_rewrite(spark, pipeline):
+    """On a table with every feature of the features page but append-only and type widening (deletion vectors,
+    row tracking, liquid clustering, in-commit timestamps, v2 checkpoints, column mapping...), after a user's
+    DELETE:
+    offsetlake's optimize, vacuum and checkpoint run as delta-spark's own (OPTIMIZE applies the deletion
+    vectors, VACUUM deletes an old orphan, the checkpoint holds the ledger), each commit named by its
+    userMetadata, the ledger untouched; ingest goes on, and what the oracle finds missing is what the user
+    deleted, nothing else. offsetlake's repair backfills it through delta-spark, and its restore to the
+    version before the DELETE makes the next ingest read the restored-away records again: each time the
+    table is Kafka's, exactly."""
+    cfg, topic = pipeline(partitions=2, records=600, table=DELTA_SPARK, batch=SMALL_BATCHES)
+    ingest(spark, cfg)
+    for feature in ENABLE:
+        # append-only refuses the user's DELETE; audit reads with delta-rs, which cannot read type widening
+        if feature not in ("appendOnly", "typeWidening"):
+            sql(spark, f"ALTER TABLE {delta(cfg)} {ENABLE[feature]}")
+    deleted = {(topic, r.kafka_partition, r.kafka_offset) for r in sql(spark, f"SELECT * FROM {delta(cfg)}")}
+    deleted = {where for where in deleted if where[2] % 7 == 0}
+    before_delete = DeltaTable(cfg.table_path).version()
+    sql(spark, f"DELETE FROM {delta(cfg)} WHERE kafka_offset % 7 = 0")
+    produce(cfg.kafka, topic, 300, seed=211)
+    ingest(spark, cfg)
+    root = Path(cfg.table_path)
+    orphan = root / "part-orphan-of-a-dead-attempt.parquet"
+    orphan.write_bytes(b"PAR1")
+    os.utime(orphan, (time.time() - 3 * 3600,) * 2)
+    ledger_before = DeltaTable(cfg.table_path).transaction_version(pipeline_app_id(cfg.name))
+    files_before = len(DeltaTable(cfg.table_path).file_uris())
+    said: list[str] = []
+
+    runs.maintain(
+        cfg,
+        Run.here(),
+        said.append,
+        compact=True,
+        vacuum_files=True,
+        checkpoint_log=True,
+        retention_hours=2,
+        spark=spark,
+    )
+
+    table = DeltaTable(cfg.table_path)
+    assert table.transaction_version(pipeline_app_id(cfg.name)) == ledger_before
+    assert len(table.file_uris()) < files_before, said
+    assert not orphan.exists(), said
+    assert any("deleted 1 data files" in line for line in said), said
+    operations = {h.operation: h for h in history(spark, cfg)}
+    assert json.loads(operations["OPTIMIZE"].userMetadata)["kind"] == "optimize"
+    assert json.loads(operations["VACUUM END"].userMetadata)["kind"] == "vacuum"
+    assert json.loads((root / "_delta_log" / "_last_checkpoint").read_text())["version"] == table.version(), said
+    produce(cfg.kafka, topic, 300, seed=212)
+    ingest(spark, cfg)
+    findings = check(cfg, read=reader(spark))
+    assert set(findings.kinds) == {MISSING}, findings.report()
+    assert {where for where, _ in findings.kinds[MISSING]} == deleted != set()
+
+    found, backfilled = repair(spark, cfg)
+    assert found.problem_count() == len(deleted), found.format()
+    assert (backfilled.status, backfilled.rows_added) == ("committed", len(deleted)), backfilled.summary()
+    assert json.loads(history(spark, cfg)[0].userMetadata)["kind"] == "backfill"
+    assert_exactly_once(cfg, read=reader(spark))
+
+    # offsetlake's restore, by delta-spark: the deleted rows are back, the later ones read again, once
+    restored = runs.restore(cfg, before_delete, Run.here(), spark)
+    metadata = json.loads(history(spark, cfg)[0].userMetadata)
+    assert (metadata["kind"], metadata["restored_version"]) == ("restore", before_delete), restored
+    ingest(spark, cfg)
+    assert_exactly_once(cfg, read=reader(spark))

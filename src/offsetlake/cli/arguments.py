@@ -62,6 +62,10 @@ def _add_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dag-id", help="Airflow DAG id (set by the offsetlake operator)")
     p.add_argument("--run-id", help="Airflow DAG run id")
     p.add_argument("--try-number", type=_positive_int, help="Airflow task try number")
+    _add_master(p)
+
+
+def _add_master(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", help="Spark master (default local[*]; under spark-submit, spark-submit's)")
 
 
@@ -171,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: the table's delta.deletedFileRetentionDuration; never below 1 hour",
     )
     _add_dry_run(p)
-    command("checkpoint", "write a Delta checkpoint and remove commit files past the log retention")
+    _add_master(command("checkpoint", "write a Delta checkpoint and remove commit files past the log retention"))
     p = command("maintain", "what the maintenance DAG runs: [optimize,] [vacuum,] [checkpoint], table and quarantine")
     _add_run(p)
     p.add_argument("--optimize", nargs="?", const=True, default=False, type=_bool, help="compact (true/false)")

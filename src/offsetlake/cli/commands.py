@@ -200,41 +200,49 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from offsetlake.operations.maintenance import restore
-
     cfg = _pipeline(args)
-    version = restore(cfg, args.version, _run(args))
+    with spark_session(args)(cfg, "restore") as spark:  # used on the delta-spark engine only
+        version = runs.restore(cfg, args.version, _run(args), spark)
     print(f"table restored to version {args.version} with its ledger, as table version {version}")
     return 0
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
-    runs.optimize(_pipeline(args), _run(args), _say, args.target_file_mb, args.zorder_by)
+    cfg = _pipeline(args)
+    with spark_session(args)(cfg, "optimize") as spark:  # used on the delta-spark engine only
+        runs.optimize(cfg, _run(args), _say, args.target_file_mb, args.zorder_by, spark)
     return 0
 
 
 def cmd_vacuum(args: argparse.Namespace) -> int:
-    runs.vacuum(_pipeline(args), args.retention_hours, args.dry_run, _run(args), _say)
+    cfg = _pipeline(args)
+    with spark_session(args)(cfg, "vacuum") as spark:
+        runs.vacuum(cfg, args.retention_hours, args.dry_run, _run(args), _say, spark)
     return 0
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
-    runs.checkpoint(_pipeline(args), _say)
+    cfg = _pipeline(args)
+    with spark_session(args)(cfg, "checkpoint") as spark:
+        runs.checkpoint(cfg, _say, spark)
     return 0
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    runs.maintain(
-        _pipeline(args),
-        _run(args),
-        _say,
-        compact=args.optimize,
-        vacuum_files=args.vacuum,
-        checkpoint_log=args.checkpoint,
-        target_file_mb=args.target_file_mb,
-        zorder_by=args.zorder_by,
-        retention_hours=args.retention_hours,
-    )
+    cfg = _pipeline(args)
+    with spark_session(args)(cfg, "maintain") as spark:
+        runs.maintain(
+            cfg,
+            _run(args),
+            _say,
+            compact=args.optimize,
+            vacuum_files=args.vacuum,
+            checkpoint_log=args.checkpoint,
+            target_file_mb=args.target_file_mb,
+            zorder_by=args.zorder_by,
+            retention_hours=args.retention_hours,
+            spark=spark,
+        )
     return 0
 
 

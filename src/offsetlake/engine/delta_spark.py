@@ -115,17 +115,18 @@ class DeltaSpark(DeltaRs):
             if self._add_columns(change, table):
                 continue  # the columns landed in a commit of their own: decide again on top of it
             written: set[str] = set()
-            merged: dict[str, int] | None = None
+            counts: dict[str, int] | None = None
             try:
-                actions, written, merged = self._actions(spark, txn, change)
+                actions, written, counts = self._actions(spark, txn, change)
+                change = _with_removed_rows(change, counts)
                 version = spark_transaction.commit(spark, txn, actions, change.metadata.to_json())
-                return Committed(version, change, rewritten=frozenset(written), merged=merged)
+                return self._committed(version, change, written, counts)
             except OffsetlakeError:
                 raise
             except Exception as err:  # noqa: BLE001 - a JVM error: did ours land, or did another's first?
                 landed = landed_version(self.location, change.metadata.attempt)
                 if landed is not None:
-                    return Committed(landed, change, rewritten=frozenset(written), merged=merged)
+                    return self._committed(landed, change, written, counts)
                 # delta-spark's files do not carry the attempt's id, so the attempt's clean-up cannot find them
                 delete_files(self.location, written)
                 conflict = spark_transaction.conflict_of(err)
@@ -135,20 +136,29 @@ class DeltaSpark(DeltaRs):
                 conflicts += 1
         raise CommitConflictError(what, MAX_ATTEMPTS)
 
+    def _committed(self, version: int, change: Change, written: set[str], counts: dict[str, int] | None) -> Committed:
+        merged, replaced = (None, counts) if change.replaces else (counts, None)
+        return Committed(version, change, rewritten=frozenset(written), merged=merged, replaced=replaced)
+
     def _actions(self, spark: Any, txn: Any, change: Change) -> tuple[list[Any], set[str], dict[str, int] | None]:
         """The change's actions in `txn` -- its data files written by delta-spark, the ledger's `txn`
-        actions --, the paths of the files it wrote, and an upsert's counts."""
+        actions --, the paths of the files it wrote, and an upsert's or a backfill's counts."""
         if change.restore_version is not None:
             raise TableError("a RESTORE is not written by the delta-spark engine: run it with delta-rs")
         spark_transaction.read_app_ids(txn, change.txns)
-        merged = None
+        counts = None
         if change.merge is not None:
             plan = spark_merge.rewrite(spark, txn, self.uri, change.merge)
-            actions, merged = plan.actions, plan.merged
+            actions, counts = plan.actions, plan.merged
+        elif change.replaces:
+            files = [a for a in change.actions if isinstance(a, AddAction)]
+            new_rows = self._staged_frame(spark, files) if files else None
+            plan = spark_merge.replace_ranges(spark, txn, self.uri, change.replaces, new_rows)
+            actions, counts = plan.actions, plan.merged
         else:
             actions = self._written(spark, txn, change)
         written = {a.path() for a in actions if a.getClass().getSimpleName() == "AddFile"}
-        return [*actions, *spark_transaction.set_transactions(spark, change.txns)], written, merged
+        return [*actions, *spark_transaction.set_transactions(spark, change.txns)], written, counts
 
     def _written(self, spark: Any, txn: Any, change: Change) -> list[Any]:
         """The staged files' rows written again by delta-spark: its data files (AddFiles)."""
@@ -208,6 +218,14 @@ class DeltaSpark(DeltaRs):
             self.session.sql(statement).collect()
         except Exception as err:
             raise TableError(f"table {self.location}: could not {what}: {one_line(err)}") from err
+
+
+def _with_removed_rows(change: Change, counts: dict[str, int] | None) -> Change:
+    """A backfill's metadata with the rows its replacement removed, known once delta-spark found them."""
+    if not change.replaces or counts is None:
+        return change
+    records = msgspec.structs.replace(change.metadata.records, removed=counts["removed"])
+    return replace(change, metadata=msgspec.structs.replace(change.metadata, records=records))
 
 
 def _ddl(spark: Any, fields: list[pa.Field]) -> str:

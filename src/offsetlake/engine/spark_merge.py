@@ -10,6 +10,8 @@ updated, deleted and inserted as `protocol.upsert.Merge` says; the old files are
 commit. The transaction reads the whole table, so a commit that changed any file since fails it, and
 the batch is decided again.
 
+A backfill's replacement of the rows of some offset ranges is written the same way (`replace_ranges`).
+
 The clauses are `Merge`'s own SQL (its DataFusion dialect made Spark's by `spark_sql`), so both engines
 apply one definition of an upsert.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +28,7 @@ import pyarrow as pa
 
 from offsetlake.config import DELETED_COLUMN
 from offsetlake.engine import spark_transaction
+from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.protocol.upsert import Merge, quoted_column
 
 # A string literal (kept whole, so nothing inside one is rewritten), or DataFusion's cast of an integer.
@@ -37,7 +41,7 @@ class Rewrite:
     counts."""
 
     actions: list[Any]  # delta-spark RemoveFile and AddFile actions
-    merged: dict[str, int]
+    merged: dict[str, int]  # a MERGE's rows inserted, updated, deleted; a replacement's rows removed, files
 
 
 def rewrite(spark: Any, txn: Any, uri: str, merge: Merge) -> Rewrite:
@@ -75,6 +79,34 @@ def rewrite(spark: Any, txn: Any, uri: str, merge: Merge) -> Rewrite:
     tally = {row["__outcome"]: int(row["count"]) for row in counted}
     merged = {k: tally.get(k, 0) for k in ("inserted", "updated", "deleted")}
     return Rewrite([*_removes(rewritten), *written], merged)
+
+
+def replace_ranges(spark: Any, txn: Any, uri: str, ranges: Sequence[OffsetRange], new_rows: Any) -> Rewrite:
+    """A backfill's change in the transaction: the rows of `ranges` removed -- the files holding any written
+    again without them, read at the transaction's version so that deletion vectors apply -- and `new_rows`
+    (a DataFrame, or None) written beside them. Its counts: the rows removed and the files rewritten."""
+    from pyspark.sql import functions as F
+
+    in_ranges = F.expr(
+        " OR ".join(
+            f"(kafka_topic = '{r.topic.replace(chr(39), chr(39) * 2)}' AND kafka_partition = {r.partition} "
+            f"AND kafka_offset >= {r.start} AND kafka_offset < {r.end})"
+            for r in ranges
+        )
+    )
+    target = (
+        spark.read.format("delta")
+        .option("versionAsOf", txn.readVersion())
+        .load(uri)
+        .select("*", F.col("_metadata.file_name").alias("__file"))
+    )
+    hits = target.where(in_ranges).groupBy("__file").count().collect()
+    touched = {row["__file"]: int(row["count"]) for row in hits}
+    kept = target.where(F.col("__file").isin(sorted(touched)) & ~in_ranges).drop("__file")
+    rows = kept if new_rows is None else kept.unionByName(new_rows.select(*kept.columns))
+    written = spark_transaction.as_list(txn.writeFiles(rows._jdf))
+    rewritten = [f for f in spark_transaction.files_of(txn) if _file_name(f) in touched]
+    return Rewrite([*_removes(rewritten), *written], {"removed": sum(touched.values()), "files": len(rewritten)})
 
 
 def _touched_files(merge: Merge, t: Any, s: Any, join: Any) -> list[str]:

@@ -111,3 +111,12 @@ def files_of(txn: Any) -> list[Any]:
     """The table's data files (`AddFile`s) at the transaction's version, read as a whole by the transaction:
     any file another commit adds or removes meanwhile then fails this one."""
     return as_list(txn.filterFiles())
+
+
+def checkpoint(spark: Any, uri: str) -> int:
+    """A checkpoint of the table's newest version written by delta-spark, which then removes the commit files
+    past the table's log retention (`delta.logRetentionDuration`) the checkpoint covers; its version."""
+    log = spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, uri)
+    snapshot = log.startTransaction().snapshot()  # the newest version, read now
+    log.checkpoint(snapshot, spark._jvm.scala.Option.empty())
+    return int(snapshot.version())

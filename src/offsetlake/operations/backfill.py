@@ -7,6 +7,10 @@ twice, get the same table. It never moves the ledger: offsets past the
 ledger's committed end belong to ingest and are refused (checked again on every
 snapshot the commit is decided on: a restore or reset meanwhile may have moved
 the ledger back), and so are offsets Kafka no longer holds.
+
+On the delta-spark engine the rows are found and removed by delta-spark in the commit's own transaction
+(`spark_merge.replace_ranges`): the files holding them are read as Delta reads them, deletion vectors
+applied, and written again without them beside the re-read rows.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from deltalake.transaction import RemoveAction
 
 from offsetlake import faults
 from offsetlake.config import PipelineConfig
+from offsetlake.engine import engine_for
 from offsetlake.errors import ConfigError, DataLossError
 from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import TP, KafkaCluster
@@ -144,13 +149,17 @@ def backfill(
     )
     cluster = KafkaCluster(cfg.kafka)
     schema = table_schema(cfg)
-    table = open_table(cfg.table_location, schema, cfg.table.partition_by, cfg.name, create=False)
+    by_spark = cfg.table.engine == "delta-spark"  # which finds and rewrites the rows itself (module docstring)
+    table = open_table(
+        cfg.table_location, schema, cfg.table.partition_by, cfg.name, create=False, writer=cfg.table.engine
+    )
     tps = cluster.partitions(cfg.topics)
     ledger = read_ledger(cfg.table_location, table, cfg.name, tps)
     ranges = sorted(ranges, key=lambda r: (r.topic, r.partition, r.start))
     validate(cfg, cluster, ranges, ledger.offsets)
     if dry_run:
-        return BackfillResult("dry_run", ranges, rows_removed=_rows_in(cfg.table_location, ranges))
+        removed = _rows_in_spark(spark, cfg, ranges) if by_spark else _rows_in(cfg.table_location, ranges)
+        return BackfillResult("dry_run", ranges, rows_removed=removed)
 
     attempt = new_attempt_id()
     fault_settings = faults.settings_from_env()
@@ -173,7 +182,7 @@ def backfill(
             for r in ranges:
                 check_within_ledger(r, committed, moved=committed != ledger.offsets)
             # Rewrites decided against a snapshot that loses the race are this attempt's files: they go too.
-            removes, rewritten, removed_rows = _replacement(cfg, table, ranges, attempt)
+            removes, rewritten, removed_rows = ([], [], 0) if by_spark else _replacement(cfg, table, ranges, attempt)
             files.written[cfg.table_location] |= {f.path for f in rewritten}
             replaced.update(files=len(removes) - len(rewritten), rewritten=len(rewritten), rows=removed_rows)
             faults.hit("before_commit", fault_settings)
@@ -192,14 +201,37 @@ def backfill(
                 schema=wider or schema,
                 partition_by=cfg.table.partition_by,
                 evolve=wider is not None,
+                replaces=tuple(ranges) if by_spark else (),
             )
 
-        outcome = commit(cfg.table_location, decide, "backfill", rewrites=True)
+        if by_spark:
+            outcome = engine_for(cfg, spark).commit(decide, "backfill")
+        else:
+            outcome = commit(cfg.table_location, decide, "backfill", rewrites=True)
         assert isinstance(outcome, Committed)  # decide() always writes, or raises
         files.kept[cfg.table_location] = outcome.added_paths()
+        if outcome.replaced is not None:  # every file holding rows of the ranges was written again
+            replaced.update(files=0, rewritten=outcome.replaced["files"], rows=outcome.replaced["removed"])
     return BackfillResult(
         "committed", ranges, outcome.version, replaced["rows"], records.rows, replaced["files"], replaced["rewritten"]
     )
+
+
+def _rows_in_spark(spark: Any, cfg: PipelineConfig, ranges: list[OffsetRange]) -> int:
+    """The rows of `ranges` as delta-spark reads the table (deletion vectors applied)."""
+    from pyspark.sql import functions as F
+
+    from offsetlake.spark.session import session_of
+
+    rows = session_of(spark).read.format("delta").load(str(cfg.table_location))
+    hit = F.lit(False)
+    for r in ranges:
+        hit = hit | (
+            (F.col("kafka_topic") == r.topic)
+            & (F.col("kafka_partition") == r.partition)
+            & F.col("kafka_offset").between(r.start, r.end - 1)
+        )
+    return rows.where(hit).count()
 
 
 def _rows_in(location: Location, ranges: list[OffsetRange]) -> int:

@@ -146,12 +146,8 @@ def vacuum(
     delta.deletedFileRetentionDuration and is never below the clean-up safety window.
     """
     table = open_table(location)
-    hours = retention_hours if retention_hours is not None else _deleted_file_retention_hours(table)
-    if hours < MIN_VACUUM_RETENTION_HOURS:
-        raise ConfigError(
-            f"vacuum retention {hours} h is below the clean-up safety window of "
-            f"{MIN_VACUUM_RETENTION_HOURS} h: a batch in flight or a RESTORE could lose its files"
-        )
+    hours = retention_hours if retention_hours is not None else retention_hours_of(table)
+    check_retention(hours)
     meta = CommitMetadata(pipeline, "vacuum", attempt=new_attempt_id(), run=run or Run.here())
     deleted = table.vacuum(
         retention_hours=hours,
@@ -163,7 +159,15 @@ def vacuum(
     return VacuumResult(location, sorted(deleted), hours, dry_run)
 
 
-def _deleted_file_retention_hours(table: DeltaTable) -> int:
+def check_retention(hours: int) -> None:
+    if hours < MIN_VACUUM_RETENTION_HOURS:
+        raise ConfigError(
+            f"vacuum retention {hours} h is below the clean-up safety window of "
+            f"{MIN_VACUUM_RETENTION_HOURS} h: a batch in flight or a RESTORE could lose its files"
+        )
+
+
+def retention_hours_of(table: DeltaTable) -> int:
     """The table's delta.deletedFileRetentionDuration ("interval 168 hours", "interval 7 days"), in hours."""
     text = table.metadata().configuration.get("delta.deletedFileRetentionDuration") or "interval 7 days"
     parts = text.split()

@@ -65,6 +65,7 @@ from offsetlake.errors import CommitConflictError, OffsetlakeError, StorageError
 from offsetlake.protocol.ledger import Ledger
 from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.protocol.planning import BatchPlan
+from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.protocol.upsert import Merge
 from offsetlake.storage.location import Location, despite_log_cleanup, is_transient
 from offsetlake.storage.parquet import DataFile, conform, read_with_partitions
@@ -94,6 +95,9 @@ class Change:
     restore_version: int | None = None  # a Delta RESTORE to this version instead of a write
     evolve: bool = False  # `schema` adds columns to the table: written with them in this commit (step 7)
     merge: Merge | None = None  # an upsert: this MERGE instead of `actions` (step 6)
+    # A backfill on an engine that finds the rows itself (delta-spark: deletion vectors applied): the rows of
+    # these offset ranges are removed, the files holding them written again without them, beside `actions`.
+    replaces: tuple[OffsetRange, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ class Committed:
     status: str = "committed"
     rewritten: frozenset[str] | None = None  # an evolving change: the files written in its place
     merged: dict[str, int] | None = None  # an upsert: the MERGE's rows inserted, updated, deleted
+    replaced: dict[str, int] | None = None  # `Change.replaces`: the rows removed, the files rewritten
 
     def added_paths(self) -> set[str]:
         """The files this commit references: clean-up must keep them (an upsert's are delta-rs' own)."""
