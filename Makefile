@@ -81,12 +81,14 @@ demo: $(STAMP) jars jvm-archive
 
 # Throughput next to the raw Kafka read rate, in one run; then the object-storage lines (an S3 table next to
 # a local one, and HTTP requests per batch on a new and a 1,000-commit S3 table), the upsert lines and the
-# change-data-capture line (PostgreSQL -> Debezium -> Kafka -> Delta: events/s and delay). Not part of make test.
+# change-data-capture line (PostgreSQL -> Debezium -> Kafka -> Delta: events/s and delay), and the two commit engines
+# side by side (delta-rs, delta-spark, Spark's own Kafka source). Not part of make test.
 bench: $(STAMP) jars jvm-archive
 	$(BIN)/python tests/benchmarks/bench_ingest.py $(BENCH_ARGS)
 	$(BIN)/python tests/benchmarks/bench_object_storage.py $(BENCH_S3_ARGS)
 	$(BIN)/python tests/benchmarks/bench_upsert.py $(BENCH_UPSERT_ARGS)
 	$(BIN)/python tests/benchmarks/bench_cdc.py $(BENCH_CDC_ARGS)
+	$(BIN)/python tests/benchmarks/bench_engines.py $(BENCH_ENGINES_ARGS)
 
 # 20,000 small commits: is a batch on a year-old table as cheap as on a new one? (not part of make test)
 soak: $(STAMP) jars jvm-archive
