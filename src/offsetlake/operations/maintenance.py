@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
@@ -18,7 +18,7 @@ from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.protocol.commit import Change, Committed, commit, new_attempt_id
 from offsetlake.protocol.ledger import ledger_at, read_ledger, txn_actions
-from offsetlake.protocol.metadata import CommitMetadata, Run, flat_offsets
+from offsetlake.protocol.metadata import CommitMetadata, Offsets, Run, flat_offsets
 from offsetlake.storage.location import Location, delete_if_there, retrying
 from offsetlake.storage.parquet import from_delta_path
 from offsetlake.table import open_table
@@ -263,19 +263,29 @@ def restore(cfg: PipelineConfig, version: int, run: Run | None = None) -> int:
         then = ledger_at(cfg.table_location, cfg.name, tps, version)
         # Partitions the ledger did not know at that version start again from their earliest offset.
         offsets = {**cluster.start_offsets(tps), **then.offsets}
-        batch = current.next_batch()
-        metadata = CommitMetadata(
-            cfg.name,
-            "restore",
-            batch=batch,
-            attempt=attempt,
-            restored_version=version,
-            from_=flat_offsets(current.offsets),
-            offsets=flat_offsets(offsets),
-            run=run,
+        change = restore_ledger(
+            cfg.name, version, current.next_batch(), attempt, flat_offsets(current.offsets), offsets, run
         )
-        return Change(metadata, txns=txn_actions(cfg.name, batch, offsets), restore_version=version)
+        return replace(change, restore_version=version)  # and the files, in the same commit
 
     outcome = commit(cfg.table_location, decide, "restore")
     assert isinstance(outcome, Committed)  # decide() always writes
     return outcome.version
+
+
+def restore_ledger(
+    pipeline: str, version: int, batch: int, attempt: str, before: Offsets, offsets: dict[TP, int], run: Run
+) -> Change:
+    """The commit that records a restore to `version`: the ledger as of then (`offsets`), `before` the one it
+    replaces, as batch `batch`."""
+    metadata = CommitMetadata(
+        pipeline,
+        "restore",
+        batch=batch,
+        attempt=attempt,
+        restored_version=version,
+        from_=before,
+        offsets=flat_offsets(offsets),
+        run=run,
+    )
+    return Change(metadata, txns=txn_actions(pipeline, batch, offsets))

@@ -21,10 +21,10 @@ from offsetlake.engine.delta_spark import DeltaSpark
 from offsetlake.errors import ConfigError, TableError, one_line
 from offsetlake.kafka import KafkaCluster
 from offsetlake.operations.compaction import MB, OptimizeResult
-from offsetlake.operations.maintenance import VacuumResult, check_retention, retention_hours_of
+from offsetlake.operations.maintenance import VacuumResult, check_retention, restore_ledger, retention_hours_of
 from offsetlake.protocol.commit import Change, Committed, Settled, new_attempt_id
-from offsetlake.protocol.ledger import read_ledger, txn_actions
-from offsetlake.protocol.metadata import CommitMetadata, Kind, Run, flat_offsets
+from offsetlake.protocol.ledger import read_ledger
+from offsetlake.protocol.metadata import CommitMetadata, Kind, Run
 from offsetlake.storage.location import Location
 from offsetlake.table import open_table
 
@@ -110,18 +110,8 @@ def restore(spark: Any, cfg: PipelineConfig, version: int, run: Run) -> int:
         ledger = read_ledger(location, table, cfg.name, tps)
         if ledger.rewind is None or ledger.rewind.restore_commit != restore_commit:
             return Settled("already_committed", "a batch recorded the restored ledger first")
-        offsets, batch = {**starts, **ledger.offsets}, ledger.next_batch()
-        metadata = CommitMetadata(
-            cfg.name,
-            "restore",
-            batch=batch,
-            attempt=attempt,
-            restored_version=version,
-            from_=ledger.rewind.from_,
-            offsets=flat_offsets(offsets),
-            run=run,
-        )
-        return Change(metadata, txns=txn_actions(cfg.name, batch, offsets))
+        offsets = {**starts, **ledger.offsets}
+        return restore_ledger(cfg.name, version, ledger.next_batch(), attempt, ledger.rewind.from_, offsets, run)
 
     outcome = DeltaSpark(cfg, session).commit(decide, "restore")
     return outcome.version if isinstance(outcome, Committed) else int(restore_commit or newest)
