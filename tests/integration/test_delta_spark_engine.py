@@ -110,7 +110,7 @@ def test_an_upsert_on_the_delta_spark_engine_stays_exact_on_a_table_with_every_f
     """Upsert batches merged by delta-spark into a table with every feature of the features page but
     append-only (row tracking, liquid clustering, in-commit timestamps, type widening, deletion vectors,
     column mapping, the change data feed...): the fold of Kafka, read by delta-spark, and the change
-    feed replays to it."""
+    feed replays to it; each row keeps its row id through the merges, as Delta's own MERGE keeps it."""
     from test_upsert import UPSERT, keyed_event
 
     cfg, topic = pipeline(partitions=2, batch=SMALL_BATCHES, table=DELTA_SPARK, **UPSERT)
@@ -122,6 +122,35 @@ def test_an_upsert_on_the_delta_spark_engine_stays_exact_on_a_table_with_every_f
     produce(cfg.kafka, topic, 600, seed=200, make_record=keyed_event)
     ingest(spark, cfg)
     assert_exactly_once(cfg, read=reader(spark), read_changes=change_reader(spark))
+
+    # Row tracking: a key's row keeps its id through a merge that updates it, as in Delta's own MERGE (a
+    # deleted key's row is gone, and one inserted again is a new row: updates only here)
+    ids_before = row_ids(spark, cfg)
+
+    def an_update(rng, seq):
+        while True:
+            key, value = keyed_event(rng, seq)
+            if value is not None:
+                return key, value
+
+    produce(cfg.kafka, topic, 300, seed=201, make_record=an_update)
+    ingest(spark, cfg)
+    assert_exactly_once(cfg, read=reader(spark), read_changes=change_reader(spark))
+    ids_after = row_ids(spark, cfg)
+    assert ids_before and all(ids_after[key] == ids_before[key] for key in ids_before), {
+        key: (ids_before[key], ids_after[key]) for key in ids_before if ids_after[key] != ids_before[key]
+    }
+    assert len(set(ids_after.values())) == len(ids_after)  # and every row its own
+
+
+def row_ids(spark, cfg) -> dict[str, int]:
+    """Each key's row id (`_metadata.row_id`), as delta-spark reads it."""
+    from pyspark.sql import functions as F
+
+    table = spark.read.format("delta").load(str(cfg.table_path))
+    return {
+        r.kafka_key: r.row_id for r in table.select("kafka_key", F.col("_metadata.row_id").alias("row_id")).collect()
+    }
 
 
 def job_env(env: dict | None = None) -> dict:

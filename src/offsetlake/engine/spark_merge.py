@@ -53,25 +53,22 @@ def rewrite(spark: Any, txn: Any, uri: str, merge: Merge) -> Rewrite:
     if merge.source.num_rows == 0:  # nothing to join: a batch of tombstones of absent keys, or a TRUNCATE
         removed = files if merge.truncate else []
         return Rewrite(_removes(removed), {"inserted": 0, "updated": 0, "deleted": _rows_in(removed)})
-    target = (
-        spark.read.format("delta")
-        .option("versionAsOf", txn.readVersion())
-        .load(uri)
-        .select("*", F.col("_metadata.file_name").alias("__file"), F.lit(True).alias("__t"))
-    )
+    target, tracking = tracked(spark, txn, uri)
+    target = target.select("*", F.col("_metadata.file_name").alias("__file"), F.lit(True).alias("__t"))
     source = spark.createDataFrame(merge.source).withColumn("__s", F.lit(True))
     t, s = target.alias("t"), source.alias("s")
     join = F.expr(spark_sql(merge.predicate()))
     touched = set(_touched_files(merge, t, s, join))
     rewritten = [f for f in files if _file_name(f) in touched]
     joined = t.where(F.col("__file").isin(sorted(touched))).alias("t").join(s, join, "full_outer")
-    columns = [c for c in target.columns if c not in ("__file", "__t")]
+    columns = [c for c in target.columns if c not in ("__file", "__t", *tracking)]
     kinds = {f.name: f.dataType.simpleString() for f in target.schema.fields}
     joined = joined.withColumn("__outcome", F.expr(_outcome(merge))).persist()  # counted, then written: one join
     try:
         counted = joined.groupBy("__outcome").count().collect()
         rows = joined.where(F.col("__outcome").isin("kept", "updated", "inserted")).select(
-            *[F.expr(f"CAST(({value}) AS {kinds[c]})").alias(c) for c, value in _values(merge, columns).items()]
+            *[F.expr(f"CAST(({value}) AS {kinds[c]})").alias(c) for c, value in _values(merge, columns).items()],
+            *_kept_row_tracking(target, tracking),
         )
         written = spark_transaction.as_list(txn.writeFiles(rows._jdf))
     finally:
@@ -94,19 +91,46 @@ def replace_ranges(spark: Any, txn: Any, uri: str, ranges: Sequence[OffsetRange]
             for r in ranges
         )
     )
-    target = (
-        spark.read.format("delta")
-        .option("versionAsOf", txn.readVersion())
-        .load(uri)
-        .select("*", F.col("_metadata.file_name").alias("__file"))
-    )
+    target, _ = tracked(spark, txn, uri)  # a kept row keeps its row id and commit version
+    target = target.select("*", F.col("_metadata.file_name").alias("__file"))
     hits = target.where(in_ranges).groupBy("__file").count().collect()
     touched = {row["__file"]: int(row["count"]) for row in hits}
     kept = target.where(F.col("__file").isin(sorted(touched)) & ~in_ranges).drop("__file")
-    rows = kept if new_rows is None else kept.unionByName(new_rows.select(*kept.columns))
+    rows = kept if new_rows is None else kept.unionByName(new_rows, allowMissingColumns=True)
     written = spark_transaction.as_list(txn.writeFiles(rows._jdf))
     rewritten = [f for f in spark_transaction.files_of(txn) if _file_name(f) in touched]
     return Rewrite([*_removes(rewritten), *written], {"removed": sum(touched.values()), "files": len(rewritten)})
+
+
+def tracked(spark: Any, txn: Any, uri: str) -> tuple[Any, tuple[str, ...]]:
+    """The table at the transaction's version as a DataFrame and, on a table with row tracking, the names of
+    the columns delta-spark's own DML adds to keep each row's id and commit version through a rewrite
+    (`RowTracking.preserveRowTrackingColumns`): written with a row, they keep its id; left null, the commit
+    gives it a new one."""
+    from pyspark.sql import DataFrame
+
+    table = spark.read.format("delta").option("versionAsOf", txn.readVersion()).load(uri)
+    preserved = spark._jvm.org.apache.spark.sql.delta.RowTracking.preserveRowTrackingColumns(table._jdf, txn.snapshot())
+    with_tracking = DataFrame(preserved, spark)
+    return with_tracking, tuple(c for c in with_tracking.columns if c not in table.columns)
+
+
+def _kept_row_tracking(target: Any, tracking: tuple[str, ...]) -> list[Any]:
+    """The row-tracking columns of a merged row, as Delta's MERGE writes them: a kept row keeps its id and
+    commit version, an updated row its id (its commit version becomes this commit's), an inserted row
+    neither. The columns keep the metadata that tells delta-spark to write them."""
+    from pyspark.sql import functions as F
+
+    if not tracking:
+        return []
+    row_id, commit_version = tracking  # preserveRowTrackingColumns adds them in this order
+    metadata = {f.name: f.metadata for f in target.schema.fields}
+    return [
+        F.col(f"t.{quoted(row_id)}").alias(row_id, metadata=metadata[row_id]),
+        F.when(F.col("__outcome") == "kept", F.col(f"t.{quoted(commit_version)}")).alias(
+            commit_version, metadata=metadata[commit_version]
+        ),
+    ]
 
 
 def _touched_files(merge: Merge, t: Any, s: Any, join: Any) -> list[str]:
