@@ -31,6 +31,7 @@ from offsetlake.engine import spark_merge, spark_transaction
 from offsetlake.engine.delta_rs import DeltaRs
 from offsetlake.errors import CommitConflictError, OffsetlakeError, TableError, TableMissing, one_line
 from offsetlake.protocol.commit import MAX_ATTEMPTS, Change, Committed, Decide, Settled, landed_version
+from offsetlake.storage.location import Location
 from offsetlake.storage.parquet import from_delta_path, plain_types
 from offsetlake.table import check_mergeable, delete_files, open_table
 
@@ -54,12 +55,14 @@ class DeltaSpark(DeltaRs):
 
         if self.spark is None:
             raise TableError(f"pipeline {self.cfg.name}: the delta-spark engine commits in a Spark session; none given")
+        refuse_object_store(self.location)
         session = session_of(self.spark)
         spark_transaction.check_on_classpath(session)
         return session
 
     def open(self) -> DeltaTable:
         cfg = self.cfg
+        refuse_object_store(self.location)
         try:
             table = open_table(
                 self.location, self.schema, cfg.table.partition_by, cfg.name, create=False, writer=self.name
@@ -218,6 +221,21 @@ class DeltaSpark(DeltaRs):
             self.session.sql(statement).collect()
         except Exception as err:
             raise TableError(f"table {self.location}: could not {what}: {one_line(err)}") from err
+
+
+def refuse_object_store(location: Location) -> None:
+    """Fail in one line, before anything is written, for a table in an object store. Two writers of one
+    version need the store to let only one of them create the log entry: delta-rs makes a conditional put,
+    delta-spark's S3 log store excludes writers only within its own driver (and its DynamoDB one is not
+    one delta-rs 1.x takes). A zombie on delta-spark and its retry, or delta-spark and offsetlake's own
+    delta-rs commits (the quarantine, maintenance of the other engine), could then both write one version,
+    and one commit would be lost."""
+    if location.is_object_store:
+        raise TableError(
+            f"table {location}: the delta-spark engine writes tables on a local or shared file system only: on "
+            f"an object store two writers of one version are not kept apart (delta-spark makes no conditional "
+            f"put); nothing was written. Use `table.engine: delta-rs` for this table"
+        )
 
 
 def _with_removed_rows(change: Change, counts: dict[str, int] | None) -> Change:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from offsetlake.config import PipelineConfig
 from offsetlake.engine import spark_transaction
-from offsetlake.engine.delta_spark import DeltaSpark
+from offsetlake.engine.delta_spark import DeltaSpark, refuse_object_store
 from offsetlake.errors import ConfigError, TableError, one_line
 from offsetlake.kafka import KafkaCluster
 from offsetlake.operations.compaction import MB, OptimizeResult
@@ -74,7 +74,7 @@ def vacuum(
 def checkpoint(spark: Any, location: Location) -> int:
     """A checkpoint of the newest version by delta-spark, then its clean-up of commit files past the
     table's log retention. The ledger (txn actions) is part of the checkpoint."""
-    session = _session(spark)
+    session = _session(spark, location)
     settings = {f"{DELTA}checkpoint.exceptionThrowing.enabled": "true"}  # Delta logs and swallows a failure
     with _settings(session, settings):
         try:
@@ -92,7 +92,8 @@ def restore(spark: Any, cfg: PipelineConfig, version: int, run: Run) -> int:
     commit records the rewind, partitions the ledger did not know then starting from Kafka's earliest
     offset as on the delta-rs engine. A batch that commits in between records the rewind itself, and the
     second commit then settles."""
-    session, location = _session(spark), cfg.table_location
+    location = cfg.table_location
+    session = _session(spark, location)
     newest = open_table(location).version()
     if not 0 <= version < newest:
         raise ConfigError(f"version {version} is not an earlier version of {cfg.table_path} (now {newest})")
@@ -122,7 +123,7 @@ def _statement_of(
     spark: Any, location: Location, pipeline: str, kind: Kind, run: Run, settings: dict[str, str]
 ) -> Iterator[Any]:
     """A way to run statements on the table whose commits carry the operation's `userMetadata`."""
-    session = _session(spark)
+    session = _session(spark, location)
     metadata = CommitMetadata(pipeline, kind, run=run).to_json()
 
     def sql(statement: str, what: str) -> list[Any]:
@@ -151,9 +152,10 @@ def _settings(session: Any, settings: dict[str, str]) -> Iterator[None]:
                 session.conf.set(key, value)
 
 
-def _session(spark: Any) -> Any:
+def _session(spark: Any, location: Location) -> Any:
     from offsetlake.spark.session import session_of
 
+    refuse_object_store(location)
     session = session_of(spark)
     spark_transaction.check_on_classpath(session)
     return session
