@@ -122,7 +122,7 @@ class DeltaSpark(DeltaRs):
             try:
                 actions, written, counts = self._actions(spark, txn, change)
                 change = _with_removed_rows(change, counts)
-                version = spark_transaction.commit(spark, txn, actions, change.metadata.to_json())
+                version = spark_transaction.commit(spark, txn, actions, change.metadata.to_json(), self.location)
                 return self._committed(version, change, written, counts)
             except OffsetlakeError:
                 raise
@@ -218,7 +218,8 @@ class DeltaSpark(DeltaRs):
 
     def _sql(self, statement: str, what: str) -> None:
         try:
-            self.session.sql(statement).collect()
+            with spark_transaction.log_lock(self.location):
+                self.session.sql(statement).collect()
         except Exception as err:
             raise TableError(f"table {self.location}: could not {what}: {one_line(err)}") from err
 

@@ -14,14 +14,18 @@ defines, whatever the Scala constructors of the delta-spark release.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from deltalake import Transaction
 
 from offsetlake.errors import TableError
+from offsetlake.storage.location import Location
 
 # delta-spark's exceptions for a commit another commit made impossible: deciding again is safe.
 CONFLICTS = (
@@ -79,11 +83,40 @@ def as_list(seq: Any) -> list[Any]:
     return [seq.apply(i) for i in range(seq.size())]
 
 
-def commit(spark: Any, txn: Any, actions: Sequence[Any], user_metadata: str) -> int:
+def commit(spark: Any, txn: Any, actions: Sequence[Any], user_metadata: str, location: Location) -> int:
     """Commit `actions` in `txn` as a `WRITE` carrying `user_metadata`; the version it landed as."""
     jvm = spark._jvm
     seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(list(actions)).toSeq()
-    return int(txn.commit(seq, write_operation(spark, user_metadata)))
+    with log_lock(location):
+        return int(txn.commit(seq, write_operation(spark, user_metadata)))
+
+
+LOCK_FILE = ".offsetlake-commit.lock"
+
+
+@contextmanager
+def log_lock(location: Location) -> Iterator[None]:
+    """The table's commits by offsetlake's delta-spark writers, one at a time across processes and hosts.
+
+    delta-spark writes a log entry on a file system with its `LocalLogStore` (the `HDFSLogStore` on HDFS
+    makes an atomic rename): it checks the entry is not there, then renames its file onto it, and a rename
+    onto an existing file replaces it. It keeps two writers apart only inside one JVM, so two jobs -- a
+    zombie and its retry, a batch and the maintenance DAG's OPTIMIZE -- could both write one version and
+    the first would vanish. A POSIX lock on a file in the log (NFS carries those) around each commit closes
+    that gap for offsetlake's own writers; delta-rs' commits need none (it renames without replacing)."""
+    if location.is_object_store:  # refused on this engine (delta_spark.refuse_object_store)
+        yield
+        return
+    log_dir = Path(location.uri.removeprefix("file://")) / "_delta_log"
+    if not log_dir.is_dir():  # no table yet: its creation is retried on a clash (DeltaSpark.open)
+        yield
+        return
+    with open(log_dir / LOCK_FILE, "a") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.lockf(lock, fcntl.LOCK_UN)
 
 
 def write_operation(spark: Any, user_metadata: str) -> Any:

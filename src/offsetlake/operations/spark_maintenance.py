@@ -101,7 +101,8 @@ def restore(spark: Any, cfg: PipelineConfig, version: int, run: Run) -> int:
     tps = cluster.partitions(cfg.topics)
     starts = cluster.start_offsets(tps)
     try:
-        session.sql(f"RESTORE TABLE {_table(location)} TO VERSION AS OF {version}").collect()
+        with spark_transaction.log_lock(location):
+            session.sql(f"RESTORE TABLE {_table(location)} TO VERSION AS OF {version}").collect()
     except Exception as err:
         raise TableError(f"table {location}: delta-spark could not restore version {version}: {one_line(err)}") from err
     restore_commit, _ = _commit_after(location, newest, "RESTORE")
@@ -128,7 +129,8 @@ def _statement_of(
 
     def sql(statement: str, what: str) -> list[Any]:
         try:
-            return session.sql(statement).collect()
+            with spark_transaction.log_lock(location):  # its commits, one at a time with offsetlake's others
+                return session.sql(statement).collect()
         except Exception as err:
             raise TableError(f"table {location}: delta-spark could not {what}: {one_line(err)}") from err
 
