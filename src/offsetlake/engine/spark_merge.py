@@ -84,13 +84,7 @@ def replace_ranges(spark: Any, txn: Any, uri: str, ranges: Sequence[OffsetRange]
     (a DataFrame, or None) written beside them. Its counts: the rows removed and the files rewritten."""
     from pyspark.sql import functions as F
 
-    in_ranges = F.expr(
-        " OR ".join(
-            f"(kafka_topic = '{r.topic.replace(chr(39), chr(39) * 2)}' AND kafka_partition = {r.partition} "
-            f"AND kafka_offset >= {r.start} AND kafka_offset < {r.end})"
-            for r in ranges
-        )
-    )
+    in_ranges = F.expr(in_ranges_sql(ranges))
     target, _ = tracked(spark, txn, uri)  # a kept row keeps its row id and commit version
     target = target.select("*", F.col("_metadata.file_name").alias("__file"))
     hits = target.where(in_ranges).groupBy("__file").count().collect()
@@ -100,6 +94,16 @@ def replace_ranges(spark: Any, txn: Any, uri: str, ranges: Sequence[OffsetRange]
     written = spark_transaction.as_list(txn.writeFiles(rows._jdf))
     rewritten = [f for f in spark_transaction.files_of(txn) if _file_name(f) in touched]
     return Rewrite([*_removes(rewritten), *written], {"removed": sum(touched.values()), "files": len(rewritten)})
+
+
+def in_ranges_sql(ranges: Sequence[OffsetRange]) -> str:
+    """Spark SQL that holds for a row of one of `ranges` (its lineage columns). A topic's name is letters,
+    digits, '.', '_' and '-' (Kafka's rule): nothing in it to escape."""
+    return " OR ".join(
+        f"(kafka_topic = '{r.topic}' AND kafka_partition = {r.partition} "
+        f"AND kafka_offset >= {r.start} AND kafka_offset < {r.end})"
+        for r in ranges
+    )
 
 
 def tracked(spark: Any, txn: Any, uri: str) -> tuple[Any, tuple[str, ...]]:

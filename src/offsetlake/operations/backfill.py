@@ -219,19 +219,11 @@ def backfill(
 
 def _rows_in_spark(spark: Any, cfg: PipelineConfig, ranges: list[OffsetRange]) -> int:
     """The rows of `ranges` as delta-spark reads the table (deletion vectors applied)."""
-    from pyspark.sql import functions as F
-
+    from offsetlake.engine.spark_merge import in_ranges_sql
     from offsetlake.spark.session import session_of
 
-    rows = session_of(spark).read.format("delta").load(str(cfg.table_location))
-    hit = F.lit(False)
-    for r in ranges:
-        hit = hit | (
-            (F.col("kafka_topic") == r.topic)
-            & (F.col("kafka_partition") == r.partition)
-            & F.col("kafka_offset").between(r.start, r.end - 1)
-        )
-    return rows.where(hit).count()
+    table = session_of(spark).read.format("delta").load(str(cfg.table_location))
+    return table.where(in_ranges_sql(ranges)).count()
 
 
 def _rows_in(location: Location, ranges: list[OffsetRange]) -> int:
