@@ -126,14 +126,14 @@ def repair(spark_for: SparkFactory, cfg: PipelineConfig, run: Run, say: Say, dry
 
     with spark_for(cfg, "repair") as spark:
         before, result = repair_spans(spark, cfg, run, dry_run=dry_run, report=before)
-    say(before.format())
-    if result is None:
-        say("nothing to repair")
-        return before
-    say(result.summary())
-    if dry_run:
-        return before
-    after = audit(cfg)
+        say(before.format())
+        if result is None:
+            say("nothing to repair")
+            return before
+        say(result.summary())
+        if dry_run:
+            return before
+        after = audit(cfg, spark=spark)  # read as the one before was: on the delta-spark engine, by delta-spark
     say(after.format())
     if not after.ok:
         raise OffsetlakeError("repair finished but audit still finds problems")
@@ -179,7 +179,8 @@ def recover(
 
     if reset_offsets:
         reset(cfg, reset_offsets, reason, run, say)
-    report = audit(cfg)
+    with spark_for(cfg, "audit") as spark:  # started only to read a delta-spark engine's table
+        report = audit(cfg, spark=spark)
     if repair_damage and not report.ok:
         report = repair(spark_for, cfg, run, say, dry_run=False, before=report)
     else:

@@ -145,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("audit", "compare the table with Kafka row by row and check the ledger")
     p.add_argument("--ranges", help="topic:partition:start-end[,...] (default: all still in Kafka)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    _add_master(p)
     p = command("repair", "audit, then backfill every span with missing, duplicated or unexpected rows")
     _add_run(p)
     _add_dry_run(p)

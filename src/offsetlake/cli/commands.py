@@ -166,7 +166,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     bad: list[str] = []
     for table in tables:
         cfg = table.cfg
-        report = audit(cfg, parse_ranges(args.ranges) if args.ranges else None)
+        with spark_session(args)(cfg, "audit") as spark:  # started only to read a delta-spark engine's table
+            report = audit(cfg, parse_ranges(args.ranges) if args.ranges else None, spark)
         if args.json:
             out.append({**report.as_dict(), **_table_field(table)})
         else:

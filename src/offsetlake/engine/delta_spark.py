@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, RemoveAction
 
 from offsetlake.config import PipelineConfig
 from offsetlake.engine import spark_merge, spark_transaction
@@ -159,9 +159,23 @@ class DeltaSpark(DeltaRs):
             plan = spark_merge.replace_ranges(spark, txn, self.uri, change.replaces, new_rows)
             actions, counts = plan.actions, plan.merged
         else:
-            actions = self._written(spark, txn, change)
+            actions = [*self._removed(txn, change), *self._written(spark, txn, change)]
         written = {a.path() for a in actions if a.getClass().getSimpleName() == "AddFile"}
         return [*actions, *spark_transaction.set_transactions(spark, change.txns)], written, counts
+
+    def _removed(self, txn: Any, change: Change) -> list[Any]:
+        """The change's removes (a repair's rebuild removes every file) as delta-spark's: each from the
+        transaction's own `AddFile`, so its deletion vector and row ids go with it."""
+        from urllib.parse import unquote
+
+        paths = {unquote(from_delta_path(a.path)) for a in change.actions if isinstance(a, RemoveAction)}
+        if not paths:
+            return []
+        now = int(time.time() * 1000)
+        files = [f for f in spark_transaction.files_of(txn) if unquote(f.path()) in paths]
+        if len(files) != len(paths):
+            raise TableError(f"table {self.location}: {len(paths) - len(files)} files to remove are not in the table")
+        return [f.removeWithTimestamp(now, True) for f in files]
 
     def _written(self, spark: Any, txn: Any, change: Change) -> list[Any]:
         """The staged files' rows written again by delta-spark: its data files (AddFiles)."""

@@ -16,6 +16,7 @@ entry clean-up removed cannot be located any more: audit names its version inste
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -27,14 +28,18 @@ from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, TableError
 from offsetlake.formats.columns import LINEAGE_SCHEMA
 from offsetlake.kafka import TP, KafkaCluster
-from offsetlake.operations.fold import UpsertAuditReport, audit_upsert, rebuild
+from offsetlake.operations.fold import UpsertAuditReport, audit_upsert, rebuild, table_rows
 from offsetlake.operations.ledger_checks import audited_ranges, continuity_issues, sanity_issues
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, Run, unflat_offsets
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.read.reader import read_range
 from offsetlake.storage.location import Location, despite_log_cleanup
-from offsetlake.storage.parquet import action_partition_values, from_delta_path, read_with_partitions
+from offsetlake.storage.parquet import (
+    action_partition_values,
+    from_delta_path,
+    read_with_partitions,
+)
 from offsetlake.table import files_added_in, open_table, query
 
 
@@ -115,25 +120,28 @@ class AuditReport:
         return "\n".join(lines)
 
 
-def audit(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> AuditReport | UpsertAuditReport:
+def audit(
+    cfg: PipelineConfig, ranges: list[OffsetRange] | None = None, spark: Any = None
+) -> AuditReport | UpsertAuditReport:
     """Append mode: every offset exactly once (module docstring). Upsert mode: the table against the fold
-    of Kafka (`fold.audit_upsert`)."""
+    of Kafka (`fold.audit_upsert`). `spark`: on the delta-spark engine, the session the table is read in
+    (`table_rows`)."""
     if cfg.write.upsert:
-        return audit_upsert(cfg, ranges)
+        return audit_upsert(cfg, ranges, spark)
     cluster = KafkaCluster(cfg.kafka)
     tps = cluster.partitions(cfg.topics)
     table = open_table(cfg.table_location)
     ledger = read_ledger(cfg.table_location, table, cfg.name, tps)
     if ranges is None:
         ranges = audited_ranges(tps, cluster.start_offsets(tps), ledger.offsets)
-    table_rows = _lineage_counts(cfg.table_location)
-    quarantined = _lineage_counts(cfg.quarantine_location, missing_ok=True)
+    rows = _lineage_counts(cfg.table_location, lambda: table_rows(cfg, LINEAGE, spark))
+    quarantined = _lineage_counts(
+        cfg.quarantine_location, lambda: query(cfg.quarantine_location, f"SELECT {LINEAGE} FROM t"), missing_ok=True
+    )
     history = pipeline_history(cfg.table_location, table, cfg.name)
     skipped = skipped_ranges(history)
     rewritten, unlocated = rewritten_by_others(cfg.table_location, table, cfg.table.partition_by)
-    report = AuditReport(
-        cfg.name, [_audit_partition(cfg, r, table_rows, quarantined, skipped, rewritten) for r in ranges]
-    )
+    report = AuditReport(cfg.name, [_audit_partition(cfg, r, rows, quarantined, skipped, rewritten) for r in ranges])
     report.continuity = continuity_issues(history)
     report.sanity = sanity_issues(ledger.offsets, cluster.end_offsets(tps, cfg.kafka.isolation_level)) + [
         f"version {v}: {op} by another writer changed rows, and its log entry is gone (log clean-up): "
@@ -179,9 +187,12 @@ def rewritten_by_others(
     return offsets, unlocated
 
 
-def _lineage_counts(location: Location, missing_ok: bool = False) -> dict[TP, Counter]:
+LINEAGE = "kafka_topic, kafka_partition, kafka_offset"
+
+
+def _lineage_counts(location: Location, read: Callable[[], pa.Table], missing_ok: bool = False) -> dict[TP, Counter]:
     try:
-        lineage = query(location, "SELECT kafka_topic, kafka_partition, kafka_offset FROM t")
+        lineage = read()
     except (TableError, TableNotFoundError):
         if missing_ok:
             return {}
@@ -255,9 +266,9 @@ def repair(
     from offsetlake.operations.backfill import backfill
 
     if report is None:
-        report = audit(cfg)
+        report = audit(cfg, spark=spark)
     if isinstance(report, UpsertAuditReport):  # upsert mode: the table rebuilt from the fold, in one commit
-        return report, None if report.ok else rebuild(cfg, report, run, dry_run)
+        return report, None if report.ok else rebuild(cfg, report, run, dry_run, spark)
     ranges = report.repair_ranges()
     if not ranges:
         return report, None

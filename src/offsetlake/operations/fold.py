@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pyarrow as pa
@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 from deltalake.transaction import RemoveAction
 
 from offsetlake.config import DELETED_COLUMN, LINEAGE_COLUMNS, PipelineConfig
+from offsetlake.engine import engine_for
 from offsetlake.errors import OffsetlakeError
 from offsetlake.formats.records import convert, reads_headers
 from offsetlake.kafka import KafkaCluster
@@ -58,7 +59,7 @@ from offsetlake.protocol.upsert import (
 )
 from offsetlake.read.reader import read_range
 from offsetlake.read_job import table_columns
-from offsetlake.storage.parquet import action_partition_values, conform, write_files
+from offsetlake.storage.parquet import action_partition_values, conform, plain_types, write_files
 from offsetlake.table import open_table, query
 
 if TYPE_CHECKING:
@@ -153,7 +154,18 @@ class UpsertAuditReport:
         return "\n".join(lines)
 
 
-def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -> UpsertAuditReport:
+def table_rows(cfg: PipelineConfig, columns: str, spark: Any = None) -> pa.Table:
+    """The pipeline table's rows, `columns` (SQL) of each, read by delta-rs -- or, on the delta-spark engine
+    with a session, by delta-spark, which reads every table feature that engine writes (type widening)."""
+    if cfg.table.engine == "delta-spark" and spark is not None:
+        from offsetlake.spark.session import session_of
+
+        table = session_of(spark).read.format("delta").load(str(cfg.table_location))
+        return plain_types(table.selectExpr(*[c.strip() for c in columns.split(",")]).toArrow())
+    return query(cfg.table_location, f"SELECT {columns} FROM t")
+
+
+def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None, spark: Any = None) -> UpsertAuditReport:
     cluster = KafkaCluster(cfg.kafka)
     tps = cluster.partitions(cfg.topics)
     table = open_table(cfg.table_location)
@@ -173,7 +185,7 @@ def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None) -
         rows, _ = carry_across_key_changes(rows, cfg.write.key, cfg.write.order_by, unavailable, None)
     winners, unordered = fold(rows, cfg.write.key, cfg.write.order_by, unavailable)
     winners = stale_as_deleted(winners, snapshot_ends)
-    current = query(cfg.table_location, "SELECT * FROM t")
+    current = table_rows(cfg, "*", spark)
     report = UpsertAuditReport(cfg.name, table.version(), reads, compacted=_compacted(cluster, cfg.topics))
     report.table_rows = current.num_rows
     _compare(report, cfg, winners, unordered, current, log_starts, columns)
@@ -302,9 +314,14 @@ class RebuildResult:
 
 
 def rebuild(
-    cfg: PipelineConfig, report: UpsertAuditReport, run: Run | None = None, dry_run: bool = False
+    cfg: PipelineConfig,
+    report: UpsertAuditReport,
+    run: Run | None = None,
+    dry_run: bool = False,
+    spark: Any = None,
 ) -> RebuildResult:
-    """The table becomes `report`'s fold in one commit (see the module docstring)."""
+    """The table becomes `report`'s fold in one commit (see the module docstring); on the delta-spark engine
+    committed by delta-spark in `spark` (the fold comes from Kafka, so no deleted row can come back)."""
     assert report.rebuilt is not None, "a report made by audit_upsert"
     rows = report.rebuilt
     if dry_run:
@@ -348,7 +365,10 @@ def rebuild(
                 metadata, [*removes, *add_actions(written)], schema=rows.schema, partition_by=cfg.table.partition_by
             )
 
-        outcome = commit(cfg.table_location, decide, "repair", rewrites=True)
+        if cfg.table.engine == "delta-spark":
+            outcome = engine_for(cfg, spark).commit(decide, "repair")
+        else:
+            outcome = commit(cfg.table_location, decide, "repair", rewrites=True)
         assert isinstance(outcome, Committed)  # decide() always writes, or raises
         files.kept[cfg.table_location] = outcome.added_paths()
     removed = sum(isinstance(a, RemoveAction) for a in outcome.change.actions)
