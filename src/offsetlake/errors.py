@@ -46,6 +46,13 @@ class TableMissing(TableError):
     code = "table-missing"
 
 
+class RewindOutOfReach(TableError):
+    """A RESTORE by another writer took the table back to a version whose log entry log clean-up has removed
+    since, before any commit recorded the ledger as of that version: it cannot be read now."""
+
+    code = "rewind-out-of-reach"
+
+
 class StorageError(OffsetlakeError):
     """A data file could not be written where the table lives: a full disk, a quota, permissions."""
 

@@ -230,6 +230,8 @@ def optimize(
     if wrong:
         raise ConfigError(f"--zorder-by column {wrong[0]!r} is not a data column of pipeline {cfg.name!r}")
     for location in maintained_tables(cfg):
+        if location == cfg.table_location:
+            settle_restore(cfg, spark, say)
         if location == cfg.table_location and by_delta_spark(cfg):
             outcome = spark_maintenance.optimize(in_session(spark, cfg), location, cfg.name, target, zorder, run)
         elif location == cfg.table_location:
@@ -247,6 +249,8 @@ def vacuum(
     from offsetlake.operations.maintenance import vacuum as vacuum_table
 
     for location in maintained_tables(cfg):
+        if location == cfg.table_location:
+            settle_restore(cfg, spark, say)
         if location == cfg.table_location and by_delta_spark(cfg):
             session = in_session(spark, cfg)
             outcome = spark_maintenance.vacuum(session, location, cfg.name, retention_hours, dry_run, run)
@@ -260,6 +264,8 @@ def checkpoint(cfg: PipelineConfig, say: Say, spark: Any = None) -> None:
     from offsetlake.operations.maintenance import checkpoint as checkpoint_table
 
     for location in maintained_tables(cfg):
+        if location == cfg.table_location:
+            settle_restore(cfg, spark, say)
         if location == cfg.table_location and by_delta_spark(cfg):
             version = spark_maintenance.checkpoint(in_session(spark, cfg), location)
         else:
@@ -276,6 +282,16 @@ def restore(cfg: PipelineConfig, version: int, run: Run, spark: Any = None) -> i
     if by_delta_spark(cfg):
         return spark_maintenance.restore(in_session(spark, cfg), cfg, version, run)
     return restore_table(cfg, version, run)
+
+
+def settle_restore(cfg: PipelineConfig, spark: Any, say: Say) -> None:
+    """Before a commit that is not a batch's: a RESTORE by another writer recorded in the ledger first, so that
+    log clean-up cannot take away the version the ledger is read at (`maintenance.record_pending_rewind`)."""
+    from offsetlake.engine import engine_for
+    from offsetlake.operations.maintenance import record_pending_rewind
+
+    if record_pending_rewind(cfg, engine_for(cfg, spark).commit):
+        say(f"{cfg.table_location}: the ledger as of a RESTORE by another writer recorded first")
 
 
 def by_delta_spark(cfg: PipelineConfig) -> bool:

@@ -80,11 +80,12 @@ from deltalake import DeltaTable  # noqa: E402
 from deltalake.exceptions import CommitFailedError, DeltaError  # noqa: E402
 
 import oracle  # noqa: E402
+from offsetlake.engine import DeltaRs  # noqa: E402
 from offsetlake.errors import TableError  # noqa: E402
 from offsetlake.formats.columns import table_schema  # noqa: E402
 from offsetlake.operations.audit import audit  # noqa: E402
 from offsetlake.operations.compaction import optimize  # noqa: E402
-from offsetlake.operations.maintenance import checkpoint, cleanup, restore, vacuum  # noqa: E402
+from offsetlake.operations.maintenance import checkpoint, cleanup, record_pending_rewind, restore, vacuum  # noqa: E402
 from offsetlake.spark.session import DRIVER_JIT  # noqa: E402
 from offsetlake.storage.location import Location, retrying  # noqa: E402
 from offsetlake_local import broker as embedded_broker  # noqa: E402
@@ -1019,6 +1020,7 @@ class Chaos:
                     break
                 except CommitFailedError:
                     time.sleep(0.2)
+            record_pending_rewind(self.cfg, DeltaRs(self.cfg).commit)  # as `offsetlake checkpoint` does first
             checkpoint(self.cfg.table_location)
 
         with self.checkpoints:

@@ -267,3 +267,45 @@ def test_restore_after_an_operator_restore_takes_the_ledger_of_the_version_asked
     assert ledger_offsets(cfg) == first
     ingest(spark, cfg)
     assert_exactly_once(cfg)
+
+
+def test_an_operators_restore_is_recorded_before_a_checkpoint_can_clean_its_target_out_of_the_log(spark, pipeline):
+    """Found by the chaos harness on the delta-spark engine: an operator's RESTORE, then a commit that was not
+    a batch's cleaned the log up past the restored version before any batch recorded the ledger as of it, and
+    the ledger could no longer be read. offsetlake's checkpoint (and optimize, vacuum, backfill) now records
+    it first. Where another writer's clean-up got there first, the ledger says so in one line, and a reset
+    to the offsets of then is the way on."""
+    from offsetlake import runs
+    from offsetlake.errors import RewindOutOfReach
+    from offsetlake.protocol.metadata import Run
+
+    cfg, topic = pipeline(partitions=2, records=300, ingest=True)  # version 1
+    first = ledger_offsets(cfg)
+    produce(cfg.kafka, topic, 300, seed=13)
+    ingest(spark, cfg)  # version 2
+    DeltaTable(cfg.table_path).restore(1)  # an operator's RESTORE, no ledger of its own: version 3
+    said: list[str] = []
+
+    runs.checkpoint(cfg, said.append)
+
+    assert any("recorded first" in line for line in said), said
+    last = pipeline_commits(cfg)[-1]
+    assert (last.meta.kind, last.meta.restored_version) == ("restore", 1)
+    assert ledger_offsets(cfg) == first
+    ingest(spark, cfg)
+    assert_exactly_once(cfg)
+
+    # Another writer's RESTORE, and the restored version gone from the log before anyone recorded it
+    then, at_then = DeltaTable(cfg.table_path).version(), ledger_offsets(cfg)
+    produce(cfg.kafka, topic, 300, seed=14)
+    ingest(spark, cfg)
+    DeltaTable(cfg.table_path).restore(then)
+    DeltaTable(cfg.table_path).create_checkpoint()
+    for entry in Path(cfg.table_path, "_delta_log").glob("*.json"):
+        if int(entry.name.split(".")[0]) <= then:
+            entry.unlink()
+    with pytest.raises(RewindOutOfReach, match="`offsetlake reset`"):
+        ingest(spark, cfg)
+    reset(cfg, at_then, "the RESTORE's target left the log", Run.here())
+    ingest(spark, cfg)
+    assert_exactly_once(cfg)

@@ -223,3 +223,25 @@ def test_history_since_a_moment_reads_no_further_back(table, monkeypatch):
 
     assert [h.meta.batch for h in recent] == [41, 42]
     assert asked == [8]
+
+
+def test_a_restore_whose_target_log_clean_up_removed_is_named_in_one_line_and_a_reset_goes_on(table, tmp_path):
+    """A RESTORE by another writer, then log clean-up removing the restored version before any commit recorded
+    the ledger as of then: reading the ledger says so in one line, naming the way out; a reset (a ledger commit
+    of the offsets given) is that way, and the ledger reads again."""
+    from offsetlake.errors import RewindOutOfReach
+
+    ledger_commit(table, 1, {("t", 0): 10})  # v1
+    ledger_commit(table, 2, {("t", 0): 20})  # v2
+    DeltaTable(table.uri).restore(1)  # v3, not recorded
+    DeltaTable(table.uri).create_checkpoint()
+    for version in (0, 1, 2):  # what log clean-up removes once the checkpoint covers it
+        (tmp_path / "table" / "_delta_log" / f"{version:020d}.json").unlink()
+
+    with pytest.raises(
+        RewindOutOfReach, match=r"RESTORE in version 3 took it back to version 1, .* `offsetlake reset`"
+    ):
+        read_ledger(table, DeltaTable(table.uri), "p", TPS)
+
+    ledger_commit(table, 3, {("t", 0): 12}, kind="reset")  # what reset commits
+    assert read_ledger(table, DeltaTable(table.uri), "p", TPS).offsets == {("t", 0): 12}

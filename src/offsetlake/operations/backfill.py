@@ -32,6 +32,7 @@ from offsetlake.engine import engine_for
 from offsetlake.errors import ConfigError, DataLossError
 from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import TP, KafkaCluster
+from offsetlake.operations.maintenance import record_pending_rewind
 from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, commit, new_attempt_id
 from offsetlake.protocol.ledger import read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, ranges_json
@@ -150,6 +151,8 @@ def backfill(
     cluster = KafkaCluster(cfg.kafka)
     schema = table_schema(cfg)
     by_spark = cfg.table.engine == "delta-spark"  # which finds and rewrites the rows itself (module docstring)
+    if not dry_run:  # a RESTORE by another writer recorded first: this commit may clean the log up
+        record_pending_rewind(cfg, engine_for(cfg, spark).commit)
     table = open_table(
         cfg.table_location, schema, cfg.table.partition_by, cfg.name, create=False, writer=cfg.table.engine
     )

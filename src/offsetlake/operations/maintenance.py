@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties
 
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import ConfigError, OffsetlakeError
+from offsetlake.errors import ConfigError, OffsetlakeError, RewindOutOfReach
 from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import TP, KafkaCluster
-from offsetlake.protocol.commit import Change, Committed, commit, new_attempt_id
-from offsetlake.protocol.ledger import ledger_at, read_ledger, txn_actions
+from offsetlake.protocol.commit import Change, Committed, Decide, Settled, commit, new_attempt_id
+from offsetlake.protocol.ledger import ledger_at, ledger_in_txns, pending_restore, read_ledger, txn_actions
 from offsetlake.protocol.metadata import CommitMetadata, Offsets, Run, flat_offsets
 from offsetlake.storage.location import Location, delete_if_there, retrying
 from offsetlake.storage.parquet import from_delta_path
@@ -215,7 +217,10 @@ def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run: Run | N
     attempt, run = new_attempt_id(), run or Run.here()
 
     def decide(table: DeltaTable) -> Change:
-        ledger = read_ledger(cfg.table_location, table, cfg.name, tps)
+        try:
+            ledger = read_ledger(cfg.table_location, table, cfg.name, tps)
+        except RewindOutOfReach:  # what the reset is for: the offsets given replace what cannot be read
+            ledger = ledger_in_txns(table, cfg.name, tps)
         new, batch = {**ledger.offsets, **offsets}, ledger.next_batch()
         metadata = CommitMetadata(
             cfg.name,
@@ -289,3 +294,30 @@ def restore_ledger(
         run=run,
     )
     return Change(metadata, txns=txn_actions(pipeline, batch, offsets))
+
+
+def record_pending_rewind(cfg: PipelineConfig, commit_with: Callable[[Decide, str], Committed | Settled]) -> bool:
+    """Record, in a commit of its own (`commit_with`: the pipeline engine's), the ledger a RESTORE by another
+    writer took the table back to, if no commit has recorded it yet; True if it did.
+
+    Until a commit records it, the ledger is read as of the restored version, which log clean-up may remove:
+    called before a commit that is not a batch's (optimize, vacuum, a checkpoint, a backfill), since any
+    commit may write a checkpoint and clean the log up (delta-spark every 10 commits). Kafka is asked for
+    the pipeline's partitions only when such a RESTORE is there."""
+    location = cfg.table_location
+    if pending_restore(location, open_table(location), cfg.name) is None:
+        return False
+    tps = KafkaCluster(cfg.kafka).partitions(cfg.topics)
+    attempt, run = new_attempt_id(), Run.here()
+
+    def decide(table: DeltaTable) -> Change | Settled:
+        ledger = read_ledger(location, table, cfg.name, tps)
+        if ledger.rewind is None:
+            return Settled("already_committed", "a commit recorded the restored ledger first")
+        rewind = ledger.rewind
+        change = restore_ledger(
+            cfg.name, rewind.restored_version, ledger.next_batch(), attempt, rewind.from_, ledger.offsets, run
+        )
+        return replace(change, schema=pa.schema(table.schema()), partition_by=cfg.table.partition_by)  # as it is
+
+    return isinstance(commit_with(decide, "record the restored ledger"), Committed)

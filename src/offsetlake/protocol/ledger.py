@@ -26,7 +26,9 @@ from typing import Any
 
 import pyarrow.fs as pafs
 from deltalake import DeltaTable, Transaction
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from offsetlake.errors import RewindOutOfReach
 from offsetlake.kafka import TP
 from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, Rewind, flat_offsets
 from offsetlake.storage.location import Location, despite_log_cleanup, retrying
@@ -82,14 +84,31 @@ _LEDGERS: dict[tuple[str, int, str, tuple[TP, ...]], Ledger] = {}
 _LEDGERS_LOCK = threading.Lock()
 
 
+def pending_restore(location: Location, table: DeltaTable, pipeline: str) -> tuple[int, int] | None:
+    """(restored version, RESTORE commit version) of a RESTORE no ledger commit has recorded yet, or None."""
+    history = commit_history(location, table, until=_ledger_commit_of(pipeline))
+    return find_unrecorded_restore(history, pipeline, table.version(), location)
+
+
+def ledger_in_txns(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
+    """The ledger as the table's `txn` actions hold it, whatever a RESTORE since did to the rows."""
+    return _txn_state(table, pipeline, tps)
+
+
 def _read_ledger(location: Location, table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     current = _txn_state(table, pipeline, tps)
-    history = commit_history(location, table, until=_ledger_commit_of(pipeline))
-    restore = find_unrecorded_restore(history, pipeline, table.version(), location)
+    restore = pending_restore(location, table, pipeline)
     if restore is None:
         return current
     restored_version, restore_commit = restore
-    restored = ledger_at(location, pipeline, tps, restored_version)
+    try:
+        restored = ledger_at(location, pipeline, tps, restored_version)
+    except (TableNotFoundError, DeltaError) as err:
+        raise RewindOutOfReach(
+            f"table {location}: the RESTORE in version {restore_commit} took it back to version {restored_version}, "
+            f"which the log no longer holds (log clean-up), and no commit recorded the ledger as of then: the "
+            f"offsets to go on from are unknown; nothing was written. Set them with `offsetlake reset`"
+        ) from err
     # Batch numbers never go back: a zombie of an old batch must still find its batch committed.
     return Ledger(
         batch=current.batch,
