@@ -1,8 +1,10 @@
-"""Maintenance of a table on the delta-spark engine, done by delta-spark itself: OPTIMIZE, VACUUM, checkpoints.
+"""Maintenance of a table on the delta-spark engine, done by delta-spark itself: OPTIMIZE, VACUUM, checkpoints,
+RESTORE.
 
 A table whose pipeline commits with delta-spark may carry features offsetlake's own rewrites cannot keep
-(deletion vectors, row tracking, liquid clustering...). delta-spark's OPTIMIZE and RESTORE keep all of them: it applies
-deletion vectors instead of bringing deleted rows back, carries row ids over, clusters a clustered table.
+(deletion vectors, row tracking, liquid clustering...). delta-spark's OPTIMIZE and RESTORE keep all of them:
+OPTIMIZE applies deletion vectors instead of bringing deleted rows back, carries row ids over, clusters a
+clustered table.
 Its commits hold no `txn` action, so the ledger stays where the batches left it, and their `userMetadata`
 (Delta's `commitInfo.userMetadata` setting, for the statement's commits only) names offsetlake's operation
 as the delta-rs engine's do. The quarantine table is offsetlake's own (delta-rs) on either engine.
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from offsetlake.config import PipelineConfig
 from offsetlake.engine import spark_transaction
 from offsetlake.engine.delta_spark import DeltaSpark, refuse_object_store
+from offsetlake.engine.spark_merge import quoted
 from offsetlake.errors import ConfigError, TableError, one_line
 from offsetlake.kafka import KafkaCluster
 from offsetlake.operations.compaction import MB, OptimizeResult
@@ -38,7 +41,7 @@ def optimize(
     spark: Any, location: Location, pipeline: str, target_file_mb: int, zorder_by: Sequence[str], run: Run
 ) -> OptimizeResult:
     """delta-spark's OPTIMIZE (ZORDER BY the columns given; a clustered table is clustered by its own keys)."""
-    zorder = f" ZORDER BY ({', '.join(_quoted(c) for c in zorder_by)})" if zorder_by else ""
+    zorder = f" ZORDER BY ({', '.join(quoted(c) for c in zorder_by)})" if zorder_by else ""
     target = str(target_file_mb * MB)  # files below it are compacted into files of about it
     settings = {f"{DELTA}optimize.minFileSize": target, f"{DELTA}optimize.maxFileSize": target}
     before = open_table(location).version()
@@ -164,11 +167,7 @@ def _session(spark: Any, location: Location) -> Any:
 
 
 def _table(location: Location) -> str:
-    return f"delta.{_quoted(str(location))}"
-
-
-def _quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
+    return f"delta.{quoted(str(location))}"
 
 
 def _commit_after(location: Location, before: int, operation: str) -> tuple[int | None, int]:
