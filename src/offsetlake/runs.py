@@ -229,11 +229,10 @@ def optimize(
     wrong = sorted(c for c in zorder if c not in columns)
     if wrong:
         raise ConfigError(f"--zorder-by column {wrong[0]!r} is not a data column of pipeline {cfg.name!r}")
+    settle_restore(cfg, spark, say)
     for location in maintained_tables(cfg):
-        if location == cfg.table_location:
-            settle_restore(cfg, spark, say)
         if location == cfg.table_location and by_delta_spark(cfg):
-            outcome = spark_maintenance.optimize(in_session(spark, cfg), location, cfg.name, target, zorder, run)
+            outcome = spark_maintenance.optimize(spark, location, cfg.name, target, zorder, run)
         elif location == cfg.table_location:
             outcome = compact(location, cfg.name, table_schema(cfg), cfg.table.partition_by, target, zorder, run=run)
         else:
@@ -248,12 +247,10 @@ def vacuum(
     from offsetlake.operations import spark_maintenance
     from offsetlake.operations.maintenance import vacuum as vacuum_table
 
+    settle_restore(cfg, spark, say)
     for location in maintained_tables(cfg):
-        if location == cfg.table_location:
-            settle_restore(cfg, spark, say)
         if location == cfg.table_location and by_delta_spark(cfg):
-            session = in_session(spark, cfg)
-            outcome = spark_maintenance.vacuum(session, location, cfg.name, retention_hours, dry_run, run)
+            outcome = spark_maintenance.vacuum(spark, location, cfg.name, retention_hours, dry_run, run)
         else:
             outcome = vacuum_table(location, cfg.name, retention_hours, dry_run, run)
         say(outcome.summary())
@@ -263,11 +260,10 @@ def checkpoint(cfg: PipelineConfig, say: Say, spark: Any = None) -> None:
     from offsetlake.operations import spark_maintenance
     from offsetlake.operations.maintenance import checkpoint as checkpoint_table
 
+    settle_restore(cfg, spark, say)
     for location in maintained_tables(cfg):
-        if location == cfg.table_location:
-            settle_restore(cfg, spark, say)
         if location == cfg.table_location and by_delta_spark(cfg):
-            version = spark_maintenance.checkpoint(in_session(spark, cfg), location)
+            version = spark_maintenance.checkpoint(spark, location)
         else:
             version = checkpoint_table(location)
         say(f"{location}: checkpoint at version {version}; commit files past the log retention removed")
@@ -280,7 +276,7 @@ def restore(cfg: PipelineConfig, version: int, run: Run, spark: Any = None) -> i
     from offsetlake.operations.maintenance import restore as restore_table
 
     if by_delta_spark(cfg):
-        return spark_maintenance.restore(in_session(spark, cfg), cfg, version, run)
+        return spark_maintenance.restore(spark, cfg, version, run)
     return restore_table(cfg, version, run)
 
 
@@ -290,22 +286,13 @@ def settle_restore(cfg: PipelineConfig, spark: Any, say: Say) -> None:
     from offsetlake.engine import engine_for
     from offsetlake.operations.maintenance import record_pending_rewind
 
-    if record_pending_rewind(cfg, engine_for(cfg, spark).commit):
+    if record_pending_rewind(cfg, engine_for(cfg, spark).commit) is not None:
         say(f"{cfg.table_location}: the ledger as of a RESTORE by another writer recorded first")
 
 
 def by_delta_spark(cfg: PipelineConfig) -> bool:
     """Whether the pipeline's table is maintained by delta-spark (its engine); its quarantine never is."""
     return cfg.table.engine == "delta-spark"
-
-
-def in_session(spark: Any, cfg: PipelineConfig) -> Any:
-    if spark is None:
-        raise ConfigError(
-            f"pipeline {cfg.name} commits with delta-spark (table.engine), whose maintenance runs in a Spark "
-            f"session: none was given"
-        )
-    return spark
 
 
 def maintain(

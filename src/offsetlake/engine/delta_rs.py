@@ -129,5 +129,7 @@ class DeltaRs:
             quarantine_schema(cfg),
         )
 
-    def commit(self, decide: Decide, what: str, snapshot: DeltaTable | None = None) -> Committed | Settled:
-        return commit(self.location, decide, what, snapshot=snapshot)
+    def commit(
+        self, decide: Decide, what: str, snapshot: DeltaTable | None = None, rewrites: bool = False
+    ) -> Committed | Settled:
+        return commit(self.location, decide, what, snapshot=snapshot, rewrites=rewrites)

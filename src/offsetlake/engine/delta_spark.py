@@ -102,7 +102,10 @@ class DeltaSpark(DeltaRs):
     def uri(self) -> str:
         return str(self.location)
 
-    def commit(self, decide: Decide, what: str, snapshot: DeltaTable | None = None) -> Committed | Settled:
+    def commit(
+        self, decide: Decide, what: str, snapshot: DeltaTable | None = None, rewrites: bool = False
+    ) -> Committed | Settled:
+        # `rewrites` asks nothing more of delta-spark: it reads rows as Delta does, deletion vectors applied
         spark = self.session
         conflicts = 0
         for _ in range(MAX_ATTEMPTS):

@@ -84,7 +84,11 @@ class CommitEngine(Protocol):
         """The batch's bad records not quarantined yet, committed to the quarantine table."""
         ...
 
-    def commit(self, decide: Decide, what: str, snapshot: DeltaTable | None = None) -> Committed | Settled:
+    def commit(
+        self, decide: Decide, what: str, snapshot: DeltaTable | None = None, rewrites: bool = False
+    ) -> Committed | Settled:
         """`decide` against the newest table, and its change committed with the ledger in one version; on a
-        conflict, decided again; `Settled` when `decide` refuses (the batch was committed already)."""
+        conflict, decided again; `Settled` when `decide` refuses (the batch was committed already).
+        `rewrites`: the change writes again rows the table holds (backfill, repair), which an engine that
+        reads data files as Parquet cannot do on a table with deletion vectors."""
         ...

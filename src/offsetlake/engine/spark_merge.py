@@ -84,7 +84,7 @@ def replace_ranges(spark: Any, txn: Any, uri: str, ranges: Sequence[OffsetRange]
     (a DataFrame, or None) written beside them. Its counts: the rows removed and the files rewritten."""
     from pyspark.sql import functions as F
 
-    in_ranges = F.expr(in_ranges_sql(ranges))
+    in_ranges = F.expr(_in_ranges_sql(ranges))
     target, _ = tracked(spark, txn, uri)  # a kept row keeps its row id and commit version
     target = target.select("*", F.col("_metadata.file_name").alias("__file"))
     hits = target.where(in_ranges).groupBy("__file").count().collect()
@@ -96,7 +96,7 @@ def replace_ranges(spark: Any, txn: Any, uri: str, ranges: Sequence[OffsetRange]
     return Rewrite([*_removes(rewritten), *written], {"removed": sum(touched.values()), "files": len(rewritten)})
 
 
-def in_ranges_sql(ranges: Sequence[OffsetRange]) -> str:
+def _in_ranges_sql(ranges: Sequence[OffsetRange]) -> str:
     """Spark SQL that holds for a row of one of `ranges` (its lineage columns). A topic's name is letters,
     digits, '.', '_' and '-' (Kafka's rule): nothing in it to escape."""
     return " OR ".join(

@@ -33,6 +33,7 @@ from offsetlake.operations.ledger_checks import audited_ranges, continuity_issue
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, Run, unflat_offsets
 from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.protocol.upsert import LINEAGE
 from offsetlake.read.reader import read_range
 from offsetlake.storage.location import Location, despite_log_cleanup
 from offsetlake.storage.parquet import (
@@ -135,9 +136,8 @@ def audit(
     if ranges is None:
         ranges = audited_ranges(tps, cluster.start_offsets(tps), ledger.offsets)
     rows = _lineage_counts(cfg.table_location, lambda: table_rows(cfg, LINEAGE, spark))
-    quarantined = _lineage_counts(
-        cfg.quarantine_location, lambda: query(cfg.quarantine_location, f"SELECT {LINEAGE} FROM t"), missing_ok=True
-    )
+    quarantine = cfg.quarantine_location
+    quarantined = _lineage_counts(quarantine, lambda: query(quarantine, f"SELECT {', '.join(LINEAGE)} FROM t"), True)
     history = pipeline_history(cfg.table_location, table, cfg.name)
     skipped = skipped_ranges(history)
     rewritten, unlocated = rewritten_by_others(cfg.table_location, table, cfg.table.partition_by)
@@ -185,9 +185,6 @@ def rewritten_by_others(
         for topic, partition, offset in zip(*where):
             offsets.setdefault((topic, partition), set()).add(offset)
     return offsets, unlocated
-
-
-LINEAGE = "kafka_topic, kafka_partition, kafka_offset"
 
 
 def _lineage_counts(location: Location, read: Callable[[], pa.Table], missing_ok: bool = False) -> dict[TP, Counter]:

@@ -32,17 +32,18 @@ from offsetlake.engine import engine_for
 from offsetlake.errors import ConfigError, DataLossError
 from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import TP, KafkaCluster
+from offsetlake.operations.fold import table_rows
 from offsetlake.operations.maintenance import record_pending_rewind
-from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, commit, new_attempt_id
+from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, new_attempt_id
 from offsetlake.protocol.ledger import read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, ranges_json
 from offsetlake.protocol.planning import split_ranges
 from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.protocol.upsert import LINEAGE
 from offsetlake.read.tasks import TaskContext
 from offsetlake.read_job import TaskFiles, evolved_schema, run_tasks, table_columns
-from offsetlake.storage.location import Location
 from offsetlake.storage.parquet import action_partition_values, from_delta_path, read_with_partitions, write_file
-from offsetlake.table import open_table, query
+from offsetlake.table import open_table
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -161,8 +162,7 @@ def backfill(
     ranges = sorted(ranges, key=lambda r: (r.topic, r.partition, r.start))
     validate(cfg, cluster, ranges, ledger.offsets)
     if dry_run:
-        removed = _rows_in_spark(spark, cfg, ranges) if by_spark else _rows_in(cfg.table_location, ranges)
-        return BackfillResult("dry_run", ranges, rows_removed=removed)
+        return BackfillResult("dry_run", ranges, rows_removed=_rows_in(table_rows(cfg, LINEAGE, spark), ranges))
 
     attempt = new_attempt_id()
     fault_settings = faults.settings_from_env()
@@ -207,10 +207,7 @@ def backfill(
                 replaces=tuple(ranges) if by_spark else (),
             )
 
-        if by_spark:
-            outcome = engine_for(cfg, spark).commit(decide, "backfill")
-        else:
-            outcome = commit(cfg.table_location, decide, "backfill", rewrites=True)
+        outcome = engine_for(cfg, spark).commit(decide, "backfill", rewrites=True)
         assert isinstance(outcome, Committed)  # decide() always writes, or raises
         files.kept[cfg.table_location] = outcome.added_paths()
         if outcome.replaced is not None:  # every file holding rows of the ranges was written again
@@ -220,17 +217,8 @@ def backfill(
     )
 
 
-def _rows_in_spark(spark: Any, cfg: PipelineConfig, ranges: list[OffsetRange]) -> int:
-    """The rows of `ranges` as delta-spark reads the table (deletion vectors applied)."""
-    from offsetlake.engine.spark_merge import in_ranges_sql
-    from offsetlake.spark.session import session_of
-
-    table = session_of(spark).read.format("delta").load(str(cfg.table_location))
-    return table.where(in_ranges_sql(ranges)).count()
-
-
-def _rows_in(location: Location, ranges: list[OffsetRange]) -> int:
-    lineage = query(location, "SELECT kafka_topic, kafka_partition, kafka_offset FROM t")
+def _rows_in(lineage: pa.Table, ranges: list[OffsetRange]) -> int:
+    """The rows of `ranges` among the table's (as its engine reads it: delta-spark applies deletion vectors)."""
     return int(pc.sum(_in_ranges(lineage, ranges)).as_py() or 0)
 
 

@@ -28,6 +28,7 @@ Memory: the fold holds every record of the range and the table's rows; it is an 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,7 @@ from offsetlake.formats.records import convert, reads_headers
 from offsetlake.kafka import KafkaCluster
 from offsetlake.operations.ledger_checks import audited_ranges, continuity_issues, sanity_issues
 from offsetlake.protocol import unavailable as placeholders
-from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, commit, new_attempt_id
+from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, new_attempt_id
 from offsetlake.protocol.key_changes import carry_across_key_changes
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, ranges_json
@@ -154,15 +155,16 @@ class UpsertAuditReport:
         return "\n".join(lines)
 
 
-def table_rows(cfg: PipelineConfig, columns: str, spark: Any = None) -> pa.Table:
-    """The pipeline table's rows, `columns` (SQL) of each, read by delta-rs -- or, on the delta-spark engine
-    with a session, by delta-spark, which reads every table feature that engine writes (type widening)."""
+def table_rows(cfg: PipelineConfig, columns: Sequence[str] = (), spark: Any = None) -> pa.Table:
+    """The pipeline table's rows (`columns` of each; every column when none are named), read by delta-rs --
+    or, on the delta-spark engine with a session, by delta-spark, which reads every table feature that engine
+    writes (type widening)."""
     if cfg.table.engine == "delta-spark" and spark is not None:
         from offsetlake.spark.session import session_of
 
         table = session_of(spark).read.format("delta").load(str(cfg.table_location))
-        return plain_types(table.selectExpr(*[c.strip() for c in columns.split(",")]).toArrow())
-    return query(cfg.table_location, f"SELECT {columns} FROM t")
+        return plain_types((table.select(*columns) if columns else table).toArrow())
+    return query(cfg.table_location, f"SELECT {', '.join(columns) or '*'} FROM t")
 
 
 def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None, spark: Any = None) -> UpsertAuditReport:
@@ -185,7 +187,7 @@ def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None, s
         rows, _ = carry_across_key_changes(rows, cfg.write.key, cfg.write.order_by, unavailable, None)
     winners, unordered = fold(rows, cfg.write.key, cfg.write.order_by, unavailable)
     winners = stale_as_deleted(winners, snapshot_ends)
-    current = table_rows(cfg, "*", spark)
+    current = table_rows(cfg, spark=spark)
     report = UpsertAuditReport(cfg.name, table.version(), reads, compacted=_compacted(cluster, cfg.topics))
     report.table_rows = current.num_rows
     _compare(report, cfg, winners, unordered, current, log_starts, columns)
@@ -365,10 +367,7 @@ def rebuild(
                 metadata, [*removes, *add_actions(written)], schema=rows.schema, partition_by=cfg.table.partition_by
             )
 
-        if cfg.table.engine == "delta-spark":
-            outcome = engine_for(cfg, spark).commit(decide, "repair")
-        else:
-            outcome = commit(cfg.table_location, decide, "repair", rewrites=True)
+        outcome = engine_for(cfg, spark).commit(decide, "repair", rewrites=True)
         assert isinstance(outcome, Committed)  # decide() always writes, or raises
         files.kept[cfg.table_location] = outcome.added_paths()
     removed = sum(isinstance(a, RemoveAction) for a in outcome.change.actions)

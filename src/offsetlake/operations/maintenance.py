@@ -296,9 +296,15 @@ def restore_ledger(
     return Change(metadata, txns=txn_actions(pipeline, batch, offsets))
 
 
-def record_pending_rewind(cfg: PipelineConfig, commit_with: Callable[[Decide, str], Committed | Settled]) -> bool:
+def record_pending_rewind(
+    cfg: PipelineConfig,
+    commit_with: Callable[[Decide, str], Committed | Settled],
+    new_partitions_from_earliest: bool = False,
+) -> int | None:
     """Record, in a commit of its own (`commit_with`: the pipeline engine's), the ledger a RESTORE by another
-    writer took the table back to, if no commit has recorded it yet; True if it did.
+    writer took the table back to, if no commit has recorded it yet; the version that did, or None.
+    `new_partitions_from_earliest`: partitions the ledger did not know then start from Kafka's earliest offset
+    (as offsetlake's own restore has them), not as `starting_offsets` says (as a batch recording it does).
 
     Until a commit records it, the ledger is read as of the restored version, which log clean-up may remove:
     called before a commit that is not a batch's (optimize, vacuum, a checkpoint, a backfill), since any
@@ -306,18 +312,21 @@ def record_pending_rewind(cfg: PipelineConfig, commit_with: Callable[[Decide, st
     the pipeline's partitions only when such a RESTORE is there."""
     location = cfg.table_location
     if pending_restore(location, open_table(location), cfg.name) is None:
-        return False
-    tps = KafkaCluster(cfg.kafka).partitions(cfg.topics)
+        return None
+    cluster = KafkaCluster(cfg.kafka)
+    tps = cluster.partitions(cfg.topics)
+    starts = cluster.start_offsets(tps) if new_partitions_from_earliest else {}
     attempt, run = new_attempt_id(), Run.here()
 
     def decide(table: DeltaTable) -> Change | Settled:
         ledger = read_ledger(location, table, cfg.name, tps)
         if ledger.rewind is None:
             return Settled("already_committed", "a commit recorded the restored ledger first")
-        rewind = ledger.rewind
+        rewind, offsets = ledger.rewind, {**starts, **ledger.offsets}
         change = restore_ledger(
-            cfg.name, rewind.restored_version, ledger.next_batch(), attempt, rewind.from_, ledger.offsets, run
+            cfg.name, rewind.restored_version, ledger.next_batch(), attempt, rewind.from_, offsets, run
         )
         return replace(change, schema=pa.schema(table.schema()), partition_by=cfg.table.partition_by)  # as it is
 
-    return isinstance(commit_with(decide, "record the restored ledger"), Committed)
+    outcome = commit_with(decide, "record the restored ledger")
+    return outcome.version if isinstance(outcome, Committed) else None

@@ -22,17 +22,14 @@ from offsetlake.engine import spark_transaction
 from offsetlake.engine.delta_spark import DeltaSpark, refuse_object_store
 from offsetlake.engine.spark_merge import quoted
 from offsetlake.errors import ConfigError, TableError, one_line
-from offsetlake.kafka import KafkaCluster
 from offsetlake.operations.compaction import MB, OptimizeResult
-from offsetlake.operations.maintenance import VacuumResult, check_retention, restore_ledger, retention_hours_of
-from offsetlake.protocol.commit import Change, Committed, Settled, new_attempt_id
-from offsetlake.protocol.ledger import read_ledger
+from offsetlake.operations.maintenance import VacuumResult, check_retention, record_pending_rewind, retention_hours_of
 from offsetlake.protocol.metadata import CommitMetadata, Kind, Run
 from offsetlake.storage.location import Location
 from offsetlake.table import open_table
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
+    pass
 
 DELTA = "spark.databricks.delta."
 
@@ -100,26 +97,13 @@ def restore(spark: Any, cfg: PipelineConfig, version: int, run: Run) -> int:
     newest = open_table(location).version()
     if not 0 <= version < newest:
         raise ConfigError(f"version {version} is not an earlier version of {cfg.table_path} (now {newest})")
-    cluster = KafkaCluster(cfg.kafka)
-    tps = cluster.partitions(cfg.topics)
-    starts = cluster.start_offsets(tps)
     try:
         with spark_transaction.log_lock(location):
             session.sql(f"RESTORE TABLE {_table(location)} TO VERSION AS OF {version}").collect()
     except Exception as err:
         raise TableError(f"table {location}: delta-spark could not restore version {version}: {one_line(err)}") from err
-    restore_commit, _ = _commit_after(location, newest, "RESTORE")
-    attempt = new_attempt_id()
-
-    def decide(table: DeltaTable) -> Change | Settled:
-        ledger = read_ledger(location, table, cfg.name, tps)
-        if ledger.rewind is None or ledger.rewind.restore_commit != restore_commit:
-            return Settled("already_committed", "a batch recorded the restored ledger first")
-        offsets = {**starts, **ledger.offsets}
-        return restore_ledger(cfg.name, version, ledger.next_batch(), attempt, ledger.rewind.from_, offsets, run)
-
-    outcome = DeltaSpark(cfg, session).commit(decide, "restore")
-    return outcome.version if isinstance(outcome, Committed) else int(restore_commit or newest)
+    recorded = record_pending_rewind(cfg, DeltaSpark(cfg, session).commit, new_partitions_from_earliest=True)
+    return recorded if recorded is not None else open_table(location).version()
 
 
 @contextmanager
@@ -161,6 +145,8 @@ def _session(spark: Any, location: Location) -> Any:
     from offsetlake.spark.session import session_of
 
     refuse_object_store(location)
+    if spark is None:
+        raise TableError(f"table {location}: the delta-spark engine maintains its table in a Spark session; none given")
     session = session_of(spark)
     spark_transaction.check_on_classpath(session)
     return session
