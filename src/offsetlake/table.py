@@ -90,8 +90,8 @@ def check_writable(location: Location, table: DeltaTable, rewrite: str | None = 
         raise TableError(
             f"table {location} uses the Delta table feature{'s' * (len(unknown) > 1)} {', '.join(unknown)}, which "
             f"the delta-rs engine cannot write; nothing was written. `table.engine: delta-spark` ingests into it, "
-            f"optimizes, vacuums, checkpoints and restores it (delta-spark writes {pronoun}); offsetlake's backfill "
-            f"and repair do not yet: run those in Spark"
+            f"backfills, repairs, maintains and restores it (delta-spark writes {pronoun}); `offsetlake reset` "
+            f"does not yet"
         )
     _check_columns_stored_under_their_names(location, table)  # also on a legacy protocol, which lists no features
     unrewritable = sorted(features & NOT_REWRITABLE) if rewrite else []

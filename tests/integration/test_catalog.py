@@ -30,15 +30,17 @@ pytestmark = pytest.mark.slow
 READER = """
 import json, sys
 from pyspark.sql import SparkSession
-name = sys.argv[1]
 spark = SparkSession.builder.master("local[1]").getOrCreate()
-rows = spark.sql(f"SELECT kafka_topic, kafka_partition, kafka_offset FROM {name}").collect()
-history = spark.sql(f"DESCRIBE HISTORY {name}").collect()
-print(json.dumps({
-    "rows": sorted([r.kafka_topic, r.kafka_partition, r.kafka_offset] for r in rows),
-    "count": spark.table(name).count(),
-    "history": [[h.version, h.operation, h.userMetadata] for h in history],
-}))
+found = {}
+for name in sys.argv[1:]:
+    rows = spark.sql(f"SELECT kafka_topic, kafka_partition, kafka_offset FROM {name}").collect()
+    history = spark.sql(f"DESCRIBE HISTORY {name}").collect()
+    found[name] = {
+        "rows": sorted([r.kafka_topic, r.kafka_partition, r.kafka_offset] for r in rows),
+        "count": spark.table(name).count(),
+        "history": [[h.version, h.operation, h.userMetadata] for h in history],
+    }
+print(json.dumps(found))
 """
 
 
@@ -57,9 +59,10 @@ def metastore(tmp_path_factory):
     database.stop()
 
 
-def read_by_name(metastore, name: str) -> dict:
+def read_by_name(metastore, *names: str) -> dict:
+    """Each table as another Spark session finds it by name: its rows, its count, its history."""
     done = subprocess.run(
-        [sys.executable, "-c", READER, name],
+        [sys.executable, "-c", READER, *names],
         env={**os.environ, "PYSPARK_SUBMIT_ARGS": submit_args(metastore), "SPARK_LOCAL_IP": "127.0.0.1"},
         capture_output=True,
         text=True,
@@ -101,46 +104,54 @@ def ingest(cfg, pipelines_dir, metastore):
     return job
 
 
-@pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
-def test_a_named_table_is_registered_and_found_by_name_in_another_spark_session(
-    metastore, pipeline, pipelines_dir, bootstrap, engine
+def test_named_tables_of_both_engines_are_registered_and_found_by_name_in_another_spark_session(
+    metastore, pipeline, pipelines_dir, bootstrap
 ):
-    """Both engines register the table when they create it (catalog.py is the same code for both, so the
-    refresh after a change made outside offsetlake, and a name's refusal, are tried once, on delta-rs)."""
-    name = f"lake_{uuid.uuid4().hex[:6]}.orders"
-    cfg, topic = pipeline(partitions=2, records=300, table={"name": name, "engine": engine})
-    job = ingest(cfg, pipelines_dir, metastore)
-    assert job.returncode == 0, job.stderr[-3000:]
-    assert catalog_entry(metastore, name)["params"]["delta.checkpointInterval"] == "10"
-    batches = [1]
-    if engine == "delta-rs":
-        # A property changed outside offsetlake (delta-rs, by path), then more records: the next run puts
-        # the property, and the version its batch made, in the catalog's copy.
-        DeltaTable(cfg.table_path).alter.set_table_properties({"delta.checkpointInterval": "7"})
-        produce(cfg.kafka, topic, 200)
+    """Both engines register their table when they create it; one other Spark session finds both by name
+    (catalog.py is the same code for both, so the refresh after a change made outside offsetlake, and a
+    name's refusal, are tried once, on delta-rs)."""
+    schema = f"lake_{uuid.uuid4().hex[:6]}"
+    tables = {}
+    for engine in ("delta-rs", "delta-spark"):
+        name = f"{schema}.orders_{engine.replace('-', '_')}"
+        cfg, topic = pipeline(partitions=2, records=300, table={"name": name, "engine": engine})
         job = ingest(cfg, pipelines_dir, metastore)
         assert job.returncode == 0, job.stderr[-3000:]
-        assert catalog_entry(metastore, name)["params"]["delta.checkpointInterval"] == "7"
-        batches = [1, 2]
-    assert_exactly_once(cfg, topic)
+        assert catalog_entry(metastore, name)["params"]["delta.checkpointInterval"] == "10"
+        tables[name] = cfg, topic, [1]
 
-    entry = catalog_entry(metastore, name)
-    assert entry["location"].rstrip("/") in (f"file:{cfg.table_path}", f"file://{cfg.table_path}"), entry
-    assert entry["params"]["spark.sql.sources.provider"] == "delta"
-    assert entry["params"]["delta.lastUpdateVersion"] == str(DeltaTable(cfg.table_path).version())
+    # A property changed outside offsetlake (delta-rs, by path), then more records: the next run puts the
+    # property, and the version its batch made, in the catalog's copy.
+    on_delta_rs = f"{schema}.orders_delta_rs"
+    cfg, topic, _ = tables[on_delta_rs]
+    DeltaTable(cfg.table_path).alter.set_table_properties({"delta.checkpointInterval": "7"})
+    produce(cfg.kafka, topic, 200)
+    job = ingest(cfg, pipelines_dir, metastore)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert catalog_entry(metastore, on_delta_rs)["params"]["delta.checkpointInterval"] == "7"
+    tables[on_delta_rs] = cfg, topic, [1, 2]
 
-    found = read_by_name(metastore, name)
-    by_path = DeltaTable(cfg.table_path).to_pyarrow_table(columns=["kafka_topic", "kafka_partition", "kafka_offset"])
-    assert found["rows"] == sorted(map(list, zip(*by_path.to_pydict().values(), strict=True)))
-    assert found["count"] == by_path.num_rows > 0
-    assert sorted(json.loads(meta)["batch"] for _, op, meta in found["history"] if meta) == batches, found
+    found = read_by_name(metastore, *tables)
+    for name, (cfg, topic, batches) in tables.items():
+        assert_exactly_once(cfg, topic)
+        entry = catalog_entry(metastore, name)
+        assert entry["location"].rstrip("/") in (f"file:{cfg.table_path}", f"file://{cfg.table_path}"), entry
+        assert entry["params"]["spark.sql.sources.provider"] == "delta"
+        assert entry["params"]["delta.lastUpdateVersion"] == str(DeltaTable(cfg.table_path).version())
 
-    if engine == "delta-rs":  # another pipeline taking the name is refused before it writes anything
-        other, _ = pipeline(partitions=1, records=20, table={"name": name})
-        job = ingest(other, pipelines_dir, metastore)
-        assert_job_failed_in_one_line(job, f"table.name {name} is the catalog's name for", "nothing was written")
-        assert not DeltaTable.is_deltatable(other.table_path)
-        assert catalog_entry(metastore, name)["location"].rstrip("/").endswith(cfg.table_path)
+        columns = ["kafka_topic", "kafka_partition", "kafka_offset"]
+        by_path = DeltaTable(cfg.table_path).to_pyarrow_table(columns=columns)
+        assert found[name]["rows"] == sorted(map(list, zip(*by_path.to_pydict().values(), strict=True)))
+        assert found[name]["count"] == by_path.num_rows > 0
+        history = found[name]["history"]
+        assert sorted(json.loads(meta)["batch"] for _, op, meta in history if meta) == batches, (name, history)
+
+    # another pipeline taking a name is refused before it writes anything
+    other, _ = pipeline(partitions=1, records=20, table={"name": on_delta_rs})
+    job = ingest(other, pipelines_dir, metastore)
+    assert_job_failed_in_one_line(job, f"table.name {on_delta_rs} is the catalog's name for", "nothing was written")
+    assert not DeltaTable.is_deltatable(other.table_path)
+    assert catalog_entry(metastore, on_delta_rs)["location"].rstrip("/").endswith(tables[on_delta_rs][0].table_path)
 
 
 def test_a_catalog_that_does_not_answer_fails_the_job_in_one_line_before_anything_is_written(

@@ -76,32 +76,31 @@ TURN_ON = {
 }
 
 
-CHECKED_FROM_THE_COMMAND_LINE = "rowTracking"  # one job process is enough for the one-line check: each costs a JVM
-
-
-@pytest.mark.parametrize("feature", sorted(TURN_ON))
-def test_each_feature_delta_rs_refuses_is_written_by_the_delta_spark_engine(spark, pipeline, pipelines_dir, feature):
-    """The delta-rs engine refuses the feature in one line that names the engine that writes it; with
-    `engine: delta-spark` the same table takes the batch, exactly."""
+def test_each_feature_delta_rs_refuses_is_written_by_the_delta_spark_engine(spark, pipeline, pipelines_dir):
+    """The features turned on one after another on one table: after each, the delta-rs engine refuses the table
+    in one line that names it and the engine that writes it, and writes nothing (the last refusal is a job
+    process's last line); then `engine: delta-spark` ingests into the same table, exactly."""
     cfg, topic = pipeline(partitions=2, records=200, ingest=True)
-    for statement in TURN_ON[feature]:
-        sql(spark, f"ALTER TABLE {delta(cfg)} {statement}")
-    if feature != "clustering":
-        assert feature in (DeltaTable(cfg.table_path).protocol().writer_features or [])
-    version, files = DeltaTable(cfg.table_path).version(), data_files_on_disk(cfg.table_path)
     produce(cfg.kafka, topic, 150, seed=186)
+    features = sorted(TURN_ON)
+    for feature in features:
+        for statement in TURN_ON[feature]:
+            sql(spark, f"ALTER TABLE {delta(cfg)} {statement}")
+        if feature != "clustering":
+            assert feature in (DeltaTable(cfg.table_path).protocol().writer_features or [])
+        version, files = DeltaTable(cfg.table_path).version(), data_files_on_disk(cfg.table_path)
 
-    if feature == CHECKED_FROM_THE_COMMAND_LINE:  # a job process's last line; the others in this session
-        failed = run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir))
-        assert_job_failed_in_one_line(failed, feature, "table.engine: delta-spark", "nothing was written")
-    else:
-        with pytest.raises(TableError) as refused:
-            ingest(spark, cfg)
-        assert "\n" not in str(refused.value)
-        for fragment in (feature, "table.engine: delta-spark", "nothing was written"):
-            assert fragment in str(refused.value)
-    assert DeltaTable(cfg.table_path).version() == version
-    assert data_files_on_disk(cfg.table_path) == files
+        if feature == features[-1]:
+            failed = run_cli("ingest", "--pipeline", cfg.name, "--pipelines-dir", str(pipelines_dir))
+            assert_job_failed_in_one_line(failed, feature, "table.engine: delta-spark", "nothing was written")
+        else:
+            with pytest.raises(TableError) as refused:
+                ingest(spark, cfg)
+            assert "\n" not in str(refused.value)
+            for fragment in (feature, "table.engine: delta-spark", "nothing was written"):
+                assert fragment in str(refused.value), feature
+        assert DeltaTable(cfg.table_path).version() == version, feature
+        assert data_files_on_disk(cfg.table_path) == files, feature
 
     on_spark = cfg.model_copy(update={"table": cfg.table.model_copy(update={"engine": "delta-spark"})})
     ingest(spark, on_spark)
