@@ -55,3 +55,10 @@ def test_airflow_uses_postgres_and_the_spark_cluster():
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql")
     assert "spark://spark-master" in env["AIRFLOW_CONN_SPARK_DEFAULT"]
     assert env["OFFSETLAKE_BOOTSTRAP_SERVERS"] == "kafka:9092"
+
+
+def test_the_stacks_kafka_is_the_version_the_embedded_broker_runs():
+    """One Kafka version for the product: the compose stack's image and the broker `make demo` resolves."""
+    pom = (REPO / "src/offsetlake_local/poms/kafka-broker.xml").read_text()
+    version = re.search(r"<kafka.version>([^<]+)</kafka.version>", pom).group(1)
+    assert SERVICES["kafka"]["image"] == f"apache/kafka:{version}"

@@ -218,3 +218,12 @@ def test_the_capture_how_to_configures_what_the_tested_chain_configures():
 def _setting(line: str) -> tuple[str, str]:
     key, _, value = line.partition("=")
     return key.strip(), value.split("#", 1)[0].strip()
+
+
+def test_the_release_notes_newest_version_is_the_packages():
+    """The release notes (CHANGELOG.md, included by the site's page) name the version pyproject.toml builds."""
+    import tomllib
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    releases = re.findall(r"^## (\d+\.\d+\.\d+)\b", (REPO / "CHANGELOG.md").read_text(), flags=re.MULTILINE)
+    assert releases and releases[0] == version, (releases, version)
