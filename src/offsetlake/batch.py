@@ -49,6 +49,9 @@ MAX_BATCHES_PER_RUN = 100_000
 
 @dataclass
 class BatchResult:
+    """What one batch did: committed (its version, ranges and row counts), up_to_date (nothing new), or
+    already_committed / superseded (another run committed these ranges first: nothing written)."""
+
     status: str  # committed | up_to_date | already_committed | superseded
     batch: int | None = None
     version: int | None = None

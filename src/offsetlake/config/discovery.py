@@ -88,7 +88,7 @@ def pipelines_dir() -> Path:
 
 
 def load_pipeline(name: str, directory: Path | str | None = None) -> PipelineConfig:
-    """Load include/pipelines/<name>.yaml (or <directory>/<name>.yaml)."""
+    """Load `include/pipelines/<name>.yaml` (or `<directory>/<name>.yaml`)."""
     if not re.match(NAME_RE, name or ""):
         raise ConfigError(f"invalid pipeline name {name!r}: use letters, digits, '_' and '-'")
     directory = Path(directory) if directory else pipelines_dir()
