@@ -9,13 +9,18 @@ export OFFSETLAKE_HOME := $(CURDIR)
 export SPARK_LOCAL_IP := 127.0.0.1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install test test-pyspark-low test-unit demo demo-cli down bench soak chaos clean prerequisites jvm-archive jars docs lint
+.PHONY: install test test-pyspark-low test-unit demo demo-cli down bench soak chaos clean prerequisites test-prerequisites jvm-archive jars docs lint
 
 install: $(STAMP)
 
 prerequisites:
 	@.ci/system-packages.sh
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
+
+# What only the tests need beyond the demo's (a browser, network namespaces, Redis, promtool): never asked of
+# `make install` or `make demo`.
+test-prerequisites:
+	@.ci/system-packages.sh tests
 
 # uv installs the pinned requirements from PyPI as pip would, downloading in parallel: on a new machine 26 s
 # where pip took 86 s (2026-11-26), minutes a fresh CI machine no longer spends before `make test` starts.
@@ -43,7 +48,7 @@ jvm-archive: $(STAMP)
 	-$(BIN)/python -m offsetlake.spark.jvm_archive
 
 # The tests start their own Apache Kafka brokers (session fixtures, stopped by PID) and Spark.
-test: $(STAMP) jars jvm-archive
+test: test-prerequisites $(STAMP) jars jvm-archive
 	$(BIN)/python -m pytest
 
 # The low end of pyproject's pyspark range (>=4.0): a venv of its own with pyspark 4.0 (and delta-spark_4.0_2.13,
@@ -60,7 +65,7 @@ test-pyspark-low: $(STAMP) jars
 	PATH=$(CURDIR)/$(LOW_VENV)/bin:$(PATH) $(LOW_VENV)/bin/python -m pytest -p no:cacheprovider \
 		tests/integration/test_spark_session.py tests/integration/test_ingest.py tests/integration/test_delta_spark.py
 
-test-unit: $(STAMP)
+test-unit: test-prerequisites $(STAMP)
 	$(BIN)/python -m pytest tests/unit
 
 # Fix what ruff can (lint and format); then what the checks in `make test` still find (ruff, mypy).

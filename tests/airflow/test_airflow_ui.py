@@ -20,13 +20,15 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
+import yaml
 
 from hosts import descendants
 from offsetlake.batch import ingest
-from offsetlake_local import stack
+from offsetlake_local import processes, stack
 from offsetlake_local.broker import free_port
 from support import REPO, assert_exactly_once, new_pipeline, pipeline_commits, produce
 
@@ -250,6 +252,7 @@ def test_the_offsetlake_view_in_a_real_browser_shows_what_status_says(ui, tmp_pa
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    assert api.wait_for_run(ingest_id, ui["ingest_run"], timeout=600) == "success"  # its newest finished run
     text = urllib.request.urlopen(f"{base}/offsetlake/metrics", timeout=60).read().decode()  # no login: scrapers
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -263,6 +266,99 @@ def test_the_offsetlake_view_in_a_real_browser_shows_what_status_says(ui, tmp_pa
         assert samples[("offsetlake_lag_records", labels)] == p["lag"]
     assert samples[("offsetlake_pipeline_lag_records", (("pipeline", cfg.name),))] == sum(p["lag"] for p in status)
     assert samples[("offsetlake_up", (("pipeline", cfg.name),))] == 1
+    # what the alert rules read: the newest ingest commit's time (the table's history), each DAG's newest
+    # finished run (Airflow's), and the thresholds of the pipeline file (defaults here; a stream's floor)
+    newest_ingest = max(h["timestamp"] for h in _cli(env, "history", cfg.name) if h["kind"] == "ingest") / 1000
+    assert samples[("offsetlake_last_ingest_timestamp_seconds", (("pipeline", cfg.name),))] == newest_ingest
+    for dag_id in (ingest_id, recovery):
+        assert samples[("offsetlake_last_run_failed", (("dag_id", dag_id), ("pipeline", cfg.name)))] == 0
+    assert samples[("offsetlake_alert_max_quarantine_share", (("pipeline", cfg.name),))] == 0.01
+    assert ("offsetlake_alert_max_lag_records", (("pipeline", cfg.name),)) not in samples  # none set: never fires
+    assert samples[("offsetlake_alert_stall_seconds", (("pipeline", ui["stream"].name),))] == 300
+    assert ("offsetlake_alert_stall_seconds", (("pipeline", cfg.name),)) not in samples  # a batch pipeline
+
+
+def test_a_real_prometheus_scrapes_the_endpoint_with_the_shipped_rules_and_dashboard(ui, tmp_path):
+    """Prometheus (Debian's package) scrapes Airflow's /offsetlake/metrics with the rules `offsetlake monitoring
+    rules` prints: what it stores is what `status` says, every rule evaluates, and every query of the dashboard
+    answers without an error, the lag panel's with each pipeline."""
+    env, cfg = ui["env"], ui["batch"]
+    base = env["AIRFLOW__API__BASE_URL"]
+    rules = subprocess.run(
+        [sys.executable, "-m", "offsetlake.cli", "monitoring", "rules"], env=env, capture_output=True, check=True
+    ).stdout
+    (tmp_path / "offsetlake-rules.yml").write_bytes(rules)
+    target = base.split("://", 1)[1].split("/", 1)[0]
+    (tmp_path / "prometheus.yml").write_text(
+        json.dumps(  # YAML takes JSON
+            {
+                "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+                "rule_files": ["offsetlake-rules.yml"],
+                "scrape_configs": [
+                    {
+                        "job_name": "offsetlake",
+                        "metrics_path": "/offsetlake/metrics",
+                        "static_configs": [{"targets": [target]}],
+                    }
+                ],
+            }
+        )
+    )
+    port = free_port()
+    pid = processes.start_background(
+        [
+            "prometheus",
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        tmp_path / "prometheus.log",
+        tmp_path / "prometheus.pid",
+    )
+    prometheus = f"http://127.0.0.1:{port}/api/v1"
+
+    def query(expr: str) -> list[dict]:
+        url = f"{prometheus}/query?{urllib.parse.urlencode({'query': expr})}"
+        answer = json.loads(urllib.request.urlopen(url, timeout=30).read())
+        assert answer["status"] == "success", (expr, answer)
+        return answer["data"]["result"]
+
+    try:
+        deadline = time.monotonic() + 180
+        lag: list[dict] = []
+        while time.monotonic() < deadline and not lag:
+            time.sleep(2)
+            with contextlib.suppress(OSError):
+                lag = query(f'offsetlake_pipeline_lag_records{{pipeline="{cfg.name}"}}')
+        assert lag, (tmp_path / "prometheus.log").read_text()[-3000:]
+        assert float(lag[0]["value"][1]) == sum(p["lag"] for p in _cli(env, "status", cfg.name))
+
+        groups = json.loads(urllib.request.urlopen(f"{prometheus}/rules", timeout=30).read())["data"]["groups"]
+        loaded = {rule["name"]: rule for group in groups for rule in group["rules"]}
+        shipped = {rule["alert"] for group in yaml.safe_load(rules)["groups"] for rule in group["rules"]}
+        assert set(loaded) == shipped
+        deadline = time.monotonic() + 60  # a rule's health is known once it has been evaluated
+        while time.monotonic() < deadline and any(r["health"] == "unknown" for r in loaded.values()):
+            time.sleep(2)
+            groups = json.loads(urllib.request.urlopen(f"{prometheus}/rules", timeout=30).read())["data"]["groups"]
+            loaded = {rule["name"]: rule for group in groups for rule in group["rules"]}
+        assert {name: r["health"] for name, r in loaded.items()} == dict.fromkeys(shipped, "ok"), loaded
+
+        dashboard = json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "offsetlake.cli", "monitoring", "dashboard"],
+                env=env,
+                capture_output=True,
+                check=True,
+            ).stdout
+        )
+        for panel in dashboard["panels"]:
+            for panel_target in panel["targets"]:
+                result = query(panel_target["expr"].replace("$pipeline", ".*"))
+                if panel_target["expr"].startswith("offsetlake_pipeline_lag_records"):
+                    assert {cfg.name, ui["stream"].name} <= {r["metric"].get("pipeline") for r in result}
+    finally:
+        processes.stop(pid)
 
 
 def _picture(page, shown, name: str) -> None:

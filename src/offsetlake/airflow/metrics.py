@@ -10,6 +10,7 @@ records, duration and commit conflicts in its userMetadata (`metadata.CommitMeta
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from offsetlake.config import PipelineConfig
@@ -21,6 +22,7 @@ from offsetlake.protocol.metadata import HistoryEntry
 
 RECENT_COMMITS = 30
 CHART_COMMITS = 200
+LAST_INGEST_LOOKBACK = 50  # commits read back for the newest ingest's time when counting starts
 
 
 @dataclass
@@ -108,6 +110,7 @@ class Totals:
     batch_seconds_sum: float = 0.0
     batches: int = 0
     last_batch_seconds: float | None = None
+    last_ingest_ms: int | None = None  # the newest ingest commit's time (epoch ms), also from before counting
 
 
 class CommitTotals:
@@ -126,6 +129,9 @@ class CommitTotals:
             if seen is None:  # counting starts now: a counter's value is what happened while it ran
                 current = table_version(cfg.table_location)
                 self._seen[key] = -1 if current is None else current
+                if current is not None:  # a time is a gauge: the newest ingest's, whenever it was
+                    ingests = [h.timestamp for h in history(cfg, LAST_INGEST_LOOKBACK) if h.meta.kind == "ingest"]
+                    totals.last_ingest_ms = max(ingests, default=None)
                 return totals
             for commit in commits_after(cfg.table_location, seen):
                 self._seen[key] = commit.version
@@ -136,6 +142,7 @@ class CommitTotals:
                 if meta.kind == "ingest":  # backfills replace rows, optimize rewrites them: not new records
                     totals.rows += meta.records.rows
                     totals.quarantined += meta.records.quarantined
+                    totals.last_ingest_ms = commit.timestamp
                 totals.conflicts += meta.conflicts
                 if meta.seconds is not None:
                     totals.batch_seconds_sum += meta.seconds
@@ -165,9 +172,13 @@ def labelled_tables(configs: list[PipelineConfig]) -> list[tuple[str, PipelineCo
     return out
 
 
-def prometheus_text(configs: list[PipelineConfig], totals: CommitTotals) -> bytes:
+def prometheus_text(
+    configs: list[PipelineConfig], totals: CommitTotals, last_runs: Callable[[str], dict[str, bool]] | None = None
+) -> bytes:
     """The Prometheus text exposition of every pipeline's lag and commit counters (per table, for a
-    pipeline with a table per topic: label `pipeline/table`)."""
+    pipeline with a table per topic: label `pipeline/table`), with the thresholds of its alert rules
+    (`alerts`) beside them; `last_runs(pipeline)`: whether the newest finished run of each of its DAGs
+    failed (Airflow's, where the endpoint runs in Airflow)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
@@ -209,7 +220,38 @@ def prometheus_text(configs: list[PipelineConfig], totals: CommitTotals) -> byte
             last = GaugeMetricFamily(
                 "offsetlake_last_batch_duration_seconds", "The newest batch's duration", labels=["pipeline"]
             )
+            last_ingest = GaugeMetricFamily(
+                "offsetlake_last_ingest_timestamp_seconds",
+                "When the newest ingest batch was committed (Unix time)",
+                labels=["pipeline"],
+            )
+            max_lag = GaugeMetricFamily(
+                "offsetlake_alert_max_lag_records", "alerts.max_lag_records (OffsetlakeLagHigh)", labels=["pipeline"]
+            )
+            max_quarantine = GaugeMetricFamily(
+                "offsetlake_alert_max_quarantine_share",
+                "alerts.max_quarantine_share (OffsetlakeQuarantineHigh)",
+                labels=["pipeline"],
+            )
+            stall = GaugeMetricFamily(
+                "offsetlake_alert_stall_seconds",
+                "How long a stream may go without a commit while records wait (OffsetlakeStreamStalled)",
+                labels=["pipeline"],
+            )
+            failed = GaugeMetricFamily(
+                "offsetlake_last_run_failed",
+                "1 if the newest finished run of the pipeline's DAG failed (OffsetlakeRunFailed)",
+                labels=["pipeline", "dag_id"],
+            )
+            for cfg in configs:
+                for dag_id, was_failed in sorted((last_runs(cfg.name) if last_runs else {}).items()):
+                    failed.add_metric([cfg.name, dag_id], int(was_failed))
             for name, cfg, one_table in labelled_tables(configs):
+                if cfg.alerts.max_lag_records is not None:
+                    max_lag.add_metric([name], cfg.alerts.max_lag_records)
+                max_quarantine.add_metric([name], cfg.alerts.max_quarantine_share)
+                if cfg.mode == "stream":
+                    stall.add_metric([name], cfg.alerts.stall_seconds(cfg.stream_interval_seconds))
                 # limit 0: the counters read the commits themselves
                 snap = table_snapshot(cfg, limit=0) if one_table else snapshot(cfg, limit=0)
                 up.add_metric([name], 0 if snap.error else 1)
@@ -235,6 +277,8 @@ def prometheus_text(configs: list[PipelineConfig], totals: CommitTotals) -> byte
                 duration.add_metric([name], t.batches, t.batch_seconds_sum)
                 if t.last_batch_seconds is not None:
                     last.add_metric([name], t.last_batch_seconds)
+                if t.last_ingest_ms is not None:
+                    last_ingest.add_metric([name], t.last_ingest_ms / 1000)
             yield from (
                 lag,
                 total_lag,
@@ -248,6 +292,11 @@ def prometheus_text(configs: list[PipelineConfig], totals: CommitTotals) -> byte
                 commits,
                 duration,
                 last,
+                last_ingest,
+                max_lag,
+                max_quarantine,
+                stall,
+                failed,
             )
 
     registry = CollectorRegistry(auto_describe=False)

@@ -145,6 +145,23 @@ def last_audit(pipeline: str) -> dict | None:
         }
 
 
+def last_runs_failed(pipeline: str) -> dict[str, bool]:
+    """Per DAG of the pipeline with a finished run: whether its newest finished run failed (after its retries;
+    the recovery DAG's fails when the audit finds a problem)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    failed = {}
+    with create_session() as session:
+        for dag_id in dag_ids(pipeline):
+            newest = select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.state.in_(("success", "failed")))
+            state = session.scalars(newest.order_by(DagRun.run_after.desc()).limit(1)).first()
+            if state is not None:
+                failed[dag_id] = str(state) == "failed"
+    return failed
+
+
 def _time(value) -> str:
     if isinstance(value, int):
         value = dt.datetime.fromtimestamp(value / 1000, dt.UTC)
@@ -182,7 +199,7 @@ async def metrics():
     global _totals
     _totals = _totals or CommitTotals()
     configs = [load_pipeline(n) for n in list_pipelines()]
-    body = await run_in_threadpool(prometheus_text, configs, _totals)
+    body = await run_in_threadpool(prometheus_text, configs, _totals, last_runs_failed)
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -101,6 +101,8 @@ DESCRIPTIONS = {
     "produce": "Demo events through an idempotent and a transactional producer, with a share of aborted "
     "transactions and, on request, records the schema rejects.",
     "schema": "Print the pipeline file's JSON Schema, generated from the models that read it.",
+    "monitoring": "Print the Prometheus alert rules or the Grafana dashboard offsetlake ships, for the metrics "
+    "Airflow serves at /offsetlake/metrics (each pipeline's thresholds are its `alerts` settings).",
     "broker": "The embedded Apache Kafka broker (one KRaft node, its jars from Maven Central) on 127.0.0.1 "
     "(demo and tests).",
 }
@@ -241,6 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the pipeline file's JSON Schema (for editors and validators)",
         description=DESCRIPTIONS["schema"],
     )
+
+    m = sub.add_parser(
+        "monitoring",
+        help="print the Prometheus alert rules or the Grafana dashboard",
+        description=DESCRIPTIONS["monitoring"],
+    )
+    m.add_argument("what", choices=["rules", "dashboard"], help="the alert rules (YAML) or the dashboard (JSON)")
 
     b = sub.add_parser(
         "broker", help="the embedded Apache Kafka broker (demo and tests)", description=DESCRIPTIONS["broker"]

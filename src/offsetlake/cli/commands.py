@@ -342,6 +342,16 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+MONITORING_FILES = {"rules": "offsetlake-rules.yml", "dashboard": "offsetlake-dashboard.json"}
+
+
+def cmd_monitoring(args: argparse.Namespace) -> int:
+    from importlib.resources import files
+
+    print((files("offsetlake.airflow") / "monitoring" / MONITORING_FILES[args.what]).read_text(), end="")
+    return 0
+
+
 def pipeline_json_schema() -> dict:
     """The pipeline file's JSON Schema, generated from the models that read it (offsetlake.config). An editor checks
     the file before `${VAR}` references are substituted, so a string holding one passes any pattern."""
@@ -380,5 +390,6 @@ COMMANDS = {
     "ingest": cmd_ingest,
     "stream": cmd_stream,
     "produce": cmd_produce,
+    "monitoring": cmd_monitoring,
     "broker": cmd_broker,
 }

@@ -1,7 +1,8 @@
 """A pipeline's configuration: `model` (the file's pydantic model; `format_settings` its `format` part,
-`strict` what every model shares), `columns` (the column vocabulary), `discovery` (finding and loading
-pipeline files), `connections` (Airflow connections applied), `topic_tables` (the tables of a per-topic
-pipeline). Imports: errors, storage (a table's Location); nothing that reads records or talks to Kafka."""
+`operation_settings` its `airflow` and `alerts` parts, `strict` what every model shares), `columns` (the
+column vocabulary), `discovery` (finding and loading pipeline files), `connections` (Airflow connections
+applied), `topic_tables` (the tables of a per-topic pipeline). Imports: errors, storage (a table's
+Location); nothing that reads records or talks to Kafka."""
 
 from offsetlake.config.columns import (
     DEBEZIUM_COLUMNS,

@@ -19,6 +19,7 @@ from pydantic import (
 
 from offsetlake.config.columns import LINEAGE_COLUMNS, RAW_COLUMNS, UNKNOWN_FIELDS_COLUMN
 from offsetlake.config.format_settings import RecordFormat
+from offsetlake.config.operation_settings import AirflowSettings, AlertSettings
 from offsetlake.config.strict import Strict, catalog_name, path_placeholders, redact_client
 from offsetlake.errors import ConfigError
 from offsetlake.storage.location import S3_SCHEMES, Location
@@ -277,16 +278,6 @@ class MaintenanceSettings(Strict):
         )
 
 
-class AirflowSettings(Strict):
-    """How Airflow retries the pipeline's ingest, stream and maintenance steps (backfill and recovery
-    are never retried: what fails them, a retry meets again). See docs/concepts/faults.md."""
-
-    retries: StrictInt | None = Field(default=None, ge=0, le=100)
-    """How often Airflow retries a failed step. None: the step's own (ingest 3, stream 5, maintenance 1)."""
-    retry_delay_seconds: StrictInt = Field(default=30, gt=0)
-    """The first wait before a retry; it doubles, up to 10 minutes."""
-
-
 # Commits in the log, or files removed within the retention, that a batch pays for cheaply
 # (docs/development/measurements.md).
 STREAM_WINDOW_BUDGET = 20_000
@@ -339,6 +330,8 @@ class PipelineConfig(Strict):
     """Delta properties of the tables offsetlake creates, and compaction."""
     airflow: AirflowSettings = Field(default_factory=AirflowSettings)
     """How Airflow retries the pipeline's steps."""
+    alerts: AlertSettings = Field(default_factory=AlertSettings)
+    """When the alert rules offsetlake ships fire for this pipeline."""
     description: StrictStr = ""
     """Shown on the pipeline's DAGs."""
 
