@@ -75,9 +75,12 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # The docs site (MkDocs, Material theme) in site/: the reference pages are regenerated from the code first
-# (docs/generate.py). `make test` builds it with --strict and fails on a stale generated page.
+# (docs/generate.py), Mermaid fetched from npm to be served with it (docs/assets.py). `make test` builds it
+# with --strict, fails on a stale generated page, and opens it offline in Chromium.
 docs: $(STAMP)
+	@.ci/system-packages.sh docs
 	$(BIN)/python docs/generate.py
+	$(BIN)/python docs/assets.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Broker, demo producer, Airflow (UI on 127.0.0.1:8080) with the demo DAGs unpaused and a first ingest run.

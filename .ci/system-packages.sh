@@ -2,12 +2,15 @@
 # Debian packages the project needs beyond Python: installed when missing (as root, e.g. CI), otherwise named
 # so a developer can install them. `make` calls it before the venv is built, for what it is about to run:
 #   .ci/system-packages.sh          the product and `make demo`
-#   .ci/system-packages.sh tests    and what only `make test` needs
+#   .ci/system-packages.sh docs     and what `make docs` needs
+#   .ci/system-packages.sh tests    and what `make test` needs (the docs' too)
 # The product and the demo:
 #   java         openjdk-17-jre-headless   Spark and the Apache Kafka broker run on the JVM
 #   mvn          maven                     resolves the JVM stacks' jars from Maven Central (src/offsetlake_local/poms)
 #   initdb       postgresql                the demo's captured database (change data capture) and its Hive Metastore's
 #                                          catalog; the tests start their own servers (Airflow's metadata too)
+# The docs site:
+#   npm          npm                       fetches Mermaid, served with the site (docs/assets.py)
 # The tests only:
 #   ip           iproute2                  network namespaces: the cross-host test's separate hosts
 #   chromium     chromium                  the offsetlake view's browser test (Playwright drives it)
@@ -21,6 +24,7 @@ missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || missing+=(maven)
 has_postgres || missing+=(postgresql)
+case "${1:-}" in docs | tests) command -v npm >/dev/null || missing+=(npm) ;; esac
 if [ "${1:-}" = tests ]; then
   command -v ip >/dev/null || missing+=(iproute2)
   command -v chromium >/dev/null || missing+=(chromium)
