@@ -2,6 +2,7 @@
 // theme; this adds, to whatever it asks, that a diagram keeps its natural width (a wide one scrolls
 // sideways, see stylesheets/extra.css) rather than shrinking its labels to fit the column.
 (() => {
+  if (typeof mermaid === "undefined") return; // built without docs/assets.py: Material loads it from its CDN
   const initialize = mermaid.initialize.bind(mermaid);
   mermaid.initialize = (config) =>
     initialize({
