@@ -163,3 +163,6 @@ def test_tables_of_one_pipeline_upsert_on_their_own_keys(offsetlake, bootstrap, 
         label = f"{name}/{one.topics[0].rsplit('.', 1)[-1]}"
         assert samples[("offsetlake_up", label)] == 1 and samples[("offsetlake_pipeline_lag_records", label)] == 0
         assert samples[("offsetlake_table_version", label)] == DeltaTable(one.table_path).version(), label
+        assert samples[("offsetlake_alert_max_quarantine_share", label)] == cfg.alerts.max_quarantine_share, label
+        newest_ingest = max(e["timestamp"] for e in DeltaTable(one.table_path).history() if "userMetadata" in e)
+        assert samples[("offsetlake_last_ingest_timestamp_seconds", label)] == newest_ingest / 1000, label

@@ -172,6 +172,47 @@ def labelled_tables(configs: list[PipelineConfig]) -> list[tuple[str, PipelineCo
     return out
 
 
+PIPELINE = ["pipeline"]
+PARTITION = ["pipeline", "topic", "partition"]
+# What /offsetlake/metrics exposes: name, (type, help, labels). A counter's samples end in _total, a
+# summary's in _sum and _count. The alert rules and the dashboard (monitoring/) read these names.
+METRICS = {
+    "offsetlake_lag_records": ("gauge", "Records in Kafka (to the LSO) not yet in the table", PARTITION),
+    "offsetlake_pipeline_lag_records": ("gauge", "Sum of the lag over all partitions", PIPELINE),
+    "offsetlake_committed_offset": ("gauge", "Next offset the ledger will read", PARTITION),
+    "offsetlake_end_offset": ("gauge", "Kafka's end offset (LSO under read_committed)", PARTITION),
+    "offsetlake_table_version": ("gauge", "The Delta table's version", PIPELINE),
+    "offsetlake_up": ("gauge", "1 if Kafka and the table could be read", PIPELINE),
+    "offsetlake_committed_records": ("counter", "Rows ingest batches committed", PIPELINE),
+    "offsetlake_quarantined_records": ("counter", "Records quarantined", PIPELINE),
+    "offsetlake_commit_conflicts": ("counter", "Commits that lost a race and decided again", PIPELINE),
+    "offsetlake_commits": ("counter", "Commits, by kind", ["pipeline", "kind"]),
+    "offsetlake_batch_duration_seconds": ("summary", "Batch time from plan to commit", PIPELINE),
+    "offsetlake_last_batch_duration_seconds": ("gauge", "The newest batch's duration", PIPELINE),
+    "offsetlake_last_ingest_timestamp_seconds": (
+        "gauge",
+        "When the newest ingest batch was committed (Unix time)",
+        PIPELINE,
+    ),
+    "offsetlake_alert_max_lag_records": ("gauge", "alerts.max_lag_records (OffsetlakeLagHigh)", PIPELINE),
+    "offsetlake_alert_max_quarantine_share": (
+        "gauge",
+        "alerts.max_quarantine_share (OffsetlakeQuarantineHigh)",
+        PIPELINE,
+    ),
+    "offsetlake_alert_stall_seconds": (
+        "gauge",
+        "How long a stream may go without a commit while records wait (OffsetlakeStreamStalled)",
+        PIPELINE,
+    ),
+    "offsetlake_last_run_failed": (
+        "gauge",
+        "1 if the newest finished run of the pipeline's DAG failed (OffsetlakeRunFailed)",
+        ["pipeline", "dag_id"],
+    ),
+}
+
+
 def prometheus_text(
     configs: list[PipelineConfig], totals: CommitTotals, last_runs: Callable[[str], dict[str, bool]] | None = None
 ) -> bytes:
@@ -182,123 +223,58 @@ def prometheus_text(
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
+    kinds = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "summary": SummaryMetricFamily}
+
     class Collector:
         def collect(self):
-            lag = GaugeMetricFamily(
-                "offsetlake_lag_records",
-                "Records in Kafka (to the LSO) not yet in the table",
-                labels=["pipeline", "topic", "partition"],
-            )
-            total_lag = GaugeMetricFamily(
-                "offsetlake_pipeline_lag_records", "Sum of the lag over all partitions", labels=["pipeline"]
-            )
-            committed = GaugeMetricFamily(
-                "offsetlake_committed_offset",
-                "Next offset the ledger will read",
-                labels=["pipeline", "topic", "partition"],
-            )
-            end = GaugeMetricFamily(
-                "offsetlake_end_offset",
-                "Kafka's end offset (LSO under read_committed)",
-                labels=["pipeline", "topic", "partition"],
-            )
-            version = GaugeMetricFamily("offsetlake_table_version", "The Delta table's version", labels=["pipeline"])
-            up = GaugeMetricFamily("offsetlake_up", "1 if Kafka and the table could be read", labels=["pipeline"])
-            rows = CounterMetricFamily(
-                "offsetlake_committed_records", "Rows ingest batches committed", labels=["pipeline"]
-            )
-            quarantined = CounterMetricFamily(
-                "offsetlake_quarantined_records", "Records quarantined", labels=["pipeline"]
-            )
-            conflicts = CounterMetricFamily(
-                "offsetlake_commit_conflicts", "Commits that lost a race and decided again", labels=["pipeline"]
-            )
-            commits = CounterMetricFamily("offsetlake_commits", "Commits, by kind", labels=["pipeline", "kind"])
-            duration = SummaryMetricFamily(
-                "offsetlake_batch_duration_seconds", "Batch time from plan to commit", labels=["pipeline"]
-            )
-            last = GaugeMetricFamily(
-                "offsetlake_last_batch_duration_seconds", "The newest batch's duration", labels=["pipeline"]
-            )
-            last_ingest = GaugeMetricFamily(
-                "offsetlake_last_ingest_timestamp_seconds",
-                "When the newest ingest batch was committed (Unix time)",
-                labels=["pipeline"],
-            )
-            max_lag = GaugeMetricFamily(
-                "offsetlake_alert_max_lag_records", "alerts.max_lag_records (OffsetlakeLagHigh)", labels=["pipeline"]
-            )
-            max_quarantine = GaugeMetricFamily(
-                "offsetlake_alert_max_quarantine_share",
-                "alerts.max_quarantine_share (OffsetlakeQuarantineHigh)",
-                labels=["pipeline"],
-            )
-            stall = GaugeMetricFamily(
-                "offsetlake_alert_stall_seconds",
-                "How long a stream may go without a commit while records wait (OffsetlakeStreamStalled)",
-                labels=["pipeline"],
-            )
-            failed = GaugeMetricFamily(
-                "offsetlake_last_run_failed",
-                "1 if the newest finished run of the pipeline's DAG failed (OffsetlakeRunFailed)",
-                labels=["pipeline", "dag_id"],
-            )
+            families = {name: kinds[kind](name, text, labels=labels) for name, (kind, text, labels) in METRICS.items()}
             for cfg in configs:
                 for dag_id, was_failed in sorted((last_runs(cfg.name) if last_runs else {}).items()):
-                    failed.add_metric([cfg.name, dag_id], int(was_failed))
+                    families["offsetlake_last_run_failed"].add_metric([cfg.name, dag_id], int(was_failed))
             for name, cfg, one_table in labelled_tables(configs):
-                if cfg.alerts.max_lag_records is not None:
-                    max_lag.add_metric([name], cfg.alerts.max_lag_records)
-                max_quarantine.add_metric([name], cfg.alerts.max_quarantine_share)
-                if cfg.mode == "stream":
-                    stall.add_metric([name], cfg.alerts.stall_seconds(cfg.stream_interval_seconds))
-                # limit 0: the counters read the commits themselves
-                snap = table_snapshot(cfg, limit=0) if one_table else snapshot(cfg, limit=0)
-                up.add_metric([name], 0 if snap.error else 1)
-                for p in snap.partitions:
-                    labels = [name, p.topic, str(p.partition)]
-                    lag.add_metric(labels, p.lag)
-                    end.add_metric(labels, p.end)
-                    if p.committed is not None:
-                        committed.add_metric(labels, p.committed)
-                if snap.partitions:
-                    total_lag.add_metric([name], snap.total_lag)
-                if snap.version is not None:
-                    version.add_metric([name], snap.version)
-                try:
-                    t = totals.update(cfg)
-                except Exception:  # noqa: BLE001 - offsetlake_up already says the table could not be read
-                    continue
-                rows.add_metric([name], t.rows)
-                quarantined.add_metric([name], t.quarantined)
-                conflicts.add_metric([name], t.conflicts)
-                for kind, n in sorted(t.commits.items()):
-                    commits.add_metric([name, kind], n)
-                duration.add_metric([name], t.batches, t.batch_seconds_sum)
-                if t.last_batch_seconds is not None:
-                    last.add_metric([name], t.last_batch_seconds)
-                if t.last_ingest_ms is not None:
-                    last_ingest.add_metric([name], t.last_ingest_ms / 1000)
-            yield from (
-                lag,
-                total_lag,
-                committed,
-                end,
-                version,
-                up,
-                rows,
-                quarantined,
-                conflicts,
-                commits,
-                duration,
-                last,
-                last_ingest,
-                max_lag,
-                max_quarantine,
-                stall,
-                failed,
-            )
+                _add_table(families, name, cfg, one_table, totals)
+            yield from families.values()
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())
     return generate_latest(registry)
+
+
+def _add_table(families: dict, name: str, cfg: PipelineConfig, one_table: bool, totals: CommitTotals) -> None:
+    """One table's samples, labelled `name`: its thresholds, its lag and version, its commits' counters."""
+
+    def add(metric: str, labels: list[str], *value: float) -> None:
+        families[metric].add_metric(labels, *value)
+
+    if cfg.alerts.max_lag_records is not None:
+        add("offsetlake_alert_max_lag_records", [name], cfg.alerts.max_lag_records)
+    add("offsetlake_alert_max_quarantine_share", [name], cfg.alerts.max_quarantine_share)
+    if cfg.mode == "stream":
+        add("offsetlake_alert_stall_seconds", [name], cfg.alerts.stall_seconds(cfg.stream_interval_seconds))
+    # limit 0: the counters read the commits themselves
+    snap = table_snapshot(cfg, limit=0) if one_table else snapshot(cfg, limit=0)
+    add("offsetlake_up", [name], 0 if snap.error else 1)
+    for p in snap.partitions:
+        labels = [name, p.topic, str(p.partition)]
+        add("offsetlake_lag_records", labels, p.lag)
+        add("offsetlake_end_offset", labels, p.end)
+        if p.committed is not None:
+            add("offsetlake_committed_offset", labels, p.committed)
+    if snap.partitions:
+        add("offsetlake_pipeline_lag_records", [name], snap.total_lag)
+    if snap.version is not None:
+        add("offsetlake_table_version", [name], snap.version)
+    try:
+        t = totals.update(cfg)
+    except Exception:  # noqa: BLE001 - offsetlake_up already says the table could not be read
+        return
+    add("offsetlake_committed_records", [name], t.rows)
+    add("offsetlake_quarantined_records", [name], t.quarantined)
+    add("offsetlake_commit_conflicts", [name], t.conflicts)
+    for kind, n in sorted(t.commits.items()):
+        add("offsetlake_commits", [name, kind], n)
+    add("offsetlake_batch_duration_seconds", [name], t.batches, t.batch_seconds_sum)
+    if t.last_batch_seconds is not None:
+        add("offsetlake_last_batch_duration_seconds", [name], t.last_batch_seconds)
+    if t.last_ingest_ms is not None:
+        add("offsetlake_last_ingest_timestamp_seconds", [name], t.last_ingest_ms / 1000)
