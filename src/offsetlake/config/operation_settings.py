@@ -22,8 +22,8 @@ class AirflowSettings(Strict):
 
 
 class AlertSettings(Strict):
-    """The pipeline's thresholds for the Prometheus alert rules `offsetlake alerts rules` prints: the metrics
-    endpoint gives each one as a gauge labelled with the pipeline, so one rule serves every pipeline."""
+    """The pipeline's thresholds for the Prometheus alert rules `offsetlake monitoring rules` prints: the
+    metrics endpoint gives each one as a gauge labelled with the pipeline, so one rule serves every pipeline."""
 
     max_lag_records: StrictInt | None = Field(default=None, gt=0)
     """`OffsetlakeLagHigh` fires when the pipeline's lag (records in Kafka not yet in the table) stays above
