@@ -284,9 +284,12 @@ def test_a_real_prometheus_scrapes_the_endpoint_with_the_shipped_rules_and_dashb
     answers without an error, the lag panel's with each pipeline."""
     env, cfg = ui["env"], ui["batch"]
     base = env["AIRFLOW__API__BASE_URL"]
-    rules = subprocess.run(
-        [sys.executable, "-m", "offsetlake.cli", "monitoring", "rules"], env=env, capture_output=True, check=True
-    ).stdout
+
+    def shipped_file(what: str) -> bytes:  # `offsetlake monitoring rules|dashboard`, as a user runs it
+        command = [sys.executable, "-m", "offsetlake.cli", "monitoring", what]
+        return subprocess.run(command, env=env, capture_output=True, check=True).stdout
+
+    rules = shipped_file("rules")
     (tmp_path / "offsetlake-rules.yml").write_bytes(rules)
     target = base.split("://", 1)[1].split("/", 1)[0]
     (tmp_path / "prometheus.yml").write_text(
@@ -333,25 +336,20 @@ def test_a_real_prometheus_scrapes_the_endpoint_with_the_shipped_rules_and_dashb
         assert lag, (tmp_path / "prometheus.log").read_text()[-3000:]
         assert float(lag[0]["value"][1]) == sum(p["lag"] for p in _cli(env, "status", cfg.name))
 
-        groups = json.loads(urllib.request.urlopen(f"{prometheus}/rules", timeout=30).read())["data"]["groups"]
-        loaded = {rule["name"]: rule for group in groups for rule in group["rules"]}
+        def loaded_rules() -> dict[str, dict]:
+            groups = json.loads(urllib.request.urlopen(f"{prometheus}/rules", timeout=30).read())["data"]["groups"]
+            return {rule["name"]: rule for group in groups for rule in group["rules"]}
+
+        loaded = loaded_rules()
         shipped = {rule["alert"] for group in yaml.safe_load(rules)["groups"] for rule in group["rules"]}
         assert set(loaded) == shipped
         deadline = time.monotonic() + 60  # a rule's health is known once it has been evaluated
         while time.monotonic() < deadline and any(r["health"] == "unknown" for r in loaded.values()):
             time.sleep(2)
-            groups = json.loads(urllib.request.urlopen(f"{prometheus}/rules", timeout=30).read())["data"]["groups"]
-            loaded = {rule["name"]: rule for group in groups for rule in group["rules"]}
+            loaded = loaded_rules()
         assert {name: r["health"] for name, r in loaded.items()} == dict.fromkeys(shipped, "ok"), loaded
 
-        dashboard = json.loads(
-            subprocess.run(
-                [sys.executable, "-m", "offsetlake.cli", "monitoring", "dashboard"],
-                env=env,
-                capture_output=True,
-                check=True,
-            ).stdout
-        )
+        dashboard = json.loads(shipped_file("dashboard"))
         for panel in dashboard["panels"]:
             for panel_target in panel["targets"]:
                 result = query(panel_target["expr"].replace("$pipeline", ".*"))

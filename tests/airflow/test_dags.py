@@ -502,3 +502,4 @@ def test_maintenance_form_errors_stop_before_spark(pipeline, conf, refused_by):
     else:
         state, tasks = run(dag, conf)
         assert state == "failed" and tasks["validate"] == "failed" and tasks["maintenance"] == "upstream_failed"
+    assert not DeltaTable.is_deltatable(cfg.table_path)  # refused before Spark: nothing created or written
