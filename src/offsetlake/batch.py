@@ -219,7 +219,9 @@ def _merge(
     staged = engine.staged_rows(snapshot, [w.file for w in written.data])
     old_rows = engine.rows_of_keys(staged.schema)
     unavailable = cfg.format.unavailable_value
-    merge, moved = merge_of_batch(staged, cfg.write.key, cfg.write.order_by, unavailable, plan.batch, old_rows)
+    write = cfg.write
+    deletes = write.deletes != "ignore"
+    merge, moved = merge_of_batch(staged, write.key, write.order_by, unavailable, plan.batch, old_rows, deletes)
     if moved.left_null:
         log.warning(
             "batch %d: %d values that primary-key changes left unchanged are null: no row of the old key held "

@@ -8,7 +8,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from offsetlake.config import HEADERS_COLUMN, OLD_KEY_COLUMN, parse_pipeline
+from offsetlake.config import HEADERS_COLUMN, NEW_KEY_COLUMN, OLD_KEY_COLUMN, parse_pipeline
 from offsetlake.formats import debezium
 from offsetlake.formats.columns import quarantine_schema
 from offsetlake.formats.records import convert, reads_headers
@@ -232,15 +232,16 @@ def test_a_json_snapshots_end_is_a_marker_row_beside_its_read_unless_snapshots_k
     assert convert(keep, messages)[0].column("_debezium_op").to_pylist() == ["r", "r"]
 
 
-def test_a_key_changes_old_key_header_rides_in_the_staging_rows_and_headers_stay_out_unless_kept():
-    """The old key a primary-key change's create names (its `__debezium.oldkey` header) is a staging column
-    of the rows, null on other events; the quarantine keeps the pipeline's own schema."""
+def test_a_key_changes_headers_ride_in_the_staging_rows_and_headers_stay_out_unless_kept():
+    """The old key a primary-key change's create names (its `__debezium.oldkey` header) and the new key its
+    delete names (`__debezium.newkey`) are staging columns of the rows, null on other events; the quarantine
+    keeps the pipeline's own schema."""
     values = [
         json.dumps({"op": "c", "after": {"id": 7, "price": "1.00"}, "source": {"lsn": 1}}).encode(),
-        json.dumps({"op": "u", "after": {"id": 8, "price": "2.00"}, "source": {"lsn": 2}}).encode(),
+        json.dumps({"op": "d", "before": {"id": 8}, "source": {"lsn": 2}}).encode(),
         b"not json",
     ]
-    headers = [[("__debezium.oldkey", b'{"id":3}'), ("other", b"x")], [("other", b"y")], []]
+    headers = [[("__debezium.oldkey", b'{"id":3}'), ("other", b"x")], [("__debezium.newkey", b'{"id":9}')], []]
     messages = pa.Table.from_arrays(
         [
             pa.array([None] * 3, pa.binary()),
@@ -257,5 +258,6 @@ def test_a_key_changes_old_key_header_rides_in_the_staging_rows_and_headers_stay
     assert reads_headers(cfg)
     rows, bad = convert(cfg, messages)
     assert rows.column(OLD_KEY_COLUMN).to_pylist() == [b'{"id":3}', None]
+    assert rows.column(NEW_KEY_COLUMN).to_pylist() == [None, b'{"id":9}']
     assert HEADERS_COLUMN not in rows.column_names and bad.schema == quarantine_schema(cfg)
     assert bad.column("kafka_offset").to_pylist() == [2]

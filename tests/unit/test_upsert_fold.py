@@ -4,10 +4,11 @@ and the MERGE's conditions."""
 import pyarrow as pa
 import pytest
 
-from offsetlake.config import DELETED_COLUMN, OLD_KEY_COLUMN, parse_pipeline
+from offsetlake.config import DELETED_COLUMN, NEW_KEY_COLUMN, OLD_KEY_COLUMN, parse_pipeline
 from offsetlake.errors import UpsertKeyError
 from offsetlake.formats.records import convert
 from offsetlake.protocol.key_changes import KeyChanges, carry_across_key_changes
+from offsetlake.protocol.merge_batch import merge_of_batch
 from offsetlake.protocol.upsert import (
     Merge,
     SnapshotEnd,
@@ -307,3 +308,87 @@ def test_a_header_that_names_no_key_of_the_pipeline_carries_nothing():
     rows = moved_rows([(5, 20, None, None, True), (6, 20, UNAVAILABLE, '{"other":5}', False)])
     notes, changes, _ = carried(rows, table={(5,): {"id": 5, "note": "x"}})
     assert notes[1] == UNAVAILABLE and changes == KeyChanges(carried=0, left_null=1)
+
+
+def key_change_rows(rows: list[tuple], first_offset: int = 0) -> pa.Table:
+    """(id, position, note, old key header, new key header, deleted) per row, one partition, offsets in list
+    order from `first_offset`: a Debezium table's staging rows with the keys a primary-key change names."""
+    ids, position, note, old, new, deleted = zip(*rows)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "note": pa.array(note, pa.string()),
+            "_debezium_position": pa.array(position, pa.int64()),
+            "kafka_topic": pa.array(["t"] * len(rows)),
+            "kafka_partition": pa.array([0] * len(rows), pa.int32()),
+            "kafka_offset": pa.array(range(first_offset, first_offset + len(rows)), pa.int64()),
+            OLD_KEY_COLUMN: pa.array([None if o is None else o.encode() for o in old], pa.binary()),
+            NEW_KEY_COLUMN: pa.array([None if n is None else n.encode() for n in new], pa.binary()),
+            DELETED_COLUMN: pa.array(deleted, pa.bool_()),
+        }
+    )
+
+
+def merged_batches(batches: list[pa.Table], deletes: bool = True) -> tuple[dict, list[KeyChanges]]:
+    """The table {id: row} after each batch's Merge is applied as the MERGE does (the test's own model of it:
+    a row not older than the target's replaces it or deletes it, a placeholder keeps the target's value), and
+    what each batch's key changes carried."""
+    table: dict[tuple, dict] = {}
+    changes = []
+    for number, rows in enumerate(batches, 1):
+        old_rows = lambda keys: {k: dict(table[k]) for k in keys if k in table}  # noqa: E731
+        merge, moved = merge_of_batch(rows, ["id"], "_debezium_position", UNAVAILABLE, number, old_rows, deletes)
+        changes.append(moved)
+        for row in merge.source.to_pylist():
+            now = table.get((row["id"],))
+            if now is not None and row["_debezium_position"] < now["_debezium_position"]:
+                continue
+            if row[DELETED_COLUMN]:
+                table.pop((row["id"],), None)
+                continue
+            kept = {c: (now or {}).get(c) if v == UNAVAILABLE else v for c, v in row.items()}
+            table[(row["id"],)] = {c: kept[c] for c in ("id", "note", "_debezium_position")}
+    return table, changes
+
+
+# A key change 1 -> 2 in one transaction after an update of 1's large value: the update, the old key's delete
+# naming the new key, and the new key's create naming the old one, without the value.
+KEY_CHANGE = [
+    (1, 11, "changed", None, None, False),
+    (1, 12, None, None, '{"id":2}', True),
+    (2, 12, UNAVAILABLE, '{"id":1}', None, False),
+]
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3])
+def test_a_key_change_cut_by_a_batch_anywhere_moves_the_row_with_its_latest_values(cut):
+    """Wherever a batch ends (before the delete, between the delete and the create, after both), the new key
+    holds the value updated just before the move, and the old key is gone once the create is applied."""
+    first = key_change_rows([(1, 10, "big", None, None, False)])
+    rows = key_change_rows(KEY_CHANGE, first_offset=1)
+    table, changes = merged_batches([first, rows.slice(0, cut), rows.slice(cut)])
+    assert table == {(2,): {"id": 2, "note": "changed", "_debezium_position": 12}}
+    assert sum(c.carried for c in changes) == 1 and sum(c.left_null for c in changes) == 0
+
+
+def test_between_the_delete_and_the_create_the_old_row_stays_with_its_latest_values():
+    first = key_change_rows([(1, 10, "big", None, None, False)])
+    table, _ = merged_batches([first, key_change_rows(KEY_CHANGE[:2], first_offset=1)])
+    assert table == {(1,): {"id": 1, "note": "changed", "_debezium_position": 11}}
+
+
+def test_the_old_key_inserted_again_before_the_create_is_kept_and_not_taken_from():
+    """The old key inserted again after the change, and read in a batch before the change's create (another
+    partition's record, seen first): the new row stays, and is no source for the moved row's value."""
+    first = key_change_rows([(1, 10, "big", None, None, False)])
+    before = key_change_rows([KEY_CHANGE[1], (1, 13, "again", None, None, False)], first_offset=1)
+    table, changes = merged_batches([first, before, key_change_rows([KEY_CHANGE[2]], first_offset=3)])
+    assert table[(1,)]["note"] == "again" and table[(2,)]["note"] is None
+    assert changes[-1] == KeyChanges(carried=0, left_null=1)
+
+
+def test_with_deletes_ignored_a_key_change_keeps_the_old_row_and_the_new_takes_its_value():
+    first = key_change_rows([(1, 10, "big", None, None, False)])
+    rows = key_change_rows([KEY_CHANGE[0], KEY_CHANGE[2]], first_offset=1)  # the reader dropped the delete
+    table, _ = merged_batches([first, rows.slice(0, 1), rows.slice(1)], deletes=False)
+    assert table[(1,)]["note"] == table[(2,)]["note"] == "changed"

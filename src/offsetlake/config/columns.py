@@ -18,7 +18,10 @@ DELETED_COLUMN = "_offsetlake_deleted"
 # the header's bytes; null on every other event). Only in the staging files, like DELETED_COLUMN: the driver
 # takes the values the create lacks from the old key's row (protocol/upsert.py, carry_across_key_changes).
 OLD_KEY_COLUMN = "_offsetlake_old_key"
-STAGING_COLUMNS = (DELETED_COLUMN, OLD_KEY_COLUMN)
+# ... and the new key its delete of the old key names (its `__debezium.newkey` header): the delete waits for the
+# create when a batch ends between them (protocol/key_changes.py, with_creates_deleting_old_keys).
+NEW_KEY_COLUMN = "_offsetlake_new_key"
+STAGING_COLUMNS = (DELETED_COLUMN, OLD_KEY_COLUMN, NEW_KEY_COLUMN)
 # format.envelope debezium: the event's `op` (c, r, u, d) and its position in the source's log.
 DEBEZIUM_OP_COLUMN = "_debezium_op"
 DEBEZIUM_POSITION_COLUMN = "_debezium_position"

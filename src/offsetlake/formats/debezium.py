@@ -42,8 +42,10 @@ SNAPSHOT_ENDS = ("last_in_data_collection", "last")  # source.snapshot of a tabl
 OPS = (*ROW_OPS, DELETE_OP)
 ENVELOPE_FIELDS = ("before", "after", "source", "op")
 # On a primary-key change Debezium sends a delete of the old key and a create of the new one; the create
-# names the old key in this header (the key's fields as JSON text, Kafka Connect's SimpleHeaderConverter).
+# names the old key in this header, the delete the new key in the other (the key's fields as JSON text, Kafka
+# Connect's SimpleHeaderConverter).
 OLD_KEY_HEADER = "__debezium.oldkey"
+NEW_KEY_HEADER = "__debezium.newkey"
 
 
 class NotAChangeEvent(ValueError):

@@ -25,6 +25,7 @@ from offsetlake.config import (
     HEADERS_COLUMN,
     KEY_COLUMN,
     LINEAGE_COLUMNS,
+    NEW_KEY_COLUMN,
     OLD_KEY_COLUMN,
     REGISTRY_FORMATS,
     PipelineConfig,
@@ -56,14 +57,15 @@ def reads_headers(cfg: PipelineConfig) -> bool:
 
 
 def carries_old_keys(cfg: PipelineConfig) -> bool:
-    """Debezium change events (always upserts): the rows carry each create's old key (OLD_KEY_COLUMN)."""
+    """Debezium change events (always upserts): the rows carry the keys a primary-key change names (each
+    create's old key, OLD_KEY_COLUMN; each delete's new key, NEW_KEY_COLUMN)."""
     return cfg.format.debezium_envelope
 
 
 def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None = None) -> tuple[pa.Table, pa.Table]:
     """Return (rows for the table, rows for the quarantine). `columns`: the table's schema now (registry
     formats: the rows may add columns to it, see evolution.py; None: the pipeline's `table_schema`)."""
-    messages = _with_old_keys(cfg, messages)
+    messages = _with_key_changes(cfg, messages)
     messages, oversized = _split_oversized(messages, cfg.format.max_value_bytes)
     key_values, key_type, bad_keys = _convert_keys(cfg, messages, columns)
     quarantines = []
@@ -96,8 +98,9 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
         extra.append((pa.field(KEY_COLUMN, key_type), key_values if good is None else key_values.take(good)))
     if cfg.format.include_headers:
         extra.append((pa.field(HEADERS_COLUMN, HEADERS_TYPE), kept.column("headers")))
-    if OLD_KEY_COLUMN in kept.column_names:
-        extra.append((pa.field(OLD_KEY_COLUMN, pa.binary()), kept.column(OLD_KEY_COLUMN)))
+    for column in (OLD_KEY_COLUMN, NEW_KEY_COLUMN):
+        if column in kept.column_names:
+            extra.append((pa.field(column, pa.binary()), kept.column(column)))
     fields = [*payload.schema, *(f for f, _ in extra), *LINEAGE_SCHEMA]
     table = pa.Table.from_arrays([*payload.columns, *(a for _, a in extra), *_lineage(kept)], schema=pa.schema(fields))
     if cfg.write.upsert:
@@ -111,14 +114,16 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
     return table, quarantine
 
 
-def _with_old_keys(cfg: PipelineConfig, messages: pa.Table) -> pa.Table:
-    """Debezium upserts: each record's old-key header (debezium.OLD_KEY_HEADER, its last) as OLD_KEY_COLUMN,
-    null where it has none; the headers column goes on only when the pipeline keeps headers."""
+def _with_key_changes(cfg: PipelineConfig, messages: pa.Table) -> pa.Table:
+    """Debezium upserts: each record's old-key header (debezium.OLD_KEY_HEADER, its last) as OLD_KEY_COLUMN
+    and its new-key header as NEW_KEY_COLUMN, null where it has none; the headers column goes on only when the
+    pipeline keeps headers."""
     if not carries_old_keys(cfg) or "headers" not in messages.column_names:
         return messages
     headers = messages.column("headers")
-    old_keys = pc.map_lookup(headers, pa.scalar(debezium.OLD_KEY_HEADER, pa.string()), "last")
-    messages = messages.append_column(pa.field(OLD_KEY_COLUMN, pa.binary()), old_keys)
+    for column, header in ((OLD_KEY_COLUMN, debezium.OLD_KEY_HEADER), (NEW_KEY_COLUMN, debezium.NEW_KEY_HEADER)):
+        named = pc.map_lookup(headers, pa.scalar(header, pa.string()), "last")
+        messages = messages.append_column(pa.field(column, pa.binary()), named)
     return messages if cfg.format.include_headers else messages.drop_columns(["headers"])
 
 

@@ -45,7 +45,7 @@ from offsetlake.kafka import KafkaCluster
 from offsetlake.operations.ledger_checks import audited_ranges, continuity_issues, sanity_issues
 from offsetlake.protocol import unavailable as placeholders
 from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, new_attempt_id
-from offsetlake.protocol.key_changes import carry_across_key_changes
+from offsetlake.protocol.key_changes import carry_across_key_changes, with_creates_deleting_old_keys
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, ranges_json
 from offsetlake.protocol.ranges import OffsetRange
@@ -182,9 +182,13 @@ def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None, s
     if rows is not None:  # a TRUNCATE in the range: the table is what came after the last one
         rows, _ = after_last_truncate(rows, cfg.write.order_by)
         rows, snapshot_ends = after_snapshot_end(rows)  # a snapshot's end: older rows it did not read are gone
-        # A key change's new row takes what it lacks from the old key's rows in the range (not from the table:
-        # that is what is checked); an old row before the range leaves it unknown, and the table's stands.
-        rows, _ = carry_across_key_changes(rows, cfg.write.key, cfg.write.order_by, unavailable, None)
+        # A key change's delete goes with its create, as a batch's does: a range that ends between them leaves
+        # the old row, as the batch did. Its new row takes what it lacks from the old key's rows in the range
+        # (not from the table: that is what is checked); an old row before the range leaves it unknown, and
+        # the table's stands.
+        write = cfg.write
+        rows = with_creates_deleting_old_keys(rows, write.key, write.order_by, write.deletes != "ignore")
+        rows, _ = carry_across_key_changes(rows, write.key, write.order_by, unavailable, None)
     winners, unordered = fold(rows, cfg.write.key, cfg.write.order_by, unavailable)
     winners = stale_as_deleted(winners, snapshot_ends)
     current = table_rows(cfg, spark=spark)

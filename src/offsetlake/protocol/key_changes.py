@@ -1,10 +1,12 @@
 """Primary-key changes in upsert mode: the values a key change's create event lacks, taken from the old
 key's row.
 
-Debezium turns `UPDATE ... SET id = ...` into a delete of the old key and a create of the new one that names
-the old key (its `__debezium.oldkey` header, carried in the staging rows as OLD_KEY_COLUMN); the create
-holds the placeholder for every TOASTed value the change left alone. `carry_across_key_changes` takes those
-values from the old key's row: earlier in the batch, or in the table (`keys_predicate` finds its rows).
+Debezium turns `UPDATE ... SET id = ...` into a delete of the old key that names the new key (its
+`__debezium.newkey` header, NEW_KEY_COLUMN in the staging rows) and a create of the new one that names the old
+key (`__debezium.oldkey`, OLD_KEY_COLUMN); the create holds the placeholder for every TOASTed value the change
+left alone. `carry_across_key_changes` takes those values from the old key's row: earlier in the batch, or in
+the table (`keys_predicate` finds its rows). A batch may end between the two events, so the old key's delete
+is applied by its create (`with_creates_deleting_old_keys`): the old row is still in the table for the create.
 """
 
 from __future__ import annotations
@@ -12,18 +14,23 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from offsetlake.config import DELETED_COLUMN, OLD_KEY_COLUMN
+from offsetlake.config import DEBEZIUM_OP_COLUMN, DELETED_COLUMN, NEW_KEY_COLUMN, OLD_KEY_COLUMN
+from offsetlake.formats.debezium import DELETE_OP
 from offsetlake.protocol import unavailable as placeholders
-from offsetlake.protocol.upsert import carry_values, ordering_frame, quoted_column, sql_literal, winner_order
-
-if TYPE_CHECKING:
-    pass
+from offsetlake.protocol.upsert import (
+    LINEAGE,
+    carry_values,
+    ordering_frame,
+    quoted_column,
+    sql_literal,
+    winner_order,
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,70 @@ class KeyChanges:
 Key = tuple[Any, ...]  # a key's values, in write.key's order
 # The table's rows of some keys: {key: row}.
 OldRows = Callable[[Sequence[Key]], dict[Key, dict[str, Any]]]
+
+
+def with_creates_deleting_old_keys(rows: pa.Table, key: Sequence[str], order_by: str | None, deletes: bool) -> pa.Table:
+    """`rows` without NEW_KEY_COLUMN, each primary-key change's delete of the old key applied by its create, so
+    that the old key's row is in the table when a batch ends between the two: a delete that names its new key
+    and whose create is not among `rows` is dropped (the create's batch deletes the old key), and each create
+    that names an old key deletes it, at the create's place in the order winners are chosen in (so a later row
+    of the old key still wins). `deletes`: False under write.deletes ignore, where the old row stays. Only for
+    keys of integer and string columns, whose values in a header and in a column compare exactly."""
+    if NEW_KEY_COLUMN not in rows.column_names:
+        return rows
+    new_keys = rows.column(NEW_KEY_COLUMN).combine_chunks()
+    rows = rows.drop_columns([NEW_KEY_COLUMN])
+    exact = all(pa.types.is_integer(t) or placeholders.is_text(t) for t in (rows.schema.field(c).type for c in key))
+    if not deletes or not exact or OLD_KEY_COLUMN not in rows.column_names or rows.num_rows == 0:
+        return rows
+    creates = _creates(rows, key)
+    deleted = rows.column(DELETED_COLUMN).combine_chunks()
+    moving = pc.and_(pc.is_valid(new_keys), pc.fill_null(deleted, False))
+    named = set(creates.values())
+    waiting = [
+        int(i)
+        for i in pc.indices_nonzero(moving).to_pylist()
+        if _old_key(new_keys[i].as_py(), key) is not None and _key_of(rows, key, i) not in named
+    ]
+    if waiting:
+        rows = rows.filter(pa.array(~np.isin(np.arange(rows.num_rows), waiting)))
+        creates = {i - int(np.searchsorted(waiting, i)): old for i, old in creates.items()}
+    return pa.concat_tables([rows, _deletes_of(rows, key, order_by, creates)]) if creates else rows
+
+
+def _creates(rows: pa.Table, key: Sequence[str]) -> dict[int, Key]:
+    """{row: the old key it names} of the creates of primary-key changes whose old key fits the key's columns."""
+    old_keys = rows.column(OLD_KEY_COLUMN).combine_chunks()
+    kinds = [int if pa.types.is_integer(rows.schema.field(c).type) else str for c in key]
+    creates = {}
+    for i in pc.indices_nonzero(pc.is_valid(old_keys)).to_pylist():
+        old = _old_key(old_keys[i].as_py(), key)
+        if old is not None and all(type(v) is kind for v, kind in zip(old, kinds)) and old != _key_of(rows, key, i):
+            creates[int(i)] = old
+    return creates
+
+
+def _key_of(rows: pa.Table, key: Sequence[str], i: int) -> Key:
+    return tuple(rows.column(c)[i].as_py() for c in key)
+
+
+def _deletes_of(rows: pa.Table, key: Sequence[str], order_by: str | None, olds: dict[int, Key]) -> pa.Table:
+    """A delete of each key of `olds` ({row: key}) at its row's place (order_by and lineage); null elsewhere."""
+    at = rows.take(pa.array(list(olds), pa.int64()))
+    kept = {*LINEAGE, *([order_by] if order_by else [])}
+    columns = []
+    for field in rows.schema:
+        if field.name in key:
+            columns.append(pa.array([old[list(key).index(field.name)] for old in olds.values()], field.type))
+        elif field.name == DELETED_COLUMN:
+            columns.append(pa.repeat(True, len(olds)))
+        elif field.name == DEBEZIUM_OP_COLUMN:
+            columns.append(pa.array([DELETE_OP] * len(olds), field.type))
+        elif field.name in kept:
+            columns.append(at.column(field.name).combine_chunks())
+        else:
+            columns.append(pa.nulls(len(olds), field.type))
+    return pa.Table.from_arrays(columns, schema=rows.schema)
 
 
 def carry_across_key_changes(
@@ -78,8 +149,9 @@ def carry_across_key_changes(
             value, known = _value_before(rows, column, old, rank[target], rank, history, lacking, found, deleted)
             if not known and old is not None and old_rows is not None:
                 in_table = old_rows(named_keys) if in_table is None else in_table
-                if column in in_table.get(old, {}):
-                    value, known = in_table[old][column], True
+                before = in_table.get(old, {})
+                if column in before and _older(before, rows, target, order_by):
+                    value, known = before[column], True
             if known:
                 found[column][target] = value
             else:
@@ -88,6 +160,15 @@ def carry_across_key_changes(
         rows = _with_values(rows, column, values)
     rows = carry_values(rows, frame, key, order_by, unavailable)  # the new key's later rows take them too
     return rows, KeyChanges(sum(map(len, found.values())), left)
+
+
+def _older(row: dict[str, Any], rows: pa.Table, target: int, order_by: str | None) -> bool:
+    """Whether the table's `row` of an old key came before the change `rows[target]`: a row of the old key
+    written after the change (inserted again, its create in a later batch) is not the one that moved."""
+    if order_by is None:
+        return True
+    change, then = rows.column(order_by)[target].as_py(), row.get(order_by)
+    return change is None or then is None or bool(then <= change)
 
 
 def _old_key(header: bytes | None, key: Sequence[str]) -> Key | None:

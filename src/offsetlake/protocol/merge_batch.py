@@ -7,7 +7,12 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from offsetlake.protocol.key_changes import KeyChanges, OldRows, carry_across_key_changes
+from offsetlake.protocol.key_changes import (
+    KeyChanges,
+    OldRows,
+    carry_across_key_changes,
+    with_creates_deleting_old_keys,
+)
 from offsetlake.protocol.upsert import (
     Merge,
     after_last_truncate,
@@ -24,11 +29,14 @@ def merge_of_batch(
     unavailable: str | None,
     batch: int,
     old_rows: OldRows | None,
+    deletes: bool = True,
 ) -> tuple[Merge, KeyChanges]:
     """The Merge of one batch's staging `rows`, and what its key changes took from older rows (`old_rows`:
-    the table's rows of given keys; not asked after a TRUNCATE, which emptied the table)."""
+    the table's rows of given keys; not asked after a TRUNCATE, which emptied the table). `deletes`: False
+    under write.deletes ignore."""
     rows, truncated = after_last_truncate(rows, order_by, batch)
     rows, snapshot_ends = after_snapshot_end(rows)
+    rows = with_creates_deleting_old_keys(rows, key, order_by, deletes)
     rows, moved = carry_across_key_changes(rows, key, order_by, unavailable, None if truncated else old_rows)
     winners = latest_per_key(rows, key, order_by, batch, unavailable)
     winners = stale_as_deleted(winners, snapshot_ends)
