@@ -9,7 +9,7 @@ export OFFSETLAKE_HOME := $(CURDIR)
 export SPARK_LOCAL_IP := 127.0.0.1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install test test-pyspark-low test-unit demo demo-cli down bench soak chaos clean prerequisites test-prerequisites jvm-archive jars docs lint
+.PHONY: install test test-pyspark-low test-unit demo demo-cli screenshots down bench soak chaos clean prerequisites test-prerequisites jvm-archive jars docs lint
 
 install: $(STAMP)
 
@@ -101,6 +101,10 @@ bench: $(STAMP) jars jvm-archive
 # 20,000 small commits: is a batch on a year-old table as cheap as on a new one? (not part of make test)
 soak: $(STAMP) jars jvm-archive
 	$(BIN)/python tests/benchmarks/bench_soak.py $(SOAK_ARGS)
+
+# The docs' pictures of the Airflow UI (docs/images/), taken in Chromium from the running `make demo`.
+screenshots: test-prerequisites $(STAMP)
+	$(BIN)/python -m offsetlake_local.screenshots
 
 # Stops everything `make demo` started, by pid file.
 down:

@@ -44,6 +44,11 @@ def _dir() -> Path:
     return project_home() / ".offsetlake"
 
 
+def airflow_home() -> Path:
+    """The demo Airflow's home (its logs, its database, its login's password)."""
+    return _dir() / "airflow"
+
+
 def _cli(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "offsetlake.cli", *args], check=True)
 
@@ -89,7 +94,7 @@ def up() -> None:
     catalog = metastore.start(base / "metastore", shop.server, pid_file=base / "metastore.pid")
     print(f"Hive Metastore on {catalog.uri} (its catalog in the shop's PostgreSQL, database metastore)")
 
-    home = base / "airflow"
+    home = airflow_home()
     # The example consumer DAG (dags/offsetlake_examples.py) runs on every change of demo_events' table.
     env = stack.environment(home, UI_PORT, project_home(), extra={"OFFSETLAKE_EXAMPLE_CONSUMERS": PIPELINE})
     print("starting Airflow: api-server, scheduler, dag-processor, triggerer ...", flush=True)

@@ -22,21 +22,20 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
 
 from hosts import descendants
 from offsetlake.batch import ingest
-from offsetlake_local import processes, stack
+from offsetlake_local import processes, screenshots, stack
 from offsetlake_local.broker import free_port
 from support import REPO, assert_exactly_once, new_pipeline, pipeline_commits, produce
 
 pytestmark = pytest.mark.slow
 CHROMIUM = "/usr/bin/chromium"
 WITHIN = 300  # seconds from a commit to the downstream DAG's start
-PICTURES = REPO / "docs" / "images"  # the docs include these pictures of the real UI, taken here
-PICTURE_NAMES = ("offsetlake-view.png", "airflow-dags.png", "airflow-run-graph.png", "airflow-trigger-form.png")
 
 
 @pytest.fixture(scope="module")
@@ -221,38 +220,41 @@ def test_the_offsetlake_view_in_a_real_browser_shows_what_status_says(ui, tmp_pa
                 assert row.get_by_test_id("ranges").inner_text() == "; ".join(
                     f"{t}[{p}] {r[0]}-{r[1]}" for t, parts in h["ranges"].items() for p, r in parts.items()
                 )
-            assert view.locator("svg[data-testid=chart] polyline").count() == 2  # lag and rows: 3 ingest commits
-            # The docs' pictures, from this Airflow (written where the docs include them, so they stay current):
-            # this view, the DAG list, a run's graph and the backfill's trigger form.
-            _picture(page, view, "offsetlake-view.png")
+            assert_charts_are_the_ledger(page, view, cfg)
+            page.screenshot(path=str(tmp_path / "offsetlake-view.png"), full_page=True)
 
             # Inside the Airflow UI: the navigation's "offsetlake" item, and the tab on the pipeline's DAGs.
             page.goto(f"{base}/plugin/offsetlake")
             frame = page.frame_locator("iframe")
             frame.locator(f"section[data-pipeline='{cfg.name}']").wait_for(timeout=60_000)
             assert frame.locator(f"section[data-pipeline='{ui['stream'].name}']").count() == 1
-            page.screenshot(path=str(tmp_path / "airflow-offsetlake-nav.png"))
+            for mode in ("dark", "light"):  # Airflow's colour mode (its setting, kept in localStorage), then back
+                page.evaluate("mode => localStorage.setItem('theme', mode)", mode)
+                page.reload()
+                assert_view_follows_airflows_theme(page, cfg.name, mode)
+                page.screenshot(path=str(tmp_path / f"airflow-offsetlake-nav-{mode}.png"))
             ingest_id = f"offsetlake__{cfg.name}__ingest"
             page.goto(f"{base}/dags/{ingest_id}/plugin/offsetlake-dag")
             frame = page.frame_locator("iframe")
             frame.locator(f"section[data-pipeline='{cfg.name}']").wait_for(timeout=60_000)
             assert frame.locator("section[data-testid=pipeline]").count() == 1  # this DAG's pipeline only
             page.screenshot(path=str(tmp_path / "airflow-offsetlake-dag-tab.png"))
-            page.goto(f"{base}/dags")
-            _picture(page, page.get_by_text(ingest_id).first, "airflow-dags.png")
-            page.goto(f"{base}/dags/{ingest_id}/runs/{ui['ingest_run']}")
-            page.get_by_title("Show Graph (Press g)").first.click(timeout=60_000)
-            _picture(page, page.locator(".react-flow__node").first, "airflow-run-graph.png")
-            page.goto(f"{base}/dags/offsetlake__{cfg.name}__backfill")
-            page.get_by_role("button", name="Trigger").first.click(timeout=60_000)
-            _picture(page, page.get_by_role("dialog").get_by_text("ranges").first, "airflow-trigger-form.png")
         finally:
             browser.close()
-    assert all((PICTURES / name).stat().st_size > 10_000 for name in PICTURE_NAMES)
 
     from prometheus_client.parser import text_string_to_metric_families
 
     assert api.wait_for_run(ingest_id, ui["ingest_run"], timeout=600) == "success"  # its newest finished run
+    # The docs' pictures, as `make screenshots` takes them from the demo, here of this Airflow.
+    pictures = screenshots.take(base, stack.USER, stack.password(ui["home"]), cfg.name, tmp_path / "pictures")
+    assert [p.name for p in pictures] == [
+        "offsetlake-view.png",
+        "offsetlake-view-dark.png",
+        "airflow-dags.png",
+        "airflow-run-graph.png",
+        "airflow-trigger-form.png",
+    ]
+    assert all(p.stat().st_size > 10_000 for p in pictures)
     text = urllib.request.urlopen(f"{base}/offsetlake/metrics", timeout=60).read().decode()  # no login: scrapers
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -359,14 +361,69 @@ def test_a_real_prometheus_scrapes_the_endpoint_with_the_shipped_rules_and_dashb
         processes.stop(pid)
 
 
-def _picture(page, shown, name: str) -> None:
-    """A screenshot for the docs, once `shown` is on the page; replaced whole (the docs build may be reading)."""
-    shown.wait_for(timeout=60_000)
-    page.wait_for_timeout(1500)  # the rest of the page draws (the UI polls its API: the network is never idle)
-    PICTURES.mkdir(exist_ok=True)
-    partial = PICTURES / f".partial-{name}"  # a dot file: the docs build skips it
-    page.screenshot(path=str(partial))
-    os.replace(partial, PICTURES / name)
+def assert_charts_are_the_ledger(page, view, cfg) -> None:
+    """Each chart has a time axis and a value axis with its unit, and its points are the table's ingest commits
+    as its Delta log holds them (read here with json), in order."""
+    page.wait_for_function("name => (window.offsetlakeCharts || {})[name]?.partition_lag", arg=cfg.name)
+    charts = page.evaluate(
+        """name => Object.fromEntries(Object.entries(offsetlakeCharts[name]).map(([key, u]) =>
+            [key, {data: u.data, labels: u.axes.map(a => a.label)}]))""",
+        cfg.name,
+    )
+    logged = ingest_commits_in_log(cfg.table_path)
+    assert len(logged) >= 3  # two before Airflow, one by its ingest DAG
+    times = [c["timestamp"] / 1000 for c in logged]
+    expected = {
+        "lag": [c["lag"] for c in logged],
+        "seconds": [c["seconds"] for c in logged],
+        "quarantined": [c["records"].get("quarantined", 0) for c in logged],
+        "rows_per_second": [round(c["records"].get("rows", 0) / c["seconds"], 1) for c in logged],
+    }
+    units = {"lag": "lag (records)", "seconds": "seconds", "quarantined": "records", "rows_per_second": "rows/s"}
+    for key, values in expected.items():
+        assert charts[key]["labels"] == ["time (UTC)", units[key]], key
+        assert charts[key]["data"] == [times, values], key
+    partitions = view.locator("tr[data-testid=partition]").all()
+    assert charts["partition_lag"]["data"][1] == [int(r.get_by_test_id("lag").inner_text()) for r in partitions]
+    for figure in view.locator("figure.chart").all():
+        assert figure.locator(".u-axis").count() == 2 and figure.locator("canvas").count() == 1
+
+
+def ingest_commits_in_log(table_path: str) -> list[dict]:
+    """The metadata of each ingest commit in the table's log (each commit's userMetadata, and its time)."""
+    found = []
+    for commit in sorted(Path(table_path, "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            info = json.loads(line).get("commitInfo")
+            meta = json.loads(info["userMetadata"]) if info and info.get("userMetadata") else {}
+            if meta.get("kind") == "ingest":
+                found.append({**meta, "timestamp": info["timestamp"]})
+    return found
+
+
+def assert_view_follows_airflows_theme(page, pipeline: str, mode: str) -> None:
+    """Inside the Airflow UI in `mode`, the view is in that mode with Airflow's own colours, and its charts
+    are drawn again in them."""
+    frame = page.frame_locator("iframe")
+    frame.locator(f"section[data-pipeline='{pipeline}'] figure.chart canvas").first.wait_for(timeout=60_000)
+    airflow = page.evaluate(
+        """() => { const s = getComputedStyle(document.documentElement);
+            return {dark: document.documentElement.classList.contains('dark'),
+                    bg: s.getPropertyValue('--chakra-colors-bg').trim(),
+                    fg: s.getPropertyValue('--chakra-colors-fg').trim()}; }"""
+    )
+    assert airflow["dark"] == (mode == "dark") and airflow["bg"] and airflow["fg"]
+    view = page.locator("iframe").element_handle().content_frame()
+    shown = view.evaluate(
+        """() => { const s = getComputedStyle(document.documentElement);
+            const pixel = document.createElement('canvas').getContext('2d');  // any CSS colour to sRGB
+            pixel.fillStyle = getComputedStyle(document.body).backgroundColor; pixel.fillRect(0, 0, 1, 1);
+            const rgb = pixel.getImageData(0, 0, 1, 1).data;
+            return {theme: document.documentElement.dataset.theme, bg: s.getPropertyValue('--ol-bg').trim(),
+                    fg: s.getPropertyValue('--ol-fg').trim(), luminance: (rgb[0] + rgb[1] + rgb[2]) / 765}; }"""
+    )
+    assert shown["theme"] == mode and (shown["bg"], shown["fg"]) == (airflow["bg"], airflow["fg"])
+    assert (shown["luminance"] < 0.3) == (mode == "dark"), shown
 
 
 def _log_in(page, user: str, password: str) -> None:

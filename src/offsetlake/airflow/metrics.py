@@ -33,22 +33,33 @@ class Snapshot:
     version: int | None  # the table's, None before the first commit (or with a table per topic)
     error: str | None = None  # Kafka or the table could not be read: what was wrong
     tables: list[dict] = field(default_factory=list)  # a table per topic: each one's name, path, version, lag
+    by_table: dict[str, list[HistoryEntry]] = field(default_factory=dict)  # each table's commits, oldest first
 
     @property
     def total_lag(self) -> int:
         return sum(p.lag for p in self.partitions)
 
-    def chart(self) -> list[dict]:
-        """Per ingest commit: when, the lag when it was planned, and the rows ingested up to it (within these
-        commits)."""
-        points, committed = [], 0
-        for h in self.commits:
-            if h.meta.kind != "ingest":
-                continue
-            committed += h.meta.records.rows
-            if h.meta.lag is not None:
-                points.append({"t": h.timestamp, "lag": h.meta.lag, "committed": committed})
-        return points
+    def series(self) -> dict[str, list[dict]]:
+        """Per table (its name; the pipeline's for a single table), per ingest commit oldest first: when (Unix
+        seconds), its version and batch, the lag when it was planned, its rows, quarantined records, seconds
+        and rows per second, as its commit metadata holds them (what the view's charts draw)."""
+        return {
+            table: [_point(h) for h in commits if h.meta.kind == "ingest"] for table, commits in self.by_table.items()
+        }
+
+
+def _point(h: HistoryEntry) -> dict:
+    rows, seconds = h.meta.records.rows, h.meta.seconds
+    return {
+        "t": h.timestamp / 1000,
+        "version": h.version,
+        "batch": h.meta.batch,
+        "lag": h.meta.lag,
+        "rows": rows,
+        "quarantined": h.meta.records.quarantined,
+        "seconds": seconds,
+        "rows_per_second": round(rows / seconds, 1) if seconds else None,
+    }
 
 
 def snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
@@ -79,6 +90,7 @@ def snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
             {"name": t.name, "path": t.cfg.table_path, "version": snap.version, "lag": snap.total_lag}
             for t, snap in parts
         ],
+        {str(t.name): snap.commits for t, snap in parts},
     )
 
 
@@ -94,7 +106,7 @@ def table_snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
         commits = history(cfg, limit) if version is not None and limit else []
     except Exception as err:  # noqa: BLE001
         errors.append(f"table: {_line(err)}")
-    return Snapshot(cfg, partitions, commits, version, "; ".join(errors) or None)
+    return Snapshot(cfg, partitions, commits, version, "; ".join(errors) or None, by_table={cfg.name: commits})
 
 
 def _line(err: Exception) -> str:

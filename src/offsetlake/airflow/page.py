@@ -1,41 +1,59 @@
-"""The offsetlake view's page (a Jinja template, autoescaped): plain HTML and an inline SVG chart, no build step.
+"""The offsetlake view's page (a Jinja template, autoescaped): Airflow's look, its charts drawn by uPlot.
 
-Cells that tests and users compare with `offsetlake status --json` carry `data-testid`s.
+The page is the same HTML with or without JavaScript (every figure is also in a table); `offsetlake-view.js`
+draws the charts from each pipeline's JSON (`series`, the view's own `_pipeline_view`) and takes Airflow's
+colours and colour mode from the UI around it. Cells that tests and users compare with
+`offsetlake status --json` carry `data-testid`s.
 """
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="refresh" content="15">
+<meta http-equiv="refresh" content="30">
 <title>offsetlake</title>
-<style>
- body { font: 14px/1.4 system-ui, sans-serif; margin: 16px; color: #1a202c; background: #fff; }
- h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 24px 0 6px; }
- h3 { font-size: 14px; margin: 14px 0 4px; }
- table { border-collapse: collapse; margin: 4px 0 8px; }
- th, td { border-bottom: 1px solid #e2e8f0; padding: 3px 10px; text-align: right; vertical-align: top; }
- th { background: #f7fafc; } td.l, th.l { text-align: left; }
- .muted { color: #718096; } .ok { color: #2f855a; } .bad { color: #c53030; font-weight: 600; }
- .lagline { stroke: #c53030; fill: none; stroke-width: 1.5; } .rowline { stroke: #3182ce; fill: none; stroke-width: 1.5; }
- .summary span { margin-right: 18px; } a { color: #3182ce; }
- svg { border: 1px solid #e2e8f0; background: #fcfcfd; }
-</style></head>
+<script src="{{ static }}/offsetlake-theme.js"></script>
+<link rel="stylesheet" href="{{ static }}/vendor/uPlot.min.css">
+<link rel="stylesheet" href="{{ static }}/offsetlake-view.css">
+</head>
 <body>
-<h1>offsetlake</h1>
-<div class="muted">Kafka to Delta, exactly once. As of {{ now }}; reloads every 15 s.</div>
+<header class="page-head">
+ <h1>offsetlake</h1>
+ <span class="muted">Kafka to Delta, exactly once · as of {{ now }} · reloads every 30 s</span>
+</header>
 {% if note %}<p class="muted" data-testid="note">{{ note }}</p>{% endif %}
 {% for p in pipelines %}
-<section id="pipeline-{{ p.pipeline }}" data-testid="pipeline" data-pipeline="{{ p.pipeline }}">
- <h2>{{ p.pipeline }}</h2>
- <div class="summary">
-  <span>mode <b>{{ p.mode }}</b></span><span>format <b>{{ p.format }}</b></span>
-  <span>topics <b>{{ p.topics | join(", ") }}</b></span>
-  <span>table version <b data-testid="version">{{ p.version if p.version is not none else "-" }}</b></span>
-  <span>total lag <b data-testid="total-lag">{{ p.total_lag }}</b></span>
+<section class="pipeline" id="pipeline-{{ p.pipeline }}" data-testid="pipeline" data-pipeline="{{ p.pipeline }}">
+ <div class="pipeline-head">
+  <h2>{{ p.pipeline }}</h2>
+  <span class="badge">{{ p.mode }}</span><span class="badge">{{ p.format }}</span>
+  {% for d in p.dags %}<a class="dag" href="/dags/{{ d }}" target="_top">{{ d.split("__")[2] }}</a>{% endfor %}
  </div>
- <div class="muted">table {{ p.table }}</div>
+ <div class="muted small">topics {{ p.topics | join(", ") }} · table {{ p.table }}</div>
+ {% if p.error %}<p class="bad" data-testid="error">{{ p.error }}</p>{% endif %}
+ <div class="stats">
+  <div class="stat"><div class="stat-label">total lag</div>
+   <div class="stat-value" data-testid="total-lag">{{ p.total_lag }}</div><div class="stat-unit">records</div></div>
+  <div class="stat"><div class="stat-label">table version</div>
+   <div class="stat-value" data-testid="version">{{ p.version if p.version is not none else "-" }}</div>
+   <div class="stat-unit">{{ "one table per topic" if p.tables else "Delta" }}</div></div>
+  <div class="stat"><div class="stat-label">last audit</div>
+   {% if p.audit %}<div class="stat-value {{ 'ok' if p.audit.state == 'success' else 'bad' }}" data-testid="audit">{{ p.audit.verdict }}</div>
+   <div class="stat-unit">{{ p.audit.when }} · <a href="/dags/{{ p.audit.dag_id }}/runs/{{ p.audit.run_id | urlencode }}" target="_top">run</a></div>
+   {% else %}<div class="stat-value muted" data-testid="audit">never run</div><div class="stat-unit">trigger {{ p.dags[3] }}</div>{% endif %}
+  </div>
+ </div>
+
+ <div class="charts">
+  <figure class="chart" data-chart="lag"><figcaption>Lag when each batch was planned</figcaption><div class="plot"></div></figure>
+  <figure class="chart" data-chart="rows_per_second"><figcaption>Rows per second of each batch</figcaption><div class="plot"></div></figure>
+  <figure class="chart" data-chart="seconds"><figcaption>Batch duration</figcaption><div class="plot"></div></figure>
+  <figure class="chart" data-chart="quarantined"><figcaption>Quarantined records per batch</figcaption><div class="plot"></div></figure>
+  <figure class="chart" data-chart="partition_lag"><figcaption>Lag per partition now</figcaption><div class="plot"></div></figure>
+ </div>
+ <script type="application/json" class="series">{{ {"series": p.series, "partitions": p.partitions} | tojson }}</script>
+
  {% if p.tables %}
  <h3>Tables (one per topic)</h3>
- <table data-testid="tables"><tr><th class="l">table</th><th class="l">path</th><th>version</th><th>lag</th></tr>
+ <table data-testid="tables"><thead><tr><th class="l">table</th><th class="l">path</th><th>version</th><th>lag</th></tr></thead>
  {% for t in p.tables %}
   <tr data-testid="table" data-table="{{ t.name }}"><td class="l">{{ t.name }}</td><td class="l muted">{{ t.path }}</td>
    <td data-testid="table-version">{{ t.version if t.version is not none else "-" }}</td>
@@ -43,17 +61,10 @@ PAGE = """<!doctype html>
  {% endfor %}
  </table>
  {% endif %}
- {% if p.error %}<p class="bad" data-testid="error">{{ p.error }}</p>{% endif %}
- <div>last audit:
- {% if p.audit %}<span class="{{ 'ok' if p.audit.state == 'success' else 'bad' }}" data-testid="audit">{{ p.audit.verdict }}</span>
-  <span class="muted">({{ p.audit.when }}, <a href="/dags/{{ p.audit.dag_id }}/runs/{{ p.audit.run_id | urlencode }}" target="_top">run</a>)</span>
- {% else %}<span class="muted" data-testid="audit">never run (trigger {{ p.dags[3] }})</span>{% endif %}
- </div>
- <div>DAGs: {% for d in p.dags %}<a href="/dags/{{ d }}" target="_top">{{ d.split("__")[2] }}</a>{{ " · " if not loop.last }}{% endfor %}</div>
 
  <h3>Lag per partition</h3>
- <table data-testid="lag-table"><tr><th class="l">topic</th><th>partition</th><th>committed (ledger)</th>
-  <th>log start</th><th>end (LSO)</th><th>lag</th></tr>
+ <table data-testid="lag-table"><thead><tr><th class="l">topic</th><th>partition</th><th>committed (ledger)</th>
+  <th>log start</th><th>end (LSO)</th><th>lag</th></tr></thead>
  {% for r in p.partitions %}
   <tr data-testid="partition" data-topic="{{ r.topic }}" data-partition="{{ r.partition }}">
    <td class="l">{{ r.topic }}</td><td>{{ r.partition }}</td>
@@ -62,20 +73,18 @@ PAGE = """<!doctype html>
  {% endfor %}
  </table>
 
- <h3>Lag and ingested rows over the recent batches</h3>
- {% set c = chart(p.chart) %}
- {% if c.lag %}
- <svg data-testid="chart" width="{{ c.width }}" height="{{ c.height }}" viewBox="0 0 {{ c.width }} {{ c.height }}">
-  <polyline class="lagline" points="{{ c.lag }}"/><polyline class="rowline" points="{{ c.committed }}"/>
- </svg>
- <div class="muted"><span style="color:#c53030">&#9632;</span> lag when each batch was planned (max {{ c.max_lag }})
-  &nbsp; <span style="color:#3182ce">&#9632;</span> rows ingested (up to {{ c.max_committed }}),
-  {{ c.from }} to {{ c.to }}</div>
- {% else %}<p class="muted" data-testid="chart">not enough batches yet for a chart</p>{% endif %}
+ <h3>Audits</h3>
+ <table data-testid="audits"><thead><tr><th class="l">finished</th><th class="l">result</th><th class="l">run</th></tr></thead>
+ {% for a in p.audits %}
+  <tr data-testid="audit-run"><td class="l">{{ a.when }}</td>
+   <td class="l"><span class="state state-{{ a.state }}">{{ a.verdict }}</span></td>
+   <td class="l"><a href="/dags/{{ a.dag_id }}/runs/{{ a.run_id | urlencode }}" target="_top">{{ a.run_id }}</a></td></tr>
+ {% else %}<tr><td colspan="3" class="muted l">no audit yet: trigger {{ p.dags[3] }}</td></tr>{% endfor %}
+ </table>
 
  <h3>Recent commits</h3>
- <table data-testid="commits"><tr><th>version</th><th class="l">time</th><th class="l">kind</th><th>batch</th>
-  <th>rows</th><th>quarantined</th><th>seconds</th><th>conflicts</th><th class="l">ranges [start, end)</th><th class="l">by</th></tr>
+ <table data-testid="commits"><thead><tr><th>version</th><th class="l">time</th><th class="l">kind</th><th>batch</th>
+  <th>rows</th><th>quarantined</th><th>seconds</th><th>conflicts</th><th class="l">ranges [start, end)</th><th class="l">by</th></tr></thead>
  {% for h in p.commits %}
   <tr data-testid="commit" data-version="{{ h.version }}"><td>{{ h.version }}</td><td class="l">{{ h.time }}</td>
    <td class="l" data-testid="kind">{{ h.kind }}</td><td>{{ h.batch if h.batch is not none else "-" }}</td>
@@ -87,5 +96,7 @@ PAGE = """<!doctype html>
  </table>
 </section>
 {% endfor %}
+<script src="{{ static }}/vendor/uPlot.iife.min.js"></script>
+<script src="{{ static }}/offsetlake-view.js"></script>
 </body></html>
 """

@@ -20,11 +20,12 @@ api-server where you would expose Airflow's API (the demo binds 127.0.0.1).
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment
 
 from offsetlake.airflow.page import PAGE
@@ -33,6 +34,8 @@ app = FastAPI(title="offsetlake", description="Lag, commits and audits of offset
 _templates = Environment(autoescape=True)
 _page = _templates.from_string(PAGE)
 _totals = None  # metrics.CommitTotals, made on the first scrape (imports Delta only when used)
+# The page's script and style, and the charting library it draws with (uPlot, vendored: static/vendor/).
+app.mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static")
 
 
 async def _user(request: Request):
@@ -115,34 +118,35 @@ def _pipeline_view(name: str) -> dict:
         "partitions": [p.as_dict() for p in snap.partitions],
         "total_lag": snap.total_lag,
         "commits": commits,
-        "chart": snap.chart(),
-        "audit": last_audit(name),
+        "series": snap.series(),
+        "audits": (audits := recent_audits(name)),
+        "audit": audits[0] if audits else None,
         "dags": dag_ids(name),
     }
 
 
-def last_audit(pipeline: str) -> dict | None:
-    """The newest run of the pipeline's recovery DAG (it fails when the audit finds a problem)."""
+def recent_audits(pipeline: str, limit: int = 10) -> list[dict]:
+    """The newest runs of the pipeline's recovery DAG, newest first (it fails when the audit finds a problem)."""
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
     dag_id = f"offsetlake__{pipeline}__recovery"
+    verdict = {"success": "ok: every record exactly once", "failed": "PROBLEMS FOUND (or the audit failed)"}
     with create_session() as session:
-        run = session.scalars(
-            select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.run_after.desc()).limit(1)
-        ).first()
-        if run is None:
-            return None
-        verdict = {"success": "ok: every record exactly once", "failed": "PROBLEMS FOUND (or the audit failed)"}
-        state = str(run.state)
-        return {
-            "dag_id": dag_id,
-            "run_id": run.run_id,
-            "state": state,
-            "verdict": verdict.get(state, f"running ({state})"),
-            "when": _time(run.end_date or run.start_date or run.run_after),
-        }
+        runs = session.scalars(
+            select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.run_after.desc()).limit(limit)
+        ).all()
+        return [
+            {
+                "dag_id": dag_id,
+                "run_id": run.run_id,
+                "state": str(run.state),
+                "verdict": verdict.get(str(run.state), f"running ({run.state})"),
+                "when": _time(run.end_date or run.start_date or run.run_after),
+            }
+            for run in runs
+        ]
 
 
 def last_runs_failed(pipeline: str) -> dict[str, bool]:
@@ -179,7 +183,8 @@ async def page(request: Request):
     names, note = _chosen(request)
     names = _readable(user, names)
     pipelines = [await run_in_threadpool(_pipeline_view, n) for n in names]
-    html = _page.render(pipelines=pipelines, note=note, now=_time(dt.datetime.now(dt.UTC)), chart=_chart_svg)
+    static = f"{request.scope.get('root_path', '')}/static"
+    html = _page.render(pipelines=pipelines, note=note, now=_time(dt.datetime.now(dt.UTC)), static=static)
     return HTMLResponse(html)
 
 
@@ -201,20 +206,3 @@ async def metrics():
     configs = [load_pipeline(n) for n in list_pipelines()]
     body = await run_in_threadpool(prometheus_text, configs, _totals, last_runs_failed)
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
-
-
-def _chart_svg(points: list[dict], width: int = 640, height: int = 160) -> dict:
-    """Polyline coordinates for lag and ingested rows (each scaled to its own maximum)."""
-    if len(points) < 2:
-        return {"lag": "", "committed": "", "max_lag": 0, "max_committed": 0, "width": width, "height": height}
-    t0, t1 = points[0]["t"], points[-1]["t"]
-    span = max(1, t1 - t0)
-    out: dict[str, Any] = {"width": width, "height": height}
-    for key in ("lag", "committed"):
-        top = max(p[key] for p in points) or 1
-        out[f"max_{key}"] = max(p[key] for p in points)
-        out[key] = " ".join(
-            f"{(p['t'] - t0) / span * width:.1f},{height - p[key] / top * (height - 4) - 2:.1f}" for p in points
-        )
-    out["from"], out["to"] = _time(t0), _time(t1)
-    return out
