@@ -233,3 +233,28 @@ def test_the_release_notes_newest_version_is_the_packages():
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     releases = re.findall(r"^## (\d+\.\d+\.\d+)\b", (REPO / "CHANGELOG.md").read_text(), flags=re.MULTILINE)
     assert releases and releases[0] == version, (releases, version)
+
+
+# How a lab notebook speaks, not a product page: its runs, its machine, its verdicts on targets, its issues.
+NOTEBOOK_PHRASES = (
+    r"\bissue \d+",
+    r"this run's",
+    r"an earlier run",
+    r"stand-in broker",
+    r"this machine",
+    r"\bnot met\b",
+    r": met\b",
+    r"\(noida-db\)",
+    r"it now starts",
+)
+
+
+def test_product_pages_speak_of_the_product_not_of_how_it_was_built():
+    """History and how a figure came about go to docs/development/; a product page states what is."""
+    found = []
+    for page in sorted(DOCS.rglob("*.md")):
+        if "development" in page.relative_to(DOCS).parts or page.name == "changelog.md":
+            continue
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            found += [f"{page.relative_to(DOCS)}:{number}: {p}" for p in NOTEBOOK_PHRASES if re.search(p, line, re.I)]
+    assert not found, "\n".join(found)
