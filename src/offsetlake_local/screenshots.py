@@ -1,9 +1,10 @@
 """The docs' pictures of the Airflow UI, taken in headless Chromium from a running Airflow: `make screenshots`
 takes them from `make demo`'s (its pipelines, its data) into docs/images/.
 
-Each picture: the offsetlake view inside Airflow (light and dark), the DAG list, an ingest run's graph and the
-backfill DAG's trigger form. The UI tests take the same pictures of their own Airflow into a temporary
-directory, so this stays working; only the demo's go into the docs.
+Each picture: the offsetlake view inside Airflow (light and dark, on the pipeline's ingest or stream DAG), the
+DAG list, that DAG's newest run's graph and the backfill DAG's trigger form. The UI tests take the same
+pictures of their own Airflow into a temporary directory, so this stays working; only the demo's go into
+the docs.
 """
 
 from __future__ import annotations
@@ -25,10 +26,8 @@ def take(base_url: str, user: str, password: str, pipeline: str, out: Path) -> l
     from playwright.sync_api import sync_playwright
 
     api = stack.Api(base_url, user, password)
-    ingest, backfill = f"offsetlake__{pipeline}__ingest", f"offsetlake__{pipeline}__backfill"
-    runs = api.get(f"/api/v2/dags/{ingest}/dagRuns?order_by=-run_after&limit=1&state=success")["dag_runs"]
-    if not runs:
-        raise SystemExit(f"screenshots: {ingest} has no successful run yet: wait for the demo's first ingest")
+    dag_id, run_id = _newest_run(api, pipeline)
+    backfill = f"offsetlake__{pipeline}__backfill"
     out.mkdir(parents=True, exist_ok=True)
     taken = []
     with sync_playwright() as playwright:
@@ -39,13 +38,13 @@ def take(base_url: str, user: str, password: str, pipeline: str, out: Path) -> l
             _log_in(page, user, password)
             for mode, name in (("light", "offsetlake-view.png"), ("dark", "offsetlake-view-dark.png")):
                 page.evaluate("mode => localStorage.setItem('theme', mode)", mode)
-                page.goto(f"{base_url}/dags/{ingest}/plugin/offsetlake-dag")
+                page.goto(f"{base_url}/dags/{dag_id}/plugin/offsetlake-dag")
                 view = page.frame_locator("iframe").locator("figure.chart canvas").first
                 taken.append(_picture(page, view, out / name))
             page.evaluate("() => localStorage.setItem('theme', 'light')")
             page.goto(f"{base_url}/dags")
-            taken.append(_picture(page, page.get_by_text(ingest).first, out / "airflow-dags.png"))
-            page.goto(f"{base_url}/dags/{ingest}/runs/{runs[0]['dag_run_id']}")
+            taken.append(_picture(page, page.get_by_text(dag_id).first, out / "airflow-dags.png"))
+            page.goto(f"{base_url}/dags/{dag_id}/runs/{run_id}")
             page.get_by_title("Show Graph (Press g)").first.click(timeout=60_000)
             taken.append(_picture(page, page.locator(".react-flow__node").first, out / "airflow-run-graph.png"))
             page.goto(f"{base_url}/dags/{backfill}")
@@ -55,6 +54,16 @@ def take(base_url: str, user: str, password: str, pipeline: str, out: Path) -> l
         finally:
             browser.close()
     return taken
+
+
+def _newest_run(api: stack.Api, pipeline: str) -> tuple[str, str]:
+    """(DAG, run) of the pipeline's newest run that did not fail: its ingest DAG's, else its stream DAG's."""
+    for kind in ("ingest", "stream"):
+        dag_id = f"offsetlake__{pipeline}__{kind}"
+        runs = api.get(f"/api/v2/dags/{dag_id}/dagRuns?order_by=-run_after&limit=1&state=success&state=running")
+        if runs["dag_runs"]:
+            return dag_id, runs["dag_runs"][0]["dag_run_id"]
+    raise SystemExit(f"screenshots: {pipeline} has no ingest or stream run yet: wait for the demo's first commit")
 
 
 def _picture(page, shown, path: Path) -> Path:
