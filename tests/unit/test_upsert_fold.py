@@ -236,10 +236,10 @@ def test_an_unavailable_value_takes_the_keys_latest_earlier_value_else_stays_for
     assert insert['"k"'] == 's."k"' and f'"{DELETED_COLUMN}"' not in insert
 
 
-def moved_rows(rows: list[tuple]) -> pa.Table:
-    """(id, position, note, old key header, deleted) per row, one partition, offsets in list order: a Debezium
-    table's staging rows with the old key a primary-key change's create names."""
-    ids, position, note, old, deleted = zip(*rows)
+def key_change_rows(rows: list[tuple], first_offset: int = 0) -> pa.Table:
+    """(id, position, note, old key header, new key header, deleted) per row, one partition, offsets in list
+    order from `first_offset`: a Debezium table's staging rows with the keys a primary-key change names."""
+    ids, position, note, old, new, deleted = zip(*rows)
     return pa.table(
         {
             "id": pa.array(ids, pa.int64()),
@@ -247,10 +247,18 @@ def moved_rows(rows: list[tuple]) -> pa.Table:
             "_debezium_position": pa.array(position, pa.int64()),
             "kafka_topic": pa.array(["t"] * len(rows)),
             "kafka_partition": pa.array([0] * len(rows), pa.int32()),
-            "kafka_offset": pa.array(range(len(rows)), pa.int64()),
+            "kafka_offset": pa.array(range(first_offset, first_offset + len(rows)), pa.int64()),
             OLD_KEY_COLUMN: pa.array([None if o is None else o.encode() for o in old], pa.binary()),
+            NEW_KEY_COLUMN: pa.array([None if n is None else n.encode() for n in new], pa.binary()),
             DELETED_COLUMN: pa.array(deleted, pa.bool_()),
         }
+    )
+
+
+def moved_rows(rows: list[tuple]) -> pa.Table:
+    """(id, position, note, old key header, deleted) per row: `key_change_rows` without the new keys."""
+    return key_change_rows([(i, at, note, old, None, deleted) for i, at, note, old, deleted in rows]).drop_columns(
+        [NEW_KEY_COLUMN]
     )
 
 
@@ -308,25 +316,6 @@ def test_a_header_that_names_no_key_of_the_pipeline_carries_nothing():
     rows = moved_rows([(5, 20, None, None, True), (6, 20, UNAVAILABLE, '{"other":5}', False)])
     notes, changes, _ = carried(rows, table={(5,): {"id": 5, "note": "x"}})
     assert notes[1] == UNAVAILABLE and changes == KeyChanges(carried=0, left_null=1)
-
-
-def key_change_rows(rows: list[tuple], first_offset: int = 0) -> pa.Table:
-    """(id, position, note, old key header, new key header, deleted) per row, one partition, offsets in list
-    order from `first_offset`: a Debezium table's staging rows with the keys a primary-key change names."""
-    ids, position, note, old, new, deleted = zip(*rows)
-    return pa.table(
-        {
-            "id": pa.array(ids, pa.int64()),
-            "note": pa.array(note, pa.string()),
-            "_debezium_position": pa.array(position, pa.int64()),
-            "kafka_topic": pa.array(["t"] * len(rows)),
-            "kafka_partition": pa.array([0] * len(rows), pa.int32()),
-            "kafka_offset": pa.array(range(first_offset, first_offset + len(rows)), pa.int64()),
-            OLD_KEY_COLUMN: pa.array([None if o is None else o.encode() for o in old], pa.binary()),
-            NEW_KEY_COLUMN: pa.array([None if n is None else n.encode() for n in new], pa.binary()),
-            DELETED_COLUMN: pa.array(deleted, pa.bool_()),
-        }
-    )
 
 
 def merged_batches(batches: list[pa.Table], deletes: bool = True) -> tuple[dict, list[KeyChanges]]:
