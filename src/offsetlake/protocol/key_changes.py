@@ -60,14 +60,15 @@ def with_creates_deleting_old_keys(rows: pa.Table, key: Sequence[str], order_by:
     exact = all(pa.types.is_integer(t) or placeholders.is_text(t) for t in (rows.schema.field(c).type for c in key))
     if not deletes or not exact or OLD_KEY_COLUMN not in rows.column_names or rows.num_rows == 0:
         return rows
-    creates = _creates(rows, key)
+    kinds = [int if pa.types.is_integer(rows.schema.field(c).type) else str for c in key]
+    creates = _creates(rows, key, kinds)
     deleted = rows.column(DELETED_COLUMN).combine_chunks()
     moving = pc.and_(pc.is_valid(new_keys), pc.fill_null(deleted, False))
     named = set(creates.values())
-    waiting = [
+    waiting = [  # a create that names this key as its old one will delete it: its header fits as this one does
         int(i)
         for i in pc.indices_nonzero(moving).to_pylist()
-        if _old_key(new_keys[i].as_py(), key) is not None and _key_of(rows, key, i) not in named
+        if _fitting_key(new_keys[i].as_py(), key, kinds) is not None and _key_of(rows, key, i) not in named
     ]
     if waiting:
         rows = rows.filter(pa.array(~np.isin(np.arange(rows.num_rows), waiting)))
@@ -75,16 +76,21 @@ def with_creates_deleting_old_keys(rows: pa.Table, key: Sequence[str], order_by:
     return pa.concat_tables([rows, _deletes_of(rows, key, order_by, creates)]) if creates else rows
 
 
-def _creates(rows: pa.Table, key: Sequence[str]) -> dict[int, Key]:
+def _creates(rows: pa.Table, key: Sequence[str], kinds: Sequence[type]) -> dict[int, Key]:
     """{row: the old key it names} of the creates of primary-key changes whose old key fits the key's columns."""
     old_keys = rows.column(OLD_KEY_COLUMN).combine_chunks()
-    kinds = [int if pa.types.is_integer(rows.schema.field(c).type) else str for c in key]
     creates = {}
     for i in pc.indices_nonzero(pc.is_valid(old_keys)).to_pylist():
-        old = _old_key(old_keys[i].as_py(), key)
-        if old is not None and all(type(v) is kind for v, kind in zip(old, kinds)) and old != _key_of(rows, key, i):
+        old = _fitting_key(old_keys[i].as_py(), key, kinds)
+        if old is not None and old != _key_of(rows, key, i):
             creates[int(i)] = old
     return creates
+
+
+def _fitting_key(header: bytes | None, key: Sequence[str], kinds: Sequence[type]) -> Key | None:
+    """The key a header names when each of its values is of its column's kind (int or str), else None."""
+    named = _old_key(header, key)
+    return named if named is not None and all(type(v) is kind for v, kind in zip(named, kinds)) else None
 
 
 def _key_of(rows: pa.Table, key: Sequence[str], i: int) -> Key:
