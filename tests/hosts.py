@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from offsetlake_local import postgres, processes
+from offsetlake_local import broker, postgres, processes
 from offsetlake_local.postgres import Postgres
 
 
@@ -130,9 +130,8 @@ def wait_for(condition, what: str, timeout: float, proc: subprocess.Popen | None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free on `host` now, outside the range outgoing connections take theirs from (broker.free_ports)."""
+    return broker.free_port(host)
 
 
 def start_postgres(network: PrivateNetwork | None = None, settings: dict[str, str] | None = None) -> Postgres:

@@ -26,7 +26,7 @@ from offsetlake.storage.location import Location
 from offsetlake.table import query
 from offsetlake_local import broker as embedded_broker
 from offsetlake_local import producer as demo_producer
-from oracle import JOURNAL, assert_exactly_once, ledger_offsets  # noqa: F401 - the tests' oracle, re-exported
+from oracle import JOURNAL, assert_exactly_once, kafka_offsets, kafka_partitions, ledger_offsets  # noqa: F401 - the tests' oracle, re-exported
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -127,8 +127,27 @@ def new_pipeline(bootstrap: str, pipelines_dir: Path, lake: Path, partitions: in
 
 
 def produce(settings, topic: str, count: int, **options) -> demo_producer.ProduceReport:
-    """offsetlake's demo producer, recording what it commits in the oracle's journal."""
-    return demo_producer.produce(settings, topic, count, journal=JOURNAL, **options)
+    """offsetlake's demo producer, recording what it commits in the oracle's journal; returns once Kafka's LSO
+    has passed what it wrote (`wait_for_markers`)."""
+    report = demo_producer.produce(settings, topic, count, journal=JOURNAL, **options)
+    wait_for_markers({"bootstrap.servers": settings.bootstrap_servers, **settings.client}, topic)
+    return report
+
+
+def wait_for_markers(client: dict, topic: str, timeout: float = 30) -> None:
+    """Until each partition's LSO has reached its high watermark as it is now. The broker answers a
+    transaction's commit (or abort) once it has logged its decision, and writes the markers that end it in the
+    partitions after that: until then the LSO stops before the transaction, and a read_committed reader (an
+    ingest's plan) would stop there too. A transaction another producer holds open before them keeps the LSO
+    back for good: then this returns after `timeout`, as produce did before it waited."""
+    partitions = kafka_partitions(client, topic)
+    high = kafka_offsets(client, topic, partitions, "high")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stable = kafka_offsets(client, topic, partitions, "latest")
+        if all(stable[p] >= high[p] for p in partitions):
+            return
+        time.sleep(0.1)
 
 
 class JournaledProducer:

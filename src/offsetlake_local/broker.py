@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import os
+import random
 import socket
 import subprocess
 import time
@@ -108,20 +109,40 @@ class Cluster:
         processes.stop_all([n.pid for n in self.nodes])
 
 
-def free_port() -> int:
-    return free_ports(1)[0]
+def free_port(host: str = HOST) -> int:
+    return free_ports(1, host)[0]
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct ports free now (each socket stays bound until all are chosen)."""
-    sockets = [socket.socket() for _ in range(count)]
+def free_ports(count: int, host: str = HOST) -> list[int]:
+    """`count` distinct ports free now (each socket stays bound until all are chosen), drawn below the kernel's
+    ephemeral range: the port a server is given is bound by it a moment later, and a port of that range may
+    meanwhile become the local end of any outgoing connection (a broker then fails to start, "Address already
+    in use"); below it, only another server that bound the same port could take it."""
+    low, high = _server_ports()
+    draw = random.SystemRandom()
+    sockets: list[socket.socket] = []
     try:
-        for s in sockets:
-            s.bind((HOST, 0))
+        while len(sockets) < count:
+            candidate = socket.socket()
+            try:
+                candidate.bind((host, draw.randint(low, high)))
+            except OSError:  # in use (or lingering): draw again
+                candidate.close()
+                continue
+            sockets.append(candidate)
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
             s.close()
+
+
+def _server_ports() -> tuple[int, int]:
+    """The ports free_ports draws from: from 20000 up to the start of the ephemeral range."""
+    try:
+        ephemeral_start = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_start = 32768  # Linux's default
+    return (20000, ephemeral_start - 1) if ephemeral_start > 21000 else (ephemeral_start // 2, ephemeral_start - 1)
 
 
 def new_cluster_id() -> str:
