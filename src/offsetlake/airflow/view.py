@@ -1,11 +1,12 @@
 """The offsetlake view inside the Airflow UI: a FastAPI app the plugin mounts on the api-server at /offsetlake.
 
 - `/offsetlake/` is the page the UI shows (an external view: the "offsetlake" item in the navigation,
-  and an "offsetlake" tab on every DAG, which shows that DAG's pipeline): per pipeline the lag per
-  partition (ledger vs Kafka's LSO) and in total, a chart of lag and ingested rows over the recent
-  commits, the recent commits with kind, rows, quarantined records and exact ranges, the last
-  audit (the newest run of the recovery DAG) and links to the pipeline's DAGs. It reloads itself
-  every 15 seconds.
+  and an "offsetlake" tab on every DAG, which shows that DAG's pipeline), in Airflow's look (page.py,
+  static/): per pipeline the lag per partition (ledger vs Kafka's LSO) and in total, charts of each
+  ingest commit's lag, rows per second, duration and quarantined records per table and of the lag per
+  partition, the recent commits with kind, rows, quarantined records and exact ranges, the recent
+  audits (runs of the recovery DAG) and links to the pipeline's DAGs. It reloads itself every 30 s.
+- `/offsetlake/static/` serves the page's script and style and the charting library (uPlot).
 - `/offsetlake/api/pipelines` is the same as JSON.
 - `/offsetlake/metrics` is the Prometheus text endpoint (`metrics.prometheus_text`).
 
