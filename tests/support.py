@@ -126,11 +126,13 @@ def new_pipeline(bootstrap: str, pipelines_dir: Path, lake: Path, partitions: in
     return cfg, topic
 
 
-def produce(settings, topic: str, count: int, **options) -> demo_producer.ProduceReport:
+def produce(settings, topic: str, count: int, settle: bool = True, **options) -> demo_producer.ProduceReport:
     """offsetlake's demo producer, recording what it commits in the oracle's journal; returns once Kafka's LSO
-    has passed what it wrote (`wait_for_markers`)."""
+    has passed what it wrote (`wait_for_markers`), unless `settle` is False: a test that holds a transaction
+    open before these records, for the LSO to stay behind it."""
     report = demo_producer.produce(settings, topic, count, journal=JOURNAL, **options)
-    wait_for_markers({"bootstrap.servers": settings.bootstrap_servers, **settings.client}, topic)
+    if settle:
+        wait_for_markers({"bootstrap.servers": settings.bootstrap_servers, **settings.client}, topic)
     return report
 
 

@@ -156,7 +156,7 @@ def test_an_abandoned_transaction_stops_holding_back_the_lso(bootstrap, pipeline
     finally:
         abandoner.kill()  # SIGKILL: no abort reaches the broker
         abandoner.wait()
-    produce(cfg.kafka, topic, 200, transactional_share=1.0, abort_share=0.0, seed=3)
+    produce(cfg.kafka, topic, 200, settle=False, transactional_share=1.0, abort_share=0.0, seed=3)
     cluster = KafkaCluster(cfg.kafka)
     tps = [(topic, 0)]
     assert cluster.end_offsets(tps, "read_committed")[(topic, 0)] == 0  # held back by the open transaction

@@ -23,6 +23,7 @@ from support import (
     produce,
     table_lineage,
     unique,
+    wait_for_markers,
 )
 
 
@@ -106,13 +107,14 @@ def test_open_transaction_holds_the_batch_at_the_lso(spark, pipeline, bootstrap)
     for i in range(20):
         tx.produce(topic, value=json.dumps({"event_id": f"open{i}", "user_id": i}).encode())
     tx.flush(10)
-    produce(cfg.kafka, topic, 30, transactional_share=0.0, seed=6)  # after the open transaction
+    produce(cfg.kafka, topic, 30, settle=False, transactional_share=0.0, seed=6)  # after the open transaction
 
     ingest(spark, cfg)
 
     assert ledger_offsets(cfg)[(topic, 0)] == 100  # stops before the open transaction's first record
     assert len(table_lineage(cfg.table_path)) == 100
     tx.commit_transaction(10)
+    wait_for_markers({"bootstrap.servers": bootstrap}, topic)  # the commit's markers land after its answer
 
     ingest(spark, cfg)
 
