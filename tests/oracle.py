@@ -95,27 +95,28 @@ def read_committed(
     return out
 
 
-def kafka_partitions(settings: dict, topic: str) -> list[int]:
+def kafka_partitions(settings: dict, topic: str, admin=None) -> list[int]:
     """The topic's partitions, as the oracle's own admin client hears them from the broker (not from
-    offsetlake: a partition offsetlake missed must not be missed here too)."""
+    offsetlake: a partition offsetlake missed must not be missed here too). `admin`: one to ask (else a new
+    one for `settings`)."""
     from confluent_kafka.admin import AdminClient
 
-    metadata = AdminClient(settings).list_topics(topic, timeout=10)
+    metadata = (admin or AdminClient(settings)).list_topics(topic, timeout=10)
     found = metadata.topics.get(topic)
     assert found is not None and found.error is None, f"the oracle cannot see topic {topic}: {found and found.error}"
     return sorted(found.partitions)
 
 
-def kafka_offsets(settings: dict, topic: str, partitions: list[int], which: str) -> dict[int, int]:
+def kafka_offsets(settings: dict, topic: str, partitions: list[int], which: str, admin=None) -> dict[int, int]:
     """{partition: offset}: "earliest" (the log start), "latest" under read_committed (the LSO) or "high" (the
-    high watermark, read_uncommitted's end)."""
+    high watermark, read_uncommitted's end). `admin`: one to ask (else a new one for `settings`)."""
     from confluent_kafka import IsolationLevel
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
     spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()
     isolation = IsolationLevel.READ_UNCOMMITTED if which == "high" else IsolationLevel.READ_COMMITTED
     asked = {TopicPartition(topic, p): spec for p in partitions}
-    admin = AdminClient(settings)  # kept until the answers are in: a collected client never resolves them
+    admin = admin or AdminClient(settings)  # kept until the answers are in: a collected one never resolves them
     futures = admin.list_offsets(asked, isolation_level=isolation, request_timeout=10)
     return {tp.partition: future.result(timeout=30).offset for tp, future in futures.items()}
 

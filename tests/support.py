@@ -26,7 +26,13 @@ from offsetlake.storage.location import Location
 from offsetlake.table import query
 from offsetlake_local import broker as embedded_broker
 from offsetlake_local import producer as demo_producer
-from oracle import JOURNAL, assert_exactly_once, ledger_offsets  # noqa: F401 - the tests' oracle, re-exported
+from oracle import (  # noqa: F401 - the tests' oracle, re-exported
+    JOURNAL,
+    assert_exactly_once,
+    kafka_offsets,
+    kafka_partitions,
+    ledger_offsets,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -142,22 +148,15 @@ def wait_for_markers(client: dict, topic: str, timeout: float = 30) -> None:
     partitions after that: until then the LSO stops before the transaction, and a read_committed reader (an
     ingest's plan) would stop there too. A transaction another producer holds open before them keeps the LSO
     back for good: then this returns after `timeout`, as produce did before it waited."""
-    from confluent_kafka import IsolationLevel, TopicPartition
-    from confluent_kafka.admin import AdminClient, OffsetSpec
+    from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(client)  # one for every question: a produce call is frequent in the tests
-    found = admin.list_topics(topic, timeout=10).topics[topic]
-    asked = {TopicPartition(topic, p): OffsetSpec.latest() for p in found.partitions}
-
-    def ends(isolation) -> dict[int, int]:
-        futures = admin.list_offsets(asked, isolation_level=isolation, request_timeout=10)
-        return {tp.partition: future.result(timeout=30).offset for tp, future in futures.items()}
-
-    high = ends(IsolationLevel.READ_UNCOMMITTED)
+    partitions = kafka_partitions(client, topic, admin)
+    high = kafka_offsets(client, topic, partitions, "high", admin)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        stable = ends(IsolationLevel.READ_COMMITTED)
-        if all(stable[p] >= high[p] for p in high):
+        stable = kafka_offsets(client, topic, partitions, "latest", admin)
+        if all(stable[p] >= high[p] for p in partitions):
             return
         time.sleep(0.1)
 

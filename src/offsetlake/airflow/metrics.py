@@ -29,15 +29,22 @@ LAST_INGEST_LOOKBACK = 50  # commits read back for the newest ingest's time when
 class Snapshot:
     cfg: PipelineConfig
     partitions: list[PartitionStatus]
-    commits: list[HistoryEntry]  # the pipeline's newest commits, oldest first
+    # Each table's newest commits, oldest first (the pipeline's name for a single table's).
+    by_table: dict[str, list[HistoryEntry]]
     version: int | None  # the table's, None before the first commit (or with a table per topic)
     error: str | None = None  # Kafka or the table could not be read: what was wrong
     tables: list[dict] = field(default_factory=list)  # a table per topic: each one's name, path, version, lag
-    by_table: dict[str, list[HistoryEntry]] = field(default_factory=dict)  # each table's commits, oldest first
 
     @property
     def total_lag(self) -> int:
         return sum(p.lag for p in self.partitions)
+
+    @property
+    def commits(self) -> list[HistoryEntry]:
+        """Every table's newest commits together, oldest first."""
+        if len(self.by_table) == 1:
+            return next(iter(self.by_table.values()))
+        return sorted((h for commits in self.by_table.values() for h in commits), key=lambda h: h.timestamp)
 
     def series(self) -> dict[str, list[dict]]:
         """Per table (its name; the pipeline's for a single table), per ingest commit oldest first: when (Unix
@@ -72,25 +79,24 @@ def snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
     try:
         cfg = resolve_connections(cfg)  # kafka.connection, table.connection: read where the view runs
     except Exception as err:  # noqa: BLE001 - shown on the page, one line
-        return Snapshot(cfg, [], [], None, f"connections: {_line(err)}")
+        return Snapshot(cfg, [], {}, None, f"connections: {_line(err)}")
     try:
         tables = pipeline_tables(cfg, topic_lister(cfg.kafka))
     except Exception as err:  # noqa: BLE001
-        return Snapshot(cfg, [], [], None, f"Kafka: {_line(err)}")
+        return Snapshot(cfg, [], {}, None, f"Kafka: {_line(err)}")
     if tables[0].name is None:
         return table_snapshot(tables[0].cfg, limit)
     parts = [(t, table_snapshot(t.cfg, limit)) for t in tables]
     return Snapshot(
         cfg,
         [p for _, snap in parts for p in snap.partitions],
-        sorted((h for _, snap in parts for h in snap.commits), key=lambda h: h.timestamp),
+        {str(t.name): snap.commits for t, snap in parts},
         None,
         "; ".join(f"{t.name}: {snap.error}" for t, snap in parts if snap.error) or None,
         [
             {"name": t.name, "path": t.cfg.table_path, "version": snap.version, "lag": snap.total_lag}
             for t, snap in parts
         ],
-        {str(t.name): snap.commits for t, snap in parts},
     )
 
 
@@ -106,7 +112,7 @@ def table_snapshot(cfg: PipelineConfig, limit: int = CHART_COMMITS) -> Snapshot:
         commits = history(cfg, limit) if version is not None and limit else []
     except Exception as err:  # noqa: BLE001
         errors.append(f"table: {_line(err)}")
-    return Snapshot(cfg, partitions, commits, version, "; ".join(errors) or None, by_table={cfg.name: commits})
+    return Snapshot(cfg, partitions, {cfg.name: commits}, version, "; ".join(errors) or None)
 
 
 def _line(err: Exception) -> str:

@@ -45,15 +45,13 @@ from offsetlake.kafka import KafkaCluster
 from offsetlake.operations.ledger_checks import audited_ranges, continuity_issues, sanity_issues
 from offsetlake.protocol import unavailable as placeholders
 from offsetlake.protocol.commit import Change, Committed, add_actions, attempt_files, new_attempt_id
-from offsetlake.protocol.key_changes import carry_across_key_changes, with_creates_deleting_old_keys
 from offsetlake.protocol.ledger import pipeline_history, read_ledger
+from offsetlake.protocol.merge_batch import rows_to_apply
 from offsetlake.protocol.metadata import CommitMetadata, Records, Run, ranges_json
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.protocol.upsert import (
     LINEAGE,
     SnapshotEnd,
-    after_last_truncate,
-    after_snapshot_end,
     fold,
     key_text,
     stale_as_deleted,
@@ -179,16 +177,15 @@ def audit_upsert(cfg: PipelineConfig, ranges: list[OffsetRange] | None = None, s
     reads, rows = _read_and_fold_input(cfg, ranges, columns)
     unavailable = cfg.format.unavailable_value
     snapshot_ends: tuple[SnapshotEnd, ...] = ()
-    if rows is not None:  # a TRUNCATE in the range: the table is what came after the last one
-        rows, _ = after_last_truncate(rows, cfg.write.order_by)
-        rows, snapshot_ends = after_snapshot_end(rows)  # a snapshot's end: older rows it did not read are gone
-        # A key change's delete goes with its create, as a batch's does: a range that ends between them leaves
-        # the old row, as the batch did. Its new row takes what it lacks from the old key's rows in the range
-        # (not from the table: that is what is checked); an old row before the range leaves it unknown, and
-        # the table's stands.
+    if rows is not None:
+        # As a batch applies them (a TRUNCATE: the table is what came after the last one; a snapshot's end:
+        # older rows it did not read are gone; a key change's delete goes with its create, so a range that ends
+        # between them leaves the old row, as the batch did). A key change's new row takes what it lacks from
+        # the old key's rows in the range, not from the table (that is what is checked): an old row before the
+        # range leaves it unknown, and the table's stands.
         write = cfg.write
-        rows = with_creates_deleting_old_keys(rows, write.key, write.order_by, write.deletes != "ignore")
-        rows, _ = carry_across_key_changes(rows, write.key, write.order_by, unavailable, None)
+        deletes = write.deletes != "ignore"
+        rows, _, snapshot_ends, _ = rows_to_apply(rows, write.key, write.order_by, unavailable, None, None, deletes)
     winners, unordered = fold(rows, cfg.write.key, cfg.write.order_by, unavailable)
     winners = stale_as_deleted(winners, snapshot_ends)
     current = table_rows(cfg, spark=spark)

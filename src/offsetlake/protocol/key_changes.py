@@ -57,10 +57,9 @@ def with_creates_deleting_old_keys(rows: pa.Table, key: Sequence[str], order_by:
         return rows
     new_keys = rows.column(NEW_KEY_COLUMN).combine_chunks()
     rows = rows.drop_columns([NEW_KEY_COLUMN])
-    exact = all(pa.types.is_integer(t) or placeholders.is_text(t) for t in (rows.schema.field(c).type for c in key))
-    if not deletes or not exact or OLD_KEY_COLUMN not in rows.column_names or rows.num_rows == 0:
+    kinds = _key_kinds(rows.schema, key)
+    if not deletes or kinds is None or OLD_KEY_COLUMN not in rows.column_names or rows.num_rows == 0:
         return rows
-    kinds = [int if pa.types.is_integer(rows.schema.field(c).type) else str for c in key]
     creates = _creates(rows, key, kinds)
     deleted = rows.column(DELETED_COLUMN).combine_chunks()
     moving = pc.and_(pc.is_valid(new_keys), pc.fill_null(deleted, False))
@@ -74,6 +73,14 @@ def with_creates_deleting_old_keys(rows: pa.Table, key: Sequence[str], order_by:
         rows = rows.filter(pa.array(~np.isin(np.arange(rows.num_rows), waiting)))
         creates = {i - int(np.searchsorted(waiting, i)): old for i, old in creates.items()}
     return pa.concat_tables([rows, _deletes_of(rows, key, order_by, creates)]) if creates else rows
+
+
+def _key_kinds(schema: pa.Schema, key: Sequence[str]) -> list[type] | None:
+    """The Python type (int or str) of each key column's values; None when a column is of another type."""
+    types = [schema.field(c).type for c in key]
+    if not all(pa.types.is_integer(t) or placeholders.is_text(t) for t in types):
+        return None
+    return [int if pa.types.is_integer(t) else str for t in types]
 
 
 def _creates(rows: pa.Table, key: Sequence[str], kinds: Sequence[type]) -> dict[int, Key]:
