@@ -18,11 +18,6 @@ def delta_spark_conf() -> dict[str, str]:
         "spark.jars": ",".join(spark_jars(delta_spark_stack())),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        # Sized for two local cores and small tables: Delta's defaults (50 partitions to rebuild a snapshot,
-        # 10,000 to list files) made a RESTORE of a 9-version table take 77 s and a VACUUM 94 s here, 10 s
-        # and 6 s with these.
-        "spark.databricks.delta.snapshotPartitions": "2",
-        "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
     }
 
 

@@ -60,9 +60,21 @@ def start(spark: Any, uri: str) -> Any:
 
 def read_app_ids(txn: Any, txns: Iterable[Transaction]) -> None:
     """Make each ledger application id part of what the transaction read, so a commit that set one since
-    fails this one (see the module docstring)."""
-    for app in txns:
-        txn.txnVersion(app.app_id)
+    fails this one (see the module docstring).
+
+    The ids go straight into the transaction's read set (`readTxn`, what `txnVersion` adds them to):
+    `txnVersion` would also return each id's version, which costs a reconstruction of the snapshot's whole
+    state (a Spark job over the log) on every batch, and offsetlake has read the ledger already (with
+    delta-rs, from the snapshot of this version). A delta-spark without that accessor gets `txnVersion`."""
+    from py4j.protocol import Py4JError
+
+    try:
+        read = txn.readTxn()
+        for app in txns:
+            read.addOne(app.app_id)
+    except Py4JError:
+        for app in txns:
+            txn.txnVersion(app.app_id)
 
 
 def set_transactions(spark: Any, txns: Iterable[Transaction]) -> list[Any]:

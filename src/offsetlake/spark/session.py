@@ -24,6 +24,12 @@ DEFAULTS = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
+    # delta-spark (the delta-spark engine) rebuilds a snapshot's state -- the file list an upsert's MERGE, a
+    # RESTORE or an OPTIMIZE reads -- in 50 partitions, and lists a VACUUM's files in up to 10,000 tasks:
+    # on a pipeline table each task holds a handful of entries, and their start-up was what a batch waited
+    # for (docs/development/measurements.md). The shuffle's figure; a cluster may set its own.
+    "spark.databricks.delta.snapshotPartitions": "4",
+    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "4",
     "spark.python.worker.reuse": "true",
     # Workers that do not re-read pyspark.zip before every task (see offsetlake/spark/daemon.py).
     "spark.python.daemon.module": "offsetlake.spark.daemon",
