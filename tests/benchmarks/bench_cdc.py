@@ -13,6 +13,9 @@ to Delta by ten offsetlake upsert pipelines (format connect_json, envelope debez
    time (the change data feed's `_commit_timestamp`) minus that: median and p99 over every insert and
    update the feed holds from this phase.
 
+Targets, printed as met or not: at least APPLIED_TARGET change events a second applied, and a delay p99 under
+DELAY_P99_TARGET seconds at 100 transactions a second.
+
     python tests/benchmarks/bench_cdc.py [--events 20000] [--rate 100] [--seconds 60]
 """
 
@@ -39,6 +42,11 @@ from offsetlake.table import query
 from offsetlake_local import broker as embedded_broker
 from offsetlake_local import connect, postgres
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_ingest import print_targets  # noqa: E402 - this directory is not a package
+
+APPLIED_TARGET = 70_000  # change events a second, the ten tables' backlogs applied
+DELAY_P99_TARGET = 2.0  # seconds, source statement to Delta commit
 TABLES = [f"t{i}" for i in range(10)]
 SCHEMA = "bench"
 PREFIX = "cdc"
@@ -216,6 +224,20 @@ def main(argv=None) -> int:
             f"cdc delay, source statement -> Delta commit, {args.rate:.0f} transactions/s for {args.seconds:.0f} s, "
             f"ten pipelines in turn in one Spark session ({rounds} rounds): median {statistics.median(found):.1f} s, "
             f"p99 {p99:.1f} s over {len(found):,} changes"
+        )
+        print_targets(
+            [
+                (
+                    f"cdc applied {applied / seconds:,.0f} change events/s into {len(TABLES)} tables",
+                    f">= {APPLIED_TARGET:,}",
+                    applied / seconds >= APPLIED_TARGET,
+                ),
+                (
+                    f"cdc delay p99 {p99:.1f} s at {args.rate:.0f} transactions/s",
+                    f"< {DELAY_P99_TARGET:.0f} s",
+                    p99 < DELAY_P99_TARGET,
+                ),
+            ]
         )
     finally:
         spark.stop()
