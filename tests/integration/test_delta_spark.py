@@ -507,3 +507,27 @@ def test_a_column_added_by_delta_spark_is_left_null_by_ingest_and_kept_by_compac
     }
     assert {r.reviewer for r in rows if r.kafka_offset >= 10} == {None}
     assert "reviewed" in DeltaTable(cfg.table_path).schema().to_arrow().names
+
+
+def test_a_checkpoint_by_delta_rs_leaves_spark_no_stale_checksum_to_trip_over(spark, tmp_path):
+    """delta-spark's checkpoint leaves Hadoop's `.crc` beside `_last_checkpoint`; offsetlake's checkpoint on
+    delta-rs rewrites that file, and the `.crc` that no longer matches goes with it, so delta-spark reads the
+    table's newest checkpoint without failing on its checksum (and retrying)."""
+    from offsetlake.engine import spark_transaction
+    from offsetlake.storage.hadoop_checksums import matches
+
+    path = tmp_path / "t"
+    sql(spark, f"CREATE TABLE delta.`{path}` (a INT) USING delta")
+    sql(spark, f"INSERT INTO delta.`{path}` VALUES (1), (2)")
+    spark_transaction.checkpoint(spark, str(path))
+    log = path / "_delta_log"
+    crc = log / "._last_checkpoint.crc"
+    assert matches((log / "_last_checkpoint").read_bytes(), crc.read_bytes())  # Spark's, and true
+
+    sql(spark, f"INSERT INTO delta.`{path}` VALUES (3)")
+    version = checkpoint(Location(str(path)))
+
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == version  # delta-rs rewrote it
+    assert not crc.exists() or matches((log / "_last_checkpoint").read_bytes(), crc.read_bytes())
+    spark.catalog.clearCache()
+    assert sorted(r.a for r in spark.read.format("delta").load(str(path)).collect()) == [1, 2, 3]

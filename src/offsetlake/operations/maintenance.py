@@ -21,6 +21,7 @@ from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.protocol.commit import Change, Committed, Decide, Settled, commit, new_attempt_id
 from offsetlake.protocol.ledger import ledger_at, ledger_in_txns, pending_restore, read_ledger, txn_actions
 from offsetlake.protocol.metadata import CommitMetadata, Offsets, Run, flat_offsets
+from offsetlake.storage.hadoop_checksums import drop_stale_checksums
 from offsetlake.storage.location import Location, delete_if_there, retrying
 from offsetlake.storage.parquet import from_delta_path
 from offsetlake.table import open_table
@@ -182,6 +183,7 @@ def checkpoint(location: Location) -> int:
     log retention that the checkpoint covers. The ledger (txn actions) is part of the checkpoint."""
     table = open_table(location)
     table.create_checkpoint()
+    drop_stale_checksums(location)
     table.cleanup_metadata()
     return table.version()
 

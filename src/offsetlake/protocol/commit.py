@@ -67,6 +67,7 @@ from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.protocol.planning import BatchPlan
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.protocol.upsert import Merge
+from offsetlake.storage.hadoop_checksums import drop_stale_checksums
 from offsetlake.storage.location import Location, despite_log_cleanup, is_transient
 from offsetlake.storage.parquet import DataFile, conform, read_with_partitions
 from offsetlake.table import (
@@ -142,6 +143,20 @@ def commit(
     `snapshot`: a table object the caller has just loaded, used for the first decision instead of
     loading again (if it is stale, the commit fails on the conflict and the next try loads).
     `rewrites`: the change rewrites data files offsetlake reads as Parquet (optimize, backfill, repair)."""
+    done = _decide_and_commit(location, decide, what, open_, snapshot, rewrites)
+    if isinstance(done, Committed):
+        drop_stale_checksums(location)  # delta-rs writes a checkpoint with every hundredth commit
+    return done
+
+
+def _decide_and_commit(
+    location: Location,
+    decide: Decide,
+    what: str,
+    open_: Callable[[Location], DeltaTable],
+    snapshot: DeltaTable | None,
+    rewrites: bool,
+) -> Committed | Settled:
     conflicts, store_deadline, pause = 0, time.monotonic() + location.retry_seconds, 0.5
     for _ in range(MAX_ATTEMPTS):
         table, snapshot = snapshot or open_(location), None
