@@ -2,7 +2,7 @@
 
 A commit on the delta-spark engine is one `OptimisticTransaction` of the table's `DeltaLog`, started at the
 newest version. Before anything is written the transaction reads the ledger's application ids
-(`txnVersion`): Delta's conflict checker then fails the commit with `ConcurrentTransactionException` if
+(its read set, `readTxn`): Delta's conflict checker then fails the commit with `ConcurrentTransactionException` if
 another commit set any of them after that version -- a duplicate run or a zombie that got there first --,
 and lets through commits that did not (another pipeline's, a user's OPTIMIZE). The commit carries the
 data files, the ledger's `txn` actions (`SetTransaction`) and `userMetadata` (on the `WRITE` operation)
