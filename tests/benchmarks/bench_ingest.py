@@ -776,13 +776,22 @@ def first_ingest(bootstrap: str, topic: str, lake: Path, name: str, prewarm: boo
     """A new process (its own JVM) starts a session, ingests the topic into a new table `name`, then again
     (warm) into `name`_warm. `prewarm=False`: its session starts without the prewarmed daemon
     (offsetlake/spark/prewarm.py), as Spark alone starts its Python daemon."""
+    env = {**os.environ, prewarm_module.SWITCH_ENV: "1" if prewarm else "0"}
+    return in_a_new_process("first-ingest", bootstrap, topic, lake, name, timeout=600, env=env)
+
+
+def in_a_new_process(
+    child: str, bootstrap: str, topic: str, lake: Path, name: str, timeout: float, env: dict | None = None
+) -> dict:
+    """This file run as `--<child> BOOTSTRAP TOPIC LAKE NAME` in a process of its own (its own JVM, as a
+    spark-submit has): what it printed as its last line, JSON."""
     out = subprocess.run(
-        [sys.executable, __file__, "--first-ingest", bootstrap, topic, str(lake), name],
+        [sys.executable, __file__, f"--{child}", bootstrap, topic, str(lake), name],
         check=True,
         capture_output=True,
         text=True,
-        timeout=600,
-        env={**os.environ, prewarm_module.SWITCH_ENV: "1" if prewarm else "0"},
+        timeout=timeout,
+        env=env,
     ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -806,14 +815,7 @@ def memory_ingest(bootstrap: str, topic: str, lake: Path, name: str) -> dict:
     """A new process, as a spark-submit is, starts a session and ingests the topic into a new table `name` in
     one batch: {records, seconds, peak_mb: {driver (python), jvm, python worker (largest)}}. A process of its
     own, so that the driver's peak is the ingest's, not what the bench's own reads left in its heap."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--memory-ingest", bootstrap, topic, str(lake), name],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return in_a_new_process("memory-ingest", bootstrap, topic, lake, name, timeout=3600)
 
 
 def memory_ingest_here(bootstrap: str, topic: str, lake: Path, name: str) -> None:
@@ -1295,17 +1297,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.client_config and not Path(args.client_config).is_file():
         parser.error(f"--client-config {args.client_config}: no such file")
-    if args.first_ingest:
+    child = args.first_ingest or args.memory_ingest  # this process is one of in_a_new_process's
+    if child:
         if os.environ.get(CLIENT_CONFIG_ENV):
             CLIENT.update(read_client_config(os.environ[CLIENT_CONFIG_ENV]))
-        bootstrap, topic, lake, name = args.first_ingest
-        first_ingest_here(bootstrap, topic, Path(lake), name)
-        return
-    if args.memory_ingest:
-        if os.environ.get(CLIENT_CONFIG_ENV):
-            CLIENT.update(read_client_config(os.environ[CLIENT_CONFIG_ENV]))
-        bootstrap, topic, lake, name = args.memory_ingest
-        memory_ingest_here(bootstrap, topic, Path(lake), name)
+        bootstrap, topic, lake, name = child
+        (first_ingest_here if args.first_ingest else memory_ingest_here)(bootstrap, topic, Path(lake), name)
         return
     work = Path(tempfile.mkdtemp(prefix="offsetlake-bench-"))
     if args.formats_only:
