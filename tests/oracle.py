@@ -35,7 +35,7 @@ from typing import Any
 
 import fastavro
 import pyarrow as pa
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from deltalake import DeltaTable, QueryBuilder
 
 from offsetlake.config import (
@@ -107,6 +107,19 @@ def kafka_partitions(settings: dict, topic: str, admin=None) -> list[int]:
     return sorted(found.partitions)
 
 
+OFFSETS_RETRY_SECONDS = 60  # longer than a leader election after a node's restart
+ASK_AGAIN = {  # answers to a ListOffsets while leadership moves, which librdkafka may not mark retriable
+    KafkaError.OFFSET_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+}
+
+
 def kafka_offsets(settings: dict, topic: str, partitions: list[int], which: str, admin=None) -> dict[int, int]:
     """{partition: offset}: "earliest" (the log start), "latest" under read_committed (the LSO) or "high" (the
     high watermark, read_uncommitted's end). `admin`: one to ask (else a new one for `settings`)."""
@@ -117,8 +130,18 @@ def kafka_offsets(settings: dict, topic: str, partitions: list[int], which: str,
     isolation = IsolationLevel.READ_UNCOMMITTED if which == "high" else IsolationLevel.READ_COMMITTED
     asked = {TopicPartition(topic, p): spec for p in partitions}
     admin = admin or AdminClient(settings)  # kept until the answers are in: a collected one never resolves them
-    futures = admin.list_offsets(asked, isolation_level=isolation, request_timeout=10)
-    return {tp.partition: future.result(timeout=30).offset for tp, future in futures.items()}
+    deadline = time.monotonic() + OFFSETS_RETRY_SECONDS
+    while True:
+        futures = admin.list_offsets(asked, isolation_level=isolation, request_timeout=10)
+        try:
+            return {tp.partition: future.result(timeout=30).offset for tp, future in futures.items()}
+        except KafkaException as err:
+            # A partition's new leader answers OFFSET_NOT_AVAILABLE until its high watermark has caught up
+            # (KIP-207), and a moving leader NOT_LEADER_OR_FOLLOWER: Kafka's word to ask again.
+            kerr = err.args[0]
+            if not (kerr.retriable() or kerr.code() in ASK_AGAIN) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _read_partition(settings: dict, topic: str, partition: int, start: int, end: int) -> dict[Offset, KafkaRecord]:
