@@ -34,10 +34,11 @@ def drop_stale_checksums(location: Location) -> None:
     data = Path(location.uri.removeprefix("file://")) / "_delta_log" / REWRITTEN_IN_PLACE
     checksum = data.with_name(f".{data.name}.crc")
     try:
-        if matches(data.read_bytes(), checksum.read_bytes()):
+        expected = checksum.read_bytes()  # first: most tables have none (delta-rs alone wrote them)
+        if matches(data.read_bytes(), expected):
             return
         checksum.unlink()
-    except FileNotFoundError:  # no checksum (delta-rs alone wrote the table), or no checkpoint yet
+    except FileNotFoundError:  # no checksum, no checkpoint yet, or another writer's rename in between
         return
     log.info("removed %s: it no longer matched the file delta-rs rewrote", checksum)
 
