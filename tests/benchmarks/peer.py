@@ -121,7 +121,13 @@ def spark_peer(bootstrap: str, topics: dict[str, str], avro_schema: dict, work: 
         capture_output=True,
         text=True,
         timeout=3600,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
+        # its own jars (peer_session): a PYSPARK_SUBMIT_ARGS of the caller's (bench_engines sets one) would
+        # start its JVM with the caller's instead, and without Spark's Kafka source
+        env={
+            **{k: v for k, v in os.environ.items() if k != "PYSPARK_SUBMIT_ARGS"},
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARK_LOCAL_IP": "127.0.0.1",
+        },
     )
     if done.returncode != 0:
         raise RuntimeError(f"the Spark peer failed: {done.stderr[-3000:]}")
