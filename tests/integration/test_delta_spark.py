@@ -124,22 +124,32 @@ def test_the_driver_jvm_has_room_to_compile_delta_sparks_code(spark, pipeline):
     assert peak < reserved * 0.75, f"code cache used up to {peak / 2**20:.0f} of {reserved / 2**20:.0f} MB"
 
 
-# Delta table features delta-spark enables on a table, each with the statement that enables it.
-ENABLE = {
-    "deletionVectors": "SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')",
-    "columnMapping": "SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name')",
-    "v2Checkpoint": "SET TBLPROPERTIES ('delta.checkpointPolicy' = 'v2')",
-    "timestampNtz": "SET TBLPROPERTIES ('delta.feature.timestampNtz' = 'supported')",
-    "checkConstraints": "SET TBLPROPERTIES ('delta.feature.checkConstraints' = 'supported')",
-    "generatedColumns": "SET TBLPROPERTIES ('delta.feature.generatedColumns' = 'supported')",
-    "changeDataFeed": "SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')",
-    "appendOnly": "SET TBLPROPERTIES ('delta.appendOnly' = 'true')",
-    "rowTracking": "SET TBLPROPERTIES ('delta.enableRowTracking' = 'true')",
-    "clustering": "CLUSTER BY (user_id)",
-    "typeWidening": "SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')",
-    "identityColumns": "SET TBLPROPERTIES ('delta.feature.identityColumns' = 'supported')",
-    "inCommitTimestamp": "SET TBLPROPERTIES ('delta.enableInCommitTimestamps' = 'true')",
+# Delta table features delta-spark enables on a table, each with the table property that turns it on (liquid
+# clustering: a CLUSTER BY of its own).
+PROPERTIES = {
+    "deletionVectors": {"delta.enableDeletionVectors": "true"},
+    "columnMapping": {"delta.columnMapping.mode": "name"},
+    "v2Checkpoint": {"delta.checkpointPolicy": "v2"},
+    "timestampNtz": {"delta.feature.timestampNtz": "supported"},
+    "checkConstraints": {"delta.feature.checkConstraints": "supported"},
+    "generatedColumns": {"delta.feature.generatedColumns": "supported"},
+    "changeDataFeed": {"delta.enableChangeDataFeed": "true"},
+    "appendOnly": {"delta.appendOnly": "true"},
+    "rowTracking": {"delta.enableRowTracking": "true"},
+    "typeWidening": {"delta.enableTypeWidening": "true"},
+    "identityColumns": {"delta.feature.identityColumns": "supported"},
+    "inCommitTimestamp": {"delta.enableInCommitTimestamps": "true"},
 }
+CLUSTER_BY = "CLUSTER BY (user_id)"
+
+
+def set_properties(properties: dict[str, str]) -> str:
+    return "SET TBLPROPERTIES ({})".format(", ".join(f"'{key}' = '{value}'" for key, value in properties.items()))
+
+
+# Each feature's own ALTER TABLE clause.
+ENABLE = {feature: set_properties(properties) for feature, properties in PROPERTIES.items()}
+ENABLE["clustering"] = CLUSTER_BY
 REFUSED = ["rowTracking", "clustering", "typeWidening", "identityColumns", "inCommitTimestamp"]
 
 
@@ -147,8 +157,13 @@ WRITABLE = [feature for feature in ENABLE if feature not in REFUSED]
 
 
 def enable(spark, cfg, features) -> None:
-    for feature in features:
-        sql(spark, f"ALTER TABLE {delta(cfg)} {ENABLE[feature]}")
+    """`features` turned on as a user would: their properties in one ALTER TABLE (delta-spark checks and commits
+    each ALTER on its own, seconds apiece), liquid clustering in a second."""
+    properties = {key: value for feature in features for key, value in PROPERTIES.get(feature, {}).items()}
+    if properties:
+        sql(spark, f"ALTER TABLE {delta(cfg)} {set_properties(properties)}")
+    if "clustering" in features:
+        sql(spark, f"ALTER TABLE {delta(cfg)} {CLUSTER_BY}")
     protocol = DeltaTable(cfg.table_path).protocol()
     if protocol.min_writer_version >= 7:  # table features (appendOnly alone keeps the legacy protocol)
         assert set(protocol.writer_features or ()) >= set(features) - {"clustering"}
