@@ -12,26 +12,44 @@ from offsetlake_local import broker as embedded_broker
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 # `make test` runs two pytest-xdist workers, each taking whole files (--dist loadfile) in collection order: the
-# longest files first, so that no long file starts last while the other worker sits idle. Seconds per file in
-# `make test` of 2026-11-27 (two workers, --durations=0); every other file is shorter and keeps its place.
+# longest files first, so that no long file starts last while the other worker sits idle, and the short ones
+# fill the end. Seconds per file (the sum of its tests' durations) in a fresh clone's `make test` of 2026-11-28
+# (two workers, --durations=0), less the tests since marked `long`; files under ~15 s keep their place.
 LONGEST_FIRST = (
-    "tests/chaos/test_chaos.py",  # ~250-390 s, by the seed's mode
-    "tests/integration/test_delta_spark_engine.py",  # ~300 (one worker alone, 2026-11-28)
-    "tests/airflow/test_cross_host.py",  # ~250
-    "tests/airflow/test_dags.py",  # ~190, in many tests
-    "tests/integration/test_delta_spark.py",  # ~160
-    "tests/integration/test_catalog.py",  # ~135 (one worker alone, 2026-11-28)
-    "tests/integration/test_cdc.py",  # ~140
-    "tests/integration/test_failures.py",  # ~125
-    "tests/airflow/test_airflow_ui.py",  # ~125
-    "tests/integration/test_failover.py",  # ~120
-    "tests/integration/test_upsert.py",  # ~115
-    "tests/integration/test_object_storage.py",  # ~85
-    "tests/integration/test_broker_restart.py",  # ~85
-    "tests/integration/test_oracle.py",  # ~85
-    "tests/airflow/test_airflow_connections.py",  # ~65
-    "tests/airflow/test_scheduler_kill.py",  # ~60
-    "tests/airflow/test_end_to_end.py",  # ~50
+    "tests/chaos/test_chaos.py",  # ~240-420 s, by the seed's draw
+    "tests/integration/test_delta_spark_engine.py",  # ~500
+    "tests/airflow/test_dags.py",  # ~270
+    "tests/integration/test_delta_spark.py",  # ~260
+    "tests/airflow/test_airflow_ui.py",  # ~255
+    "tests/integration/test_cdc.py",  # ~220
+    "tests/airflow/test_cross_host.py",  # ~215
+    "tests/integration/test_catalog.py",  # ~180
+    "tests/integration/test_failures.py",  # ~170
+    "tests/integration/test_oracle.py",  # ~120
+    "tests/integration/test_object_storage.py",  # ~115
+    "tests/integration/test_broker_restart.py",  # ~95
+    "tests/integration/test_failover.py",  # ~85
+    "tests/airflow/test_scheduler_kill.py",  # ~75
+    "tests/airflow/test_airflow_connections.py",  # ~70
+    "tests/integration/test_operations.py",  # ~60
+    "tests/airflow/test_end_to_end.py",  # ~55
+    "tests/integration/test_registry_formats.py",  # ~55
+    "tests/integration/test_upsert.py",  # ~50
+    "tests/integration/test_jvm_archive.py",  # ~45
+    "tests/integration/test_bad_input.py",  # ~45
+    "tests/integration/test_maintenance.py",  # ~45
+    "tests/integration/test_executor_loss.py",  # ~45
+    "tests/integration/test_package.py",  # ~40
+    "tests/integration/test_kafka_security.py",  # ~35
+    "tests/integration/test_spark_session.py",  # ~35
+    "tests/unit/test_checks.py",  # ~35
+    "tests/integration/test_secrets.py",  # ~35
+    "tests/integration/test_per_topic_pipelines.py",  # ~35
+    "tests/integration/test_ingest.py",  # ~30
+    "tests/integration/test_cli.py",  # ~30
+    "tests/airflow/test_plugin.py",  # ~25
+    "tests/integration/test_oracle_schema.py",  # ~20
+    "tests/integration/test_disk_full.py",  # ~20
 )
 
 

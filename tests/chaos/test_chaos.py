@@ -3,9 +3,11 @@
 One run; its seed draws the records' format (JSON, or Avro through a Schema Registry with key and headers
 kept and a field added mid-run), where the table lives (local disk, or S3 behind the fault proxy with
 object storage's faults), the write mode (append, or upsert: the latest record per key, checked
-against the fold of Kafka) and, for a local table, the commit engine (delta-rs or delta-spark; delta-spark
-refuses a table on S3). Sixteen seeds in a row cover every combination; a run per combination in every
-`make test` would not fit its 30 minutes (two runs took 6-7 of them).
+against the fold of Kafka) and, for a local table in append mode, the commit engine (delta-rs or
+delta-spark; delta-spark refuses a table on S3). Sixteen seeds in a row cover every combination; a run per
+combination in every `make test` would not fit its 30 minutes (two runs took 6-7 of them). Upsert on the
+delta-spark engine, the longest draw (about 10 minutes of the suite's two workers), is left to `make chaos`
+(`--engine delta-spark --mode upsert`).
 
 `make chaos` runs the same harness with 200. A failure names the seed; replay
 it with OFFSETLAKE_CHAOS_SEED=<seed> make test, or make chaos CHAOS_ARGS="--seed <seed>".
@@ -29,7 +31,8 @@ def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path):
     record_format = ("json", "avro")[seed % 2]
     storage = ("local", "s3")[seed // 2 % 2]
     mode = ("append", "upsert")[seed // 4 % 2]
-    engine = ("delta-rs", "delta-spark")[seed // 8 % 2] if storage == "local" else "delta-rs"
+    on_delta_spark = storage == "local" and mode == "append" and seed // 8 % 2 == 1
+    engine = "delta-spark" if on_delta_spark else "delta-rs"
     replay = (
         f"seed {seed} -- replay: OFFSETLAKE_CHAOS_SEED={seed} make test, or make chaos "
         f"CHAOS_ARGS='--seed {seed} --format {record_format} --storage {storage} --mode {mode} --engine {engine}'"

@@ -173,7 +173,9 @@ def job_env(env: dict | None = None) -> dict:
     return {"PYSPARK_SUBMIT_ARGS": delta_spark_submit_args(), **(env or {})}
 
 
-@pytest.mark.parametrize("point", ["after_files_written", "before_commit", "after_commit"])
+@pytest.mark.parametrize(
+    "point", [pytest.param("after_files_written", marks=pytest.mark.long), "before_commit", "after_commit"]
+)
 def test_a_delta_spark_job_killed_at_a_fault_point_then_rerun_is_exact(spark, pipeline, pipelines_dir, point):
     cfg, _ = pipeline(partitions=3, records=900, table=DELTA_SPARK)
     job = ingest_process(cfg, pipelines_dir, job_env({"OFFSETLAKE_FAULT": f"{point}:exit"}))
@@ -191,7 +193,7 @@ def test_a_delta_spark_job_killed_at_a_fault_point_then_rerun_is_exact(spark, pi
     assert data_files_on_disk(cfg.table_path) - referenced == orphans
 
 
-@pytest.mark.parametrize("mode", ["append", "upsert"])
+@pytest.mark.parametrize("mode", ["append", pytest.param("upsert", marks=pytest.mark.long)])
 def test_a_delta_spark_zombie_finds_its_batch_committed_and_leaves_no_file(
     spark, pipeline, pipelines_dir, tmp_path, mode
 ):

@@ -99,6 +99,7 @@ def test_a_batch_reads_on_while_a_node_dies(cluster, tmp_path):
         cluster.start_node(victim)
 
 
+@pytest.mark.long
 def test_a_stream_stays_up_through_a_dead_node_and_a_rolling_restart(cluster, tmp_path):
     pipelines = tmp_path / "pipelines"
     cfg, topic = new_pipeline(

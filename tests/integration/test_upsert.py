@@ -207,6 +207,7 @@ def _seq_of(cfg, key: str) -> int:
     return row["seq"]
 
 
+@pytest.mark.long
 def test_an_upsert_job_killed_at_every_fault_point_then_two_runs_at_once_fold_exactly(spark, pipeline, pipelines_dir):
     cfg, topic = pipeline(partitions=2, **UPSERT)
     produce(cfg.kafka, topic, 600, transactional_share=0.5, abort_share=0.2, seed=5, make_record=keyed_event)
