@@ -68,10 +68,12 @@ def broker(tmp_path_factory):
     embedded_broker.stop(b.pid)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """Three Apache Kafka nodes, one cluster (replication factor 3, min.insync.replicas 2), for the failover
-    tests: a test that kills a node starts it again before it ends (tests/integration/test_failover.py)."""
+    tests: a test that kills a node starts it again before it ends (tests/integration/test_failover.py).
+    Stopped when their module ends, so that three idle nodes do not share the cores with the rest of the
+    session."""
     c = embedded_broker.start_cluster(tmp_path_factory.mktemp("cluster"), size=3)
     yield c
     c.stop()
