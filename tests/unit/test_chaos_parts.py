@@ -1,8 +1,10 @@
 """The chaos harness's own parts: the store fault proxy going away from two threads at once, a harness
-thread that dies, and a report that says which side each finding sets against which."""
+thread that dies, a report that says which side each finding sets against which, and the workload's
+producer replaced after a transaction that ended with records unsent."""
 
 from __future__ import annotations
 
+import random
 import sys
 import threading
 import time
@@ -96,3 +98,55 @@ def test_the_records_left_in_doubt_are_bounded_per_broker_restart():
     assert IN_DOUBT_PER_RESTART == 100
     assert left_out_bounds(16)[oracle.IN_DOUBT] == 1600 and left_out_bounds(0)[oracle.IN_DOUBT] == 100
     assert left_out_bounds(16)[oracle.QUARANTINE_AHEAD] == 100 and left_out_bounds(16)[oracle.UNPLACED] == 300
+
+
+class _Transactional:
+    """A transactional producer as librdkafka answers while the cluster is away: its flush gives up with
+    `unsent` records still held, and the transaction's end then returns."""
+
+    def __init__(self, unsent: int):
+        self.unsent, self.produced = unsent, 0
+
+    def begin_transaction(self):
+        pass
+
+    def produce(self, topic, **record):
+        self.produced += 1
+
+    def flush(self, timeout):
+        return self.unsent
+
+    def abort_transaction(self, timeout):
+        pass
+
+    def commit_transaction(self, timeout):
+        pass
+
+
+class _Journal:
+    def __init__(self):
+        self.ended_as: dict[str, bool] = {}
+
+    def sent(self, topic, record, transaction):
+        return lambda err, msg: None
+
+    def ended(self, transaction, committed):
+        self.ended_as[transaction] = committed
+
+
+@pytest.mark.parametrize("abort", [True, False])
+@pytest.mark.parametrize("unsent", [0, 3])
+def test_a_transaction_that_ended_with_records_left_unsent_has_its_producer_replaced(abort, unsent):
+    from offsetlake.config import KafkaSettings
+    from workload import Workload
+
+    journal = _Journal()
+    workload = Workload(KafkaSettings(bootstrap_servers="127.0.0.1:1"), "t", 1, journal)
+    producer = _Transactional(unsent)
+    state = {"producer": producer}
+
+    workload._transaction(random.Random(1), state, 5, 0, abort=abort)
+
+    assert producer.produced == 5 and list(journal.ended_as.values()) == [not abort]
+    assert (state["producer"] is None) == (unsent > 0), state
+    assert workload.counts["producers replaced after records left unsent"] == (1 if unsent else 0)
