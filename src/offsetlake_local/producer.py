@@ -233,7 +233,7 @@ def produce(
             for _ in range(size):
                 _send(transactional, topic, _record(make_record(rng, seq)), journal, transaction)
                 seq += 1
-            transactional.flush(settings.timeout_seconds)  # aborted records must reach the log
+            unsent = transactional.flush(settings.timeout_seconds)  # aborted records must reach the log
             report.transactions += 1
             if abort:
                 transactional.abort_transaction(settings.timeout_seconds)
@@ -241,6 +241,11 @@ def produce(
                     journal.ended(transaction, committed=False)
                 report.aborted += size
                 report.aborted_transactions += 1
+                if unsent:
+                    # The abort purged records the broker may hold without having answered; this producer
+                    # would number the next transaction's records from them again, under the same epoch,
+                    # and the broker would answer those as duplicates of the aborted ones.
+                    transactional = transactional_producer(settings, f"{base_id}-{report.transactions}")
             else:
                 transactional.commit_transaction(settings.timeout_seconds)
                 if journal is not None:
