@@ -18,11 +18,13 @@ from test_delta_spark import ENABLE, REFUSED, WRITABLE, delta, enable
 from delta_spark import change_reader, reader, sql
 from offsetlake import runs
 from offsetlake.batch import ingest
+from offsetlake.engine.delta_spark import DeltaSpark
 from offsetlake.errors import TableError
 from offsetlake.operations.audit import repair
 from offsetlake.operations.backfill import backfill
+from offsetlake.protocol.commit import Change
 from offsetlake.protocol.ledger import partition_app_id, pipeline_app_id
-from offsetlake.protocol.metadata import Run
+from offsetlake.protocol.metadata import CommitMetadata, Run
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.table import committed_files
 from oracle import MISSING, check
@@ -156,6 +158,25 @@ def test_an_upsert_on_the_delta_spark_engine_stays_exact_on_a_table_with_every_f
     assert found.problem_count() == len(changed), found.format()
     assert rebuilt.status == "committed", rebuilt.summary()
     assert_exactly_once(cfg, read=reader(spark), read_changes=change_reader(spark))
+
+
+def test_a_column_another_job_added_meanwhile_is_not_added_twice(spark, pipeline):
+    """Two jobs whose batches bring the same new column (a registry schema that grew mid-stream): the one that
+    decided on a snapshot from before the other's ALTER finds the column there under the log lock, adds
+    nothing, and decides again on top of it (a short chaos run's job failed on `FIELD_ALREADY_EXISTS`)."""
+    cfg, _ = pipeline(partitions=1, records=50, table=DELTA_SPARK)
+    ingest(spark, cfg)
+    decided_on = DeltaTable(cfg.table_path)
+    grown = pa.schema(decided_on.schema()).append(pa.field("country", pa.string()))
+    sql(spark, f"ALTER TABLE {delta(cfg)} ADD COLUMNS (country STRING)")  # the other job's, first
+    version = DeltaTable(cfg.table_path).version()
+    change = Change(CommitMetadata(cfg.name, "ingest", batch=2), schema=grown, evolve=True)
+
+    assert DeltaSpark(cfg, spark)._add_columns(change, decided_on)  # decide again
+
+    assert DeltaTable(cfg.table_path).version() == version
+    assert pa.schema(DeltaTable(cfg.table_path).schema()).names.count("country") == 1
+    assert_exactly_once(cfg, read=reader(spark), user_columns={"country": pa.string()})
 
 
 def row_ids(spark, cfg) -> dict[str, int]:

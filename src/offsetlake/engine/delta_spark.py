@@ -217,28 +217,41 @@ class DeltaSpark(DeltaRs):
         return plain_types(table.where(spark_merge.spark_sql(predicate)).toArrow())
 
     def _add_columns(self, change: Change, table: DeltaTable) -> bool:
-        """Columns the change brings that the table lacks, added in a commit of their own; True if any."""
-        present = pa.schema(table.schema()).names
-        if change.merge is not None:
-            new = spark_merge.added_columns(change.merge.source.schema, present)
-        elif change.evolve and change.schema is not None:
-            new = [f for f in change.schema if f.name not in present]
-        else:
-            new = []
-        if not new:
+        """Columns the change brings that `table` lacks, added in a commit of their own; True if `table` lacked
+        any (decide again on the table as it is now). Another job may be adding the same columns (two
+        batches of one schema change): which are still missing is decided again under the log lock, on
+        the table's latest version, and a column another job added first is not added twice."""
+        if not _new_columns(change, pa.schema(table.schema()).names):
             return False
-        self._sql(
-            f"ALTER TABLE delta.{spark_merge.quoted(self.uri)} ADD COLUMNS ({_ddl(self.session, new)})",
-            "add the batch's new columns",
-        )
+        with spark_transaction.log_lock(self.location):
+            missing = _new_columns(change, pa.schema(self.location.delta_table().schema()).names)
+            if missing:
+                self._sql_locked(
+                    f"ALTER TABLE delta.{spark_merge.quoted(self.uri)} ADD COLUMNS ({_ddl(self.session, missing)})",
+                    "add the batch's new columns",
+                )
         return True
 
     def _sql(self, statement: str, what: str) -> None:
+        with spark_transaction.log_lock(self.location):
+            self._sql_locked(statement, what)
+
+    def _sql_locked(self, statement: str, what: str) -> None:
+        """`statement`, the log lock already held (a POSIX lock: taking it again in this process and
+        closing that file would release it)."""
         try:
-            with spark_transaction.log_lock(self.location):
-                self.session.sql(statement).collect()
+            self.session.sql(statement).collect()
         except Exception as err:
             raise TableError(f"table {self.location}: could not {what}: {one_line(err)}") from err
+
+
+def _new_columns(change: Change, present: list[str]) -> list[pa.Field]:
+    """The columns `change` writes that a table of columns `present` lacks."""
+    if change.merge is not None:
+        return spark_merge.added_columns(change.merge.source.schema, present)
+    if change.evolve and change.schema is not None:
+        return [f for f in change.schema if f.name not in present]
+    return []
 
 
 def refuse_object_store(location: Location) -> None:
