@@ -145,8 +145,8 @@ class Workload:
             self._after_error(state, transaction, err, ending)
 
     def _drop_after_unsent(self, state: dict) -> None:
-        """A transaction whose records were still unsent when its flush gave up (the cluster away) is
-        replaced by a new producer once it ended. Its abort purges the records librdkafka still holds,
+        """The producer of a transaction whose records were still unsent when its flush gave up (the cluster
+        away) is replaced once the transaction ended. Its abort purges the records librdkafka still holds,
         though the broker may have written one of their batches without its answer arriving, and the
         producer's next transaction numbers its records from that batch's sequence again, under the same
         epoch: the broker answers them as duplicates with the offsets of the aborted batch, and the new
