@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chaos"))
 from harness import IN_DOUBT_PER_RESTART, ChaosFailure, ThreadDeaths, left_out_bounds  # noqa: E402
 
 import oracle  # noqa: E402
+from fake_producer import AwayProducer  # noqa: E402
 from store_faults import ProxyServer  # noqa: E402
 
 
@@ -100,29 +101,6 @@ def test_the_records_left_in_doubt_are_bounded_per_broker_restart():
     assert left_out_bounds(16)[oracle.QUARANTINE_AHEAD] == 100 and left_out_bounds(16)[oracle.UNPLACED] == 300
 
 
-class _Transactional:
-    """A transactional producer as librdkafka answers while the cluster is away: its flush gives up with
-    `unsent` records still held, and the transaction's end then returns."""
-
-    def __init__(self, unsent: int):
-        self.unsent, self.produced = unsent, 0
-
-    def begin_transaction(self):
-        pass
-
-    def produce(self, topic, **record):
-        self.produced += 1
-
-    def flush(self, timeout):
-        return self.unsent
-
-    def abort_transaction(self, timeout):
-        pass
-
-    def commit_transaction(self, timeout):
-        pass
-
-
 class _Journal:
     def __init__(self):
         self.ended_as: dict[str, bool] = {}
@@ -142,7 +120,7 @@ def test_a_transaction_that_ended_with_records_left_unsent_has_its_producer_repl
 
     journal = _Journal()
     workload = Workload(KafkaSettings(bootstrap_servers="127.0.0.1:1"), "t", 1, journal)
-    producer = _Transactional(unsent)
+    producer = AwayProducer(unsent)
     state = {"producer": producer}
 
     workload._transaction(random.Random(1), state, 5, 0, abort=abort)

@@ -1,49 +1,26 @@
 """`offsetlake produce` (offsetlake_local.producer.produce) after a transaction whose flush left records unsent.
 
-Fast unit test: confluent-kafka's producers are replaced by fakes that answer as librdkafka does while the
-cluster is away (the flush gives up with records still held).
+Fast unit test: confluent-kafka's producers are replaced by `fake_producer.AwayProducer`.
 """
 
 import pytest
 
+from fake_producer import AwayProducer
 from offsetlake.config import KafkaSettings
 from offsetlake_local import producer
 
 
-class _Transactional:
-    def __init__(self, unsent: int):
-        self.unsent, self.ended = unsent, []
-
-    def begin_transaction(self):
-        pass
-
-    def produce(self, *args, **kwargs):
-        pass
-
-    def poll(self, timeout=0):
-        return 0
-
-    def flush(self, timeout=None):
-        return self.unsent
-
-    def abort_transaction(self, timeout):
-        self.ended.append("abort")
-
-    def commit_transaction(self, timeout):
-        self.ended.append("commit")
-
-
-class _Idempotent(_Transactional):
+class _Idempotent(AwayProducer):
     def __init__(self, settings):
         super().__init__(0)
 
 
 @pytest.mark.parametrize("unsent", [0, 3])
 def test_a_producer_whose_aborted_transaction_left_records_unsent_is_not_used_again(monkeypatch, unsent):
-    made: list[tuple[str, _Transactional]] = []
+    made: list[tuple[str, AwayProducer]] = []
 
     def transactional_producer(settings, transactional_id, **extra):
-        made.append((transactional_id, _Transactional(unsent if not made else 0)))
+        made.append((transactional_id, AwayProducer(unsent if not made else 0)))
         return made[-1][1]
 
     monkeypatch.setattr(producer, "Producer", _Idempotent)
