@@ -390,6 +390,7 @@ def test_arrow_json_reader_takes_chunks_of_ordinary_records_itself():
 
 def test_a_bad_record_sends_only_its_chunk_record_by_record(monkeypatch):
     monkeypatch.setattr(declared_json, "ARROW_JSON_CHUNK", 3)
+    monkeypatch.setattr(declared_json, "ARROW_JSON_CHUNK_LEAST", 3)
     good = b'{"s":"a","dt":"2026-01-02","l":%d}'
     values = [good % i for i in range(4)] + [b'{"s":"a","dt":"2026-01-02","l":"x"}'] + [good % i for i in range(5, 9)]
     decided = []
@@ -399,3 +400,18 @@ def test_a_bad_record_sends_only_its_chunk_record_by_record(monkeypatch):
     )
     assert assert_chunk_agrees_with_reference(values) == 8
     assert decided == [3]  # rows 3 to 5, the chunk holding the bad record
+
+
+def test_a_refused_chunk_is_halved_until_the_part_around_the_bad_record_goes_record_by_record(monkeypatch):
+    monkeypatch.setattr(declared_json, "ARROW_JSON_CHUNK", 16)
+    monkeypatch.setattr(declared_json, "ARROW_JSON_CHUNK_LEAST", 2)
+    good = b'{"s":"a","dt":"2026-01-02","l":%d}'
+    values = [good % i for i in range(20)]
+    values[9] = b'{"s":"a","dt":"2026-01-02","l":"x"}'
+    decided = []
+    real = declared_json._parse_one_by_one
+    monkeypatch.setattr(
+        declared_json, "_parse_one_by_one", lambda cfg, values: decided.append(len(values)) or real(cfg, values)
+    )
+    assert assert_chunk_agrees_with_reference(values) == 19
+    assert decided == [2]  # 16 -> 8 (rows 8-15) -> 4 (8-11) -> 2 (8-9): rows 8 and 9 one by one

@@ -57,7 +57,10 @@ class BadRecord(ValueError):
 
 
 # Records per call to Arrow's JSON reader: one bad record sends only its chunk record by record.
-ARROW_JSON_CHUNK = 8192
+# Records handed to Arrow's JSON reader at once; a chunk it refuses is halved down to ARROW_JSON_CHUNK_LEAST,
+# below which the records go one by one.
+ARROW_JSON_CHUNK = 65_536
+ARROW_JSON_CHUNK_LEAST = 4096
 
 
 class Parsed(NamedTuple):
@@ -78,19 +81,30 @@ def parse_values(cfg: PipelineConfig, messages: pa.Table) -> Parsed:
     fields = cfg.format.schema_
     schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in fields])
     values = messages.column("value")
-    payloads, kept, bad, errors = [], [], [], []
-    for start in range(0, messages.num_rows, ARROW_JSON_CHUNK):
-        chunk = values.slice(start, ARROW_JSON_CHUNK).combine_chunks()
+    payloads: list[pa.Table] = []
+    kept: list[tuple[int, int, pa.Array | None]] = []
+    bad: list[int] = []
+    errors: list[str] = []
+
+    def parse_chunk(start: int, length: int) -> None:
+        chunk = values.slice(start, length).combine_chunks()
         columns = arrow_json.read_columns(fields, chunk, schema, coerce)
         if columns is not None:
             payloads.append(pa.Table.from_arrays(columns, schema=schema))
             kept.append((start, len(chunk), None))
-            continue
-        parsed = _parse_one_by_one(cfg, values.slice(start, ARROW_JSON_CHUNK))
-        payloads.append(parsed.payload)
-        kept.append((start, len(chunk), parsed.good))
-        bad += [start + i for i in parsed.bad]
-        errors += parsed.errors
+        elif len(chunk) >= 2 * ARROW_JSON_CHUNK_LEAST:  # halves: most of a chunk around one bad record stays fast
+            half = len(chunk) // 2
+            parse_chunk(start, half)
+            parse_chunk(start + half, len(chunk) - half)
+        else:
+            parsed = _parse_one_by_one(cfg, values.slice(start, len(chunk)))
+            payloads.append(parsed.payload)
+            kept.append((start, len(chunk), parsed.good))
+            bad.extend(start + i for i in parsed.bad)
+            errors.extend(parsed.errors)
+
+    for start in range(0, messages.num_rows, ARROW_JSON_CHUNK):
+        parse_chunk(start, ARROW_JSON_CHUNK)
     good_rows = None  # every record good, the usual case: no positions built
     if any(good is not None for _, _, good in kept):
         good_rows = pa.concat_arrays(

@@ -18,6 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from offsetlake.formats.protobuf_batches import FastProtobuf
 from offsetlake.formats.registry_client import Registry, RegistryRefused, UnusableSchema, shortened
 from offsetlake.formats.schema_decoder import TIMESTAMP, SchemaDecoder
 
@@ -36,6 +37,7 @@ class ProtobufDecoder(SchemaDecoder):
         self._cls = GetMessageClass(descriptor)
         self.arrow_type = proto_to_arrow(descriptor, set())
         self._convert = _proto_converter(descriptor)
+        self._fast = FastProtobuf.of(descriptor, self.arrow_type)
 
     def decode(self, payload: bytes) -> Any:
         from google.protobuf.message import DecodeError
@@ -45,6 +47,12 @@ class ProtobufDecoder(SchemaDecoder):
         except DecodeError as err:
             raise ValueError(f"not a valid Protobuf message: {err}") from err
         return self._convert(message)
+
+    def decode_many(self, payloads: list[bytes] | pa.BinaryArray) -> pa.Array | None:
+        """All payloads at once as a StructArray of `arrow_type`, or None: decode them one by one."""
+        if self._fast is None or len(payloads) < self._fast.MIN_RECORDS:
+            return None
+        return self._fast.decode(payloads)
 
 
 _WRAPPERS = {

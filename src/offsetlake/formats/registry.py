@@ -69,6 +69,9 @@ class Decoders:
             else None
         )
         self._cache: dict[tuple, SchemaDecoder | UnusableSchema] = {}
+        # The frame `framed_groups` reads in bulk: (its length, the message indexes it stands for). Protobuf's
+        # usual frame names the first message type, index path [0], in one byte 0 after the id.
+        self.usual_frame: tuple[int, tuple[int, ...]] = (6, (0,)) if kind == "protobuf" else (5, ())
 
     @staticmethod
     @functools.lru_cache(maxsize=16)
@@ -108,16 +111,19 @@ class Decoders:
         return self.decoder(schema_id, guid, indexes), payload
 
     def framed_groups(self, values: pa.Array) -> tuple[dict[int, np.ndarray], np.ndarray]:
-        """The usual frame read for all values at once: ({schema id: positions}, positions of the others,
-        which `split` reads one by one). Protobuf (message indexes follow the id) always goes one by one."""
+        """The usual frame (`usual_frame`) read for all values at once: ({schema id: positions}, positions of
+        the others, which `split` reads one by one: a GUID, Protobuf's other message types)."""
         import pyarrow.compute as pc
 
-        if self._file is not None or self.kind == "protobuf" or len(values) == 0:
+        if self._file is not None or len(values) == 0:
             return {}, np.arange(len(values))
+        length, indexes = self.usual_frame
         usual = pc.and_(
-            pc.greater_equal(pc.binary_length(values), 5),
+            pc.greater_equal(pc.binary_length(values), length),
             pc.equal(pc.binary_slice(values, 0, 1), pa.scalar(b"\x00", pa.binary())),
         )
+        if indexes:
+            usual = pc.and_(usual, pc.equal(pc.binary_slice(values, 5, 6), pa.scalar(b"\x00", pa.binary())))
         usual = usual.fill_null(False).to_numpy(zero_copy_only=False)
         framed = np.nonzero(usual)[0]
         ids_bytes = pc.binary_slice(values.take(pa.array(framed)), 1, 5).cast(pa.binary(4))

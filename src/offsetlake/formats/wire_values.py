@@ -40,13 +40,14 @@ def decode_values(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None
     groups: dict[int, tuple] = {}  # id(decoder) -> (decoder, positions, payloads)
     framed, others = decoders.framed_groups(values)
     for schema_id, positions in framed.items():
+        frame_length, indexes = decoders.usual_frame
         try:
-            decoder = decoders.decoder(schema_id, None, ())
+            decoder = decoders.decoder(schema_id, None, indexes)
         except UnusableSchema as err:
             errors.update({int(i): f"{what}: {err}" for i in positions})
             continue
         # An explicit stop: binary_slice without one fails in pyarrow 26 ("Negative buffer resize").
-        payloads = pc.binary_slice(values.take(pa.array(positions)), 5, 2**31 - 1)
+        payloads = pc.binary_slice(values.take(pa.array(positions)), frame_length, 2**31 - 1)
         groups[id(decoder)] = (decoder, positions.tolist(), payloads)
     other_values = values.take(pa.array(others, pa.int64())).to_pylist()
     for i, value in zip(others.tolist(), other_values):
@@ -60,8 +61,12 @@ def decode_values(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None
         except ValueError as err:  # not the wire format, a tombstone
             errors[i] = f"{what}: {err}" if what != "value" else str(err)
             continue
-        # Never a decoder of the usual frames above: these are keyed by GUID, or are Protobuf or a schema file.
-        group = groups.setdefault(id(decoder), (decoder, [], []))
+        # Mostly a decoder of no usual frame above (a GUID, another Protobuf message type, a schema file); but
+        # Protobuf's first message type may also be framed with its index path written out ([1, 0]).
+        decoder_id = id(decoder)
+        if decoder_id in groups and isinstance(groups[decoder_id][2], pa.Array):
+            groups[decoder_id] = (decoder, groups[decoder_id][1], groups[decoder_id][2].to_pylist())
+        group = groups.setdefault(decoder_id, (decoder, [], []))
         group[1].append(i)
         group[2].append(payload)
     merged, usable = table_type, []
@@ -84,12 +89,24 @@ def decode_values(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None
     return combined.take(pa.array(index, mask=index < 0)), merged, errors
 
 
+SPLIT_AT = 4096  # a group at least this long that will not decode together is tried again in halves
+
+
 def decode_group(decoder, positions: list[int], payloads: list[bytes], errors: dict[int, str], what: str):
-    """(an array of `decoder.arrow_type`, the positions it holds): every payload of one schema."""
+    """(an array of `decoder.arrow_type`, the positions it holds): every payload of one schema.
+
+    Together when the decoder has a vectorised path (`decode_many`); a group it refuses (one corrupt
+    payload refuses the whole group) is halved, down to SPLIT_AT, so that only the part around the
+    payload goes record by record, where its error is worded."""
     many = getattr(decoder, "decode_many", None)
     array = many(payloads) if many is not None else None
     if array is not None:
         return array, positions
+    if many is not None and len(positions) >= SPLIT_AT:
+        middle = len(positions) // 2
+        first, first_at = decode_group(decoder, positions[:middle], payloads[:middle], errors, what)
+        second, second_at = decode_group(decoder, positions[middle:], payloads[middle:], errors, what)
+        return pa.concat_arrays([first, second]), [*first_at, *second_at]
     values, decoded = [], []
     if isinstance(payloads, pa.Array):
         payloads = payloads.to_pylist()
