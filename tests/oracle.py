@@ -500,8 +500,9 @@ def _protobuf_scalar(f, value):
         if f.message_type.full_name == "google.protobuf.Timestamp":
             return value.ToDatetime(tzinfo=UTC)
         return protobuf_fields(value)
-    if f.enum_type is not None:
-        return f.enum_type.values_by_number[value].name
+    if f.enum_type is not None:  # proto3 enums are open: a number the schema does not name is kept, as its text
+        named = f.enum_type.values_by_number.get(value)
+        return named.name if named is not None else str(value)
     return value
 
 

@@ -54,7 +54,7 @@ own CPU use, from /proc, below 5% of a core for half a second): a measure starte
 works off the one before (log flushes, its JIT, a GC) would pay for it.
 
     python tests/benchmarks/bench_ingest.py [--records 1000000] [--scale-records 10000000] [--airflow-only]
-                                            [--formats-only]
+                                            [--formats-only | --memory-only]
                                             [--bootstrap HOST:PORT [--registry URL] [--client-config FILE]]
 
 Any broker: with --bootstrap the bench runs against a Kafka cluster you name instead of the embedded
@@ -508,6 +508,23 @@ def formats_only(args, work: Path) -> None:
         print_row(FORMAT_ROWS[kind], n, seconds, rates[kind], share)
     print_peers(found, {"first": n_first / first_s, **rates}, n_raw / raw_s)
     print_targets(format_targets(rates, anchors, anchor))
+
+
+def memory_only(args, work: Path) -> None:
+    """The one-batch memory lines alone: a --records batch and a --scale-records batch, each in a new
+    process, raw, and the memory targets."""
+    lake, memory = work / "lake", {}
+    with broker_under_test(args, work) as (bootstrap, _, _):
+        for records, name in ((args.records, "memory"), (args.scale_records, "scale")):
+            if records:
+                create_topic(bootstrap, topic_name(name))
+                produce(bootstrap, topic_name(name), records)
+                memory[records] = memory_ingest(bootstrap, topic_name(name), lake, f"bench_{name}")
+    for records, found in memory.items():
+        rate = found["records"] / found["seconds"]
+        print(f"one {records:,}-record batch, raw, in a new process: {rate:,.0f} rec/s; peak MB {found['peak_mb']}")
+    scale = memory.get(args.scale_records, {}).get("peak_mb")
+    print_targets(memory_targets(args.records, memory[args.records]["peak_mb"], args.scale_records, scale))
 
 
 def print_row(name: str, records: int, seconds: float, rate: float, ratio: float | None) -> None:
@@ -1278,7 +1295,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--scale-records", type=int, default=10_000_000, help="0 skips the scale run")
     parser.add_argument("--airflow-only", action="store_true", help="only the runs through real Airflow processes")
-    parser.add_argument("--formats-only", action="store_true", help="only raw read, json and avro ingest")
+    parser.add_argument("--formats-only", action="store_true", help="only the raw read and the four formats' ingests")
+    parser.add_argument("--memory-only", action="store_true", help="only the one-batch memory lines")
     parser.add_argument(
         "--bootstrap",
         metavar="HOST:PORT",
@@ -1311,6 +1329,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="offsetlake-bench-"))
     if args.formats_only:
         formats_only(args, work)
+        return
+    if args.memory_only:
+        memory_only(args, work)
         return
     if args.airflow_only:
         with broker_under_test(args, work) as (bootstrap, _, _):

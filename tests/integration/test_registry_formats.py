@@ -8,6 +8,7 @@ import json
 import struct
 
 import fastavro
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema, SchemaReference
@@ -407,6 +408,98 @@ def test_protobuf_and_json_schema_records_land_field_by_field(spark, pipeline, s
     }
     errors = query(cfg2.quarantine_location, "SELECT error FROM t").column(0).to_pylist()
     assert len(errors) == 1 and "value.value: expected a number" in errors[0]
+
+
+def reading_message_type():
+    """A map-free Protobuf message (built at run time), which offsetlake decodes a batch at a time: nested
+    message, enum, repeated, a Timestamp, `optional`, uint64 (a decimal column)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, timestamp_pb2
+    from google.protobuf.message_factory import GetMessageClass
+
+    F = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(
+        name="offsetlake_test_reading.proto",
+        package="offsetlake.test",
+        syntax="proto3",
+        dependency=["google/protobuf/timestamp.proto"],
+    )
+    reading = file.message_type.add(name="Reading")
+    place = reading.nested_type.add(name="Place")
+    place.field.add(name="city", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    place.field.add(name="zip", number=2, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+    level = reading.enum_type.add(name="Level")
+    for number, name in enumerate(("LOW", "HIGH")):
+        level.value.add(name=name, number=number)
+    for number, (name, kind, label) in enumerate(
+        (
+            ("id", F.TYPE_STRING, F.LABEL_OPTIONAL),
+            ("at", F.TYPE_MESSAGE, F.LABEL_OPTIONAL),
+            ("level", F.TYPE_ENUM, F.LABEL_OPTIONAL),
+            ("tags", F.TYPE_STRING, F.LABEL_REPEATED),
+            ("place", F.TYPE_MESSAGE, F.LABEL_OPTIONAL),
+            ("total", F.TYPE_UINT64, F.LABEL_OPTIONAL),
+        ),
+        start=1,
+    ):
+        type_name = {
+            "at": ".google.protobuf.Timestamp",
+            "level": ".offsetlake.test.Reading.Level",
+            "place": ".offsetlake.test.Reading.Place",
+        }.get(name)
+        reading.field.add(name=name, number=number, type=kind, label=label, type_name=type_name)
+    reading.oneof_decl.add(name="_note")
+    reading.field.add(
+        name="note", number=7, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, oneof_index=0, proto3_optional=True
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    pool.Add(file)
+    return GetMessageClass(pool.FindMessageTypeByName("offsetlake.test.Reading"))
+
+
+def test_protobuf_decoded_a_batch_at_a_time_lands_as_the_oracle_decodes_it_and_bad_records_alone_are_quarantined(
+    spark, pipeline, schema_registry, registry_env, client
+):
+    import random
+
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+    Reading = reading_message_type()
+    cfg, topic = pipeline(
+        partitions=2, format={"type": "protobuf", "schema": [], "registry": registry_section(schema_registry)}
+    )
+    serialize = ProtobufSerializer(Reading, client, {"use.deprecated.format": False})
+    context = SerializationContext(topic, MessageField.VALUE)
+    rng = random.Random(60)
+    producer = JournaledProducer(cfg.kafka.bootstrap_servers)
+    frame = b""
+    for i in range(9000):  # partition 0's range over decode_group's SPLIT_AT: halved around the bad records
+        reading = Reading(id=f"r{i}", level=i % 3, tags=["t"] * (i % 3), total=rng.randrange(2**64))
+        reading.at.seconds, reading.at.nanos = rng.randrange(-(10**10), 10**10), rng.randrange(10**9)
+        if i % 4:
+            reading.place.city, reading.place.zip = "Pune", 411000 + i
+        if i % 5 == 0:
+            reading.note = "" if i % 10 == 0 else f"n{i}"
+        value = serialize(reading, context)
+        frame = value[: len(value) - len(reading.SerializeToString())]
+        producer.produce(topic, value=value, partition=i % 2)
+        if i == 1500:  # in partition 0 only: quarantined alone, with the reason; partition 1 decodes whole
+            producer.produce(topic, value=frame + b"\x0a\x05ab", partition=0, bad="not a valid Protobuf message")
+            beyond = Reading(id="late")
+            beyond.at.seconds = 253_402_300_800  # 10000-01-01: no timestamp a Delta column holds
+            producer.produce(
+                topic, value=frame + beyond.SerializeToString(), partition=0, bad="not a valid Protobuf message"
+            )
+    producer.flush(10)
+    assert frame == b"\x00" + frame[1:5] + b"\x00"  # the usual frame: the first message type, index path [0]
+
+    ingest(spark, cfg)
+
+    assert_exactly_once(cfg, protobuf={"value": Reading})
+    errors = query(cfg.quarantine_location, "SELECT error FROM t").column(0).to_pylist()
+    assert len(errors) == 2 and all("not a valid Protobuf message" in e for e in errors), errors
+    columns = pa.schema(DeltaTable(cfg.table_location).schema().to_arrow())
+    assert columns.field("total").type == pa.decimal128(20, 0) and columns.field("level").type == pa.string()
 
 
 def test_a_registry_key_and_an_avro_schema_file_without_a_registry(

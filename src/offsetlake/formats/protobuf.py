@@ -46,7 +46,10 @@ class ProtobufDecoder(SchemaDecoder):
             message = self._cls.FromString(payload)
         except DecodeError as err:
             raise ValueError(f"not a valid Protobuf message: {err}") from err
-        return self._convert(message)
+        try:
+            return self._convert(message)
+        except (ValueError, OverflowError, OSError) as err:  # a Timestamp or Date outside what they may hold
+            raise ValueError(f"not a valid Protobuf message: {err}") from err
 
     def decode_many(self, payloads: list[bytes] | pa.BinaryArray) -> pa.Array | None:
         """All payloads at once as a StructArray of `arrow_type`, or None: decode them one by one."""
