@@ -21,6 +21,7 @@ from offsetlake.protocol.metadata import CommitMetadata
 from offsetlake.table import query
 from offsetlake_local import schema_registry as embedded_registry
 from offsetlake_local.producer import DEMO_AVRO_V1, DEMO_AVRO_V2, avro_event_maker, registry_client
+from proto_messages import message_class
 from support import (
     JournaledProducer,
     assert_exactly_once,
@@ -410,51 +411,17 @@ def test_protobuf_and_json_schema_records_land_field_by_field(spark, pipeline, s
     assert len(errors) == 1 and "value.value: expected a number" in errors[0]
 
 
-def reading_message_type():
-    """A map-free Protobuf message (built at run time), which offsetlake decodes a batch at a time: nested
-    message, enum, repeated, a Timestamp, `optional`, uint64 (a decimal column)."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, timestamp_pb2
-    from google.protobuf.message_factory import GetMessageClass
-
-    F = descriptor_pb2.FieldDescriptorProto
-    file = descriptor_pb2.FileDescriptorProto(
-        name="offsetlake_test_reading.proto",
-        package="offsetlake.test",
-        syntax="proto3",
-        dependency=["google/protobuf/timestamp.proto"],
-    )
-    reading = file.message_type.add(name="Reading")
-    place = reading.nested_type.add(name="Place")
-    place.field.add(name="city", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    place.field.add(name="zip", number=2, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
-    level = reading.enum_type.add(name="Level")
-    for number, name in enumerate(("LOW", "HIGH")):
-        level.value.add(name=name, number=number)
-    for number, (name, kind, label) in enumerate(
-        (
-            ("id", F.TYPE_STRING, F.LABEL_OPTIONAL),
-            ("at", F.TYPE_MESSAGE, F.LABEL_OPTIONAL),
-            ("level", F.TYPE_ENUM, F.LABEL_OPTIONAL),
-            ("tags", F.TYPE_STRING, F.LABEL_REPEATED),
-            ("place", F.TYPE_MESSAGE, F.LABEL_OPTIONAL),
-            ("total", F.TYPE_UINT64, F.LABEL_OPTIONAL),
-        ),
-        start=1,
-    ):
-        type_name = {
-            "at": ".google.protobuf.Timestamp",
-            "level": ".offsetlake.test.Reading.Level",
-            "place": ".offsetlake.test.Reading.Place",
-        }.get(name)
-        reading.field.add(name=name, number=number, type=kind, label=label, type_name=type_name)
-    reading.oneof_decl.add(name="_note")
-    reading.field.add(
-        name="note", number=7, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, oneof_index=0, proto3_optional=True
-    )
-    pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
-    pool.Add(file)
-    return GetMessageClass(pool.FindMessageTypeByName("offsetlake.test.Reading"))
+READING = """
+syntax = "proto3";
+package offsetlake.test;
+import "google/protobuf/timestamp.proto";
+message Reading {
+  enum Level { LOW = 0; HIGH = 1; }
+  message Place { string city = 1; int32 zip = 2; }
+  string id = 1; google.protobuf.Timestamp at = 2; Level level = 3; repeated string tags = 4; Place place = 5;
+  uint64 total = 6; optional string note = 7;
+}
+"""
 
 
 def test_protobuf_decoded_a_batch_at_a_time_lands_as_the_oracle_decodes_it_and_bad_records_alone_are_quarantined(
@@ -464,7 +431,7 @@ def test_protobuf_decoded_a_batch_at_a_time_lands_as_the_oracle_decodes_it_and_b
 
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 
-    Reading = reading_message_type()
+    Reading = message_class(READING, "offsetlake.test.Reading")  # no map: decoded a batch at a time
     cfg, topic = pipeline(
         partitions=2, format={"type": "protobuf", "schema": [], "registry": registry_section(schema_registry)}
     )

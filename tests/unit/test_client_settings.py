@@ -113,16 +113,16 @@ def test_the_reader_fetches_in_large_responses_with_bounded_memory(cfg, built):
     settings = built["reader"]
     MiB = 1024 * 1024
     per_partition, per_fetch = settings["max.partition.fetch.bytes"], settings["fetch.max.bytes"]
-    assert per_partition == per_fetch >= 32 * MiB  # a reader reads one partition: its share is the whole fetch
+    assert per_partition == per_fetch >= 16 * MiB  # a reader reads one partition: its share is the whole fetch
     assert settings["receive.message.max.bytes"] >= per_fetch + 512  # librdkafka's own rule
     queue = settings["queued.max.messages.kbytes"] * 1024
-    assert queue + per_fetch <= 128 * MiB  # what librdkafka holds for one reader, whatever the backlog
+    assert queue + per_fetch <= 32 * MiB  # what librdkafka holds for one reader, whatever the backlog
     assert settings["fetch.queue.backoff.ms"] <= 50  # a full queue is looked at again soon, not after 1 s
     # The bound the docs state (docs/speed.md), for the default batch settings and the bench's ~110 B records (plus the
-    # lineage columns, ~30 B a row in Arrow): 114 MiB of librdkafka + 250k records as Arrow.
+    # lineage columns, ~30 B a row in Arrow): 32 MiB of librdkafka + 250k records as Arrow.
     bound = reader.reader_memory_bound(cfg.batch.max_records_per_task, 140)
     assert bound == queue + per_fetch + 250_000 * 140
-    assert bound < 150 * MiB
+    assert bound < 70 * MiB
 
 
 def test_a_pipeline_cannot_shrink_the_readers_fetches_by_accident(monkeypatch, built):

@@ -8,14 +8,11 @@ import random
 
 import pyarrow as pa
 import pytest
-from google.protobuf import descriptor_pb2
-from google.protobuf.descriptor_pool import DescriptorPool
-from google.protobuf.message_factory import GetMessageClass
-from google.type import date_pb2
 
 from offsetlake.formats import wire_values
-from offsetlake.formats.protobuf import MAIN_PROTO, ProtobufDecoder, _proto_well_known, compile_proto
+from offsetlake.formats.protobuf import ProtobufDecoder
 from offsetlake.formats.protobuf_batches import FastProtobuf
+from proto_messages import message_class
 
 EVENT = """
 syntax = "proto3";
@@ -43,18 +40,6 @@ package l;
 message Legacy { optional int32 n = 1 [default = 7]; required string s = 2; optional string d = 3 [default = "x"];
   repeated int64 r = 4 [packed = true]; }
 """
-
-
-def message_type(source: str, name: str):
-    pool = DescriptorPool()
-    _proto_well_known(pool)
-    date = descriptor_pb2.FileDescriptorProto.FromString(date_pb2.DESCRIPTOR.serialized_pb)
-    for file in compile_proto({MAIN_PROTO: source}, {date.name: date}):  # protoc ships no google/type
-        try:
-            pool.FindFileByName(file.name)
-        except KeyError:
-            pool.Add(file)
-    return GetMessageClass(pool.FindMessageTypeByName(name))
 
 
 def one_by_one(decoder: ProtobufDecoder, payloads: list[bytes]) -> list:
@@ -105,7 +90,7 @@ def random_event(cls, rng: random.Random):
 
 
 def test_random_messages_decode_together_exactly_as_one_by_one():
-    cls = message_type(EVENT, "t.Event")
+    cls = message_class(EVENT, "t.Event")
     decoder = ProtobufDecoder(cls.DESCRIPTOR)
     rng = random.Random(20261129)
     payloads = [random_event(cls, rng).SerializeToString() for _ in range(3000)]
@@ -127,7 +112,7 @@ def test_random_messages_decode_together_exactly_as_one_by_one():
     ["bad utf-8", "truncated", "timestamp after 9999", "timestamp before year 1", "february 30th", "month 13"],
 )
 def test_a_value_the_one_by_one_path_refuses_sends_the_batch_record_by_record(damage):
-    cls = message_type(EVENT, "t.Event")
+    cls = message_class(EVENT, "t.Event")
     decoder = ProtobufDecoder(cls.DESCRIPTOR)
     rng = random.Random(7)
     payloads = [random_event(cls, rng).SerializeToString() for _ in range(200)]
@@ -151,7 +136,7 @@ def test_a_value_the_one_by_one_path_refuses_sends_the_batch_record_by_record(da
 
 
 def test_proto2_defaults_presence_and_packed_fields_decode_together_as_one_by_one():
-    cls = message_type(LEGACY, "l.Legacy")
+    cls = message_class(LEGACY, "l.Legacy")
     decoder = ProtobufDecoder(cls.DESCRIPTOR)
     payloads = [cls(s=f"s{i}", r=list(range(i % 4)), **({"n": i} if i % 2 else {})) for i in range(100)]
     payloads = [m.SerializeToString() for m in payloads]
@@ -160,18 +145,18 @@ def test_proto2_defaults_presence_and_packed_fields_decode_together_as_one_by_on
 
 
 def test_schemas_whose_readers_differ_take_the_record_by_record_path():
-    maps = message_type('syntax = "proto3"; message M { map<string, int64> counts = 1; }', "M")
-    aliased = message_type(
+    maps = message_class('syntax = "proto3"; message M { map<string, int64> counts = 1; }', "M")
+    aliased = message_class(
         'syntax = "proto3"; enum E { option allow_alias = true; A = 0; B = 0; } message M { E e = 1; }', "M"
     )
-    nested_map = message_type('syntax = "proto3"; message I { map<int32, int32> m = 1; } message M { I i = 1; }', "M")
+    nested_map = message_class('syntax = "proto3"; message I { map<int32, int32> m = 1; } message M { I i = 1; }', "M")
     for cls in (maps, aliased, nested_map):
         assert FastProtobuf.of(cls.DESCRIPTOR, ProtobufDecoder(cls.DESCRIPTOR).arrow_type) is None
         assert ProtobufDecoder(cls.DESCRIPTOR).decode_many([cls().SerializeToString()] * 100) is None
 
 
 def test_one_corrupt_payload_in_a_large_group_sends_only_its_part_record_by_record():
-    cls = message_type(EVENT, "t.Event")
+    cls = message_class(EVENT, "t.Event")
     decoder = ProtobufDecoder(cls.DESCRIPTOR)
     rng = random.Random(11)
     payloads = [random_event(cls, rng).SerializeToString() for _ in range(3 * wire_values.SPLIT_AT)]
