@@ -44,7 +44,13 @@ class FastProtobuf:
 
     @staticmethod
     def of(descriptor, arrow_type: pa.DataType) -> FastProtobuf | None:
-        return FastProtobuf(descriptor, arrow_type) if _fast_readable(descriptor, set()) else None
+        """The batch decoder of the message, or None: its messages go record by record."""
+        if not _fast_readable(descriptor, set()):
+            return None
+        try:
+            return FastProtobuf(descriptor, arrow_type)
+        except Exception:  # a construct ptars does not take (a newer edition's feature): slower, never wrong
+            return None
 
     def decode(self, payloads: list[bytes] | pa.BinaryArray) -> pa.Array | None:
         try:
@@ -57,7 +63,7 @@ class FastProtobuf:
         decoded = pa.StructArray.from_arrays(batch.columns, fields=list(batch.schema))
         try:
             return _finish(decoded, self._descriptor).cast(self.arrow_type)
-        except _Unholdable:
+        except (_Unholdable, pa.ArrowException):  # a value the record path refuses, or a type ptars made otherwise
             return None
 
 
