@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from offsetlake.config import UNKNOWN_FIELDS_COLUMN, PipelineConfig, SchemaField
 from offsetlake.config.columns import decimal_type
 from offsetlake.formats import arrow_json
+from offsetlake.formats.halving import spans_together
 from offsetlake.formats.values import INT32, INT64, check_unicode, coerce
 
 ARROW_TYPES = {
@@ -56,9 +57,8 @@ class BadRecord(ValueError):
     pass
 
 
-# Records per call to Arrow's JSON reader: one bad record sends only its chunk record by record.
-# Records handed to Arrow's JSON reader at once; a chunk it refuses is halved down to ARROW_JSON_CHUNK_LEAST,
-# below which the records go one by one.
+# Records handed to Arrow's JSON reader at once; a chunk it refuses is halved while both halves keep
+# ARROW_JSON_CHUNK_LEAST records, and the part left goes record by record.
 ARROW_JSON_CHUNK = 65_536
 ARROW_JSON_CHUNK_LEAST = 4096
 
@@ -86,25 +86,22 @@ def parse_values(cfg: PipelineConfig, messages: pa.Table) -> Parsed:
     bad: list[int] = []
     errors: list[str] = []
 
-    def parse_chunk(start: int, length: int) -> None:
-        chunk = values.slice(start, length).combine_chunks()
-        columns = arrow_json.read_columns(fields, chunk, schema, coerce)
-        if columns is not None:
-            payloads.append(pa.Table.from_arrays(columns, schema=schema))
-            kept.append((start, len(chunk), None))
-        elif len(chunk) >= 2 * ARROW_JSON_CHUNK_LEAST:  # halves: most of a chunk around one bad record stays fast
-            half = len(chunk) // 2
-            parse_chunk(start, half)
-            parse_chunk(start + half, len(chunk) - half)
-        else:
-            parsed = _parse_one_by_one(cfg, values.slice(start, len(chunk)))
+    def together(start: int, length: int) -> pa.Table | None:
+        columns = arrow_json.read_columns(fields, values.slice(start, length).combine_chunks(), schema, coerce)
+        return None if columns is None else pa.Table.from_arrays(columns, schema=schema)
+
+    for chunk_start in range(0, messages.num_rows, ARROW_JSON_CHUNK):
+        length = min(ARROW_JSON_CHUNK, messages.num_rows - chunk_start)
+        for start, n, payload in spans_together(chunk_start, length, together, ARROW_JSON_CHUNK_LEAST):
+            if payload is not None:
+                payloads.append(payload)
+                kept.append((start, n, None))
+                continue
+            parsed = _parse_one_by_one(cfg, values.slice(start, n))
             payloads.append(parsed.payload)
-            kept.append((start, len(chunk), parsed.good))
+            kept.append((start, n, parsed.good))
             bad.extend(start + i for i in parsed.bad)
             errors.extend(parsed.errors)
-
-    for start in range(0, messages.num_rows, ARROW_JSON_CHUNK):
-        parse_chunk(start, ARROW_JSON_CHUNK)
     good_rows = None  # every record good, the usual case: no positions built
     if any(good is not None for _, _, good in kept):
         good_rows = pa.concat_arrays(

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 
 from offsetlake.config import PipelineConfig
 from offsetlake.formats.evolution import Incompatible, merge_type
+from offsetlake.formats.halving import spans_together
 
 
 def registry_decoders(cfg: PipelineConfig, key: bool = False):
@@ -99,14 +100,25 @@ def decode_group(decoder, positions: list[int], payloads: list[bytes], errors: d
     payload refuses the whole group) is halved, down to SPLIT_AT, so that only the part around the
     payload goes record by record, where its error is worded."""
     many = getattr(decoder, "decode_many", None)
-    array = many(payloads) if many is not None else None
-    if array is not None:
-        return array, positions
-    if many is not None and len(positions) >= SPLIT_AT:
-        middle = len(positions) // 2
-        first, first_at = decode_group(decoder, positions[:middle], payloads[:middle], errors, what)
-        second, second_at = decode_group(decoder, positions[middle:], payloads[middle:], errors, what)
-        return pa.concat_arrays([first, second]), [*first_at, *second_at]
+    if many is None:
+        return _decode_one_by_one(decoder, positions, payloads, errors, what)
+    spans = spans_together(0, len(positions), lambda start, n: many(payloads[start : start + n]), SPLIT_AT // 2)
+    if len(spans) == 1 and spans[0].taken is not None:
+        return spans[0].taken, positions
+    arrays, held = [], []
+    for start, n, array in spans:
+        if array is None:
+            array, decoded = _decode_one_by_one(
+                decoder, positions[start : start + n], payloads[start : start + n], errors, what
+            )
+        else:
+            decoded = positions[start : start + n]
+        arrays.append(array)
+        held.extend(decoded)
+    return pa.concat_arrays(arrays), held
+
+
+def _decode_one_by_one(decoder, positions: list[int], payloads, errors: dict[int, str], what: str):
     values, decoded = [], []
     if isinstance(payloads, pa.Array):
         payloads = payloads.to_pylist()
