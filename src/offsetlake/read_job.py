@@ -47,21 +47,32 @@ def evolved_schema(table: DeltaTable, written: TaskFiles) -> pa.Schema | None:
 
 
 def run_tasks(spark: Any, ctx: TaskContext) -> TaskResults:
-    """Run the tasks, one range each, in a Spark task per slot; what each read and wrote, by task index."""
+    """Run the tasks, one range each, in a Spark task per slot; what each read and wrote, by task index.
+    The job runs in the attempt's job group (`job_group`), so that a failure waits for its own tasks only
+    while other tables' jobs run in the same session."""
     if not ctx.tasks:
         return TaskResults({}, [], [], [])
     context = session_of(spark).sparkContext
     slots = assign_slots([t.size for t in ctx.tasks], task_slots(context))
     submitted = time.time()
+    context.setJobGroup(job_group(ctx.attempt), f"offsetlake {ctx.cfg.name}: batch {ctx.batch}")
     job = context.parallelize(range(len(slots)), len(slots)).mapPartitionsWithIndex(task_function(ctx, slots))
     try:
         rows = job.collect()
     except Exception as err:  # Spark wraps executor errors: surface ours as one line
-        wait_for_running_tasks(spark)
+        wait_for_running_tasks(spark, job_group(ctx.attempt))
         raise _executor_error(err) from err
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # this thread's later jobs are not the batch's
+        context.setLocalProperty("spark.job.description", None)
     results = parse_results(rows)
     results.job = (submitted, time.time())
     return results
+
+
+def job_group(attempt: str) -> str:
+    """The Spark job group of an attempt's read tasks (shown in Spark's UI beside the batch's number)."""
+    return f"offsetlake-{attempt}"
 
 
 def task_slots(context: Any) -> int | None:
@@ -71,20 +82,31 @@ def task_slots(context: Any) -> int | None:
     return context.defaultParallelism if is_local(context.master) else None
 
 
-def wait_for_running_tasks(spark: Any, timeout: float = 30.0) -> None:
+def wait_for_running_tasks(spark: Any, group: str, timeout: float = 30.0) -> None:
     """A failed job returns while its other tasks are still being killed, and a Python worker may still be
-    writing a data file then: the attempt's clean-up, which runs next, waits until no task runs and
-    Spark's grace for stopping a worker (spark.python.task.killTimeout) has passed."""
+    writing a data file then: the attempt's clean-up, which runs next, waits until no task of the job
+    group `group` runs and Spark's grace for stopping a worker (spark.python.task.killTimeout) has passed."""
     session = session_of(spark)
     try:
-        tracker = session.sparkContext._jsc.sc().statusTracker()
+        tracker = session.sparkContext.statusTracker()
         grace = session.sparkContext._jsc.sc().conf().getTimeAsSeconds("spark.python.task.killTimeout", "2s")
     except Exception:  # noqa: BLE001 - not a classic session (Spark Connect): nothing to wait on here
         return
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(e.numRunningTasks() for e in tracker.getExecutorInfos()):
+    while time.monotonic() < deadline and _running_tasks(tracker, group):
         time.sleep(0.2)
     time.sleep(grace)
+
+
+def _running_tasks(tracker: Any, group: str) -> int:
+    """Tasks of `group`'s jobs that have not ended (a killed task counts until it has stopped)."""
+    running = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in job.stageIds if job is not None else []:
+            stage = tracker.getStageInfo(stage_id)
+            running += stage.numActiveTasks if stage is not None else 0
+    return running
 
 
 def _executor_error(err: Exception) -> OffsetlakeError:

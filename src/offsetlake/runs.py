@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from offsetlake.config import PipelineConfig
 from offsetlake.config.topic_tables import PipelineTable, only_table, pipeline_tables, select
@@ -19,6 +19,9 @@ from offsetlake.errors import ConfigError, OffsetlakeError, one_line
 from offsetlake.kafka import KafkaCluster, topic_lister
 from offsetlake.protocol.metadata import Run
 from offsetlake.storage.location import Location
+
+if TYPE_CHECKING:
+    from offsetlake.batch import BatchResult
 
 Say = Callable[[str], None]
 SparkFactory = Callable[[PipelineConfig, str], Any]  # (pipeline, job) -> a context manager yielding a session
@@ -52,28 +55,37 @@ def check_reachable(cfg: PipelineConfig) -> None:
         registry_for(cfg.format.registry).check()
 
 
-def ingest_tables(spark: Any, tables: list[PipelineTable], run: Run, say: Say, warn: Say) -> tuple[float, float] | None:
-    """Each table in turn in one Spark session; a summary line per batch. Returns the first Spark job's
-    (submitted, ended) for the session's start-up report."""
+def ingest_tables(spark: Any, tables: list[PipelineTable], run: Run, say: Say, warn: Say) -> list[BatchResult]:
+    """Every table in one Spark session, `batch.tables_at_once` at a time; a summary line per batch.
+    Returns every table's batches (each labelled with its table)."""
     from offsetlake.batch import ingest
+    from offsetlake.rounds import each_at_once
 
-    first_job = None
+    def one(table: PipelineTable) -> list[BatchResult]:
+        check_reachable(table.cfg)
+        results = ingest(spark, table.cfg, run)
+        for result in results:
+            result.table = table.name
+            say(result.summary())
+        return results
+
+    outcomes = each_at_once(tables, one, tables[0].cfg.batch.tables_at_once if tables else 1)
+    if len(tables) == 1 and isinstance(outcomes[0], BaseException):
+        raise outcomes[0]
     failed: list[str] = []
-    for table in tables:
-        try:
-            check_reachable(table.cfg)
-            for result in ingest(spark, table.cfg, run):
-                result.table = table.name
-                say(result.summary())
-                first_job = first_job or result.spark_job
-        except Exception as err:  # noqa: BLE001 - one table's failure is reported, the others go on
-            if len(tables) == 1:
-                raise
-            failed.append(f"{table.name} ({one_line(err)})")
-            warn(f"{table.name}: failed: {one_line(err)}")
+    for table, outcome in zip(tables, outcomes):
+        if isinstance(outcome, BaseException):  # one table's failure is reported, the others went on
+            failed.append(f"{table.name} ({one_line(outcome)})")
+            warn(f"{table.name}: failed: {one_line(outcome)}")
     if failed:
         raise OffsetlakeError(f"ingest failed for {len(failed)} of {len(tables)} tables: {'; '.join(failed)}")
-    return first_job
+    return [result for outcome in outcomes if isinstance(outcome, list) for result in outcome]
+
+
+def first_spark_job(results: list[BatchResult]) -> tuple[float, float] | None:
+    """The (submitted, ended) of the first Spark job among the batches, for a session's start-up report."""
+    jobs = [r.spark_job for r in results if r.spark_job is not None]
+    return min(jobs) if jobs else None
 
 
 def stream_tables(

@@ -17,6 +17,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, one_line
 from offsetlake.formats.columns import table_schema
 from offsetlake.protocol.metadata import Run
+from offsetlake.rounds import each_at_once
 
 if TYPE_CHECKING:
     from offsetlake.config.topic_tables import PipelineTable
@@ -37,10 +38,11 @@ def stream(
     """Ingest in a loop in one Spark session until `stop` is set (SIGTERM) or max_seconds pass.
 
     `tables`: the pipeline's tables (offsetlake.config.topic_tables), asked again before each round (a topic
-    created meanwhile joins); each round catches up each table in turn, and a table with a name (a table
-    per topic) labels its batches. A named table that fails is logged and tried again next round while the
-    others go on; a round in which every table fails ends the stream with the first one's error (Airflow
-    retries it), as a single table's failure does. Without `tables`, the one table of `cfg`."""
+    created meanwhile joins); each round catches up every table, `batch.tables_at_once` at a time, and a
+    table with a name (a table per topic) labels its batches; a table's compaction runs after the round.
+    A named table that fails is logged and tried again next round while the others go on; a round in which
+    every table fails ends the stream with the first one's error (Airflow retries it), as a single table's
+    failure does. Without `tables`, the one table of `cfg`."""
     interval = cfg.stream_interval_seconds if interval is None else interval
     run = msgspec.structs.replace(run or Run.here(), via="stream")  # its commits say they are a stream's
     deadline = time.monotonic() + max_seconds if max_seconds else None
@@ -51,24 +53,34 @@ def stream(
     if warning:
         log.warning("stream %s: %s", cfg.name, warning)
     while not stop.is_set():
-        round_tables = [(t.name, t.cfg) for t in tables()] if tables else [(None, cfg)]
+        round_tables: list[tuple[str | None, PipelineConfig]] = (
+            [(t.name, t.cfg) for t in tables()] if tables else [(None, cfg)]
+        )
+
+        def one(table: tuple[str | None, PipelineConfig]) -> list[BatchResult]:
+            name, one_cfg = table
+            results = ingest(spark, one_cfg, run, stop)
+            for result in results:
+                result.table = name
+                if on_batch:
+                    on_batch(result)
+            return results
+
+        outcomes = each_at_once(round_tables, one, cfg.batch.tables_at_once, stop)
         failed: list[Exception] = []
-        for name, one in round_tables:
-            try:
-                for result in ingest(spark, one, run, stop):
-                    result.table = name
+        for (name, one_cfg), outcome in zip(round_tables, outcomes):
+            if isinstance(outcome, Exception):
+                if name is None:
+                    raise outcome
+                failed.append(outcome)
+                log.warning(
+                    "stream %s: table %s failed (tried again next round): %s", cfg.name, name, one_line(outcome)
+                )
+            elif isinstance(outcome, list):  # compaction after the round: never beside another table's batch
+                for result in outcome:
                     if result.status == "committed":
                         committed += 1
-                        tidy.setdefault(one.table_path, StreamCompaction(one, run, spark)).after(result)
-                    if on_batch:
-                        on_batch(result)
-            except Exception as err:
-                if name is None:
-                    raise
-                failed.append(err)
-                log.warning("stream %s: table %s failed (tried again next round): %s", cfg.name, name, one_line(err))
-            if stop.is_set():
-                break
+                        tidy.setdefault(one_cfg.table_path, StreamCompaction(one_cfg, run, spark)).after(result)
         if failed and len(failed) == len(round_tables):
             raise failed[0]
         if deadline and time.monotonic() >= deadline:

@@ -1,14 +1,15 @@
 """make bench's change-data-capture line: a 10-table PostgreSQL workload captured by Debezium's PostgreSQL
 connector (a Kafka Connect worker, JsonConverter with schemas) into the embedded Apache Kafka broker, applied
-to Delta by ten offsetlake upsert pipelines (format connect_json, envelope debezium) in one Spark session.
+to Delta by one offsetlake upsert pipeline with a table per topic (format connect_json, envelope debezium) in
+one Spark session, `--tables-at-once` tables at a time (`batch.tables_at_once`), as `offsetlake ingest` runs.
 
 1. Throughput: each table gets `--events` inserts, then updates of half its rows and deletes of a tenth,
    committed and captured (the replication slot confirmed their last LSN) before offsetlake starts; then
-   each pipeline ingests its backlog. Events per second = change events applied / seconds of the ingests
+   one run ingests every table's backlog. Events per second = change events applied / seconds of the ingests
    (after a warm-up ingest, so that no measured batch pays for Spark's first run). Each table is then
    checked against its source (row count and sum of amounts).
-2. Delay: the workload commits `--rate` transactions a second for `--seconds`, while one loop ingests the
-   ten pipelines in turn, as one process serving ten tables would. Each row carries `changed_at`, the
+2. Delay: the workload commits `--rate` transactions a second for `--seconds`, while runs over the ten
+   tables follow one another, as one process serving them would. Each row carries `changed_at`, the
    clock at its statement in its (one-statement) transaction; the delay of a change is its Delta commit's
    time (the change data feed's `_commit_timestamp`) minus that: median and p99 over every insert and
    update the feed holds from this phase.
@@ -16,7 +17,7 @@ to Delta by ten offsetlake upsert pipelines (format connect_json, envelope debez
 Targets, printed as met or not: at least APPLIED_TARGET change events a second applied, and a delay p99 under
 DELAY_P99_TARGET seconds at 100 transactions a second.
 
-    python tests/benchmarks/bench_cdc.py [--events 20000] [--rate 100] [--seconds 60]
+    python tests/benchmarks/bench_cdc.py [--events 20000] [--rate 100] [--seconds 60] [--tables-at-once 4]
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from offsetlake.batch import ingest
 from offsetlake.config import parse_pipeline
+from offsetlake.protocol.metadata import Run
+from offsetlake.runs import ingest_tables, tables_of
 from offsetlake.spark.session import build_session
 from offsetlake.table import query
 from offsetlake_local import broker as embedded_broker
@@ -53,19 +55,30 @@ PREFIX = "cdc"
 TABLE_SQL = "CREATE TABLE bench.{t} (id bigint PRIMARY KEY, amount numeric(12, 2), name text, changed_at timestamptz)"
 
 
-def pipeline(bootstrap: str, lake: Path, table: str):
+def pipeline(bootstrap: str, lake: Path, tables_at_once: int):
+    """One pipeline for the schema's tables, a Delta table per topic, as a Debezium source is set up."""
     return parse_pipeline(
         {
-            "name": f"cdc_{table}",
-            "topics": [f"{PREFIX}.{SCHEMA}.{table}"],
+            "name": "cdc",
+            "topics": [rf"^{PREFIX}\.{SCHEMA}\.t\d+$"],
             "kafka": {"bootstrap_servers": bootstrap},
-            "table": {"path": str(lake / table)},
+            "table": {"path": str(lake / "{table}")},
             "format": {"type": "connect_json", "envelope": "debezium"},
             "write": {"mode": "upsert", "key": ["id"], "order_by": "_debezium_position"},
-            "batch": {"max_records_per_batch": 10_000_000, "max_records_per_task": 250_000},
+            "batch": {
+                "max_records_per_batch": 10_000_000,
+                "max_records_per_task": 250_000,
+                "tables_at_once": tables_at_once,
+            },
         },
-        f"cdc_{table}.yaml",
+        "cdc.yaml",
     )
+
+
+def ingest_all(spark, cfg) -> int:
+    """One run over the pipeline's tables (offsetlake.runs, as the CLI's ingest): the change events applied."""
+    results = ingest_tables(spark, tables_of(cfg), Run.here(), lambda line: None, print)
+    return sum(r.records for r in results)
 
 
 def backlog(server: postgres.Postgres, events: int) -> int:
@@ -158,6 +171,9 @@ def main(argv=None) -> int:
     parser.add_argument("--events", type=int, default=20_000, help="inserts per table in the backlog")
     parser.add_argument("--rate", type=float, default=100, help="transactions a second in the delay phase")
     parser.add_argument("--seconds", type=float, default=60, help="length of the delay phase")
+    parser.add_argument(
+        "--tables-at-once", type=int, default=4, help="batch.tables_at_once: the tables worked on at once"
+    )
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="offsetlake-bench-cdc-"))
@@ -182,11 +198,12 @@ def main(argv=None) -> int:
         connect.create_publication(server, config)
         worker = connect.start(work / "connect", bootstrap, {PREFIX: config}, schemas_enable=True)
         lake = work / "lake"
-        cfgs = {t: pipeline(bootstrap, lake, t) for t in TABLES}
+        cfg = pipeline(bootstrap, lake, args.tables_at_once)
         server.execute(*(f"INSERT INTO {SCHEMA}.{t} VALUES (0, 0, 'warm-up', clock_timestamp())" for t in TABLES))
         server.wait_confirmed(connect.slot_name(PREFIX), timeout=300)
-        for cfg in cfgs.values():  # warm-up: Spark's first run, and each table created
-            ingest(spark, cfg)
+        ingest_all(spark, cfg)  # warm-up: Spark's first run, and each table created
+        cfgs = {t.name: t.cfg for t in tables_of(cfg)}
+        assert sorted(cfgs) == sorted(TABLES), f"the pipeline's tables are {sorted(cfgs)}"
 
         log(f"cdc: {len(TABLES)} tables, {args.events:,} inserts each, then updates of half and deletes of a tenth")
         started = time.perf_counter()
@@ -195,7 +212,7 @@ def main(argv=None) -> int:
         captured = time.perf_counter() - started
         log(f"  Debezium captured {events:,} events in {captured:.0f} s ({events / captured:,.0f} events/s)")
         started = time.perf_counter()
-        applied = sum(r.records for cfg in cfgs.values() for r in ingest(spark, cfg))
+        applied = ingest_all(spark, cfg)
         seconds = time.perf_counter() - started
         check_tables(server, cfgs)
         log(
@@ -211,18 +228,17 @@ def main(argv=None) -> int:
         writer.start()
         rounds = 0
         while writer.is_alive():
-            for cfg in cfgs.values():
-                ingest(spark, cfg)
+            ingest_all(spark, cfg)
             rounds += 1
         server.wait_confirmed(connect.slot_name(PREFIX), timeout=300)
-        for cfg in cfgs.values():
-            ingest(spark, cfg)
+        ingest_all(spark, cfg)
         check_tables(server, cfgs)
         found = sorted(delays(cfgs, since_ms))
         p99 = found[min(len(found) - 1, int(0.99 * len(found)))]
         log(
             f"cdc delay, source statement -> Delta commit, {args.rate:.0f} transactions/s for {args.seconds:.0f} s, "
-            f"ten pipelines in turn in one Spark session ({rounds} rounds): median {statistics.median(found):.1f} s, "
+            f"rounds over the ten tables, {args.tables_at_once} at once, in one Spark session ({rounds} rounds): "
+            f"median {statistics.median(found):.1f} s, "
             f"p99 {p99:.1f} s over {len(found):,} changes"
         )
         print_targets(

@@ -13,6 +13,7 @@ import oracle
 from offsetlake.batch import ingest
 from offsetlake.errors import DataLossError
 from offsetlake.protocol.ledger import partition_app_id, pipeline_app_id, pipeline_history
+from offsetlake.read_job import job_group
 from offsetlake.table import query
 from support import (
     JournaledProducer,
@@ -243,16 +244,15 @@ def test_more_ranges_than_cores_run_as_one_spark_task_per_core_and_stay_exact(sp
     # next while it writes the last (tasks.run_tasks_in_order)
     cfg, topic = pipeline(partitions=3, batch={"max_records_per_task": 200})
     report = produce(cfg.kafka, topic, 1200, seed=21)
-    context = spark.sparkContext
-    jobs_before = set(context.statusTracker().getJobIdsForGroup(None))
+    tracker = spark.sparkContext.statusTracker()
 
     results = ingest(spark, cfg)
 
     assert len(committed(results)) == 1
-    [job] = set(context.statusTracker().getJobIdsForGroup(None)) - jobs_before
-    [stage] = context.statusTracker().getJobInfo(job).stageIds
-    assert context.statusTracker().getStageInfo(stage).numTasks == 2
     [commit] = pipeline_commits(cfg)
+    [job] = tracker.getJobIdsForGroup(job_group(commit.meta.attempt))  # the batch's one job of read tasks
+    [stage] = tracker.getJobInfo(job).stageIds
+    assert tracker.getStageInfo(stage).numTasks == 2
     ranges = sum(-(-(hi - lo) // 200) for parts in commit.meta.ranges.values() for lo, hi in parts.values())
     assert ranges >= 6 and len(DeltaTable(cfg.table_path).file_uris()) == ranges  # a file per range, none lost
     assert assert_exactly_once(cfg) == report.committed

@@ -106,13 +106,13 @@ def _warn(line: str) -> None:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    """Each table in turn in one Spark session (runs.ingest_tables)."""
+    """Every table in one Spark session, a few at a time (runs.ingest_tables)."""
     from offsetlake.spark.session import startup_report
 
     tables = _pipeline_tables(args)
     with spark_session(args)(tables[0].cfg, "ingest") as spark:  # under spark-submit it starts while Kafka is checked
-        first_job = runs.ingest_tables(spark, tables, _run(args), _say, _warn)
-        report = startup_report(spark.ready_at, first_job)
+        results = runs.ingest_tables(spark, tables, _run(args), _say, _warn)
+        report = startup_report(spark.ready_at, runs.first_spark_job(results))
     if report:
         _say(report)
     return 0

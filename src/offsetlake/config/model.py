@@ -169,6 +169,10 @@ class BatchSettings(Strict):
     order, fetching the next while writing the last)."""
     read_timeout_seconds: StrictInt = Field(default=60, gt=0)
     """A task that makes no progress this long fails."""
+    tables_at_once: StrictInt = Field(default=4, gt=0)
+    """With a table per topic: how many of the pipeline's tables a run (or a stream's round) works on at
+    once in its Spark session, so that their Spark jobs share its cores. Each table still commits and
+    fails on its own. 1 takes the tables one after another."""
 
 
 class WriteSettings(Strict):

@@ -46,6 +46,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
+from offsetlake.formats.connect_batches import INTEGER_BOUNDS, FastConnect, Node
 from offsetlake.formats.schema_decoder import TIMESTAMP, SchemaDecoder
 from offsetlake.formats.values import check_unicode, from_unscaled
 
@@ -70,7 +71,6 @@ _PRIMITIVES = {
     "string": pa.string(),
     "bytes": pa.binary(),
 }
-_INTEGER_RANGES = {"int8": 2**7, "int16": 2**15, "int32": 2**31, "int64": 2**63}
 
 _DECIMAL = "org.apache.kafka.connect.data.Decimal"
 _DATES = ("org.apache.kafka.connect.data.Date", "io.debezium.time.Date")
@@ -131,6 +131,43 @@ def compile_schema(schema: Any, path: str = "value") -> tuple[pa.DataType, Conve
     )
 
 
+def fast_plan(schema: dict, arrow_type: pa.DataType) -> Node | None:
+    """How `connect_batches` reads `schema` (whose Arrow type is `arrow_type`) a batch at a time, or None:
+    a type it leaves to the record path (bytes, map, Interval, VariableScaleDecimal)."""
+    kind, name = schema.get("type"), schema.get("name")
+    if name == _DECIMAL and kind == "bytes":
+        return Node("decimal", pa.string(), arrow_type)
+    if name in _DATES and kind == "int32":
+        return Node("date", pa.int64(), arrow_type)
+    if name in _TIMESTAMPS and kind == "int64":
+        return Node("epoch", pa.int64(), arrow_type, per_second=_TIMESTAMPS[name])
+    if name in _TIMES and kind in ("int32", "int64"):
+        return Node("time", pa.int64(), arrow_type, per_second=_TIMES[name])
+    if name == _ZONED_TIMESTAMP and kind == "string":
+        return Node("zoned", pa.string(), arrow_type)
+    if name in (_VARIABLE_SCALE_DECIMAL, _INTERVAL):
+        return None
+    if kind in INTEGER_BOUNDS:
+        return Node(kind, pa.int64(), arrow_type)
+    if kind in ("float", "double"):
+        return Node(kind, pa.float64(), arrow_type)
+    if kind in ("boolean", "string"):
+        return Node(kind, arrow_type, arrow_type)
+    if kind == "array":
+        item = fast_plan(schema["items"], arrow_type.value_type)
+        return None if item is None else Node("array", pa.list_(item.parsed_as), arrow_type, children=(("", item),))
+    if kind == "struct":
+        children = []
+        for spec, field in zip(schema.get("fields") or [], arrow_type):
+            child = fast_plan(spec, field.type)
+            if child is None:
+                return None
+            children.append((field.name, child))
+        parsed_as = pa.struct([pa.field(n, c.parsed_as) for n, c in children])
+        return Node("struct", parsed_as, arrow_type, children=tuple(children))
+    return None
+
+
 def _struct(schema: dict, path: str) -> tuple[pa.DataType, Convert]:
     fields, converts, names = [], [], []
     for spec in schema.get("fields") or []:
@@ -160,8 +197,8 @@ def _of(value, kind: type, what: str):
 
 
 def _primitive(kind: str) -> Convert:
-    if kind in _INTEGER_RANGES:
-        bound = _INTEGER_RANGES[kind]
+    if kind in INTEGER_BOUNDS:
+        bound = INTEGER_BOUNDS[kind]
 
         def integer(value):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -277,19 +314,27 @@ def _as_record(convert: Convert, value: Any) -> dict:
 
 
 class ConnectDecoder(SchemaDecoder):
-    """The payloads of one Connect schema."""
+    """The payloads of one Connect schema, each the JSON text of a value's `payload`."""
 
     kind_name = "Kafka Connect JSON value"
 
     def __init__(self, schema: dict, record: bool = True):
         arrow_type, convert = compile_schema(schema)
+        plan = fast_plan(schema, arrow_type) if record and pa.types.is_struct(arrow_type) else None
         if record and not pa.types.is_struct(arrow_type):  # as registry formats: a scalar is one column `value`
             arrow_type, convert = pa.struct([pa.field("value", arrow_type)]), functools.partial(_as_record, convert)
         self.arrow_type, self._convert = arrow_type, convert
+        self._fast = FastConnect(plan, _zoned) if plan is not None else None
         self.label = f"Connect schema {schema.get('name') or schema.get('type')!r}"
 
-    def decode(self, payload: Any) -> Any:
-        return self._convert(payload)
+    def decode(self, payload: bytes) -> Any:
+        return self._convert(msgspec.json.decode(payload))
+
+    def decode_many(self, payloads: list[bytes]) -> pa.Array | None:
+        """All payloads at once as a StructArray of `arrow_type`, or None: decode them one by one."""
+        if self._fast is None or len(payloads) < self._fast.MIN_RECORDS:
+            return None
+        return self._fast.decode(payloads)
 
 
 class ConnectDecoders:
@@ -308,8 +353,9 @@ class ConnectDecoders:
     def framed_groups(self, values: pa.Array) -> tuple[dict[int, np.ndarray], np.ndarray]:
         return {}, np.arange(len(values))  # no frame to read in bulk: every value goes through `split`
 
-    def split(self, data: bytes | None) -> tuple[ConnectDecoder, Any]:
-        """(the decoder of the value's schema, its payload); ValueError naming what is wrong with the value."""
+    def split(self, data: bytes | None) -> tuple[ConnectDecoder, bytes]:
+        """(the decoder of the value's schema, its payload's JSON text); ValueError naming what is wrong
+        with the value."""
         if data is None:
             raise ValueError("value is null (tombstone)")
         try:
@@ -321,7 +367,7 @@ class ConnectDecoders:
             ) from err
         except msgspec.DecodeError as err:
             raise ValueError(f"value is not valid JSON ({err})") from err
-        return self._decoder(envelope.schema), msgspec.json.decode(envelope.payload)
+        return self._decoder(envelope.schema), bytes(envelope.payload)
 
     def _decoder(self, schema_text: msgspec.Raw) -> ConnectDecoder:
         text = bytes(schema_text)

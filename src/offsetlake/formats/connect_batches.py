@@ -1,0 +1,179 @@
+"""Kafka Connect JSON payloads of one schema decoded a batch at a time, by Arrow's JSON reader (C++).
+
+The record path (`connect_json.ConnectDecoder.decode`) makes a Python object of every field of every event
+and converts it; a Debezium envelope has some thirty fields, so that is most of a CDC task's time. Here the
+payloads of one schema are read as one newline-delimited document with an Arrow type per field, then the
+logical types are finished column by column. The batch is handed back (None) to the record path whenever
+it might decide a value differently, so this path never quarantines and never reads a value differently;
+`tests/unit/test_connect_batches.py` checks it against the record path value for value. It answers only when:
+
+- the schema is a struct of structs, arrays, integers, float, double, boolean, string, Decimal, Date,
+  Timestamp (Connect's, Debezium's micro and nano), Time (Connect's, Debezium's) and ZonedTimestamp; any
+  other type (bytes, map, Interval, VariableScaleDecimal) leaves the schema to the record path;
+- every payload is a JSON object (`{`...`}`): each then is exactly one row of the document;
+- Arrow parses the document with those types: it is as strict as the record path about JSON types (no
+  number for a string, no float for an integer, no boolean for a number) and refuses a key given twice;
+- every integer is in its type's range, every date and timestamp within years 1 to 9999, every decimal
+  within its precision, and every ZonedTimestamp is strict RFC 3339 text (others go through the record
+  path's own conversion, column by column).
+
+Runs in executors: no deltalake import here.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from offsetlake.formats import arrow_json
+
+# Microseconds since the epoch of 0001-01-01 and of 9999-12-31 23:59:59.999999, what Python's datetime holds.
+FIRST_MICROS = -62_135_596_800_000_000
+LAST_MICROS = 253_402_300_799_999_999
+FIRST_DAY, LAST_DAY = -719_162, 2_932_896  # 0001-01-01 and 9999-12-31 in days since 1970-01-01
+
+
+class _Refused(Exception):
+    """A value the record path might decide differently: the batch goes record by record."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One Connect schema node as this path reads it: `kind` (a Connect primitive, struct, array, decimal,
+    date, epoch, time, zoned), what Arrow parses it as, its final Arrow type, and its children."""
+
+    kind: str
+    parsed_as: pa.DataType
+    arrow_type: pa.DataType
+    per_second: int = 0  # epoch and time: units a second
+    children: tuple[tuple[str, Node], ...] = ()
+
+
+INTEGER_BOUNDS = {"int8": 2**7, "int16": 2**15, "int32": 2**31, "int64": 2**63}
+
+
+class FastConnect:
+    """The payloads of one Connect schema, a batch at a time."""
+
+    MIN_RECORDS = 64  # below this the record path is as quick
+
+    def __init__(self, root: Node, zoned: Callable[[object], dt.datetime]):
+        """`root`: the schema's plan (a struct node: connect_json.fast_plan); `zoned`: the record path's
+        reading of a ZonedTimestamp, for the texts that are not strict RFC 3339."""
+        assert root.kind == "struct"
+        self.root, self._zoned = root, zoned
+
+    def decode(self, payloads: list[bytes]) -> pa.Array | None:
+        """Every payload (the JSON text of a Connect payload) as one StructArray, or None: one by one."""
+        if any(p[:1] != b"{" or p[-1:] != b"}" for p in payloads):
+            return None  # a null or non-object payload (Arrow's reader must never see a bare `null` line)
+        document = b"\n".join(payloads)
+        try:
+            table = pj.read_json(
+                pa.BufferReader(document),
+                read_options=pj.ReadOptions(use_threads=False, block_size=max(len(document) + 1, 1 << 16)),
+                parse_options=pj.ParseOptions(
+                    explicit_schema=pa.schema(list(self.root.parsed_as)), unexpected_field_behavior="ignore"
+                ),
+            )
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        if table.num_rows != len(payloads):
+            return None
+        parsed = pa.StructArray.from_arrays(
+            [table.column(i).combine_chunks() for i in range(table.num_columns)], fields=list(self.root.parsed_as)
+        )
+        try:
+            return self._finish(self.root, parsed)
+        except _Refused:
+            return None
+
+    def _finish(self, node: Node, column: pa.Array) -> pa.Array:
+        """`column` as parsed to `node.arrow_type`; _Refused where the record path decides."""
+        if node.kind == "struct":
+            assert isinstance(column, pa.StructArray)
+            fields = [column.field(i) for i in range(column.type.num_fields)]
+            children = [self._finish(child, f) for (_, child), f in zip(node.children, fields)]
+            mask = column.is_null() if column.null_count else None
+            return pa.StructArray.from_arrays(children, fields=list(node.arrow_type), mask=mask)
+        if node.kind == "array":
+            assert isinstance(column, pa.ListArray)
+            items = self._finish(node.children[0][1], column.values)
+            mask = column.is_null() if column.null_count else None
+            return pa.ListArray.from_arrays(column.offsets, items, type=node.arrow_type, mask=mask)
+        if node.kind in INTEGER_BOUNDS:
+            return _integers(column, INTEGER_BOUNDS[node.kind]).cast(node.arrow_type)
+        if node.kind in ("float", "double", "boolean", "string"):
+            return column.cast(node.arrow_type)
+        if node.kind == "date":
+            return _within(column, FIRST_DAY, LAST_DAY).cast(pa.int32()).cast(node.arrow_type)
+        if node.kind == "epoch":
+            micros = _micros(column, node.per_second)
+            return _within(micros, FIRST_MICROS, LAST_MICROS).cast(node.arrow_type)
+        if node.kind == "time":
+            return _micros(column, node.per_second)
+        if node.kind == "zoned":
+            zoned = arrow_json._timestamps(column, node.arrow_type, lambda value, _: self._zoned(value))
+            if zoned is None:
+                raise _Refused
+            return zoned
+        return _decimals(column, node.arrow_type)
+
+
+def _integers(column: pa.Array, bound: int) -> pa.Array:
+    if len(column) - column.null_count and bound < 2**63:
+        low, high = pc.min_max(column).values()
+        if low.as_py() < -bound or high.as_py() >= bound:
+            raise _Refused
+    return column
+
+
+def _within(column: pa.Array, first: int, last: int) -> pa.Array:
+    if len(column) - column.null_count:
+        low, high = pc.min_max(column).values()
+        if low.as_py() < first or high.as_py() > last:
+            raise _Refused
+    return column
+
+
+def _micros(column: pa.Array, per_second: int) -> pa.Array:
+    """Units of 1/per_second to microseconds, rounded down as the record path's `//` does."""
+    values = column.to_numpy(zero_copy_only=False).astype(np.int64) if column.null_count == 0 else None
+    if values is None:
+        values = pc.fill_null(column, 0).to_numpy().astype(np.int64)
+    if per_second < 1_000_000:
+        factor = 1_000_000 // per_second
+        if len(values) and np.abs(values).max() > (2**63 - 1) // factor:
+            raise _Refused  # the record path's Python integers would not overflow here
+        micros = values * factor
+    else:
+        micros = np.floor_divide(values, per_second // 1_000_000)
+    mask = column.is_null().to_numpy(zero_copy_only=False) if column.null_count else None
+    return pa.array(micros, pa.int64(), mask=mask)
+
+
+def _decimals(column: pa.Array, arrow_type: pa.DataType) -> pa.Array:
+    """Connect Decimals (base64 big-endian two's complement of the unscaled value) as `arrow_type`."""
+    limit = 10**arrow_type.precision
+    data = bytearray(16 * len(column))
+    for i, text in enumerate(column.to_pylist()):
+        if text is None:
+            continue
+        try:
+            unscaled = int.from_bytes(base64.b64decode(text, validate=True), "big", signed=True)
+        except ValueError as err:  # binascii.Error: the record path words it
+            raise _Refused from err
+        if not -limit < unscaled < limit:
+            raise _Refused
+        data[16 * i : 16 * i + 16] = unscaled.to_bytes(16, "little", signed=True)
+    validity = column.buffers()[0] if column.null_count else None
+    if validity is not None and column.offset:
+        validity = column.is_valid().buffers()[1]
+    return pa.Array.from_buffers(arrow_type, len(column), [validity, pa.py_buffer(bytes(data))])

@@ -1,0 +1,215 @@
+"""Kafka Connect JSON payloads decoded a batch at a time (connect_batches, Arrow's JSON reader) against the
+record path (connect_json's converters), value for value: a batch the fast path takes must equal the record
+path's values and type; a batch holding any payload the record path refuses or might read differently must
+be refused (None), so that the record path words the error."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+
+import pyarrow as pa
+import pytest
+
+from offsetlake.formats.connect_json import ConnectDecoder
+
+DECIMAL = "org.apache.kafka.connect.data.Decimal"
+INT_BOUNDS = {"int8": 2**7, "int16": 2**15, "int32": 2**31, "int64": 2**63}
+
+
+def field(name: str, kind: str, logical: str | None = None, **extra) -> dict:
+    spec = {"field": name, "type": kind, "optional": True, **extra}
+    if logical:
+        spec["name"] = logical
+    return spec
+
+
+ROW = {
+    "type": "struct",
+    "name": "db.s.t.Value",
+    "optional": True,
+    "fields": [
+        *(field(k, k) for k in INT_BOUNDS),
+        field("f32", "float"),
+        field("f64", "double"),
+        field("flag", "boolean"),
+        field("text", "string"),
+        field("amount", "bytes", DECIMAL, parameters={"scale": "2"}),
+        field("wide", "bytes", DECIMAL, parameters={"scale": "0", "connect.decimal.precision": "5"}),
+        field("day", "int32", "io.debezium.time.Date"),
+        field("at_ms", "int64", "io.debezium.time.Timestamp"),
+        field("at_us", "int64", "io.debezium.time.MicroTimestamp"),
+        field("at_ns", "int64", "io.debezium.time.NanoTimestamp"),
+        field("clock", "int64", "io.debezium.time.MicroTime"),
+        field("clock_ms", "int32", "org.apache.kafka.connect.data.Time"),
+        field("zoned", "string", "io.debezium.time.ZonedTimestamp"),
+        field("tags", "array", items={"type": "string", "optional": True}),
+        field("points", "array", items={"type": "struct", "optional": True, "fields": [field("x", "int32")]}),
+    ],
+}
+ENVELOPE = {
+    "type": "struct",
+    "name": "db.s.t.Envelope",
+    "optional": False,
+    "fields": [
+        {**ROW, "field": "before"},
+        {**ROW, "field": "after"},
+        {
+            "type": "struct",
+            "field": "source",
+            "optional": False,
+            "fields": [field("lsn", "int64"), field("table", "string")],
+        },
+        field("op", "string"),
+    ],
+}
+
+
+def unscaled(n: int) -> str:
+    return base64.b64encode(n.to_bytes((n.bit_length() + 8) // 8, "big", signed=True)).decode()
+
+
+ZONED = [
+    "2026-11-29T08:34:34.630878Z",
+    "2026-11-29T08:34:34Z",
+    "2026-11-29T08:34:34.63+05:30",
+    "2026-11-29 08:34:34.1-01:00",
+    "2026-11-29T08:34:34.630878",  # naive: UTC
+    "2026-11-29T08:34:34.630878123Z",  # nanoseconds: the record path's own reading
+    "0001-01-01T00:00:00Z",
+    "9999-12-31T23:59:59.999999Z",
+    "2026-11-29",
+]
+
+
+def random_row(rng: random.Random) -> dict:
+    row: dict = {}
+    for kind, bound in INT_BOUNDS.items():
+        row[kind] = rng.choice([0, -1, bound - 1, -bound, rng.randrange(-bound, bound), None])
+    row["f32"] = rng.choice([0.0, -0.0, 1.5, 3.4e38, 1e-45, 0.1, 7, None])
+    row["f64"] = rng.choice([0.0, 1e308, -2.5e-308, 0.1, 12, 123456789012345678901234567890, None])
+    row["flag"] = rng.choice([True, False, None])
+    row["text"] = rng.choice(["", "row", "é ü", "😀", "line\nbreak", '"quoted"', None])
+    row["amount"] = rng.choice([unscaled(rng.randrange(-(10**12), 10**12)), unscaled(0), unscaled(-(10**37)), None])
+    row["wide"] = rng.choice([unscaled(99_999), unscaled(-99_999), unscaled(5), None])
+    row["day"] = rng.choice([0, -719_162, 2_932_896, rng.randrange(-100_000, 100_000), None])
+    row["at_ms"] = rng.choice([0, -1, 253_402_300_799_999, -62_135_596_800_000, rng.randrange(-(10**13), 10**13), None])
+    row["at_us"] = rng.choice([-1, 253_402_300_799_999_999, rng.randrange(-(10**16), 10**16), None])
+    row["at_ns"] = rng.choice([-1, -999, 1_999, -(2**63), rng.randrange(-(2**63), 2**63), None])
+    row["clock"] = rng.choice([0, 86_399_999_999, None])
+    row["clock_ms"] = rng.choice([0, 86_399_999, -5, None])
+    row["zoned"] = rng.choice([*ZONED, None])
+    row["tags"] = rng.choice([[], ["a", None, "b"], None])
+    row["points"] = rng.choice([[], [{"x": 1}, None, {"x": -(2**31)}], [{"x": None}], None])
+    for name in rng.sample(sorted(row), rng.randrange(3)):
+        del row[name]  # a field left out reads as null
+    return row
+
+
+def random_event(rng: random.Random) -> bytes:
+    event = {
+        "before": random_row(rng) if rng.random() < 0.4 else None,
+        "after": random_row(rng) if rng.random() < 0.9 else None,
+        "source": {"lsn": rng.randrange(2**40), "table": "t", "unknown": {"nested": [1, 2]}},
+        "op": rng.choice(["c", "u", "d", "r"]),
+    }
+    if rng.random() < 0.1:
+        event["ts_ms"] = 5  # a field the schema does not have
+    text = json.dumps(event, ensure_ascii=rng.random() < 0.5)
+    if rng.random() < 0.1:
+        text = json.dumps(event, indent=1)  # newlines between tokens
+    return text.encode()
+
+
+def one_by_one(decoder: ConnectDecoder, payloads: list[bytes]) -> pa.Array:
+    return pa.array([decoder.decode(p) for p in payloads], decoder.arrow_type)
+
+
+def test_random_events_decode_together_exactly_as_one_by_one():
+    decoder = ConnectDecoder(ENVELOPE)
+    rng = random.Random(20261129)
+    payloads = [random_event(rng) for _ in range(2000)]
+    together = decoder.decode_many(payloads)
+    assert together is not None and together.type == decoder.arrow_type
+    expected = one_by_one(decoder, payloads)
+    assert together.equals(expected)
+    assert together.to_pylist() == expected.to_pylist()
+
+
+BAD_VALUES = {
+    "int8 out of range": ("int8", 128),
+    "int16 out of range": ("int16", -(2**15) - 1),
+    "int32 out of range": ("int32", 2**31),
+    "int64 out of range": ("int64", 2**63),
+    "float for an integer": ("int32", 1.0),
+    "boolean for an integer": ("int64", True),
+    "text for an integer": ("int8", "1"),
+    "number for a string": ("text", 5),
+    "number for a boolean": ("flag", 1),
+    "boolean for a double": ("f64", False),
+    "lone surrogate": ("text", "\ud800"),
+    "decimal past its precision": ("wide", unscaled(100_000)),
+    "decimal not base64": ("amount", "%%%"),
+    "number for a decimal": ("amount", 12),
+    "date after 9999": ("day", 2_932_897),
+    "date before year 1": ("day", -719_163),
+    "timestamp after 9999": ("at_ms", 253_402_300_800_000),
+    "nanoseconds before year 1": ("at_ns", -62_135_596_800_000_000_001),
+    "february 30th": ("zoned", "2026-02-30T00:00:00Z"),
+    "year 0": ("zoned", "0000-01-01T00:00:00Z"),
+    "not a time": ("zoned", "yesterday"),
+    "number for a zoned timestamp": ("zoned", 5),
+    "object for an array": ("tags", {"a": 1}),
+    "integer item out of range": ("points", [{"x": 2**31}]),
+    "time past int64": ("clock_ms", 2**62),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(BAD_VALUES))
+def test_a_value_the_record_path_refuses_sends_the_batch_record_by_record(damage):
+    decoder = ConnectDecoder(ENVELOPE)
+    rng = random.Random(7)
+    payloads = [random_event(rng) for _ in range(200)]
+    name, value = BAD_VALUES[damage]
+    event = json.loads(payloads[100])
+    event["after"] = {**(event["after"] or {}), name: value}
+    payloads[100] = json.dumps(event).encode()
+    with pytest.raises((TypeError, ValueError, OverflowError, pa.ArrowInvalid)):
+        one_by_one(decoder, [payloads[100]])
+    assert decoder.decode_many(payloads) is None
+    del payloads[100]
+    assert decoder.decode_many(payloads).equals(one_by_one(decoder, payloads))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"null", b"[1]", b'{"op": "c", "op": "u", "source": {"lsn": 1, "table": "t"}}', b'"text"'],
+    ids=["null", "array", "a key twice", "a string"],
+)
+def test_a_payload_that_is_no_plain_object_is_left_to_the_record_path(payload):
+    decoder = ConnectDecoder(ENVELOPE)
+    payloads = [random_event(random.Random(i)) for i in range(100)]
+    assert decoder.decode_many([*payloads[:50], payload, *payloads[50:]]) is None
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"type": "bytes"},
+        {"type": "map", "keys": {"type": "string"}, "values": {"type": "int32"}},
+        {"type": "string", "name": "io.debezium.time.Interval"},
+        {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "fields": []},
+    ],
+    ids=["bytes", "map", "interval", "variable scale decimal"],
+)
+def test_schemas_with_types_this_path_does_not_read_go_record_by_record(spec):
+    schema = {"type": "struct", "fields": [field("id", "int64"), {**spec, "field": "x", "optional": True}]}
+    decoder = ConnectDecoder(schema)
+    assert decoder.decode_many([b'{"id": %d, "x": null}' % i for i in range(100)]) is None
+
+
+def test_a_scalar_schema_and_a_key_go_record_by_record():
+    assert ConnectDecoder({"type": "int64"}).decode_many([b"1"] * 100) is None
+    key = ConnectDecoder({"type": "struct", "fields": [field("id", "int64")]}, record=False)
+    assert key.decode_many([b'{"id": 1}'] * 100) is None
