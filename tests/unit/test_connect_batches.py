@@ -9,10 +9,12 @@ import base64
 import json
 import random
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
-from offsetlake.formats.connect_json import ConnectDecoder
+from offsetlake.formats.connect_json import ConnectDecoder, ConnectDecoders
+from offsetlake.formats.wire_values import decode_values
 
 DECIMAL = "org.apache.kafka.connect.data.Decimal"
 INT_BOUNDS = {"int8": 2**7, "int16": 2**15, "int32": 2**31, "int64": 2**63}
@@ -213,3 +215,59 @@ def test_a_scalar_schema_and_a_key_go_record_by_record():
     assert ConnectDecoder({"type": "int64"}).decode_many([b"1"] * 100) is None
     key = ConnectDecoder({"type": "struct", "fields": [field("id", "int64")]}, record=False)
     assert key.decode_many([b'{"id": 1}'] * 100) is None
+
+
+class OneByOne(ConnectDecoders):
+    """The reference: every value read in full by `split`, no opening remembered."""
+
+    def bulk_groups(self, values):
+        return [], np.arange(len(values))
+
+    def _remember_prefix(self, data, schema, decoder):
+        pass
+
+
+def envelope(schema: dict, payload: object) -> bytes:
+    return json.dumps({"schema": schema, "payload": payload}, separators=(",", ":")).encode()
+
+
+def test_values_read_by_their_opening_decode_and_fail_exactly_as_each_read_in_full():
+    rng = random.Random(11)
+    evolved = {**ENVELOPE, "fields": [*ENVELOPE["fields"], field("ts_ms", "int64")]}
+    values = [envelope(ENVELOPE, json.loads(random_event(rng))) for _ in range(300)]
+    values += [envelope(evolved, {**json.loads(random_event(rng)), "ts_ms": i}) for i in range(200)]
+    opening = envelope(ENVELOPE, None)[: -len(b"null}")]
+    odd = {
+        5: json.dumps({"schema": ENVELOPE, "payload": json.loads(random_event(rng))}, indent=1).encode(),
+        17: opening + b'{"op": "c", "source": {"lsn": 1, "table": "t"}',  # cut short
+        40: opening + b'{"op": "c", "source": {"lsn": 1, "table": "t"}},"extra":1}',  # a key after the payload
+        41: opening + b'{"op": "c"},"payload":{"op": "u"}}',  # the payload given twice: the last one
+        42: opening + b'{"op": "c"} {"op": "u"}}',  # two values
+        43: opening + b"{nope}",  # not JSON
+        44: None,  # a tombstone
+        45: envelope({"type": "nonsense"}, 1),  # a schema offsetlake cannot use
+        46: opening + b'{"op": "c", "source": {"lsn": "x", "table": "t"}}}',  # a payload its schema refuses
+        47: opening + b'{"op": "c", "op": "d", "source": {"lsn": 1, "table": "t"}}}',  # a key twice: the last
+        350: envelope(ENVELOPE, None),  # a null payload
+    }
+    for position, value in odd.items():
+        values[position] = value
+    raw = pa.chunked_array([pa.array(values, pa.binary())])
+
+    fast = decode_values(ConnectDecoders(), raw, None, "value", nulls_allowed=True)
+    reference = decode_values(OneByOne(), raw, None, "value", nulls_allowed=True)
+
+    assert fast[1] == reference[1]  # the type every schema met merges to
+    assert fast[2] == reference[2]  # the same records refused, with the same words
+    assert fast[0].equals(reference[0])
+    assert set(fast[2]) == {17, 40, 42, 43, 45, 46}, fast[2]
+    again = ConnectDecoders()  # a second batch: the openings are known from the first
+    decode_values(again, raw, None, "value", nulls_allowed=True)
+    assert decode_values(again, raw, None, "value", nulls_allowed=True)[0].equals(reference[0])
+
+
+def test_the_usual_envelopes_are_read_by_their_opening_not_one_by_one():
+    decoders = ConnectDecoders()
+    values = pa.array([envelope(ENVELOPE, json.loads(random_event(random.Random(i)))) for i in range(100)])
+    groups, others = decoders.bulk_groups(values)
+    assert [len(positions) for _, positions, _ in groups] == [100] and len(others) == 0

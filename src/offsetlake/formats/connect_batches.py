@@ -22,11 +22,12 @@ Runs in executors: no deltalake import here.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -167,8 +168,9 @@ def _decimals(column: pa.Array, arrow_type: pa.DataType) -> pa.Array:
         if text is None:
             continue
         try:
-            unscaled = int.from_bytes(base64.b64decode(text, validate=True), "big", signed=True)
-        except ValueError as err:  # binascii.Error: the record path words it
+            # base64.b64decode(text, validate=True), as the record path reads it, without its Python layers
+            unscaled = int.from_bytes(binascii.a2b_base64(text, strict_mode=True), "big", signed=True)
+        except ValueError as err:  # binascii.Error, non-ASCII text: the record path words it
             raise _Refused from err
         if not -limit < unscaled < limit:
             raise _Refused
@@ -177,3 +179,20 @@ def _decimals(column: pa.Array, arrow_type: pa.DataType) -> pa.Array:
     if validity is not None and column.offset:
         validity = column.is_valid().buffers()[1]
     return pa.Array.from_buffers(arrow_type, len(column), [validity, pa.py_buffer(bytes(data))])
+
+
+def envelopes_opening_with(values: pa.Array, prefix: bytes, left: np.ndarray) -> tuple[list[int], list[bytes]]:
+    """(positions, payload texts) of the Connect JSON values in `left` that are `prefix` (a value's opening
+    `{"schema":<S>,"payload":`) + one JSON value + `}`; they leave `left`."""
+    opens = pc.equal(pc.binary_slice(values, 0, len(prefix)), pa.scalar(prefix, pa.binary()))
+    candidates = np.nonzero(opens.fill_null(False).to_numpy(zero_copy_only=False) & left)[0]
+    texts = pc.binary_slice(values.take(pa.array(candidates, pa.int64())), len(prefix), -1).to_pylist()
+    positions, payloads = [], []
+    for position, text in zip(candidates.tolist(), texts):
+        try:  # exactly one JSON value before the closing brace; else `split` words what is wrong
+            payloads.append(bytes(msgspec.json.decode(text, type=msgspec.Raw)))
+        except msgspec.DecodeError:
+            continue
+        positions.append(position)
+    left[positions] = False
+    return positions, payloads

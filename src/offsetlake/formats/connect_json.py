@@ -45,8 +45,9 @@ from typing import Any
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from offsetlake.formats.connect_batches import INTEGER_BOUNDS, FastConnect, Node
+from offsetlake.formats.connect_batches import INTEGER_BOUNDS, FastConnect, Node, envelopes_opening_with
 from offsetlake.formats.schema_decoder import TIMESTAMP, SchemaDecoder
 from offsetlake.formats.values import check_unicode, from_unscaled
 
@@ -54,6 +55,7 @@ EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 EPOCH_DAY = dt.date(1970, 1, 1)
 MAX_DECIMAL_PRECISION = 38
 CACHED_SCHEMAS = 256
+CACHED_PREFIXES = 8
 
 
 class UnusableConnectSchema(ValueError):
@@ -344,20 +346,55 @@ class ConnectDecoders:
     def __init__(self, key: bool = False):
         self.key = key
         self._cache: dict[bytes, ConnectDecoder | UnusableConnectSchema] = {}
+        self._prefixes: dict[bytes, ConnectDecoder] = {}  # see split
 
     @staticmethod
     @functools.lru_cache(maxsize=2)
     def shared(key: bool = False) -> ConnectDecoders:
         return ConnectDecoders(key)
 
-    def framed_groups(self, values: pa.Array) -> tuple[dict[int, np.ndarray], np.ndarray]:
-        return {}, np.arange(len(values))  # no frame to read in bulk: every value goes through `split`
+    def bulk_groups(self, values: pa.Array) -> tuple[list[tuple[ConnectDecoder, np.ndarray, list[bytes]]], np.ndarray]:
+        """Values written as an earlier one was, `{"schema":<S>,"payload":<one JSON value>}` (see `split`), read
+        for all values at once: [(S's decoder, positions, payload texts)], and the positions of the others,
+        which `split` reads one by one. A value no known opening matches is read first, to learn its own."""
+        closes = pc.equal(pc.binary_slice(values, -1, 2**31 - 1), pa.scalar(b"}", pa.binary()))
+        left = closes.fill_null(False).to_numpy(zero_copy_only=False).copy()  # not null, not grouped yet
+        groups: list[tuple[ConnectDecoder, np.ndarray, list[bytes]]] = []
+        matched: set[bytes] = set()
+        read_first: list[int] = []
+        while True:
+            for prefix, decoder in list(self._prefixes.items()):
+                if prefix not in matched:
+                    matched.add(prefix)
+                    positions, payloads = envelopes_opening_with(values, prefix, left)
+                    if positions:
+                        groups.append((decoder, np.array(positions, dtype=np.int64), payloads))
+            unread = next((int(i) for i in np.nonzero(left)[0][: len(read_first) + 1] if i not in read_first), None)
+            if unread is None or len(read_first) >= CACHED_PREFIXES:
+                break
+            read_first.append(unread)
+            try:
+                self.split(values[unread].as_py())  # learns the value's opening (see _remember_prefix)
+            except ValueError:
+                pass  # read again with the others, where its error is worded
+        grouped = np.zeros(len(values), dtype=bool)
+        for _, held, _ in groups:
+            grouped[held] = True
+        return groups, np.nonzero(~grouped)[0]
 
     def split(self, data: bytes | None) -> tuple[ConnectDecoder, bytes]:
         """(the decoder of the value's schema, its payload's JSON text); ValueError naming what is wrong
         with the value."""
         if data is None:
             raise ValueError("value is null (tombstone)")
+        for prefix, decoder in self._prefixes.items():
+            # A value that opens with an earlier one's `{"schema":<S>,"payload":` and holds one JSON value
+            # after it up to its closing brace is that envelope: its schema is not read again.
+            if data.startswith(prefix) and data.endswith(b"}"):
+                try:
+                    return decoder, bytes(msgspec.json.decode(data[len(prefix) : -1], type=msgspec.Raw))
+                except msgspec.DecodeError:
+                    break  # read in full below, which words what is wrong
         try:
             envelope = msgspec.json.decode(data, type=_Wrapped)
         except msgspec.ValidationError as err:
@@ -367,7 +404,19 @@ class ConnectDecoders:
             ) from err
         except msgspec.DecodeError as err:
             raise ValueError(f"value is not valid JSON ({err})") from err
-        return self._decoder(envelope.schema), bytes(envelope.payload)
+        decoder = self._decoder(envelope.schema)
+        self._remember_prefix(data, bytes(envelope.schema), decoder)
+        return decoder, bytes(envelope.payload)
+
+    def _remember_prefix(self, data: bytes, schema: bytes, decoder: ConnectDecoder) -> None:
+        """The value's opening `{"schema":<schema>,"payload":`, when it is written so (the JsonConverter's
+        compact form): whatever one JSON value follows it up to a closing brace, the value is an envelope of
+        this schema."""
+        prefix = b'{"schema":' + schema + b',"payload":'
+        if data.startswith(prefix) and prefix not in self._prefixes:
+            if len(self._prefixes) >= CACHED_PREFIXES:
+                self._prefixes.clear()
+            self._prefixes[prefix] = decoder
 
     def _decoder(self, schema_text: msgspec.Raw) -> ConnectDecoder:
         text = bytes(schema_text)

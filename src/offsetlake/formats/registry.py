@@ -110,13 +110,14 @@ class Decoders:
         schema_id, guid, indexes, payload = split_frame(data, self._schema_type)
         return self.decoder(schema_id, guid, indexes), payload
 
-    def framed_groups(self, values: pa.Array) -> tuple[dict[int, np.ndarray], np.ndarray]:
-        """The usual frame (`usual_frame`) read for all values at once: ({schema id: positions}, positions of
-        the others, which `split` reads one by one: a GUID, Protobuf's other message types)."""
+    def bulk_groups(self, values: pa.Array) -> tuple[list[tuple[Any, np.ndarray, pa.Array]], np.ndarray]:
+        """The usual frame (`usual_frame`) read for all values at once: [(the schema's decoder, or the
+        UnusableSchema why not; positions; payloads)], and the positions of the others, which `split` reads
+        one by one (a GUID, Protobuf's other message types)."""
         import pyarrow.compute as pc
 
         if self._file is not None or len(values) == 0:
-            return {}, np.arange(len(values))
+            return [], np.arange(len(values))
         length, indexes = self.usual_frame
         usual = pc.and_(
             pc.greater_equal(pc.binary_length(values), length),
@@ -128,7 +129,16 @@ class Decoders:
         framed = np.nonzero(usual)[0]
         ids_bytes = pc.binary_slice(values.take(pa.array(framed)), 1, 5).cast(pa.binary(4))
         ids = np.frombuffer(ids_bytes.buffers()[1], dtype=">u4")[ids_bytes.offset : ids_bytes.offset + len(framed)]
-        groups = {int(i): framed[ids == i] for i in np.unique(ids)}
+        groups: list[tuple[Any, np.ndarray, pa.Array]] = []
+        for schema_id in np.unique(ids):
+            positions = framed[ids == schema_id]
+            try:
+                decoder: Any = self.decoder(int(schema_id), None, indexes)
+            except UnusableSchema as err:
+                groups.append((err, positions, None))
+                continue
+            # An explicit stop: binary_slice without one fails in pyarrow 26 ("Negative buffer resize").
+            groups.append((decoder, positions, pc.binary_slice(values.take(pa.array(positions)), length, 2**31 - 1)))
         return groups, np.nonzero(~usual)[0]
 
     def _build(self, schema_id, guid, indexes: tuple) -> SchemaDecoder:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from offsetlake.config import PipelineConfig
 from offsetlake.formats.evolution import Incompatible, merge_type
@@ -39,18 +38,14 @@ def decode_values(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None
     values = raw.combine_chunks()
     errors: dict[int, str] = {}
     groups: dict[int, tuple] = {}  # id(decoder) -> (decoder, positions, payloads)
-    framed, others = decoders.framed_groups(values)
-    for schema_id, positions in framed.items():
-        frame_length, indexes = decoders.usual_frame
-        try:
-            decoder = decoders.decoder(schema_id, None, indexes)
-        except UnusableSchema as err:
-            errors.update({int(i): f"{what}: {err}" for i in positions})
+    bulk, others = decoders.bulk_groups(values)
+    for decoder, positions, payloads in bulk:
+        if isinstance(decoder, UnusableSchema):
+            errors.update({int(i): f"{what}: {decoder}" for i in positions})
             continue
-        # An explicit stop: binary_slice without one fails in pyarrow 26 ("Negative buffer resize").
-        payloads = pc.binary_slice(values.take(pa.array(positions)), frame_length, 2**31 - 1)
         groups[id(decoder)] = (decoder, positions.tolist(), payloads)
-    other_values = values.take(pa.array(others, pa.int64())).to_pylist()
+    every = len(others) == len(values)  # values that carry their schema (Connect JSON): no copy taken first
+    other_values = (values if every else values.take(pa.array(others, pa.int64()))).to_pylist()
     for i, value in zip(others.tolist(), other_values):
         if value is None and nulls_allowed:
             continue
