@@ -27,7 +27,8 @@ PostgreSQL's intervals hold microseconds, so they are rounded to the microsecond
 exactly. Delta has no time-of-day type, hence microseconds of the day; a timestamp without time zone (Timestamp,
 MicroTimestamp) is its wall-clock reading taken as UTC, as offsetlake reads naive timestamps everywhere. The
 payload of a Debezium event is its envelope (`before`, `after`, `source`, `op`...): `envelope: debezium`
-unwraps it as for a registry format.
+unwraps it as for a registry format. The payloads of one schema are decoded together where
+`connect_batches` can (the same values, or the batch goes value by value here).
 
 Runs in executors: no deltalake import here.
 """
