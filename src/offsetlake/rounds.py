@@ -46,3 +46,15 @@ def each_at_once(
         return [attempt(item) for item in items]
     with ThreadPoolExecutor(max_workers=min(at_once, len(items)), thread_name_prefix="offsetlake-table") as pool:
         return list(pool.map(attempt, items))
+
+
+def one_at_a_time(report: Callable[[Item], None]) -> Callable[[Item], None]:
+    """`report` called by one table's thread at a time: a line printed by two at once would interleave
+    (print writes the text and its newline apart)."""
+    lock = threading.Lock()
+
+    def locked(item: Item) -> None:
+        with lock:
+            report(item)
+
+    return locked

@@ -59,14 +59,16 @@ def ingest_tables(spark: Any, tables: list[PipelineTable], run: Run, say: Say, w
     """Every table in one Spark session, `batch.tables_at_once` at a time; a summary line per batch.
     Returns every table's batches (each labelled with its table)."""
     from offsetlake.batch import ingest
-    from offsetlake.rounds import each_at_once
+    from offsetlake.rounds import each_at_once, one_at_a_time
+
+    say_whole = one_at_a_time(say)  # tables at once: each line whole
 
     def one(table: PipelineTable) -> list[BatchResult]:
         check_reachable(table.cfg)
         results = ingest(spark, table.cfg, run)
         for result in results:
             result.table = table.name
-            say(result.summary())
+            say_whole(result.summary())
         return results
 
     outcomes = each_at_once(tables, one, tables[0].cfg.batch.tables_at_once if tables else 1)

@@ -17,7 +17,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, one_line
 from offsetlake.formats.columns import table_schema
 from offsetlake.protocol.metadata import Run
-from offsetlake.rounds import each_at_once
+from offsetlake.rounds import each_at_once, one_at_a_time
 
 if TYPE_CHECKING:
     from offsetlake.config.topic_tables import PipelineTable
@@ -52,6 +52,7 @@ def stream(
     warning = cfg.maintenance.stream_window_warning(interval)
     if warning:
         log.warning("stream %s: %s", cfg.name, warning)
+    report = one_at_a_time(on_batch) if on_batch else None  # tables at once: one report at a time
     while not stop.is_set():
         round_tables: list[tuple[str | None, PipelineConfig]] = (
             [(t.name, t.cfg) for t in tables()] if tables else [(None, cfg)]
@@ -62,8 +63,8 @@ def stream(
             results = ingest(spark, one_cfg, run, stop)
             for result in results:
                 result.table = name
-                if on_batch:
-                    on_batch(result)
+                if report:
+                    report(result)
             return results
 
         outcomes = each_at_once(round_tables, one, cfg.batch.tables_at_once, stop)

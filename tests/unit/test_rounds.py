@@ -3,7 +3,7 @@
 import threading
 import time
 
-from offsetlake.rounds import NOT_STARTED, each_at_once
+from offsetlake.rounds import NOT_STARTED, each_at_once, one_at_a_time
 
 
 def test_outcomes_keep_the_items_order_and_a_failure_stays_in_its_place():
@@ -56,3 +56,18 @@ def test_items_whose_turn_comes_after_stop_are_not_started():
     outcomes = each_at_once([0, 1, 2, 3], work, at_once=1, stop=stop)
     assert outcomes == [0, 1, NOT_STARTED, NOT_STARTED]
     assert started == [0, 1]
+
+
+def test_reports_from_tables_at_once_come_one_at_a_time():
+    inside, overlapped = threading.Lock(), []
+
+    def report(n: int) -> None:
+        if not inside.acquire(blocking=False):
+            overlapped.append(n)
+            return
+        time.sleep(0.005)
+        inside.release()
+
+    whole = one_at_a_time(report)
+    each_at_once(list(range(40)), whole, at_once=4)
+    assert overlapped == []  # unguarded, four threads sleeping inside `report` would find it taken
