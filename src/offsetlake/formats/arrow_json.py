@@ -58,17 +58,9 @@ def read_columns(fields: list[SchemaField], values: pa.Array, schema: pa.Schema,
     trimmed = pc.utf8_trim_whitespace(text)
     if not (pc.all(pc.starts_with(trimmed, "{")).as_py() and pc.all(pc.ends_with(trimmed, "}")).as_py()):
         return None
-    document = _lines(values)
     parsed_as = pa.schema([(f.name, _PARSED_AS.get(f.type, pa.string())) for f in fields])  # decimal(p,s): text
-    try:
-        table = pj.read_json(
-            pa.BufferReader(document),
-            read_options=pj.ReadOptions(use_threads=False, block_size=max(len(document), 1 << 16)),
-            parse_options=pj.ParseOptions(explicit_schema=parsed_as, unexpected_field_behavior="ignore"),
-        )
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
-        return None
-    if table.num_rows != len(values):
+    table = read_document(_lines(values), parsed_as, len(values))
+    if table is None:
         return None
     columns = []
     for f in fields:
@@ -77,6 +69,21 @@ def read_columns(fields: list[SchemaField], values: pa.Array, schema: pa.Schema,
             return None
         columns.append(column)
     return columns
+
+
+def read_document(document: pa.Buffer | bytes, parsed_as: pa.Schema, rows: int) -> pa.Table | None:
+    """`document` (one JSON object a row, every row an object: Arrow's reader must never see a bare `null`,
+    it crashes on one) read with `parsed_as`'s types, undeclared fields skipped; None if Arrow refuses it or
+    finds other than `rows` rows."""
+    try:
+        table = pj.read_json(
+            pa.BufferReader(document),
+            read_options=pj.ReadOptions(use_threads=False, block_size=max(len(document), 1 << 16)),
+            parse_options=pj.ParseOptions(explicit_schema=parsed_as, unexpected_field_behavior="ignore"),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
+        return None
+    return table if table.num_rows == rows else None
 
 
 def _lines(values: pa.Array) -> pa.Buffer:

@@ -27,14 +27,10 @@ class AvroDecoder(SchemaDecoder):
         self._parsed = fastavro.parse_schema(plain_logical_types(schema), named_schemas=named)
         self.arrow_type = avro_to_arrow(self._parsed, set())
         self._read = fastavro.schemaless_reader
-        self._flat = FlatAvro.of(self._parsed, self.arrow_type)
+        self.batches = FlatAvro.of(self._parsed, self.arrow_type)
 
     def decode(self, payload: bytes) -> Any:
         return self._read(io.BytesIO(payload), self._parsed, None)
-
-    def decode_many(self, payloads: list[bytes] | pa.BinaryArray) -> pa.Array | None:
-        """All payloads at once as a StructArray of `arrow_type`, or None: decode them one by one."""
-        return self._flat.decode(payloads) if self._flat is not None and len(payloads) >= FlatAvro.MIN_RECORDS else None
 
 
 class FlatAvro:

@@ -327,17 +327,11 @@ class ConnectDecoder(SchemaDecoder):
         if record and not pa.types.is_struct(arrow_type):  # as registry formats: a scalar is one column `value`
             arrow_type, convert = pa.struct([pa.field("value", arrow_type)]), functools.partial(_as_record, convert)
         self.arrow_type, self._convert = arrow_type, convert
-        self._fast = FastConnect(plan, _zoned) if plan is not None else None
+        self.batches = FastConnect(plan, _zoned) if plan is not None else None
         self.label = f"Connect schema {schema.get('name') or schema.get('type')!r}"
 
     def decode(self, payload: bytes) -> Any:
         return self._convert(msgspec.json.decode(payload))
-
-    def decode_many(self, payloads: list[bytes]) -> pa.Array | None:
-        """All payloads at once as a StructArray of `arrow_type`, or None: decode them one by one."""
-        if self._fast is None or len(payloads) < self._fast.MIN_RECORDS:
-            return None
-        return self._fast.decode(payloads)
 
 
 class ConnectDecoders:
@@ -347,7 +341,7 @@ class ConnectDecoders:
     def __init__(self, key: bool = False):
         self.key = key
         self._cache: dict[bytes, ConnectDecoder | UnusableConnectSchema] = {}
-        self._prefixes: dict[bytes, ConnectDecoder] = {}  # see split
+        self._prefixes: dict[bytes, ConnectDecoder] = {}  # openings `split` has met (see bulk_groups)
 
     @staticmethod
     @functools.lru_cache(maxsize=2)
@@ -362,7 +356,7 @@ class ConnectDecoders:
         left = closes.fill_null(False).to_numpy(zero_copy_only=False).copy()  # not null, not grouped yet
         groups: list[tuple[ConnectDecoder, np.ndarray, list[bytes]]] = []
         matched: set[bytes] = set()
-        read_first: list[int] = []
+        learned = 0
         while True:
             for prefix, decoder in list(self._prefixes.items()):
                 if prefix not in matched:
@@ -370,14 +364,16 @@ class ConnectDecoders:
                     positions, payloads = envelopes_opening_with(values, prefix, left)
                     if positions:
                         groups.append((decoder, np.array(positions, dtype=np.int64), payloads))
-            unread = next((int(i) for i in np.nonzero(left)[0][: len(read_first) + 1] if i not in read_first), None)
-            if unread is None or len(read_first) >= CACHED_PREFIXES:
+            if not left.any() or learned == CACHED_PREFIXES:
                 break
-            read_first.append(unread)
+            first = int(np.argmax(left))
+            learned += 1
             try:
-                self.split(values[unread].as_py())  # learns the value's opening (see _remember_prefix)
+                self.split(values[first].as_py())  # learns its opening (see _remember_prefix)
             except ValueError:
-                pass  # read again with the others, where its error is worded
+                pass  # its error is worded when it is read with the others
+            if not self._prefixes.keys() - matched:  # it taught no new opening: read with the others
+                left[first] = False
         grouped = np.zeros(len(values), dtype=bool)
         for _, held, _ in groups:
             grouped[held] = True
@@ -388,14 +384,6 @@ class ConnectDecoders:
         with the value."""
         if data is None:
             raise ValueError("value is null (tombstone)")
-        for prefix, decoder in self._prefixes.items():
-            # A value that opens with an earlier one's `{"schema":<S>,"payload":` and holds one JSON value
-            # after it up to its closing brace is that envelope: its schema is not read again.
-            if data.startswith(prefix) and data.endswith(b"}"):
-                try:
-                    return decoder, bytes(msgspec.json.decode(data[len(prefix) : -1], type=msgspec.Raw))
-                except msgspec.DecodeError:
-                    break  # read in full below, which words what is wrong
         try:
             envelope = msgspec.json.decode(data, type=_Wrapped)
         except msgspec.ValidationError as err:

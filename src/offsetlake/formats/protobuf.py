@@ -37,7 +37,7 @@ class ProtobufDecoder(SchemaDecoder):
         self._cls = GetMessageClass(descriptor)
         self.arrow_type = proto_to_arrow(descriptor, set())
         self._convert = _proto_converter(descriptor)
-        self._fast = FastProtobuf.of(descriptor, self.arrow_type)
+        self.batches = FastProtobuf.of(descriptor, self.arrow_type)
 
     def decode(self, payload: bytes) -> Any:
         from google.protobuf.message import DecodeError
@@ -50,12 +50,6 @@ class ProtobufDecoder(SchemaDecoder):
             return self._convert(message)
         except (ValueError, OverflowError, OSError) as err:  # a Timestamp or Date outside what they may hold
             raise ValueError(f"not a valid Protobuf message: {err}") from err
-
-    def decode_many(self, payloads: list[bytes] | pa.BinaryArray) -> pa.Array | None:
-        """All payloads at once as a StructArray of `arrow_type`, or None: decode them one by one."""
-        if self._fast is None or len(payloads) < self._fast.MIN_RECORDS:
-            return None
-        return self._fast.decode(payloads)
 
 
 _WRAPPERS = {

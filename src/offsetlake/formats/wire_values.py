@@ -32,7 +32,7 @@ def decode_values(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None
     """Decode wire-format values. Returns (one Arrow value per raw value, null where it failed or was null;
     the array's type: `table_type` merged with every writer schema met; {position: error}). Records of a
     schema the table cannot hold are errors, with the reason. Each schema's records are decoded together
-    (`decode_many`, when the decoder has a vectorised path), then cast to the merged type."""
+    (`decode_many`, when the decoder has a batch decoder), then cast to the merged type."""
     from offsetlake.formats.registry import UnusableSchema
 
     values = raw.combine_chunks()
@@ -91,13 +91,14 @@ SPLIT_AT = 4096  # a group at least this long that will not decode together is t
 def decode_group(decoder, positions: list[int], payloads: list[bytes], errors: dict[int, str], what: str):
     """(an array of `decoder.arrow_type`, the positions it holds): every payload of one schema.
 
-    Together when the decoder has a vectorised path (`decode_many`); a group it refuses (one corrupt
+    Together when the decoder has a batch decoder (`decode_many`); a group it refuses (one corrupt
     payload refuses the whole group) is halved, down to SPLIT_AT, so that only the part around the
     payload goes record by record, where its error is worded."""
-    many = getattr(decoder, "decode_many", None)
-    if many is None:
+    if decoder.batches is None:
         return _decode_one_by_one(decoder, positions, payloads, errors, what)
-    spans = spans_together(0, len(positions), lambda start, n: many(payloads[start : start + n]), SPLIT_AT // 2)
+    spans = spans_together(
+        0, len(positions), lambda start, n: decoder.decode_many(payloads[start : start + n]), SPLIT_AT // 2
+    )
     if len(spans) == 1 and spans[0].taken is not None:
         return spans[0].taken, positions
     arrays, held = [], []
