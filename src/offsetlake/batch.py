@@ -63,6 +63,7 @@ class BatchResult:
     spark_job: tuple[float, float] | None = None  # epoch seconds its Spark job was submitted and ended
     merged: dict[str, int] | None = None  # upsert mode: the MERGE's rows inserted, updated, deleted
     table: str | None = None  # a pipeline with a table per topic: whose batch this was (the table's name)
+    caught_up: bool = False  # committed up to the end offsets its run set out for: the run is done
 
     def summary(self) -> str:
         return f"{self.table}: {self._summary()}" if self.table else self._summary()
@@ -155,6 +156,7 @@ def run_batch(
         if cfg.table.name is not None:  # a batch may have added columns or changed properties
             catalog.register(session_of(spark), cfg, result.version or 0)
         cluster.commit_group_offsets(cfg.consumer_group, plan.ends)
+        result.caught_up = all(plan.ends[tp] >= end for tp, end in targets.items())
     return result
 
 
@@ -275,14 +277,22 @@ def nothing_to_ingest(cfg: PipelineConfig) -> bool:
 
 
 def ingest(
-    spark: Any, cfg: PipelineConfig, run: Run | None = None, stop: threading.Event | None = None
+    spark: Any,
+    cfg: PipelineConfig,
+    run: Run | None = None,
+    stop: threading.Event | None = None,
+    cluster: KafkaCluster | None = None,
 ) -> list[BatchResult]:
-    """Catch up to the end offsets taken now. Returns the result of every batch attempted.
+    """Catch up to the end offsets taken now. Returns the result of every batch attempted, the last
+    "up_to_date" when the run got there.
 
     `stop` (a stream's SIGTERM) ends the run after the batch in flight, and at once while the driver waits
-    for the broker (`Stopped`: planning and Kafka calls hold nothing that a later run would miss)."""
+    for the broker (`Stopped`: planning and Kafka calls hold nothing that a later run would miss).
+    `cluster`: the pipeline's cluster, kept by the caller across runs (a stream); by default one of this
+    run's own, closed at its end."""
     run = run or Run.here()
-    cluster = KafkaCluster(cfg.kafka, stop=stop)
+    own = cluster is None
+    cluster = cluster or KafkaCluster(cfg.kafka, stop=stop)
     results: list[BatchResult] = []
     try:
         tps = cluster.partitions(cfg.topics)
@@ -291,8 +301,14 @@ def ingest(
             result = run_batch(spark, cfg, cluster, tps, targets, run)
             results.append(result)
             log.info(result.summary())
-            if result.status == "up_to_date" or (stop is not None and stop.is_set()):
+            if result.caught_up:  # its commit holds the targets as the ledger's offsets: a plan would be empty
+                results.append(BatchResult("up_to_date"))
+                log.info(results[-1].summary())
+            if results[-1].status == "up_to_date" or (stop is not None and stop.is_set()):
                 break
     except Stopped as stopped:
         log.warning("%s", stopped)
+    finally:
+        if own:
+            cluster.close()
     return results

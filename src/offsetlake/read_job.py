@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from offsetlake.errors import OffsetlakeError, from_wire
+from offsetlake.errors import OffsetlakeError, from_wire, one_line
 from offsetlake.formats.evolution import Incompatible, adds_columns, merge_schema, plain_schema
 from offsetlake.protocol.planning import assign_slots
 from offsetlake.protocol.quarantine import WrittenFile
-from offsetlake.read.tasks import TaskContext, TaskResults, parse_results, task_function
+from offsetlake.read.tasks import TaskContext, TaskResults, parse_results, read_ranges, task_function
 from offsetlake.spark.session import is_local, session_of
 
 if TYPE_CHECKING:
@@ -47,11 +47,14 @@ def evolved_schema(table: DeltaTable, written: TaskFiles) -> pa.Schema | None:
 
 
 def run_tasks(spark: Any, ctx: TaskContext) -> TaskResults:
-    """Run the tasks, one range each, in a Spark task per slot; what each read and wrote, by task index.
+    """Run the tasks, one range each, in a Spark task per slot (or, for a batch of at most
+    `batch.driver_reads_up_to` offsets, in this thread); what each read and wrote, by task index.
     The job runs in the attempt's job group (`job_group`), so that a failure waits for its own tasks only
     while other tables' jobs run in the same session."""
     if not ctx.tasks:
         return TaskResults({}, [], [], [])
+    if sum(t.size for t in ctx.tasks) <= ctx.cfg.batch.driver_reads_up_to:
+        return read_in_driver(ctx)
     context = session_of(spark).sparkContext
     slots = assign_slots([t.size for t in ctx.tasks], task_slots(context))
     submitted = time.time()
@@ -68,6 +71,18 @@ def run_tasks(spark: Any, ctx: TaskContext) -> TaskResults:
     results = parse_results(rows)
     results.job = (submitted, time.time())
     return results
+
+
+def read_in_driver(ctx: TaskContext) -> TaskResults:
+    """The tasks run one after another in the calling thread (`batch.driver_reads_up_to`): the files they
+    write and what they report are a Spark job's; an error is worded as a failed job's would be."""
+    try:
+        rows = read_ranges(ctx, list(range(len(ctx.tasks))))
+    except OffsetlakeError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a task's unexpected error, one line as from an executor
+        raise OffsetlakeError(f"reading the batch in the driver failed: {one_line(err)}") from err
+    return parse_results(rows)
 
 
 def job_group(attempt: str) -> str:

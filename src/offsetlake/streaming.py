@@ -16,6 +16,7 @@ from offsetlake.batch import BatchResult, ingest
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError, one_line
 from offsetlake.formats.columns import table_schema
+from offsetlake.kafka import KafkaCluster
 from offsetlake.protocol.metadata import Run
 from offsetlake.rounds import each_at_once, one_at_a_time
 
@@ -53,44 +54,51 @@ def stream(
     if warning:
         log.warning("stream %s: %s", cfg.name, warning)
     report = one_at_a_time(on_batch) if on_batch else None  # tables at once: one report at a time
-    while not stop.is_set():
-        round_tables: list[tuple[str | None, PipelineConfig]] = (
-            [(t.name, t.cfg) for t in tables()] if tables else [(None, cfg)]
-        )
+    clusters: dict[str | None, KafkaCluster] = {}  # per table, kept across rounds: its clients stay connected
+    try:
+        while not stop.is_set():
+            round_tables: list[tuple[str | None, PipelineConfig]] = (
+                [(t.name, t.cfg) for t in tables()] if tables else [(None, cfg)]
+            )
 
-        def one(table: tuple[str | None, PipelineConfig]) -> list[BatchResult]:
-            name, one_cfg = table
-            results = ingest(spark, one_cfg, run, stop)
-            for result in results:
-                result.table = name
-                if report:
-                    report(result)
-            return results
+            def one(table: tuple[str | None, PipelineConfig]) -> list[BatchResult]:
+                name, one_cfg = table
+                if name not in clusters:  # each table is in one thread at a time, and so is its cluster
+                    clusters[name] = KafkaCluster(one_cfg.kafka, stop=stop)
+                results = ingest(spark, one_cfg, run, stop, clusters[name])
+                for result in results:
+                    result.table = name
+                    if report:
+                        report(result)
+                return results
 
-        outcomes = each_at_once(round_tables, one, cfg.batch.tables_at_once, stop)
-        failed: list[Exception] = []
-        for (name, one_cfg), outcome in zip(round_tables, outcomes):
-            if isinstance(outcome, Exception):
-                if name is None:
-                    raise outcome
-                failed.append(outcome)
-                log.warning(
-                    "stream %s: table %s failed (tried again next round): %s", cfg.name, name, one_line(outcome)
-                )
-            elif isinstance(outcome, list):  # compaction after the round: never beside another table's batch
-                for result in outcome:
-                    if result.status == "committed":
-                        committed += 1
-                        tidy.setdefault(one_cfg.table_path, StreamCompaction(one_cfg, run, spark)).after(result)
-        if failed and len(failed) == len(round_tables):
-            raise failed[0]
-        if deadline and time.monotonic() >= deadline:
-            break
-        stop.wait(interval)
-        if os.getppid() != parent:
-            # Our parent (spark-submit's JVM, an Airflow worker, a shell) is gone: nobody can stop us.
-            log.warning("stream: parent process %s exited; stopping", parent)
-            break
+            outcomes = each_at_once(round_tables, one, cfg.batch.tables_at_once, stop)
+            failed: list[Exception] = []
+            for (name, one_cfg), outcome in zip(round_tables, outcomes):
+                if isinstance(outcome, Exception):
+                    if name is None:
+                        raise outcome
+                    failed.append(outcome)
+                    log.warning(
+                        "stream %s: table %s failed (tried again next round): %s", cfg.name, name, one_line(outcome)
+                    )
+                elif isinstance(outcome, list):  # compaction after the round: never beside another table's batch
+                    for result in outcome:
+                        if result.status == "committed":
+                            committed += 1
+                            tidy.setdefault(one_cfg.table_path, StreamCompaction(one_cfg, run, spark)).after(result)
+            if failed and len(failed) == len(round_tables):
+                raise failed[0]
+            if deadline and time.monotonic() >= deadline:
+                break
+            stop.wait(interval)
+            if os.getppid() != parent:
+                # Our parent (spark-submit's JVM, an Airflow worker, a shell) is gone: nobody can stop us.
+                log.warning("stream: parent process %s exited; stopping", parent)
+                break
+    finally:
+        for cluster in clusters.values():
+            cluster.close()
     return committed
 
 

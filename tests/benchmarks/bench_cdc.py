@@ -8,16 +8,20 @@ one Spark session, `--tables-at-once` tables at a time (`batch.tables_at_once`),
    one run ingests every table's backlog. Events per second = change events applied / seconds of the ingests
    (after a warm-up ingest, so that no measured batch pays for Spark's first run). Each table is then
    checked against its source (row count and sum of amounts).
-2. Delay: the workload commits `--rate` transactions a second for `--seconds`, while runs over the ten
-   tables follow one another, as one process serving them would. Each row carries `changed_at`, the
-   clock at its statement in its (one-statement) transaction; the delay of a change is its Delta commit's
-   time (the change data feed's `_commit_timestamp`) minus that: median and p99 over every insert and
-   update the feed holds from this phase.
+2. Delay: the workload commits `--rate` transactions a second for `--seconds`, while a stream serves the
+   pipeline (`offsetlake stream`: rounds over its tables in one Spark session, `--stream-tables-at-once` at
+   a time, `stream_interval_seconds` `--interval` apart, batches of up to `--driver-reads-up-to` offsets
+   read by its driver) until Debezium has captured the whole workload and a round has gone by. Each row
+   carries `changed_at`, the clock at its statement in its (one-statement) transaction; the delay of a
+   change is its Delta commit's time (the change data feed's `_commit_timestamp`) minus that: median and
+   p99 over every insert and update the feed holds from this phase, split at its Kafka record's timestamp
+   into Debezium's capture and offsetlake's part.
 
 Targets, printed as met or not: at least APPLIED_TARGET change events a second applied, and a delay p99 under
 DELAY_P99_TARGET seconds at 100 transactions a second.
 
     python tests/benchmarks/bench_cdc.py [--events 20000] [--rate 100] [--seconds 60] [--tables-at-once 4]
+        [--stream-tables-at-once 2] [--interval 0.1] [--driver-reads-up-to 1000]
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -40,6 +45,7 @@ from offsetlake.config import parse_pipeline
 from offsetlake.protocol.metadata import Run
 from offsetlake.runs import ingest_tables, tables_of
 from offsetlake.spark.session import build_session
+from offsetlake.streaming import stream
 from offsetlake.table import query
 from offsetlake_local import broker as embedded_broker
 from offsetlake_local import connect, postgres
@@ -55,8 +61,9 @@ PREFIX = "cdc"
 TABLE_SQL = "CREATE TABLE bench.{t} (id bigint PRIMARY KEY, amount numeric(12, 2), name text, changed_at timestamptz)"
 
 
-def pipeline(bootstrap: str, lake: Path, tables_at_once: int):
-    """One pipeline for the schema's tables, a Delta table per topic, as a Debezium source is set up."""
+def pipeline(bootstrap: str, lake: Path, tables_at_once: int, interval: float = 5.0, driver_reads_up_to: int = 0):
+    """One pipeline for the schema's tables, a Delta table per topic, as a Debezium source is set up; the
+    stream settings as docs/how-to/capture-postgresql.md gives them for a short delay, or the defaults."""
     return parse_pipeline(
         {
             "name": "cdc",
@@ -69,7 +76,9 @@ def pipeline(bootstrap: str, lake: Path, tables_at_once: int):
                 "max_records_per_batch": 10_000_000,
                 "max_records_per_task": 250_000,
                 "tables_at_once": tables_at_once,
+                "driver_reads_up_to": driver_reads_up_to,
             },
+            "stream_interval_seconds": interval,
         },
         "cdc.yaml",
     )
@@ -127,6 +136,30 @@ def steady_workload(server: postgres.Postgres, rate: float, seconds: float, firs
         conn.close()
 
 
+class Rounds:
+    """A stream's tables, asked at the start of each of its rounds: counts the rounds begun."""
+
+    def __init__(self, tables: Callable[[], list]):
+        self._tables = tables
+        self.begun = 0
+
+    def tables(self) -> list:
+        self.begun += 1
+        return self._tables()
+
+
+def stop_after_capture(server: postgres.Postgres, writer: threading.Thread, rounds: Rounds, stop: threading.Event):
+    """Stop the stream once the workload is over, Debezium has captured all of it (its slot confirmed), and
+    a whole round has begun and ended since: every change is then in its table, applied as the stream
+    applies them (a last ingest after the stream would hold the last changes back by its own start)."""
+    writer.join()
+    server.wait_confirmed(connect.slot_name(PREFIX), timeout=300)
+    after = rounds.begun + 1
+    while rounds.begun <= after:
+        time.sleep(0.05)
+    stop.set()
+
+
 def check_tables(server: postgres.Postgres, cfgs: dict) -> None:
     """Each Delta table holds its source's rows: the same count and sum of amounts."""
     conn = server.connect()
@@ -142,9 +175,10 @@ def check_tables(server: postgres.Postgres, cfgs: dict) -> None:
         conn.close()
 
 
-def delays(cfgs: dict, since_ms: int) -> list[float]:
-    """Seconds from each insert's and update's statement to the Delta commit holding it, after `since_ms`."""
-    out: list[float] = []
+def delays(cfgs: dict, since_ms: int) -> dict[str, list[float]]:
+    """Seconds from each insert's and update's statement to the Delta commit holding it, after `since_ms`
+    ("whole"), split at its Kafka record's timestamp ("capture", "offsetlake")."""
+    out: dict[str, list[float]] = {"whole": [], "capture": [], "offsetlake": []}
     for cfg in cfgs.values():
         feed = pa.table(DeltaTable(cfg.table_path).load_cdf(starting_version=0))
         feed = feed.cast(
@@ -156,9 +190,18 @@ def delays(cfgs: dict, since_ms: int) -> list[float]:
                 pc.greater(feed.column("changed_at"), pa.scalar(since_ms * 1000, pa.timestamp("us", tz="UTC"))),
             )
         )
-        committed, stated = (_micros(changed.column(name)) for name in ("_commit_timestamp", "changed_at"))
-        out += ((committed - stated) / 1e6).tolist()
+        committed, kafka, stated = (
+            _micros(changed.column(name)) for name in ("_commit_timestamp", "kafka_timestamp", "changed_at")
+        )
+        out["whole"] += ((committed - stated) / 1e6).tolist()
+        out["capture"] += ((kafka - stated) / 1e6).tolist()
+        out["offsetlake"] += ((committed - kafka) / 1e6).tolist()
     return out
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 def _micros(column: pa.ChunkedArray):
@@ -171,8 +214,18 @@ def main(argv=None) -> int:
     parser.add_argument("--events", type=int, default=20_000, help="inserts per table in the backlog")
     parser.add_argument("--rate", type=float, default=100, help="transactions a second in the delay phase")
     parser.add_argument("--seconds", type=float, default=60, help="length of the delay phase")
+    parser.add_argument("--tables-at-once", type=int, default=4, help="batch.tables_at_once of the backlog's ingest")
     parser.add_argument(
-        "--tables-at-once", type=int, default=4, help="batch.tables_at_once: the tables worked on at once"
+        "--stream-tables-at-once", type=int, default=2, help="batch.tables_at_once of the delay phase's stream"
+    )
+    parser.add_argument(
+        "--interval", type=float, default=0.1, help="stream_interval_seconds: the stream's pause between rounds"
+    )
+    parser.add_argument(
+        "--driver-reads-up-to",
+        type=int,
+        default=1000,
+        help="batch.driver_reads_up_to: a batch of at most this many offsets is read by the driver (0: never)",
     )
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
@@ -226,21 +279,26 @@ def main(argv=None) -> int:
             target=steady_workload, args=(server, args.rate, args.seconds, args.events + 1, stop), daemon=True
         )
         writer.start()
-        rounds = 0
-        while writer.is_alive():
-            ingest_all(spark, cfg)
-            rounds += 1
-        server.wait_confirmed(connect.slot_name(PREFIX), timeout=300)
-        ingest_all(spark, cfg)
+        streamed = pipeline(bootstrap, lake, args.stream_tables_at_once, args.interval, args.driver_reads_up_to)
+        rounds = Rounds(lambda: tables_of(streamed))
+        threading.Thread(target=stop_after_capture, args=(server, writer, rounds, stop), daemon=True).start()
+        batches = stream(spark, streamed, stop, tables=rounds.tables)
         check_tables(server, cfgs)
-        found = sorted(delays(cfgs, since_ms))
-        p99 = found[min(len(found) - 1, int(0.99 * len(found)))]
+        found = delays(cfgs, since_ms)
+        p99 = percentile(found["whole"], 0.99)
         log(
             f"cdc delay, source statement -> Delta commit, {args.rate:.0f} transactions/s for {args.seconds:.0f} s, "
-            f"rounds over the ten tables, {args.tables_at_once} at once, in one Spark session ({rounds} rounds): "
-            f"median {statistics.median(found):.1f} s, "
-            f"p99 {p99:.1f} s over {len(found):,} changes"
+            f"a stream, {args.stream_tables_at_once} tables at once, {args.interval:g} s between rounds, "
+            f"{f'batches of up to {args.driver_reads_up_to:,} offsets' if args.driver_reads_up_to else 'no batch'} "
+            "read by the driver "
+            f"({batches} batches): median {statistics.median(found['whole']):.2f} s, p99 {p99:.2f} s "
+            f"over {len(found['whole']):,} changes"
         )
+        for part, what in (("capture", "Debezium's capture"), ("offsetlake", "offsetlake's part")):
+            log(
+                f"  of which {what} (to/from the Kafka record's timestamp): median "
+                f"{statistics.median(found[part]):.2f} s, p99 {percentile(found[part], 0.99):.2f} s"
+            )
         print_targets(
             [
                 (

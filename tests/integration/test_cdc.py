@@ -139,7 +139,8 @@ def test_a_table_created_while_the_stream_runs_is_captured_and_lands_equal_to_it
 ):
     """The connector's publication holds every table of the schema, those created later included
     (connect.create_publication), and a stream over a topic pattern gives each new topic its table at its
-    next round: a table created while Debezium and the stream run, then changed, lands equal to its source."""
+    next round: a table created while Debezium and the stream run, then changed, lands equal to its source.
+    The stream's small batches are read by its driver (batch.driver_reads_up_to), a larger one by a Spark job."""
     shop = Shop(source_db, unique("shop").lower(), seed=44)
     shop.create()
     worker = capture(source_db, bootstrap, tmp_path / "connect", shop.schema, schemas_enable=True)
@@ -153,6 +154,7 @@ def test_a_table_created_while_the_stream_runs_is_captured_and_lands_equal_to_it
             lake,
             format={"type": "connect_json", "schema": [], "envelope": "debezium"},
             write={"mode": "upsert", "key": ["id"], "keys": KEYS, "order_by": "_debezium_position"},
+            batch={"driver_reads_up_to": 40},
         )
         cfg = load(pipelines_dir, name)
         stream = stream_process(cfg, pipelines_dir, stderr=said)

@@ -63,6 +63,26 @@ def test_job_killed_at_each_fault_point_then_rerun_is_exact(spark, pipeline, pip
     assert data_files_on_disk(cfg.table_path) - referenced == killed_attempts_orphans
 
 
+def test_a_batch_read_by_the_driver_killed_after_its_files_were_written_then_rerun_is_exact(
+    spark, pipeline, pipelines_dir
+):
+    # batch.driver_reads_up_to: the tasks' fault points are hit in the driver's own thread
+    cfg, _ = pipeline(partitions=3, records=1200, batch={"driver_reads_up_to": 1_000_000})
+    job = ingest_process(cfg, pipelines_dir, {"OFFSETLAKE_FAULT": "after_task_write:exit"})
+    job.communicate(timeout=300)
+    assert job.returncode == -signal.SIGKILL, "the job was not killed in its read"
+    assert pipeline_commits(cfg) == []
+    orphans = data_files_on_disk(cfg.table_path) - committed_files(cfg.table_location)
+    assert orphans, "the killed attempt had written a file: the check below must see it"
+
+    results = ingest(spark, cfg)
+
+    assert [r.status for r in results] == ["committed", "up_to_date"]
+    assert_exactly_once(cfg)
+    referenced = committed_files(cfg.table_location)
+    assert not orphans & referenced and data_files_on_disk(cfg.table_path) - referenced == orphans
+
+
 def test_two_ingests_started_together_are_exact(pipeline, pipelines_dir):
     cfg, _ = pipeline(partitions=3, records=3000, batch={"max_records_per_batch": 600, "max_records_per_task": 200})
     jobs = [ingest_process(cfg, pipelines_dir) for _ in range(2)]

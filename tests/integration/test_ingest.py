@@ -256,3 +256,20 @@ def test_more_ranges_than_cores_run_as_one_spark_task_per_core_and_stay_exact(sp
     ranges = sum(-(-(hi - lo) // 200) for parts in commit.meta.ranges.values() for lo, hi in parts.values())
     assert ranges >= 6 and len(DeltaTable(cfg.table_path).file_uris()) == ranges  # a file per range, none lost
     assert assert_exactly_once(cfg) == report.committed
+
+
+def test_a_small_batch_is_read_by_the_driver_and_a_larger_one_by_a_spark_job(spark, pipeline):
+    # batch.driver_reads_up_to: the same reading, converting and staging, in the driver's thread, no Spark job
+    cfg, topic = pipeline(partitions=3, batch={"driver_reads_up_to": 2000, "max_records_per_task": 150})
+    tracker = spark.sparkContext.statusTracker()
+    small = produce(cfg.kafka, topic, 600, transactional_share=0.6, abort_share=0.3, seed=31)
+    assert committed(ingest(spark, cfg))
+    large = produce(cfg.kafka, topic, 3000, seed=32)
+    assert committed(ingest(spark, cfg))
+
+    first, second = pipeline_commits(cfg)
+    offsets = [sum(hi - lo for parts in c.meta.ranges.values() for lo, hi in parts.values()) for c in (first, second)]
+    assert offsets[0] <= 2000 < offsets[1]
+    assert list(tracker.getJobIdsForGroup(job_group(first.meta.attempt))) == []  # read by the driver
+    assert len(tracker.getJobIdsForGroup(job_group(second.meta.attempt))) == 1  # read by a Spark job
+    assert assert_exactly_once(cfg) == small.committed + large.committed

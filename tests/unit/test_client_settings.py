@@ -166,3 +166,46 @@ def test_new_clients_do_not_wait_half_the_default_reconnect_backoff(cfg, built):
     with pytest.raises(Built):
         kafka.KafkaCluster(own).partitions(cfg.topics)
     assert built["planner (admin)"]["reconnect.backoff.ms"] == 250
+
+
+def test_the_offset_mirror_keeps_its_consumer_until_a_commit_fails_or_the_cluster_closes(cfg, monkeypatch):
+    """A stream mirrors every batch's offsets: through one consumer per group, kept by its cluster (a new one
+    would look the group's coordinator up again each time), and a new one after a mirror that failed."""
+    from confluent_kafka import KafkaError as Code
+    from confluent_kafka import KafkaException
+
+    made = []
+
+    class Consumer:
+        refuse = False
+
+        def __init__(self, settings):
+            self.settings, self.commits, self.closed = settings, [], False
+            made.append(self)
+
+        def commit(self, offsets, asynchronous):
+            assert asynchronous is False
+            if Consumer.refuse:
+                raise KafkaException(Code(Code.GROUP_AUTHORIZATION_FAILED))
+            self.commits.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(kafka_cluster, "Consumer", Consumer)
+    cluster = kafka.KafkaCluster(cfg.kafka)
+
+    assert cluster.commit_group_offsets("g", {("orders", 0): 10})
+    assert cluster.commit_group_offsets("g", {("orders", 0): 12})
+    assert len(made) == 1 and made[0].commits == [[("orders", 0, 10)], [("orders", 0, 12)]]
+    assert made[0].settings["group.id"] == "g" and not made[0].closed
+
+    Consumer.refuse = True
+    assert not cluster.commit_group_offsets("g", {("orders", 0): 14})
+    assert made[0].closed  # dropped: the next mirror starts with a new consumer
+    Consumer.refuse = False
+    assert cluster.commit_group_offsets("g", {("orders", 0): 14})
+    assert len(made) == 2 and made[1].commits == [[("orders", 0, 14)]]
+
+    cluster.close()
+    assert made[1].closed

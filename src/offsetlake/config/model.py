@@ -173,6 +173,9 @@ class BatchSettings(Strict):
     """With a table per topic: how many of the pipeline's tables a run (or a stream's round) works on at
     once in its Spark session, so that their Spark jobs share its cores. Each table still commits and
     fails on its own. 1 takes the tables one after another."""
+    driver_reads_up_to: StrictInt = Field(default=0, ge=0)
+    """A batch of at most this many offsets is read and staged by the Spark driver, not a Spark job (which a
+    stream of small batches waits on every round); the files and commit are the same. 0: always a job."""
 
 
 class WriteSettings(Strict):

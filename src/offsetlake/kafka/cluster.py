@@ -58,7 +58,15 @@ class KafkaCluster:
         self.stop = stop
         self.timeout = settings.timeout_seconds
         self._admin: AdminClient | None = None
+        self._committers: dict[str, Consumer] = {}  # per consumer group: the consumer that mirrors its offsets
         self._broker_errors: deque[str] = deque(maxlen=20)  # the latest, for error messages
+
+    def close(self) -> None:
+        """Close the consumers kept for mirroring offsets. A cluster is used by one thread at a time: a run
+        of `ingest` creates one, a stream keeps one per table across its rounds."""
+        committers, self._committers = self._committers, {}
+        for consumer in committers.values():
+            consumer.close()
 
     @property
     def admin(self) -> AdminClient:
@@ -276,7 +284,9 @@ class KafkaCluster:
     def commit_group_offsets(self, group: str, offsets: dict[TP, int]) -> bool:
         """Mirror the ledger into the consumer group so lag tools see it. Informational only.
 
-        A consumer's synchronous commit, bounded by `kafka.timeout_seconds` per try. librdkafka waits for
+        A consumer's synchronous commit, bounded by `kafka.timeout_seconds` per try. The consumer is kept
+        until `close` (a new one would look the group's coordinator up again at every batch); after a failed
+        mirror the next batch starts with a new one. librdkafka waits for
         the group's coordinator up to `session.timeout.ms` (45 s by default) whatever `socket.timeout.ms`
         says: with the broker gone right after a batch, a commit took 45.0 s, a stream's round with it
         (2.0 s with both set to 2 s; this consumer never joins the group, so the session timeout means
@@ -288,11 +298,8 @@ class KafkaCluster:
         the batch's readers and audit's read of Kafka alike, is reader.RangeReader, sized in reader.py."""
         if not offsets:
             return True
-        consumer = None
         try:
-            consumer = self._group_consumer(
-                group, **{"socket.timeout.ms": self._socket_ms, "session.timeout.ms": self._socket_ms}
-            )
+            consumer = self._committer(group)
             retrying(
                 f"consumer group {group}: cannot mirror offsets",
                 lambda: consumer.commit(
@@ -303,11 +310,18 @@ class KafkaCluster:
             )
             return True
         except (KafkaException, Stopped) as err:
+            failed = self._committers.pop(group, None)
+            if failed is not None:
+                failed.close()
             log.warning("could not mirror offsets to consumer group %s: %s", group, _describe(err))
             return False
-        finally:
-            if consumer is not None:
-                consumer.close()
+
+    def _committer(self, group: str) -> Consumer:
+        if group not in self._committers:
+            self._committers[group] = self._group_consumer(
+                group, **{"socket.timeout.ms": self._socket_ms, "session.timeout.ms": self._socket_ms}
+            )
+        return self._committers[group]
 
     def _group_consumer(self, group: str, **extra) -> Consumer:
         """A consumer of `group` that reads or commits its offsets and never joins it (no subscription)."""
