@@ -27,9 +27,12 @@ Say = Callable[[str], None]
 SparkFactory = Callable[[PipelineConfig, str], Any]  # (pipeline, job) -> a context manager yielding a session
 
 
-def tables_of(cfg: PipelineConfig, name: str | None = None) -> list[PipelineTable]:
-    """The tables a run acts on: the pipeline's (as of the cluster's topics now), or `name`'s."""
-    return select(pipeline_tables(cfg, topic_lister(cfg.kafka)), cfg, name)
+def tables_of(
+    cfg: PipelineConfig, name: str | None = None, topic_names: Callable[[], list[str]] | None = None
+) -> list[PipelineTable]:
+    """The tables a run acts on: the pipeline's (as of the cluster's topics now, `topic_names()`; by default
+    a client made for the call), or `name`'s."""
+    return select(pipeline_tables(cfg, topic_names or topic_lister(cfg.kafka)), cfg, name)
 
 
 def one_table(cfg: PipelineConfig, name: str | None = None) -> PipelineConfig:

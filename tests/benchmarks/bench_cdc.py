@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from offsetlake.config import parse_pipeline
+from offsetlake.kafka import KafkaCluster
 from offsetlake.protocol.metadata import Run
 from offsetlake.runs import ingest_tables, tables_of
 from offsetlake.spark.session import build_session
@@ -280,9 +281,13 @@ def main(argv=None) -> int:
         )
         writer.start()
         streamed = pipeline(bootstrap, lake, args.stream_tables_at_once, args.interval, args.driver_reads_up_to)
-        rounds = Rounds(lambda: tables_of(streamed))
+        topics = KafkaCluster(streamed.kafka)  # as `offsetlake stream`: one client lists the topics each round
+        rounds = Rounds(lambda: tables_of(streamed, topic_names=topics.topic_names))
         threading.Thread(target=stop_after_capture, args=(server, writer, rounds, stop), daemon=True).start()
-        batches = stream(spark, streamed, stop, tables=rounds.tables)
+        try:
+            batches = stream(spark, streamed, stop, tables=rounds.tables)
+        finally:
+            topics.close()
         check_tables(server, cfgs)
         found = delays(cfgs, since_ms)
         p99 = percentile(found["whole"], 0.99)

@@ -38,6 +38,9 @@ given as `--jars`), while the harness's own optimize, vacuum, checkpoint and res
 operator's maintenance beside the pipeline would be. Only on local disk: the delta-spark engine has no S3
 settings yet.
 
+With `driver_reads_up_to=N` (`batch.driver_reads_up_to`) a batch of at most N offsets is read by the job's
+driver instead of a Spark job: the kills at `after_read` then end the job itself, not a Spark task.
+
 After every fault the table is checked for duplicated offsets (before a
 restore could erase the evidence, the full check below runs too). At the end
 the producers stop, one clean ingest catches up, and every (topic, partition,
@@ -546,6 +549,7 @@ class Chaos:
         storage: str = "local",
         mode: str = "append",
         engine: str = "delta-rs",
+        driver_reads_up_to: int = 0,
     ):
         if engine == "delta-spark" and storage != "local":
             raise ChaosFailure("the delta-spark engine runs on a local table only (it has no S3 settings yet)")
@@ -615,7 +619,12 @@ class Chaos:
             [self.topic],
             workdir / "lake",
             name=f"chaos_{seed}",
-            batch={"max_records_per_batch": 4000, "max_records_per_task": 1500, "read_timeout_seconds": 30},
+            batch={
+                "max_records_per_batch": 4000,
+                "max_records_per_task": 1500,
+                "read_timeout_seconds": 30,
+                "driver_reads_up_to": driver_reads_up_to,
+            },
             **avro,
             **upsert,
             **tables,
@@ -1294,30 +1303,39 @@ def run(
     storage: str = "local",
     mode: str = "append",
     engine: str = "delta-rs",
+    driver_reads_up_to: int = 0,
 ) -> Summary:
     seed = random.randrange(1_000_000) if seed is None else seed
     workdir = Path(workdir or tempfile.mkdtemp(prefix="offsetlake-chaos-"))
     log(
         f"chaos: seed {seed}, {faults} faults, {record_format} records, {storage} table, {mode}, {engine} engine, "
-        f"work in {workdir}"
+        f"batches of up to {driver_reads_up_to} offsets read by the driver, work in {workdir}"
     )
+    replay = replay_args(seed, faults, record_format, storage, mode, engine, driver_reads_up_to)
     logging.getLogger("offsetlake.librdkafka").setLevel(logging.CRITICAL)  # a restarting node is expected
     workdir.mkdir(parents=True, exist_ok=True)
-    chaos = Chaos(workdir, seed, log, lanes, record_format, storage, mode, engine)
+    chaos = Chaos(workdir, seed, log, lanes, record_format, storage, mode, engine, driver_reads_up_to)
     try:
         with chaos.deaths:
             summary = chaos.run(faults)
     except ChaosFailure as err:
         log(chaos.summary.table())
-        raise ChaosFailure(
-            f"{err} -- replay: make chaos CHAOS_ARGS='--seed {seed} --faults {faults} --format {record_format} "
-            f"--storage {storage} --mode {mode} --engine {engine}'"
-        ) from None
+        raise ChaosFailure(f"{err} -- replay: make chaos CHAOS_ARGS='{replay}'") from None
     finally:
         chaos.close()
     (workdir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
     log(summary.table())
     return summary
+
+
+def replay_args(
+    seed: int, faults: int, record_format: str, storage: str, mode: str, engine: str, driver_reads_up_to: int
+) -> str:
+    """The harness's command-line arguments that run a run's draws again."""
+    return (
+        f"--seed {seed} --faults {faults} --format {record_format} --storage {storage} --mode {mode} "
+        f"--engine {engine} --driver-reads-up-to {driver_reads_up_to}"
+    )
 
 
 # No fault takes this long: if none ends within it, every thread's stack goes to stderr (and again each
@@ -1361,6 +1379,12 @@ def main(argv: list[str] | None = None) -> int:
         default="delta-rs",
         help="the commit engine of the pipeline's jobs (delta-spark: local storage only)",
     )
+    parser.add_argument(
+        "--driver-reads-up-to",
+        type=int,
+        default=0,
+        help="batch.driver_reads_up_to: a batch of at most this many offsets read by the driver (default 0: off)",
+    )
     args = parser.parse_args(argv)
     # `kill <harness>` or a CI timeout: unwind, so the run's brokers, jobs and servers are stopped by PID.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -1376,16 +1400,19 @@ def main(argv: list[str] | None = None) -> int:
             storage=args.storage,
             mode=args.mode,
             engine=args.engine,
+            driver_reads_up_to=args.driver_reads_up_to,
         )
     except ChaosFailure as err:
         print(f"CHAOS FAILED: {err}", file=sys.stderr)
         print(f"logs kept in {workdir}", file=sys.stderr)
         return 1
     if not summary.ok:
+        replay = replay_args(
+            summary.seed, args.faults, args.format, args.storage, args.mode, args.engine, args.driver_reads_up_to
+        )
         print(
             f"CHAOS FAILED: seed {summary.seed}: the audit failed or a job failed with no fault to explain it "
-            f"(see the summary) -- replay: make chaos CHAOS_ARGS='--seed {summary.seed} --faults {args.faults} "
-            f"--format {args.format} --storage {args.storage} --mode {args.mode} --engine {args.engine}'",
+            f"(see the summary) -- replay: make chaos CHAOS_ARGS='{replay}'",
             file=sys.stderr,
         )
         print(f"logs kept in {workdir}", file=sys.stderr)

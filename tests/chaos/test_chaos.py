@@ -3,14 +3,17 @@
 One run; its seed draws the records' format (JSON, or Avro through a Schema Registry with key and headers
 kept and a field added mid-run), where the table lives (local disk, or S3 behind the fault proxy with
 object storage's faults), the write mode (append, or upsert: the latest record per key, checked
-against the fold of Kafka) and, for a local table in append mode, the commit engine (delta-rs or
-delta-spark; delta-spark refuses a table on S3). Sixteen seeds in a row cover every combination; a run per
+against the fold of Kafka), for a local table in append mode the commit engine (delta-rs or
+delta-spark; delta-spark refuses a table on S3), and whether batches of up to 2,000 offsets are read by the
+job's driver instead of a Spark job (`batch.driver_reads_up_to`). Thirty-two seeds in a row cover every
+combination; a run per
 combination in every `make test` would not fit its 30 minutes (two runs took 6-7 of them). Upsert on the
 delta-spark engine, the longest draw (about 10 minutes of the suite's two workers), is left to `make chaos`
 (`--engine delta-spark --mode upsert`).
 
 `make chaos` runs the same harness with 200. A failure names the seed; replay
-it with OFFSETLAKE_CHAOS_SEED=<seed> make test, or make chaos CHAOS_ARGS="--seed <seed>".
+it with OFFSETLAKE_CHAOS_SEED=<seed> make test, or with the arguments the failure prints, make chaos
+CHAOS_ARGS="--seed <seed> ...".
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ import random
 
 import pytest
 
-from chaos.harness import UPSERT_KEYS, kinds_for, run
+from chaos.harness import UPSERT_KEYS, kinds_for, replay_args, run
 
 pytestmark = pytest.mark.slow
 FAULTS = 20
+DRIVER_READS_UP_TO = 2000  # a stream's batches and a small ingest's, not the 4,000-offset ones of a backlog
 
 
 def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path):
@@ -33,13 +37,21 @@ def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path):
     mode = ("append", "upsert")[seed // 4 % 2]
     on_delta_spark = storage == "local" and mode == "append" and seed // 8 % 2 == 1
     engine = "delta-spark" if on_delta_spark else "delta-rs"
+    driver_reads_up_to = (0, DRIVER_READS_UP_TO)[seed // 16 % 2]
     replay = (
-        f"seed {seed} -- replay: OFFSETLAKE_CHAOS_SEED={seed} make test, or make chaos "
-        f"CHAOS_ARGS='--seed {seed} --format {record_format} --storage {storage} --mode {mode} --engine {engine}'"
+        f"seed {seed} -- replay: OFFSETLAKE_CHAOS_SEED={seed} make test, or make chaos CHAOS_ARGS="
+        f"'{replay_args(seed, FAULTS, record_format, storage, mode, engine, driver_reads_up_to)}'"
     )
     # Raises, naming the seed, at the first loss, duplicate or wrong value.
     summary = run(
-        FAULTS, seed, tmp_path / "chaos", record_format=record_format, storage=storage, mode=mode, engine=engine
+        FAULTS,
+        seed,
+        tmp_path / "chaos",
+        record_format=record_format,
+        storage=storage,
+        mode=mode,
+        engine=engine,
+        driver_reads_up_to=driver_reads_up_to,
     )
 
     kinds = set(kinds_for(storage, mode))

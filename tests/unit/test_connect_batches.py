@@ -248,6 +248,8 @@ def test_values_read_by_their_opening_decode_and_fail_exactly_as_each_read_in_fu
         45: envelope({"type": "nonsense"}, 1),  # a schema offsetlake cannot use
         46: opening + b'{"op": "c", "source": {"lsn": "x", "table": "t"}}}',  # a payload its schema refuses
         47: opening + b'{"op": "c", "op": "d", "source": {"lsn": 1, "table": "t"}}}',  # a key twice: the last
+        48: opening + b'{"op": "c", "source": {"lsn": 1, "table": "\xff"}}}',  # not UTF-8
+        49: opening.replace(b'"optional"', b'"OPTIONAL"', 1) + b'{"op": "c"}}',  # an opening no schema has
         350: envelope(ENVELOPE, None),  # a null payload
     }
     for position, value in odd.items():
@@ -260,7 +262,7 @@ def test_values_read_by_their_opening_decode_and_fail_exactly_as_each_read_in_fu
     assert fast[1] == reference[1]  # the type every schema met merges to
     assert fast[2] == reference[2]  # the same records refused, with the same words
     assert fast[0].equals(reference[0])
-    assert set(fast[2]) == {17, 40, 42, 43, 45, 46}, fast[2]
+    assert set(fast[2]) == {17, 40, 42, 43, 45, 46, 48}, {k: v for k, v in fast[2].items() if k > 47}
     again = ConnectDecoders()  # a second batch: the openings are known from the first
     decode_values(again, raw, None, "value", nulls_allowed=True)
     assert decode_values(again, raw, None, "value", nulls_allowed=True)[0].equals(reference[0])

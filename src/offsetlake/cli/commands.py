@@ -16,6 +16,8 @@ from offsetlake.errors import ConfigError, OffsetlakeError
 from offsetlake.protocol.metadata import Run
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from offsetlake.config.topic_tables import PipelineTable
 
 
@@ -33,10 +35,12 @@ def _pipeline(args: argparse.Namespace) -> PipelineConfig:
     return runs.one_table(_loaded(args), args.table)
 
 
-def _pipeline_tables(args: argparse.Namespace) -> list[PipelineTable]:
+def _pipeline_tables(
+    args: argparse.Namespace, topic_names: Callable[[], list[str]] | None = None
+) -> list[PipelineTable]:
     """The tables a command that takes all of them acts on: the pipeline's (as of the cluster's topics
     now), or `--table`'s."""
-    return runs.tables_of(_loaded(args), args.table)
+    return runs.tables_of(_loaded(args), args.table, topic_names)
 
 
 def _heading(table: PipelineTable) -> str | None:
@@ -123,14 +127,23 @@ def cmd_stream(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())  # finish the batch in flight, then leave
 
-    def current_tables() -> list[PipelineTable]:
-        return _pipeline_tables(args)
+    from offsetlake.kafka import KafkaCluster
 
-    tables = current_tables()
-    with spark_session(args)(tables[0].cfg, "stream") as spark:  # under spark-submit it starts while Kafka is checked
-        n = runs.stream_tables(
-            spark, current_tables, stop, args.interval, _run(args), _warn, max_seconds=args.max_seconds
-        )
+    # One client lists the cluster's topics before every round (a new one each round costs the broker more).
+    topics = KafkaCluster(_loaded(args).kafka)
+
+    def current_tables() -> list[PipelineTable]:
+        return _pipeline_tables(args, topics.topic_names)
+
+    try:
+        tables = current_tables()
+        # Under spark-submit the session starts while Kafka is checked.
+        with spark_session(args)(tables[0].cfg, "stream") as spark:
+            n = runs.stream_tables(
+                spark, current_tables, stop, args.interval, _run(args), _warn, max_seconds=args.max_seconds
+            )
+    finally:
+        topics.close()
     _say(f"stream stopped after {n} committed batches")
     return 0
 

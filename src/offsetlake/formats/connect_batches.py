@@ -162,9 +162,10 @@ def _decimals(column: pa.Array, arrow_type: pa.DataType) -> pa.Array:
 def envelopes_opening_with(values: pa.Array, prefix: bytes, left: np.ndarray) -> tuple[list[int], list[bytes]]:
     """(positions, payload texts) of the Connect JSON values in `left` that are `prefix` (a value's opening
     `{"schema":<S>,"payload":`) + one JSON value + `}`; they leave `left`."""
-    opens = pc.equal(pc.binary_slice(values, 0, len(prefix)), pa.scalar(prefix, pa.binary()))
+    # Compared and cut where the values lie: an opening is most of a value (its schema), not to be copied.
+    opens = pc.starts_with(values, prefix.decode())  # a schema msgspec has read is UTF-8
     candidates = np.nonzero(opens.fill_null(False).to_numpy(zero_copy_only=False) & left)[0]
-    texts = pc.binary_slice(values.take(pa.array(candidates, pa.int64())), len(prefix), -1).to_pylist()
+    texts = pc.binary_slice(values, len(prefix), -1).take(pa.array(candidates, pa.int64())).to_pylist()
     positions, payloads = [], []
     for position, text in zip(candidates.tolist(), texts):
         try:  # exactly one JSON value before the closing brace; else `split` words what is wrong

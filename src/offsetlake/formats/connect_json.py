@@ -352,7 +352,7 @@ class ConnectDecoders:
         """Values written as an earlier one was, `{"schema":<S>,"payload":<one JSON value>}` (see `split`), read
         for all values at once: [(S's decoder, positions, payload texts)], and the positions of the others,
         which `split` reads one by one. A value no known opening matches is read first, to learn its own."""
-        closes = pc.equal(pc.binary_slice(values, -1, 2**31 - 1), pa.scalar(b"}", pa.binary()))
+        closes = pc.ends_with(values, "}")
         left = closes.fill_null(False).to_numpy(zero_copy_only=False).copy()  # not null, not grouped yet
         groups: list[tuple[ConnectDecoder, np.ndarray, list[bytes]]] = []
         matched: set[bytes] = set()
