@@ -7,6 +7,7 @@ and this test process may have one already.
 
 from __future__ import annotations
 
+import os
 import stat
 import subprocess
 import sys
@@ -94,6 +95,10 @@ def test_the_archive_name_changes_with_the_jvm_and_the_jars(tmp_path, monkeypatc
     second = jvm_archive.archive_path()
     monkeypatch.setenv("JAVA_HOME", str(fake_java(tmp_path, 1)))
     third = jvm_archive.archive_path()
-    assert len({first, second, third}) == 3
+    rewritten = spark_home / "jars" / "spark-sql_2.13-4.2.0.jar"  # the same jar installed again
+    os.utime(rewritten, ns=(rewritten.stat().st_atime_ns, rewritten.stat().st_mtime_ns + 1_000_000_000))
+    fourth = jvm_archive.archive_path()
+    assert len({first, second, third, fourth}) == 4
+    assert jvm_archive.archive_path() == fourth  # and the same files, the same name
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
     assert jvm_archive.archive_path() is None and jvm_archive.driver_java_options() == ""

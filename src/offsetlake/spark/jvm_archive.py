@@ -9,9 +9,10 @@ Rules kept here, each because the JVM demands it:
 - A JVM that maps a truncated archive dies with SIGBUS (seen). So an archive is dumped under a temporary
   name and reaches its own name by one rename, and only after the JVM that dumped it exited with 0; it is
   never rewritten in place (a rename leaves a JVM that has the old file mapped untouched).
-- An archive holds only for the JVM build and the class path it was dumped with. Its name carries a key of
-  both; a JVM that still cannot use it starts without it, silently (`-Xlog:cds*=off`: its warning would
-  otherwise go to stdout), and a missing archive is ignored by the JVM too.
+- An archive holds only for the JVM build and the class path it was dumped with, down to each jar's size
+  and time. Its name carries a key of both; a JVM that still cannot use it starts without it, silently
+  (`-Xlog:cds*=off`: its warning would otherwise go to stdout), and a missing archive is ignored by the JVM
+  too.
 - Only driver JVMs started on this host get it (PySpark's, or spark-submit's in client mode); executors on
   a cluster start their own JVMs, with their own class paths.
 
@@ -66,12 +67,16 @@ def archive_path() -> Path | None:
     java, jars = java_executable(), spark_jars()
     if java is None or jars is None:
         return None
-    stat = java.stat()
-    # The jar names carry Spark's version; the java binary's size and time change with every JDK update.
-    identity = "\n".join(
-        [str(java), str(stat.st_size), str(stat.st_mtime_ns), str(jars), *sorted(p.name for p in jars.glob("*.jar"))]
-    )
+    # The java binary's size and time change with every JDK update. A JVM refuses an archive whose jars were
+    # rewritten since it was dumped (a reinstall of the same pyspark), so each jar's size and time count too.
+    stamped_jars = sorted(f"{p.name} {_stamp(p)}" for p in jars.glob("*.jar"))
+    identity = "\n".join([str(java), _stamp(java), str(jars), *stamped_jars])
     return archive_dir() / f"spark-driver-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.jsa"
+
+
+def _stamp(path: Path) -> str:
+    stat = path.stat()
+    return f"{stat.st_size} {stat.st_mtime_ns}"
 
 
 def driver_java_options() -> str:
