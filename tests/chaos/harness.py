@@ -1309,7 +1309,8 @@ def run(
     workdir = Path(workdir or tempfile.mkdtemp(prefix="offsetlake-chaos-"))
     log(
         f"chaos: seed {seed}, {faults} faults, {record_format} records, {storage} table, {mode}, {engine} engine, "
-        f"batches of up to {driver_reads_up_to} offsets read by the driver, work in {workdir}"
+        f"{f'batches of up to {driver_reads_up_to} offsets' if driver_reads_up_to else 'no batch'} read by the "
+        f"driver, work in {workdir}"
     )
     replay = replay_args(seed, faults, record_format, storage, mode, engine, driver_reads_up_to)
     logging.getLogger("offsetlake.librdkafka").setLevel(logging.CRITICAL)  # a restarting node is expected

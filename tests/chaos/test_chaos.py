@@ -6,8 +6,8 @@ object storage's faults), the write mode (append, or upsert: the latest record p
 against the fold of Kafka), for a local table in append mode the commit engine (delta-rs or
 delta-spark; delta-spark refuses a table on S3), and whether batches of up to 2,000 offsets are read by the
 job's driver instead of a Spark job (`batch.driver_reads_up_to`). Thirty-two seeds in a row cover every
-combination; a run per
-combination in every `make test` would not fit its 30 minutes (two runs took 6-7 of them). Upsert on the
+combination; a run per combination in every `make test` would not fit its 30 minutes (two runs took 6-7 of
+them). Upsert on the
 delta-spark engine, the longest draw (about 10 minutes of the suite's two workers), is left to `make chaos`
 (`--engine delta-spark --mode upsert`).
 
