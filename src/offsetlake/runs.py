@@ -8,13 +8,15 @@ failed table and why.
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from offsetlake.config import PipelineConfig
-from offsetlake.config.topic_tables import PipelineTable, only_table, pipeline_tables, select
+from offsetlake.config.topic_tables import NoTopicMatches, PipelineTable, only_table, pipeline_tables, select
 from offsetlake.errors import ConfigError, OffsetlakeError, one_line
 from offsetlake.kafka import KafkaCluster, topic_lister
 from offsetlake.protocol.metadata import Run
@@ -91,6 +93,35 @@ def first_spark_job(results: list[BatchResult]) -> tuple[float, float] | None:
     """The (submitted, ended) of the first Spark job among the batches, for a session's start-up report."""
     jobs = [r.spark_job for r in results if r.spark_job is not None]
     return min(jobs) if jobs else None
+
+
+def first_tables(
+    current_tables: Callable[[], list[PipelineTable]],
+    stop: threading.Event,
+    interval: float,
+    warn: Say,
+    max_seconds: float | None = None,
+) -> list[PipelineTable]:
+    """A stream's tables at its start. Topic patterns that match nothing yet are waited on, checked every
+    `interval` (a connector creates its topics with its first events, so a stream started beside it may come
+    first), said once; no tables if `stop` is set or `max_seconds` pass before one matches. Any other
+    refusal is raised. No tables either when the parent process exits meanwhile, as in a stream."""
+    deadline = time.monotonic() + max_seconds if max_seconds else None
+    parent = os.getppid()
+    said = False
+    while True:
+        try:
+            return current_tables()
+        except NoTopicMatches as err:
+            if not said:
+                warn(f"{one_line(err)}; the stream waits for one (listed every {interval:g} s)")
+                said = True
+        if deadline is not None and time.monotonic() >= deadline:
+            return []
+        if stop.wait(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic()))):
+            return []
+        if os.getppid() != parent:  # as a stream does (offsetlake.streaming): nobody is left to stop it
+            return []
 
 
 def stream_tables(

@@ -14,6 +14,7 @@ import msgspec
 
 from offsetlake.batch import BatchResult, ingest
 from offsetlake.config import PipelineConfig
+from offsetlake.config.topic_tables import NoTopicMatches
 from offsetlake.errors import OffsetlakeError, one_line
 from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import KafkaCluster
@@ -43,7 +44,9 @@ def stream(
     table with a name (a table per topic) labels its batches; a table's compaction runs after the round.
     A named table that fails is logged and tried again next round while the others go on; a round in which
     every table fails ends the stream with the first one's error (Airflow retries it), as a single table's
-    failure does. Without `tables`, the one table of `cfg`."""
+    failure does. A round in which the pipeline's patterns match no topic (every one deleted) has no tables:
+    the stream waits for one, as it does before its first (offsetlake.runs.first_tables). Without `tables`,
+    the one table of `cfg`."""
     interval = cfg.stream_interval_seconds if interval is None else interval
     run = msgspec.structs.replace(run or Run.here(), via="stream")  # its commits say they are a stream's
     deadline = time.monotonic() + max_seconds if max_seconds else None
@@ -55,11 +58,10 @@ def stream(
         log.warning("stream %s: %s", cfg.name, warning)
     report = one_at_a_time(on_batch) if on_batch else None  # tables at once: one report at a time
     clusters: dict[str | None, KafkaCluster] = {}  # per table, kept across rounds: its clients stay connected
+    listing = TopicListing(cfg.name, tables)
     try:
         while not stop.is_set():
-            round_tables: list[tuple[str | None, PipelineConfig]] = (
-                [(t.name, t.cfg) for t in tables()] if tables else [(None, cfg)]
-            )
+            round_tables: list[tuple[str | None, PipelineConfig]] = listing.round() if tables else [(None, cfg)]
 
             def one(table: tuple[str | None, PipelineConfig]) -> list[BatchResult]:
                 name, one_cfg = table
@@ -100,6 +102,26 @@ def stream(
         for cluster in clusters.values():
             cluster.close()
     return committed
+
+
+class TopicListing:
+    """The tables of each round, as `tables()` lists them; none while the patterns match no topic, said
+    once each time it begins."""
+
+    def __init__(self, name: str, tables: Callable[[], list[PipelineTable]] | None):
+        self.name, self.tables, self.waiting = name, tables, False
+
+    def round(self) -> list[tuple[str | None, PipelineConfig]]:
+        assert self.tables is not None
+        try:
+            listed = self.tables()
+        except NoTopicMatches as err:
+            if not self.waiting:
+                log.warning("stream %s: %s; waiting for one", self.name, one_line(err))
+            self.waiting = True
+            return []
+        self.waiting = False
+        return [(t.name, t.cfg) for t in listed]
 
 
 class StreamCompaction:

@@ -166,3 +166,34 @@ def test_tables_of_one_pipeline_upsert_on_their_own_keys(offsetlake, bootstrap, 
         assert samples[("offsetlake_alert_max_quarantine_share", label)] == cfg.alerts.max_quarantine_share, label
         newest_ingest = max(e["timestamp"] for e in DeltaTable(one.table_path).history() if "userMetadata" in e)
         assert samples[("offsetlake_last_ingest_timestamp_seconds", label)] == newest_ingest / 1000, label
+
+
+def test_a_stream_started_before_any_topic_matches_waits_for_one(offsetlake, bootstrap, pipelines_dir, lake):
+    """A connector creates its topics with its first events, so a stream started beside it may list the
+    topics before any matches: it waits, saying so once, and reads the first topic that comes. A run that
+    is not a stream is refused in one line, as a pattern naming nothing should be."""
+    prefix = unique("later")
+    name = write_per_topic_pipeline(pipelines_dir, bootstrap, f"{prefix}.s", lake)
+    cfg = load(pipelines_dir, name)
+    where = ("--pipeline", name, "--pipelines-dir", str(pipelines_dir))
+    refusal = f"pipeline {name!r}: topics {cfg.topics[0]!r} match no topic in Kafka"
+
+    code, _, err = offsetlake("ingest", *where)
+
+    assert code != 0 and err.strip().splitlines()[-1] == f"offsetlake: error: {refusal}", err
+    assert not lake.exists() or not any(lake.iterdir())
+
+    def first_topic():
+        time.sleep(3)
+        create_topic(bootstrap, f"{prefix}.s.a", 2)
+        produce(cfg.kafka, f"{prefix}.s.a", 120, transactional_share=0.5, abort_share=0.2, seed=14)
+
+    creator = threading.Thread(target=first_topic)
+    creator.start()
+    code, out, err = offsetlake("stream", *where, "--interval", "0.5", "--max-seconds", "15")
+    creator.join()
+
+    assert code == 0, err
+    assert err.count(refusal) == 1 and "the stream waits for one (listed every 0.5 s)" in err, err
+    assert re.search(r"^a: batch \d+: committed", out, re.M), out
+    assert_exactly_once(for_topic(cfg, f"{prefix}.s.a"))

@@ -1,11 +1,16 @@
 """A pipeline's tables from its topics (offsetlake.config.topic_tables): patterns, a table per topic, and the
 one-line refusals. Pure: the cluster's topic list is given."""
 
+import logging
+import threading
+
 import pytest
 
 from offsetlake.config import parse_pipeline
 from offsetlake.config.topic_tables import only_table, resolve, select, table_path
 from offsetlake.errors import ConfigError
+from offsetlake.runs import first_tables
+from offsetlake.streaming import TopicListing
 
 CLUSTER = ["pg.shop.orders", "pg.shop.customers", "pg.shop.heartbeat", "pg.crm.orders", "__consumer_offsets"]
 
@@ -80,6 +85,32 @@ def test_refusals_name_what_was_wrong():
     assert "writes one table (/lake/orders)" in error_for(lambda: select(resolve(one, CLUSTER), one, "orders"))
 
 
+def test_a_stream_waits_for_its_first_matching_topic_and_says_so_once():
+    cfg = pipeline()
+    listings = [[], ["pg.crm.orders"], [], CLUSTER]  # what the cluster holds at each listing
+    said: list[str] = []
+
+    tables = first_tables(lambda: resolve(cfg, listings.pop(0)), threading.Event(), 0.01, said.append)
+
+    assert [t.name for t in tables] == ["customers", "heartbeat", "orders"] and not listings
+    assert said == [
+        "pipeline 'shop': topics '^pg\\\\.shop\\\\.' match no topic in Kafka;"
+        " the stream waits for one (listed every 0.01 s)"
+    ]
+
+
+def test_a_stream_that_never_sees_a_matching_topic_stops_when_told_and_other_refusals_are_raised():
+    cfg = pipeline()
+    stopped = threading.Event()
+    stopped.set()
+    assert first_tables(lambda: resolve(cfg, []), stopped, 60, lambda _: None) == []
+    assert first_tables(lambda: resolve(cfg, []), threading.Event(), 60, lambda _: None, max_seconds=0.05) == []
+    clash = pipeline(topics=["^pg\\."])
+    assert "both give table 'orders'" in error_for(
+        lambda: first_tables(lambda: resolve(clash, CLUSTER), threading.Event(), 60, lambda _: None)
+    )
+
+
 def test_a_command_on_one_table_needs_the_table_named_only_for_a_per_topic_pipeline():
     class Cluster:
         def topic_names(self):
@@ -148,3 +179,16 @@ def test_a_table_without_a_key_is_refused_naming_it_and_where_to_give_one():
 )
 def test_the_pipeline_file_is_refused_in_one_line(overrides, expected):
     assert expected in error_for(lambda: pipeline(**overrides))
+
+
+def test_a_stream_whose_every_topic_is_deleted_runs_empty_rounds_and_says_so_once(caplog):
+    cfg = pipeline()
+    listings = [CLUSTER, [], [], ["pg.shop.orders"], []]
+    listing = TopicListing("shop", lambda: resolve(cfg, listings.pop(0)))
+
+    with caplog.at_level(logging.WARNING, logger="offsetlake"):
+        rounds = [[name for name, _ in listing.round()] for _ in range(5)]
+
+    assert rounds == [["customers", "heartbeat", "orders"], [], [], ["orders"], []]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2 and all(w.endswith("match no topic in Kafka; waiting for one") for w in warnings)

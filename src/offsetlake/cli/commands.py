@@ -7,6 +7,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -129,19 +130,24 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
     from offsetlake.kafka import KafkaCluster
 
+    loaded = _loaded(args)
     # One client lists the cluster's topics before every round (a new one each round costs the broker more).
-    topics = KafkaCluster(_loaded(args).kafka)
+    topics = KafkaCluster(loaded.kafka)
 
     def current_tables() -> list[PipelineTable]:
         return _pipeline_tables(args, topics.topic_names)
 
+    started = time.monotonic()
+    interval = args.interval or loaded.stream_interval_seconds
     try:
-        tables = current_tables()
-        # Under spark-submit the session starts while Kafka is checked.
-        with spark_session(args)(tables[0].cfg, "stream") as spark:
-            n = runs.stream_tables(
-                spark, current_tables, stop, args.interval, _run(args), _warn, max_seconds=args.max_seconds
-            )
+        tables = runs.first_tables(current_tables, stop, interval, _warn, args.max_seconds)
+        n = 0
+        if tables:
+            # What --max-seconds leaves after the wait (at least one round).
+            left = max(args.max_seconds - (time.monotonic() - started), 1e-3) if args.max_seconds else None
+            # Under spark-submit the session starts while Kafka is checked.
+            with spark_session(args)(tables[0].cfg, "stream") as spark:
+                n = runs.stream_tables(spark, current_tables, stop, args.interval, _run(args), _warn, max_seconds=left)
     finally:
         topics.close()
     _say(f"stream stopped after {n} committed batches")

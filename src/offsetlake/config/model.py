@@ -295,8 +295,8 @@ class PipelineConfig(Strict):
     """Must match the file name."""
     topics: list[StrictStr] = Field(min_length=1)
     """One or more topics, read into one table, or into a table each when `table.path` holds `{table}` or
-    `{topic}`. An entry starting with `^` is a regular expression matched against the cluster's topics
-    when a run starts (`^pg\\.shop\\..*`): a topic created later that matches is read by the next run."""
+    `{topic}`. An entry starting with `^` is a regex matched against the cluster's topics when a run starts
+    (`^pg\\.shop\\..*`): a later topic that matches is read by the next run (a stream with none waits)."""
 
     @field_validator("topics")
     @classmethod

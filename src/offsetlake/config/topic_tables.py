@@ -5,7 +5,8 @@ Two things in a pipeline file make this more than a list of names:
 - **A topic pattern.** An entry of `topics` that starts with `^` is a regular expression (librdkafka's
   convention), matched from the start of each topic's name: `^pg\\.shop\\..*` reads every topic of the
   `shop` schema. Kafka's internal topics (`__consumer_offsets`, ...) never match. The topics are listed
-  when a run starts, so a topic created later that matches is read by the next run.
+  when a run starts, so a topic created later that matches is read by the next run. A run whose patterns
+  match nothing is refused (`NoTopicMatches`); a stream waits for a first topic instead.
 - **A table per topic.** A `table.path` holding `{table}` (the topic's last dot-separated segment:
   `pg.shop.orders` -> `orders`, Debezium's table name) or `{topic}` (the whole name) gives each topic a
   table of its own, with a ledger of its own: each table commits, fails, retries and lags on its own. A
@@ -27,6 +28,12 @@ from typing import Any
 from offsetlake.config.model import PipelineConfig
 from offsetlake.config.strict import path_placeholders
 from offsetlake.errors import ConfigError
+
+
+class NoTopicMatches(ConfigError):
+    """A pipeline's topic patterns match no topic in the cluster (yet: a connector creates its topics with
+    its first events, so a stream waits for one; any other run is refused)."""
+
 
 PATTERN_PREFIX = "^"
 INTERNAL_PREFIX = "__"  # Kafka's own topics (__consumer_offsets, __transaction_state): never a pattern's
@@ -83,7 +90,7 @@ def resolve(cfg: PipelineConfig, cluster_topics: Iterable[str]) -> list[Pipeline
     topics = matching_topics(cfg, cluster_topics)
     if not topics:
         patterns = ", ".join(repr(t) for t in cfg.topics)
-        raise ConfigError(f"pipeline {cfg.name!r}: topics {patterns} match no topic in Kafka")
+        raise NoTopicMatches(f"pipeline {cfg.name!r}: topics {patterns} match no topic in Kafka")
     if not per_topic(cfg):
         if topics == list(cfg.topics):
             return [PipelineTable(None, cfg)]
