@@ -9,10 +9,12 @@ import base64
 import json
 import random
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from offsetlake.formats.connect_batches import _one_json_value_each
 from offsetlake.formats.connect_json import ConnectDecoder, ConnectDecoders
 from offsetlake.formats.wire_values import decode_values
 
@@ -93,7 +95,8 @@ def random_row(rng: random.Random) -> dict:
     row["f64"] = rng.choice([0.0, 1e308, -2.5e-308, 0.1, 12, 123456789012345678901234567890, None])
     row["flag"] = rng.choice([True, False, None])
     row["text"] = rng.choice(["", "row", "é ü", "😀", "line\nbreak", '"quoted"', None])
-    row["amount"] = rng.choice([unscaled(rng.randrange(-(10**12), 10**12)), unscaled(0), unscaled(-(10**37)), None])
+    digits = 10 ** rng.randrange(1, 39)
+    row["amount"] = rng.choice([unscaled(rng.randrange(-digits, digits)), unscaled(0), unscaled(-(10**37)), None])
     row["wide"] = rng.choice([unscaled(99_999), unscaled(-99_999), unscaled(5), None])
     row["day"] = rng.choice([0, -719_162, 2_932_896, rng.randrange(-100_000, 100_000), None])
     row["at_ms"] = rng.choice([0, -1, 253_402_300_799_999, -62_135_596_800_000, rng.randrange(-(10**13), 10**13), None])
@@ -182,6 +185,50 @@ def test_a_value_the_record_path_refuses_sends_the_batch_record_by_record(damage
     assert decoder.decode_many(payloads) is None
     del payloads[100]
     assert decoder.decode_many(payloads).equals(one_by_one(decoder, payloads))
+
+
+def padded(n: int, size: int) -> str:
+    return base64.b64encode(n.to_bytes(size, "big", signed=True)).decode()
+
+
+DECIMAL_TEXTS = {
+    "one byte": unscaled(-1),
+    "sixteen bytes": unscaled(-(2**127)),
+    "seventeen bytes, in range": padded(5, 17),
+    "sign bytes before a small value": padded(-3, 9),
+    "empty": "",
+    "trailing bits set": "AR==",
+    "padding then more": "AQ==AQ==",
+    "padding short": "AQ=",
+    "three pads": "A===",
+    "space": " AQ==",
+    "url-safe alphabet": base64.urlsafe_b64encode(b"\xfb\xff").decode(),
+    "38 nines": unscaled(10**38 - 1),
+    "39 digits": unscaled(10**38),
+    "past int64, within 38 digits": unscaled(-(2**70)),
+}
+
+
+@pytest.mark.parametrize("text", sorted(DECIMAL_TEXTS))
+def test_decimal_texts_decode_together_as_one_by_one_or_go_record_by_record(text):
+    """A batch of decimals is read in bulk (base64 by length); any text the record path might read
+    otherwise sends the batch record by record, never a different value."""
+    decoder = ConnectDecoder(ENVELOPE)
+    payloads = [random_event(random.Random(i)) for i in range(100)]
+    event = json.loads(payloads[50])
+    event["after"] = {**(event["after"] or {}), "amount": DECIMAL_TEXTS[text]}
+    payloads[50] = json.dumps(event).encode()
+    together = decoder.decode_many(payloads)
+    try:
+        expected = one_by_one(decoder, payloads)
+    except (TypeError, ValueError, OverflowError, pa.ArrowInvalid):
+        assert together is None
+        return
+    assert together is None or together.equals(expected)
+    if text in ("one byte", "sixteen bytes", "sign bytes before a small value", "trailing bits set", "38 nines"):
+        assert together is not None, "a plain decimal sent the batch record by record"
+    if text == "past int64, within 38 digits":
+        assert together is not None
 
 
 @pytest.mark.parametrize(
@@ -273,3 +320,40 @@ def test_the_usual_envelopes_are_read_by_their_opening_not_one_by_one():
     values = pa.array([envelope(ENVELOPE, json.loads(random_event(random.Random(i)))) for i in range(100)])
     groups, others = decoders.bulk_groups(values)
     assert [len(positions) for _, positions, _ in groups] == [100] and len(others) == 0
+
+
+PAYLOAD_TEXTS = [
+    b'{"a":1}',
+    b'{"a":1},"x":2',  # a key after the payload
+    b' {"b":2}',  # whitespace before: one value, not where the others meet
+    b'{"c":"\\u00e9"}',
+    b"[1",
+    b"2]",  # with the one before: one array across two texts
+    b"{}",
+    b"1,2",
+    b"3",
+    b'"a',
+    b'b"',
+    b"null",
+    b"{nope}",
+    b'{"d":"\xff"}',  # not UTF-8
+    b"",
+]
+
+
+def test_texts_read_as_one_array_are_each_one_json_value_exactly_when_read_alone():
+    """The openings' payload texts are checked together (one JSON array); whatever the texts, the verdict
+    per text is what reading it alone gives."""
+
+    def alone(text: bytes) -> bool:
+        try:
+            msgspec.json.decode(text, type=msgspec.Raw)
+        except msgspec.DecodeError:
+            return False
+        return True
+
+    rng = random.Random(5)
+    for _ in range(400):
+        texts = [rng.choice(PAYLOAD_TEXTS) for _ in range(rng.randrange(1, 6))]
+        verdicts = _one_json_value_each(pa.array(texts, pa.binary()))
+        assert verdicts.tolist() == [alone(t) for t in texts], texts

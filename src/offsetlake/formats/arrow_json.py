@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from offsetlake.config import SchemaField
+from offsetlake.formats.arrays import one_array
 
 # What Arrow parses each declared type as; the text types are converted afterwards (`_finish`).
 _PARSED_AS = {
@@ -55,20 +56,24 @@ def read_columns(fields: list[SchemaField], values: pa.Array, schema: pa.Schema,
         text = values.cast(pa.string())  # checks UTF-8 (Arrow's reader would skip undeclared fields)
     except pa.ArrowInvalid:
         return None
-    trimmed = pc.utf8_trim_whitespace(text)
-    if not (pc.all(pc.starts_with(trimmed, "{")).as_py() and pc.all(pc.ends_with(trimmed, "}")).as_py()):
+    if not (objects(text) or objects(pc.utf8_trim_whitespace(text))):  # trimmed (a copy) only if needed
         return None
     parsed_as = pa.schema([(f.name, _PARSED_AS.get(f.type, pa.string())) for f in fields])  # decimal(p,s): text
-    table = read_document(_lines(values), parsed_as, len(values))
+    table = read_document(lines(values), parsed_as, len(values))
     if table is None:
         return None
     columns = []
     for f in fields:
-        column = _finish(table.column(f.name).combine_chunks(), f.type, schema.field(f.name).type, coerce)
+        column = _finish(one_array(table.column(f.name)), f.type, schema.field(f.name).type, coerce)
         if column is None or (f.required and column.null_count):
             return None
         columns.append(column)
     return columns
+
+
+def objects(text: pa.Array) -> bool:
+    """Whether every text starts with `{` and ends with `}`."""
+    return bool(pc.all(pc.starts_with(text, "{")).as_py() and pc.all(pc.ends_with(text, "}")).as_py())
 
 
 def read_document(document: pa.Buffer | bytes, parsed_as: pa.Schema, rows: int) -> pa.Table | None:
@@ -86,9 +91,10 @@ def read_document(document: pa.Buffer | bytes, parsed_as: pa.Schema, rows: int) 
     return table if table.num_rows == rows else None
 
 
-def _lines(values: pa.Array) -> pa.Buffer:
-    """The values one per line, as one buffer (Arrow joins them; no Python object per value)."""
-    joined = pc.binary_join_element_wise(values, pa.scalar(b"", pa.binary()), pa.scalar(b"\n", pa.binary()))
+def lines(values: pa.Array, separator: bytes = b"\n") -> pa.Buffer:
+    """The values one per line (each followed by `separator`), as one buffer (Arrow joins them; no Python
+    object per value)."""
+    joined = pc.binary_join_element_wise(values, pa.scalar(b"", pa.binary()), pa.scalar(separator, pa.binary()))
     _, offsets, data = joined.buffers()
     bounds = np.frombuffer(offsets, np.int32, count=len(joined) + 1, offset=4 * joined.offset)
     return data[int(bounds[0]) : int(bounds[-1])]

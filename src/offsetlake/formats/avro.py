@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from offsetlake.formats.arrays import one_array
 from offsetlake.formats.registry_client import UnusableSchema
 from offsetlake.formats.schema_decoder import TIMESTAMP, SchemaDecoder
 
@@ -98,7 +99,8 @@ class FlatAvro:
         import polars
 
         body, lengths = _concatenated(payloads)
-        container = self._header + _zigzag_varint(len(lengths)) + _zigzag_varint(len(body)) + body + self._sync
+        counts = _zigzag_varint(len(lengths)) + _zigzag_varint(len(body))
+        container = b"".join([self._header, counts, body, self._sync])  # the payloads copied once
         try:
             table = polars.read_avro(io.BytesIO(container)).to_arrow()
         except Exception:
@@ -108,7 +110,7 @@ class FlatAvro:
         sizes = np.zeros(len(lengths), dtype=np.int64)
         columns = []
         for (_name, kind, nullable, logical), column, target in zip(self._fields, table.columns, self.arrow_type):
-            column = column.combine_chunks()
+            column = one_array(column)
             if isinstance(kind, dict):  # enum: polars gives a dictionary column
                 column = column.cast(pa.string())
             sizes += _avro_sizes(column, kind, nullable)
@@ -118,16 +120,16 @@ class FlatAvro:
         return pa.StructArray.from_arrays(columns, fields=list(self.arrow_type))
 
 
-def _concatenated(payloads: list[bytes] | pa.BinaryArray) -> tuple[bytes, np.ndarray]:
+def _concatenated(payloads: list[bytes] | pa.BinaryArray) -> tuple[bytes | memoryview, np.ndarray]:
     """(the payloads' bytes end to end, each payload's length); an Arrow array gives both without a
-    Python object per payload."""
+    Python object per payload, or a copy."""
     if not isinstance(payloads, pa.Array):
         return b"".join(payloads), np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
     offsets = np.frombuffer(payloads.buffers()[1], dtype=np.int32)[
         payloads.offset : payloads.offset + len(payloads) + 1
     ]
     data = payloads.buffers()[2]
-    body = data[int(offsets[0]) : int(offsets[-1])].to_pybytes() if data is not None else b""
+    body = memoryview(data)[int(offsets[0]) : int(offsets[-1])] if data is not None else b""
     return body, np.diff(offsets).astype(np.int64)
 
 

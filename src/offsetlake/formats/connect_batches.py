@@ -22,7 +22,6 @@ Runs in executors: no deltalake import here.
 
 from __future__ import annotations
 
-import binascii
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from offsetlake.formats import arrow_json
+from offsetlake.formats.arrays import one_array
 
 # Microseconds since the epoch of 0001-01-01 and of 9999-12-31 23:59:59.999999, what Python's datetime holds.
 FIRST_MICROS = -62_135_596_800_000_000
@@ -70,15 +70,18 @@ class FastConnect:
         assert root.kind == "struct"
         self.root, self._zoned = root, zoned
 
-    def decode(self, payloads: list[bytes]) -> pa.Array | None:
+    def decode(self, payloads: list[bytes] | pa.Array) -> pa.Array | None:
         """Every payload (the JSON text of a Connect payload) as one StructArray, or None: one by one."""
-        if any(p[:1] != b"{" or p[-1:] != b"}" for p in payloads):
+        if isinstance(payloads, list):
+            payloads = pa.array(payloads, pa.binary())
+        if payloads.null_count or not arrow_json.objects(payloads):
             return None  # a null or non-object payload
-        table = arrow_json.read_document(b"\n".join(payloads), pa.schema(list(self.root.parsed_as)), len(payloads))
+        document = arrow_json.lines(payloads)
+        table = arrow_json.read_document(document, pa.schema(list(self.root.parsed_as)), len(payloads))
         if table is None:
             return None
         parsed = pa.StructArray.from_arrays(
-            [table.column(i).combine_chunks() for i in range(table.num_columns)], fields=list(self.root.parsed_as)
+            [one_array(table.column(i)) for i in range(table.num_columns)], fields=list(self.root.parsed_as)
         )
         try:
             return self._finish(self.root, parsed)
@@ -141,37 +144,99 @@ def _micros(column: pa.Array, per_second: int) -> pa.Array:
 
 
 def _decimals(column: pa.Array, arrow_type: pa.DataType) -> pa.Array:
-    """Connect Decimals (base64 big-endian two's complement of the unscaled value) as `arrow_type`."""
-    limit = 10**arrow_type.precision
-    data = bytearray(16 * len(column))
-    for i, text in enumerate(column.to_pylist()):
-        if text is None:
-            continue
-        try:
-            # base64.b64decode(text, validate=True), as the record path reads it, without its Python layers
-            unscaled = int.from_bytes(binascii.a2b_base64(text, strict_mode=True), "big", signed=True)
-        except ValueError as err:  # binascii.Error, non-ASCII text: the record path words it
-            raise _Refused from err
-        if not -limit < unscaled < limit:
-            raise _Refused
-        data[16 * i : 16 * i + 16] = unscaled.to_bytes(16, "little", signed=True)
+    """Connect Decimals (base64 big-endian two's complement of the unscaled value) as `arrow_type`, decoded
+    in bulk: the texts of one length at a time. _Refused for whatever the record path might read otherwise
+    (not strict base64, empty, more than 16 bytes, past the precision): it decides and words it."""
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    lengths = pc.fill_null(pc.binary_length(column), 0).to_numpy(zero_copy_only=False)
+    unscaled = np.zeros((len(column), 16), np.uint8)  # little-endian, as Arrow's decimal128
+    for length in np.unique(lengths[valid]).tolist():
+        rows = np.nonzero(valid & (lengths == length))[0]
+        unscaled[rows] = _unscaled(column.take(pa.array(rows, pa.int64())), length)
+    _check_precision(unscaled, arrow_type.precision)
     validity = column.is_valid().buffers()[1] if column.null_count else None  # a bitmap from offset 0
-    return pa.Array.from_buffers(arrow_type, len(column), [validity, pa.py_buffer(bytes(data))])
+    return pa.Array.from_buffers(arrow_type, len(column), [validity, pa.py_buffer(unscaled)])
 
 
-def envelopes_opening_with(values: pa.Array, prefix: bytes, left: np.ndarray) -> tuple[list[int], list[bytes]]:
+_BASE64 = np.full(256, 255, np.uint8)  # each base64 character's six bits; 255: not one
+_BASE64[np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", np.uint8)] = np.arange(64)
+_PAD = ord("=")
+
+
+def _unscaled(texts: pa.Array, length: int) -> np.ndarray:
+    """Base64 `texts` of `length` characters each as 16-byte little-endian two's complement integers, read
+    as `binascii.a2b_base64(strict_mode=True)` and `int.from_bytes(signed=True)` read them, or _Refused."""
+    if length == 0 or length % 4:
+        raise _Refused
+    start = int(np.frombuffer(texts.buffers()[1], np.int32, count=1, offset=4 * texts.offset)[0])
+    chars = np.frombuffer(texts.buffers()[2], np.uint8, count=len(texts) * length, offset=start).reshape(-1, length)
+    pad = np.where(chars[:, -1] == _PAD, np.where(chars[:, -2] == _PAD, 2, 1), 0)
+    padded = np.arange(length) >= length - pad[:, None]
+    sixes = _BASE64[chars]
+    if np.any((sixes == 255) & ~padded):  # any other character, or `=` anywhere else
+        raise _Refused
+    sixes[padded] = 0
+    quads = sixes.reshape(len(texts), -1, 4).astype(np.uint32)
+    triples = (quads[..., 0] << 18) | (quads[..., 1] << 12) | (quads[..., 2] << 6) | quads[..., 3]
+    big_endian = np.stack([triples >> 16, triples >> 8, triples], axis=-1).astype(np.uint8).reshape(len(texts), -1)
+    out = np.zeros((len(texts), 16), np.uint8)
+    for p in np.unique(pad).tolist():
+        rows = np.nonzero(pad == p)[0]
+        size = big_endian.shape[1] - p
+        if size > 16:
+            raise _Refused
+        value = big_endian[rows, :size]
+        widened = np.where((value[:, :1] >= 0x80), np.uint8(0xFF), np.uint8(0))  # the sign, extended
+        out[rows] = np.concatenate([np.repeat(widened, 16 - size, axis=1), value], axis=1)[:, ::-1]
+    return out
+
+
+def _check_precision(unscaled: np.ndarray, precision: int) -> None:
+    """_Refused unless every value is within `precision` digits (`-10**precision < value < 10**precision`)."""
+    words = unscaled.view(np.uint64)  # (low, high) of each value
+    low, high = words[:, 0].view(np.int64), words[:, 1].view(np.int64)
+    fits = high == (low >> 63)  # the value is an int64
+    limit = 10**precision
+    if precision <= 18:  # the limit is an int64 too
+        if not np.all(fits & (low > -limit) & (low < limit)):
+            raise _Refused
+        return
+    for row in np.nonzero(~fits)[0].tolist():  # an int64 is within 19 or more digits
+        if not -limit < int.from_bytes(unscaled[row].tobytes(), "little", signed=True) < limit:
+            raise _Refused
+
+
+def envelopes_opening_with(values: pa.Array, prefix: bytes, left: np.ndarray) -> tuple[np.ndarray, pa.Array]:
     """(positions, payload texts) of the Connect JSON values in `left` that are `prefix` (a value's opening
     `{"schema":<S>,"payload":`) + one JSON value + `}`; they leave `left`."""
     # Compared and cut where the values lie: an opening is most of a value (its schema), not to be copied.
     opens = pc.starts_with(values, prefix.decode())  # a schema msgspec has read is UTF-8
     candidates = np.nonzero(opens.fill_null(False).to_numpy(zero_copy_only=False) & left)[0]
-    texts = pc.binary_slice(values, len(prefix), -1).take(pa.array(candidates, pa.int64())).to_pylist()
-    positions, payloads = [], []
-    for position, text in zip(candidates.tolist(), texts):
-        try:  # exactly one JSON value before the closing brace; else `split` words what is wrong
-            payloads.append(bytes(msgspec.json.decode(text, type=msgspec.Raw)))
+    texts = pc.binary_slice(values, len(prefix), -1).take(pa.array(candidates, pa.int64()))
+    one_each = _one_json_value_each(texts)
+    positions = candidates[one_each]
+    left[positions] = False
+    return positions, texts if one_each.all() else texts.filter(pa.array(one_each))
+
+
+def _one_json_value_each(texts: pa.Array) -> np.ndarray:
+    """Per text: whether it is exactly one JSON value, as msgspec reads one (strict JSON, UTF-8). All texts
+    are read as one JSON array; only if that does not split them where they meet is each read alone."""
+    if len(texts) == 0:
+        return np.zeros(0, bool)
+    lengths = pc.binary_length(texts).to_numpy(zero_copy_only=False)
+    joined = arrow_json.lines(texts, separator=b",")
+    try:
+        items = msgspec.json.decode(b"".join([b"[", memoryview(joined)[:-1], b"]"]), type=list[msgspec.Raw])
+        if len(items) == len(texts) and np.array_equal(np.fromiter(map(len, items), np.int64, len(items)), lengths):
+            return np.ones(len(texts), bool)  # each item is its text, whole: they tile the array
+    except msgspec.DecodeError:
+        pass
+    each = np.zeros(len(texts), bool)
+    for i, text in enumerate(texts.to_pylist()):
+        try:
+            msgspec.json.decode(text, type=msgspec.Raw)
         except msgspec.DecodeError:
             continue
-        positions.append(position)
-    left[positions] = False
-    return positions, payloads
+        each[i] = True
+    return each

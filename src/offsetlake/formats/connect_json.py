@@ -348,13 +348,13 @@ class ConnectDecoders:
     def shared(key: bool = False) -> ConnectDecoders:
         return ConnectDecoders(key)
 
-    def bulk_groups(self, values: pa.Array) -> tuple[list[tuple[ConnectDecoder, np.ndarray, list[bytes]]], np.ndarray]:
+    def bulk_groups(self, values: pa.Array) -> tuple[list[tuple[ConnectDecoder, np.ndarray, pa.Array]], np.ndarray]:
         """Values written as an earlier one was, `{"schema":<S>,"payload":<one JSON value>}` (see `split`), read
         for all values at once: [(S's decoder, positions, payload texts)], and the positions of the others,
         which `split` reads one by one. A value no known opening matches is read first, to learn its own."""
         closes = pc.ends_with(values, "}")
         left = closes.fill_null(False).to_numpy(zero_copy_only=False).copy()  # not null, not grouped yet
-        groups: list[tuple[ConnectDecoder, np.ndarray, list[bytes]]] = []
+        groups: list[tuple[ConnectDecoder, np.ndarray, pa.Array]] = []
         matched: set[bytes] = set()
         learned = 0
         while True:
@@ -362,8 +362,8 @@ class ConnectDecoders:
                 if prefix not in matched:
                     matched.add(prefix)
                     positions, payloads = envelopes_opening_with(values, prefix, left)
-                    if positions:
-                        groups.append((decoder, np.array(positions, dtype=np.int64), payloads))
+                    if len(positions):
+                        groups.append((decoder, positions, payloads))
             if not left.any() or learned == CACHED_PREFIXES:
                 break
             first = int(np.argmax(left))

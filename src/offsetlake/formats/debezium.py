@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from offsetlake.config import DEBEZIUM_COLUMNS, DEBEZIUM_OP_COLUMN, DEBEZIUM_POSITION_COLUMN
+from offsetlake.formats.arrays import one_array
 from offsetlake.formats.values import coerce, from_unscaled
 
 ROW_OPS = ("c", "r", "u")
@@ -143,13 +144,13 @@ def unwrap(events: pa.Table, position: str, truncates: bool = False) -> tuple[pa
     rows that end their table's snapshot. `truncates`: a TRUNCATE is an event too (op `t`, its row all
     null). Raises NotAChangeEvent when the events' schema is not Debezium's."""
     columns = table_columns(pa.struct(list(events.schema)), position)
-    op = events.column("op").combine_chunks()
+    op = one_array(events.column("op"))
     deleting = pc.fill_null(pc.equal(op, DELETE_OP), False)
     row_type = events.schema.field("after").type
-    before = events.column("before").combine_chunks().cast(row_type)
-    after = events.column("after").combine_chunks()
+    before = one_array(events.column("before")).cast(row_type)
+    after = one_array(events.column("after"))
     row = pc.if_else(deleting, before, after)
-    at = events.column("source").combine_chunks()
+    at = one_array(events.column("source"))
     at = pc.struct_field(at, position)
     errors = {}
     for i, (o, present) in enumerate(zip(op.to_pylist(), pc.is_valid(row).to_pylist())):
@@ -161,7 +162,7 @@ def unwrap(events: pa.Table, position: str, truncates: bool = False) -> tuple[pa
             errors[i] = f"debezium: op {o!r} without a row in '{'before' if o == DELETE_OP else 'after'}'"
     rows = pa.Table.from_struct_array(row) if len(row) else pa.schema(list(row_type)).empty_table()
     rows = rows.append_column(columns[-2], op.cast(pa.string())).append_column(columns[-1], at)
-    return rows.cast(pa.schema(columns)), errors, _snapshot_ends(events.column("source").combine_chunks(), op)
+    return rows.cast(pa.schema(columns)), errors, _snapshot_ends(one_array(events.column("source")), op)
 
 
 def _snapshot_ends(source: pa.Array, op: pa.Array) -> list[int]:

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from offsetlake.config import UNKNOWN_FIELDS_COLUMN, PipelineConfig, SchemaField
 from offsetlake.config.columns import decimal_type
 from offsetlake.formats import arrow_json
+from offsetlake.formats.arrays import one_array
 from offsetlake.formats.halving import spans_together
 from offsetlake.formats.values import INT32, INT64, check_unicode, coerce
 
@@ -87,7 +88,7 @@ def parse_values(cfg: PipelineConfig, messages: pa.Table) -> Parsed:
     errors: list[str] = []
 
     def together(start: int, length: int) -> pa.Table | None:
-        columns = arrow_json.read_columns(fields, values.slice(start, length).combine_chunks(), schema, coerce)
+        columns = arrow_json.read_columns(fields, one_array(values.slice(start, length)), schema, coerce)
         return None if columns is None else pa.Table.from_arrays(columns, schema=schema)
 
     for chunk_start in range(0, messages.num_rows, ARROW_JSON_CHUNK):

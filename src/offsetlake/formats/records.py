@@ -13,6 +13,7 @@ Runs in executors: no deltalake import here.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -75,8 +76,10 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
         keep = pa.array([i for i in range(messages.num_rows) if i not in bad_keys], pa.int64())
         messages, key_values = messages.take(keep), key_values.take(keep)
     tombstones = None
+    # A registry format's decoder passes the tombstones by, where they are: no copy of every other value.
+    passes_nulls = cfg.format.type not in ("raw", "json")
     if cfg.write.upsert and cfg.format.type != "raw":  # raw keeps a null value as it is: marked below
-        messages, key_values, tombstones = _split_tombstones(messages, key_values)
+        messages, key_values, tombstones = _split_tombstones(messages, key_values, keep_all=passes_nulls)
         if cfg.write.deletes == "ignore" or cfg.format.debezium_envelope:  # debezium: the `d` before it deleted
             tombstones = None
     if cfg.format.type == "raw":
@@ -88,11 +91,14 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
         payload, good, bad = _convert_json(cfg, messages)
         quarantines.append(bad)
     else:
-        payload, good, bad = _convert_registry(cfg, messages, columns)
+        payload, good, bad = _convert_registry(cfg, messages, columns, tombstones_in=cfg.write.upsert)
         quarantines.append(bad)
     if cfg.format.debezium_envelope and cfg.write.deletes == "ignore":
         payload, good = _without_deletes(payload, good, messages.num_rows)
-    kept = messages if good is None else messages.take(good)
+    # The records of the rows: their lineage, headers and key changes; their key and value bytes (most of a
+    # record) are taken only for a quarantine (`whole`).
+    kept = messages if good is None else messages.drop_columns(["key", "value"]).take(good)
+    whole = _given(messages) if good is None else lambda: messages.take(good)
     extra = []
     if key_type is not None:
         extra.append((pa.field(KEY_COLUMN, key_type), key_values if good is None else key_values.take(good)))
@@ -104,7 +110,7 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
     fields = [*payload.schema, *(f for f, _ in extra), *LINEAGE_SCHEMA]
     table = pa.Table.from_arrays([*payload.columns, *(a for _, a in extra), *_lineage(kept)], schema=pa.schema(fields))
     if cfg.write.upsert:
-        table, no_key = _upsert_rows(cfg, table, kept, tombstones)
+        table, no_key = _upsert_rows(cfg, table, tombstones, whole)
         quarantines.append(no_key)
     if oversized is not None:
         quarantines.append(oversized)
@@ -127,19 +133,26 @@ def _with_key_changes(cfg: PipelineConfig, messages: pa.Table) -> pa.Table:
     return messages if cfg.format.include_headers else messages.drop_columns(["headers"])
 
 
-def _split_tombstones(messages: pa.Table, key_values):
-    """(messages with a value, their keys, (tombstone messages, their keys) or None)."""
+def _split_tombstones(messages: pa.Table, key_values, keep_all: bool = False):
+    """(messages with a value, or all of them if `keep_all`; their keys; (tombstone messages, their keys) or
+    None)."""
     null = pc.is_null(messages.column("value"))
     if not pc.any(null).as_py():
         return messages, key_values, None
     live = pc.invert(null)
     keys = (lambda m: None) if key_values is None else key_values.filter
-    return messages.filter(live), keys(live), (messages.filter(null), keys(null))
+    tombstones = (messages.filter(null), keys(null))
+    if keep_all:
+        return messages, key_values, tombstones
+    return messages.filter(live), keys(live), tombstones
 
 
-def _upsert_rows(cfg: PipelineConfig, rows: pa.Table, kept: pa.Table, tombstones) -> tuple[pa.Table, pa.Table]:
+def _upsert_rows(
+    cfg: PipelineConfig, rows: pa.Table, tombstones, whole: Callable[[], pa.Table]
+) -> tuple[pa.Table, pa.Table]:
     """Upsert mode: the rows with DELETED_COLUMN (a tombstone: its key, its lineage, no payload), and the
-    quarantine rows of records whose key has a null column (they could never be found again)."""
+    quarantine rows of records whose key has a null column (they could never be found again). `whole()`: the
+    rows' records, key and value bytes included (taken only for that quarantine)."""
     if rows.num_rows == 0 and tombstones is None:  # (connect_json: maybe no payload column yet, not even the key)
         return rows.append_column(pa.field(DELETED_COLUMN, pa.bool_()), pa.array([], pa.bool_())), _no_rows(cfg)
     deleted = pa.repeat(False, rows.num_rows)
@@ -149,7 +162,7 @@ def _upsert_rows(cfg: PipelineConfig, rows: pa.Table, kept: pa.Table, tombstones
         deleted = pc.is_null(rows.column("value")).combine_chunks()
     elif cfg.format.type == "raw":  # deletes: ignore
         live = pc.is_valid(rows.column("value"))
-        rows, kept = rows.filter(live), kept.filter(live)
+        rows, whole = rows.filter(live), _given(whole().filter(live))
         deleted = pa.repeat(False, rows.num_rows)
     if tombstones is not None:
         messages, key_values = tombstones
@@ -162,7 +175,8 @@ def _upsert_rows(cfg: PipelineConfig, rows: pa.Table, kept: pa.Table, tombstones
             for f in rows.schema
         ]
         rows = pa.concat_tables([rows, pa.Table.from_arrays(columns, schema=rows.schema)])
-        kept = pa.concat_tables([kept, messages])
+        earlier = whole
+        whole = lambda: pa.concat_tables([earlier(), messages])  # noqa: E731
         deleted = pa.concat_arrays([deleted, pa.repeat(True, messages.num_rows)])
     rows = rows.append_column(pa.field(DELETED_COLUMN, pa.bool_()), deleted)
     required = cfg.write.required
@@ -179,8 +193,12 @@ def _upsert_rows(cfg: PipelineConfig, rows: pa.Table, kept: pa.Table, tombstones
         return f"write.{'key' if column in cfg.write.key else 'order_by'} column {column!r} is null"
 
     return rows.filter(pc.invert(no_key)), _quarantine_rows(
-        kept.filter(no_key), [error(i) for i in range(bad.num_rows)]
+        whole().filter(no_key), [error(i) for i in range(bad.num_rows)]
     )
+
+
+def _given(table: pa.Table) -> Callable[[], pa.Table]:
+    return lambda: table
 
 
 def _truncates(cfg: PipelineConfig) -> bool:
@@ -291,20 +309,22 @@ def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa
 # ---- registry formats ---------------------------------------------------------------------------
 
 
-def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None):
+def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None, tombstones_in: bool):
     """Avro, Protobuf, JSON Schema and Connect JSON values: the payload columns are the table's plus what
-    writers add."""
+    writers add. `tombstones_in`: null values are tombstones, passed by (no row, no error)."""
     decoders = registry_decoders(cfg)
     fixed = {KEY_COLUMN, HEADERS_COLUMN, *LINEAGE_COLUMNS}
     current = [f for f in (columns if columns is not None else table_schema(cfg)) if f.name not in fixed]
     envelope = cfg.format.debezium_envelope
     position = cfg.format.debezium.position
     table_type = debezium.envelope_type(current, position) if envelope else pa.struct(current)
-    values, merged, errors = decode_values(decoders, messages.column("value"), table_type, "value", nulls_allowed=False)
-    rows = pa.array([i for i in range(messages.num_rows) if i not in errors], pa.int64())
-    payload = (
-        pa.Table.from_struct_array(values.take(rows)) if len(rows) else pa.schema(struct_fields(merged)).empty_table()
-    )
+    raw = messages.column("value")
+    values, merged, errors = decode_values(decoders, raw, table_type, "value", nulls_allowed=tombstones_in)
+    decoded = pc.is_valid(raw).to_numpy(zero_copy_only=False).copy() if tombstones_in else np.ones(len(raw), bool)
+    decoded[list(errors)] = False
+    rows = pa.array(np.nonzero(decoded)[0], pa.int64())
+    good = values if len(rows) == len(values) else values.take(rows)
+    payload = pa.Table.from_struct_array(good) if len(rows) else pa.schema(struct_fields(merged)).empty_table()
     payload = payload.cast(pa.schema(struct_fields(merged)))
     if envelope:
         payload, rows = _unwrap_events(payload, rows, errors, position, current, cfg)

@@ -127,8 +127,13 @@ class Decoders:
             usual = pc.and_(usual, pc.equal(pc.binary_slice(values, 5, 6), pa.scalar(b"\x00", pa.binary())))
         usual = usual.fill_null(False).to_numpy(zero_copy_only=False)
         framed = np.nonzero(usual)[0]
-        ids_bytes = pc.binary_slice(values.take(pa.array(framed)), 1, 5).cast(pa.binary(4))
+        if len(framed) == 0:
+            return [], np.arange(len(values))
+        # Cut before taken: a value's frame is a few bytes of it, its payload most of it (copied once).
+        ids_bytes = pc.binary_slice(values, 1, 5).take(pa.array(framed)).cast(pa.binary(4))
         ids = np.frombuffer(ids_bytes.buffers()[1], dtype=">u4")[ids_bytes.offset : ids_bytes.offset + len(framed)]
+        # An explicit stop: binary_slice without one fails in pyarrow 26 ("Negative buffer resize").
+        payloads = pc.binary_slice(values, length, 2**31 - 1)
         groups: list[tuple[Any, np.ndarray, pa.Array]] = []
         for schema_id in np.unique(ids):
             positions = framed[ids == schema_id]
@@ -137,8 +142,8 @@ class Decoders:
             except UnusableSchema as err:
                 groups.append((err, positions, None))
                 continue
-            # An explicit stop: binary_slice without one fails in pyarrow 26 ("Negative buffer resize").
-            groups.append((decoder, positions, pc.binary_slice(values.take(pa.array(positions)), length, 2**31 - 1)))
+            every = len(positions) == len(values)
+            groups.append((decoder, positions, payloads if every else payloads.take(pa.array(positions))))
         return groups, np.nonzero(~usual)[0]
 
     def _build(self, schema_id, guid, indexes: tuple) -> SchemaDecoder:

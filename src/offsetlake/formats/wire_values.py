@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from offsetlake.config import PipelineConfig
+from offsetlake.formats.arrays import one_array
 from offsetlake.formats.evolution import Incompatible, merge_type
 from offsetlake.formats.halving import spans_together
 
@@ -35,7 +36,7 @@ def decode_values(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None
     (`decode_many`, when the decoder has a batch decoder), then cast to the merged type."""
     from offsetlake.formats.registry import UnusableSchema
 
-    values = raw.combine_chunks()
+    values = one_array(raw)
     errors: dict[int, str] = {}
     groups: dict[int, tuple] = {}  # id(decoder) -> (decoder, positions, payloads)
     bulk, others = decoders.bulk_groups(values)
@@ -79,8 +80,11 @@ def decode_values(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None
         array, decoded = decode_group(decoder, positions, payloads, errors, what)
         arrays.append(array.cast(merged))
         order += decoded
+    decoded_order = np.asarray(order, dtype=np.int64)
+    if len(arrays) == 1 and len(decoded_order) == len(values) and np.array_equal(decoded_order, np.arange(len(values))):
+        return arrays[0], merged, errors  # every value, in order: nothing to rearrange
     index = np.full(len(values), -1, dtype=np.int64)
-    index[np.asarray(order, dtype=np.int64)] = np.arange(len(order), dtype=np.int64)
+    index[decoded_order] = np.arange(len(order), dtype=np.int64)
     combined = pa.concat_arrays(arrays) if arrays else pa.nulls(0, merged)
     return combined.take(pa.array(index, mask=index < 0)), merged, errors
 
