@@ -147,7 +147,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
             left = max(args.max_seconds - (time.monotonic() - started), 1e-3) if args.max_seconds else None
             # Under spark-submit the session starts while Kafka is checked.
             with spark_session(args)(tables[0].cfg, "stream") as spark:
-                n = runs.stream_tables(spark, current_tables, stop, args.interval, _run(args), _warn, max_seconds=left)
+                n = runs.stream_tables(spark, current_tables, stop, interval, _run(args), _warn, max_seconds=left)
     finally:
         topics.close()
     _say(f"stream stopped after {n} committed batches")

@@ -147,14 +147,15 @@ def _decimals(column: pa.Array, arrow_type: pa.DataType) -> pa.Array:
     """Connect Decimals (base64 big-endian two's complement of the unscaled value) as `arrow_type`, decoded
     in bulk: the texts of one length at a time. _Refused for whatever the record path might read otherwise
     (not strict base64, empty, more than 16 bytes, past the precision): it decides and words it."""
-    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    is_valid = column.is_valid()
+    valid = is_valid.to_numpy(zero_copy_only=False)
     lengths = pc.fill_null(pc.binary_length(column), 0).to_numpy(zero_copy_only=False)
     unscaled = np.zeros((len(column), 16), np.uint8)  # little-endian, as Arrow's decimal128
     for length in np.unique(lengths[valid]).tolist():
         rows = np.nonzero(valid & (lengths == length))[0]
         unscaled[rows] = _unscaled(column.take(pa.array(rows, pa.int64())), length)
     _check_precision(unscaled, arrow_type.precision)
-    validity = column.is_valid().buffers()[1] if column.null_count else None  # a bitmap from offset 0
+    validity = is_valid.buffers()[1] if column.null_count else None  # a bitmap from offset 0
     return pa.Array.from_buffers(arrow_type, len(column), [validity, pa.py_buffer(unscaled)])
 
 

@@ -76,10 +76,11 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
         keep = pa.array([i for i in range(messages.num_rows) if i not in bad_keys], pa.int64())
         messages, key_values = messages.take(keep), key_values.take(keep)
     tombstones = None
-    # A registry format's decoder passes the tombstones by, where they are: no copy of every other value.
-    passes_nulls = cfg.format.type not in ("raw", "json")
+    # An upsert's tombstones stay among the messages for a registry format, whose decoder passes them by:
+    # no copy of every other value.
+    tombstones_in = cfg.write.upsert and cfg.format.type not in ("raw", "json")
     if cfg.write.upsert and cfg.format.type != "raw":  # raw keeps a null value as it is: marked below
-        messages, key_values, tombstones = _split_tombstones(messages, key_values, keep_all=passes_nulls)
+        messages, key_values, tombstones = _split_tombstones(messages, key_values, keep_all=tombstones_in)
         if cfg.write.deletes == "ignore" or cfg.format.debezium_envelope:  # debezium: the `d` before it deleted
             tombstones = None
     if cfg.format.type == "raw":
@@ -91,7 +92,7 @@ def convert(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None =
         payload, good, bad = _convert_json(cfg, messages)
         quarantines.append(bad)
     else:
-        payload, good, bad = _convert_registry(cfg, messages, columns, tombstones_in=cfg.write.upsert)
+        payload, good, bad = _convert_registry(cfg, messages, columns, tombstones_in)
         quarantines.append(bad)
     if cfg.format.debezium_envelope and cfg.write.deletes == "ignore":
         payload, good = _without_deletes(payload, good, messages.num_rows)
