@@ -26,6 +26,7 @@ from offsetlake.config import KafkaSettings
 from offsetlake.errors import DataLossError, KafkaError
 from offsetlake.kafka import client_settings, librdkafka_log
 from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.read.allocator import keep_freed_memory
 
 log = logging.getLogger("offsetlake.read.reader")
 
@@ -148,6 +149,7 @@ class RangeReader:
         # In an executor nobody configured logging: librdkafka's own lines would reach stderr, one a second
         # per consumer while a broker is away. The reader logs each distinct error once instead (below).
         librdkafka_log.setLevel(logging.CRITICAL)
+        keep_freed_memory()  # before the first consumer's threads: they then allocate from the one heap
         # A whole cluster away shows in no message: librdkafka reports it (all brokers down, connections
         # refused) only to error_cb, which runs inside consume(). Those reports count as transient errors.
         self._client_errors: list[str] = []

@@ -1,0 +1,41 @@
+"""The C allocator of a process that reads Kafka: one heap, and the pages a range freed kept for the next.
+
+A reader's bytes pass through glibc's malloc twice: librdkafka's fetch responses (up to 16 MiB each, made in
+its own threads) and every message's value (confluent-kafka copies each into a Python `bytes`). By default
+glibc gives a freed block of more than 128 KiB, and the freed top of a heap, back to the kernel, and the
+next range touches fresh pages: a page fault each, a large part of reading records of a few kilobytes
+(docs/development/measurements.md). Here every thread allocates from the one main heap (each of
+librdkafka's threads would otherwise have a heap of its own, each keeping its own freed memory), blocks
+of up to `MMAP_THRESHOLD_BYTES` come from it, and up to `KEPT_BYTES` freed at its top stay with the process.
+A worker reading one range after another then reuses the pages the last range freed, and what it keeps
+between ranges is bounded by `KEPT_BYTES`, whatever the number of ranges or consumers it has made.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import platform
+
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+
+MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's largest on 64-bit: a fetch response is a block of the heap
+KEPT_BYTES = 256 << 20
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Set once per process (before its first consumer); whether glibc took the settings. Elsewhere than
+    glibc the allocator is left as it is."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES), (_M_TRIM_THRESHOLD, KEPT_BYTES))
+    return all([mallopt(parameter, value) == 1 for parameter, value in settings])

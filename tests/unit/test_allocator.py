@@ -1,0 +1,50 @@
+"""The reader's allocator settings (offsetlake/read/allocator.py), in processes of their own: the pages one
+range freed serve the next, from the main thread as from librdkafka's, which glibc's defaults give back."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the settings are glibc's")
+
+# A range's values (20,000 of 3,400 bytes, as a backlog of Debezium events with schemas) made, freed, and
+# made again; the page faults of the second making counted. `freed_by` says which thread freed the first.
+SCRIPT = """
+import json, resource, sys, threading
+from offsetlake.read.allocator import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "kept" else False
+def values():
+    return [bytes([i % 251]) * 3400 for i in range(20_000)]
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+if sys.argv[2] == "thread":  # made and freed in another thread, as librdkafka's fetch responses are
+    worker = threading.Thread(target=lambda: values())
+    worker.start(); worker.join()
+else:
+    first = values(); del first
+before = faults()
+second = values()
+print(json.dumps({"kept": kept, "faults": faults() - before}))
+"""
+PAGES = 20_000 * 3_400 // 4096
+
+
+def faults_of_second_range(mode: str, first_made_in: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, mode, first_made_in], capture_output=True, text=True, check=True, timeout=60
+    )
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("first_made_in", ["main", "thread"])
+def test_a_second_range_reuses_the_pages_the_first_freed(first_made_in):
+    default = faults_of_second_range("default", first_made_in)
+    kept = faults_of_second_range("kept", first_made_in)
+    assert kept["kept"] is True
+    assert default["faults"] > PAGES // 2, default  # glibc's defaults give the pages back: the test can fail
+    assert kept["faults"] < PAGES // 10, (kept, default)
