@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -101,6 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-peer", action="store_true", help="leave Spark's own Kafka source out")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="offsetlake-bench-engines-"))
+    try:
+        code = bench_engines(args, work)
+    except BaseException:
+        print(f"the bench failed; its broker's logs and tables are kept in {work}", file=sys.stderr)
+        raise
+    shutil.rmtree(work, ignore_errors=True)  # the broker's logs and the tables: gigabytes a run
+    return code
+
+
+def bench_engines(args, work: Path) -> int:
     os.environ["PYSPARK_SUBMIT_ARGS"] = f"{delta_spark_jars_arg()} pyspark-shell"  # before the session's JVM
     with bench.broker_under_test(args, work) as (bootstrap, registry_url, described):
         events, lake = bench.topic_name("events"), work / "lake"

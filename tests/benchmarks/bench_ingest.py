@@ -77,6 +77,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -1327,6 +1328,16 @@ def main() -> None:
         (first_ingest_here if args.first_ingest else memory_ingest_here)(bootstrap, topic, Path(lake), name)
         return
     work = Path(tempfile.mkdtemp(prefix="offsetlake-bench-"))
+    try:
+        bench(args, work)
+    except BaseException:
+        print(f"the bench failed; its broker's logs and tables are kept in {work}", file=sys.stderr)
+        raise
+    shutil.rmtree(work, ignore_errors=True)  # the broker's logs and the tables: gigabytes a run
+
+
+def bench(args, work: Path) -> None:
+    """Everything but a child process's part, in `work`."""
     if args.formats_only:
         formats_only(args, work)
         return
