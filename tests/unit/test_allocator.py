@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the settings are glibc's")
 
 # A range's values (20,000 of 3,400 bytes, as a backlog of Debezium events with schemas) made, freed, and
-# made again; the page faults of the second making counted. `freed_by` says which thread freed the first.
+# made again; the page faults of the second making counted. `first_made_in`: the thread that made the first.
 SCRIPT = """
 import json, resource, sys, threading
 from offsetlake.read.allocator import keep_freed_memory
