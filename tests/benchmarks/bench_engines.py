@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -101,14 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client-config", metavar="FILE", help="librdkafka settings for every client")
     parser.add_argument("--no-peer", action="store_true", help="leave Spark's own Kafka source out")
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="offsetlake-bench-engines-"))
-    try:
-        code = bench_engines(args, work)
-    except BaseException:
-        print(f"the bench failed; its broker's logs and tables are kept in {work}", file=sys.stderr)
-        raise
-    shutil.rmtree(work, ignore_errors=True)  # the broker's logs and the tables: gigabytes a run
-    return code
+    with bench.work_directory("offsetlake-bench-engines-") as work:
+        return bench_engines(args, work)
 
 
 def bench_engines(args, work: Path) -> int:

@@ -1327,13 +1327,21 @@ def main() -> None:
         bootstrap, topic, lake, name = child
         (first_ingest_here if args.first_ingest else memory_ingest_here)(bootstrap, topic, Path(lake), name)
         return
-    work = Path(tempfile.mkdtemp(prefix="offsetlake-bench-"))
-    try:
+    with work_directory("offsetlake-bench-") as work:
         bench(args, work)
+
+
+@contextlib.contextmanager
+def work_directory(prefix: str):
+    """A run's temporary directory (the broker's logs, the tables, Airflow: gigabytes a run), removed at its
+    end; a failed run keeps it and names it."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield work
     except BaseException:
         print(f"the bench failed; its broker's logs and tables are kept in {work}", file=sys.stderr)
         raise
-    shutil.rmtree(work, ignore_errors=True)  # the broker's logs and the tables: gigabytes a run
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def bench(args, work: Path) -> None:
