@@ -1,6 +1,6 @@
-"""offsetlake.read.tasks outside Spark: the collector is paused for the task and nothing is frozen, so a
-driver or a test that runs a task in its own process keeps collecting everything it holds; pandas is
-left out of a task's conversions and back afterwards."""
+"""offsetlake.read.tasks outside Spark: the collector is paused for the task (also when the driver reads a
+small batch itself) and nothing is frozen, so a driver or a test that runs a task in its own process keeps
+collecting everything it holds; pandas is left out of a task's conversions and back afterwards."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import gc
 import subprocess
 import sys
 
-from offsetlake.read.tasks import collector_paused, in_spark_worker
+from offsetlake.read import tasks
+from offsetlake.read.tasks import collector_paused, in_spark_worker, read_ranges
 
 # In a fresh interpreter, as a Spark worker is: what pyarrow imports on its first conversions.
 PANDAS_LEFT_OUT = """
@@ -47,6 +48,26 @@ def test_a_collector_that_was_off_stays_off():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+class _Reader:
+    def close(self):
+        pass
+
+
+def test_ranges_read_in_this_thread_are_read_and_written_with_the_collector_paused(monkeypatch):
+    # read_ranges is what the driver runs for a small batch (read_job.read_in_driver): only the wiring here,
+    # the reading itself is tests/integration/test_ingest.py's
+    collecting = []
+    monkeypatch.setattr(tasks, "open_range", lambda ctx, index: _Reader())
+    monkeypatch.setattr(tasks, "read_all", lambda ctx, reader: collecting.append(("read", gc.isenabled())))
+    monkeypatch.setattr(
+        tasks, "convert_and_write", lambda ctx, index, messages: [{"task": index, "collecting": gc.isenabled()}]
+    )
+    out = read_ranges(None, [0, 1])  # type: ignore[arg-type]
+    assert out == [{"task": 0, "collecting": False}, {"task": 1, "collecting": False}]
+    assert collecting == [("read", False), ("read", False)]
+    assert gc.isenabled()
 
 
 def test_a_task_converts_without_importing_pandas_and_pandas_works_after_it():

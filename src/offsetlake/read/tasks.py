@@ -39,9 +39,10 @@ class TaskContext:
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a task runs. A task makes millions of short-lived
-    objects (one Kafka message each, then bytes, ints, tuples) and none in cycles; the collector would
-    scan them again and again as they are made (docs/development/measurements.md)."""
+    """Python's cyclic garbage collector off while a task runs, in a Spark worker or in the driver. A task
+    makes millions of short-lived objects (one Kafka message each, then bytes, ints, tuples) and none in
+    cycles; the collector would scan them again and again as they are made, and in the driver everything
+    else the process holds with them (docs/development/measurements.md)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -134,25 +135,26 @@ def run_tasks_in_order(ctx: TaskContext, indexes: list[int]) -> list[dict]:
     and written: a task's first records take a fifth to a third of it to arrive, mostly the broker's
     time, and that wait now overlaps with work. At most two ranges are held at a time, one as Arrow
     and the next in librdkafka's queue."""
-    with collector_paused(), pandas_left_out():
+    with pandas_left_out():
         return read_ranges(ctx, indexes)
 
 
 def read_ranges(ctx: TaskContext, indexes: list[int]) -> list[dict]:
-    """The ranges `indexes` read, converted and written in order, in this thread: a Spark task's work
-    (run_tasks_in_order), or a small batch's in the driver (read_job.run_tasks)."""
+    """The ranges `indexes` read, converted and written in order, in this thread, the collector paused: a
+    Spark task's work (run_tasks_in_order), or a small batch's in the driver (read_job.read_in_driver)."""
     out: list[dict] = []
-    reader: RangeReader | None = open_range(ctx, indexes[0])
-    try:
-        for position, index in enumerate(indexes):
-            assert reader is not None  # opened for this index by the iteration before
-            messages = read_all(ctx, reader)
-            reader = open_range(ctx, indexes[position + 1]) if position + 1 < len(indexes) else None
-            out += convert_and_write(ctx, index, messages)
-            del messages  # before the next range is read: one range as Arrow at a time
-    finally:
-        if reader is not None:
-            reader.close()
+    with collector_paused():
+        reader: RangeReader | None = open_range(ctx, indexes[0])
+        try:
+            for position, index in enumerate(indexes):
+                assert reader is not None  # opened for this index by the iteration before
+                messages = read_all(ctx, reader)
+                reader = open_range(ctx, indexes[position + 1]) if position + 1 < len(indexes) else None
+                out += convert_and_write(ctx, index, messages)
+                del messages  # before the next range is read: one range as Arrow at a time
+        finally:
+            if reader is not None:
+                reader.close()
     return out
 
 
