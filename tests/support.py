@@ -25,7 +25,6 @@ from offsetlake.protocol.metadata import HistoryEntry
 from offsetlake.storage.location import Location
 from offsetlake.table import query
 from offsetlake_local import broker as embedded_broker
-from offsetlake_local import processes
 from offsetlake_local import producer as demo_producer
 from oracle import (  # noqa: F401 - the tests' oracle, re-exported
     JOURNAL,
@@ -61,11 +60,6 @@ class RestartableBroker:
 
     def stop(self) -> None:
         embedded_broker.stop(self.current.pid)
-
-    def kill(self) -> None:
-        """A crash (SIGKILL): the broker is gone at once. A stop's controlled shutdown may go on answering
-        requests until the stop's timeout kills it, 30 s later."""
-        processes.kill(self.current.pid)
 
     def start(self) -> None:
         self.current = embedded_broker.start(self.data_dir)
