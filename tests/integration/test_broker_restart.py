@@ -5,6 +5,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
+import time
 
 import pytest
 
@@ -13,6 +17,7 @@ from offsetlake.config import KafkaSettings
 from offsetlake.errors import KafkaError
 from offsetlake.kafka import KafkaCluster
 from offsetlake_local import broker as embedded_broker
+from offsetlake_local import processes
 from support import (
     assert_exactly_once,
     new_pipeline,
@@ -101,6 +106,43 @@ def test_a_read_waits_out_a_broker_away_longer_than_its_stall_limit(own_broker, 
     kafka = oracle.read_committed(own_broker.bootstrap_servers, topic, {0: 150})  # offsets 150 holds: markers
     assert rows == sorted(offset for _, _, offset in kafka)
     assert "Connection refused; waiting for the broker (up to 120 s)" in caplog.text
+
+
+def test_an_offset_mirror_the_broker_never_answers_ends_and_the_next_one_lands(own_broker, tmp_path, caplog):
+    """The broker goes away with the mirror's commit out (frozen, then killed: the request is in flight, never
+    answered). librdkafka never answers such a commit, and a stream's round hung in it until the broker came
+    back; the mirror now gives up in its bounds, and once the broker is back the next mirror lands."""
+    cfg, topic = new_pipeline(
+        own_broker.bootstrap_servers,
+        tmp_path / "pipelines",
+        tmp_path / "lake",
+        partitions=2,
+        kafka={"retry_seconds": 2, "timeout_seconds": 2},
+    )
+    cluster = KafkaCluster(cfg.kafka)  # kept, as a stream keeps it: its committer has found the coordinator
+    assert cluster.commit_group_offsets(cfg.consumer_group, {(topic, 0): 1, (topic, 1): 1})
+
+    caplog.set_level(logging.WARNING, logger="offsetlake.kafka")
+    outcome: list[bool] = []
+    os.kill(own_broker.current.pid, signal.SIGSTOP)
+    mirror = threading.Thread(
+        target=lambda: outcome.append(cluster.commit_group_offsets(cfg.consumer_group, {(topic, 0): 2, (topic, 1): 2})),
+        daemon=True,  # were it to hang, the test fails rather than waits with it
+    )
+    mirror.start()
+    time.sleep(1)  # the commit is out, to a broker that reads nothing
+    processes.kill(own_broker.current.pid)
+    mirror.join(timeout=60)  # a bound for a hang, far above the mirror's own (timeout and retry seconds)
+    assert not mirror.is_alive(), "the offset mirror waited for an answer that never comes"
+    assert outcome == [False]
+    assert "could not mirror offsets" in caplog.text
+
+    own_broker.start()
+    assert cluster.commit_group_offsets(cfg.consumer_group, {(topic, 0): 3, (topic, 1): 4})
+    cluster.close()
+    # What the broker holds for the group, read by a client of its own.
+    group = KafkaCluster(cfg.kafka).group_offsets(cfg.consumer_group, [(topic, 0), (topic, 1)])
+    assert group == {(topic, 0): 3, (topic, 1): 4}
 
 
 def test_what_cannot_get_better_fails_at_once(bootstrap, caplog):

@@ -170,42 +170,56 @@ def test_new_clients_do_not_wait_half_the_default_reconnect_backoff(cfg, built):
 
 def test_the_offset_mirror_keeps_its_consumer_until_a_commit_fails_or_the_cluster_closes(cfg, monkeypatch):
     """A stream mirrors every batch's offsets: through one consumer per group, kept by its cluster (a new one
-    would look the group's coordinator up again each time), and a new one after a mirror that failed."""
+    would look the group's coordinator up again each time), and a new one after a mirror that failed. A
+    commit the broker never answers is given up after kafka.timeout_seconds and the slack, and its consumer
+    is released without a close (closing it would wait for the answer)."""
     from confluent_kafka import KafkaError as Code
-    from confluent_kafka import KafkaException
 
     made = []
 
     class Consumer:
-        refuse = False
+        answer = "accepted"  # or "refused", or "never"
 
         def __init__(self, settings):
-            self.settings, self.commits, self.closed = settings, [], False
+            self.settings, self.commits, self.out, self.closed = settings, [], [], False
             made.append(self)
 
         def commit(self, offsets, asynchronous):
-            assert asynchronous is False
-            if Consumer.refuse:
-                raise KafkaException(Code(Code.GROUP_AUTHORIZATION_FAILED))
-            self.commits.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
+            assert asynchronous is True
+            self.out.append(offsets)
+
+        def poll(self, timeout):
+            if not self.out or Consumer.answer == "never":
+                return None
+            offsets = self.out.pop()
+            if Consumer.answer == "refused":
+                self.settings["on_commit"](Code(Code.GROUP_AUTHORIZATION_FAILED), offsets)
+            else:
+                self.commits.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
+                self.settings["on_commit"](None, offsets)
+            return None
 
         def close(self):
             self.closed = True
 
     monkeypatch.setattr(kafka_cluster, "Consumer", Consumer)
-    cluster = kafka.KafkaCluster(cfg.kafka)
+    monkeypatch.setattr(kafka_cluster, "GROUP_CALL_SLACK", 0)
+    cluster = kafka.KafkaCluster(cfg.kafka.model_copy(update={"timeout_seconds": 1, "retry_seconds": 0}))
 
     assert cluster.commit_group_offsets("g", {("orders", 0): 10})
     assert cluster.commit_group_offsets("g", {("orders", 0): 12})
     assert len(made) == 1 and made[0].commits == [[("orders", 0, 10)], [("orders", 0, 12)]]
     assert made[0].settings["group.id"] == "g" and not made[0].closed
 
-    Consumer.refuse = True
+    Consumer.answer = "refused"
     assert not cluster.commit_group_offsets("g", {("orders", 0): 14})
     assert made[0].closed  # dropped: the next mirror starts with a new consumer
-    Consumer.refuse = False
+    Consumer.answer = "never"
+    assert not cluster.commit_group_offsets("g", {("orders", 0): 14})
+    assert len(made) == 2 and not made[1].closed  # released, not closed
+    Consumer.answer = "accepted"
     assert cluster.commit_group_offsets("g", {("orders", 0): 14})
-    assert len(made) == 2 and made[1].commits == [[("orders", 0, 14)]]
+    assert len(made) == 3 and made[2].commits == [[("orders", 0, 14)]]
 
     cluster.close()
-    assert made[1].closed
+    assert made[2].closed

@@ -12,7 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka import KafkaError as _KErr
@@ -58,15 +58,15 @@ class KafkaCluster:
         self.stop = stop
         self.timeout = settings.timeout_seconds
         self._admin: AdminClient | None = None
-        self._committers: dict[str, Consumer] = {}  # per consumer group: the consumer that mirrors its offsets
+        self._committers: dict[str, OffsetCommitter] = {}  # per consumer group: what mirrors its offsets
         self._broker_errors: deque[str] = deque(maxlen=20)  # the latest, for error messages
 
     def close(self) -> None:
         """Close the consumers kept for mirroring offsets. A cluster is used by one thread at a time: a run
         of `ingest` creates one, a stream keeps one per table across its rounds."""
         committers, self._committers = self._committers, {}
-        for consumer in committers.values():
-            consumer.close()
+        for committer in committers.values():
+            committer.close()
 
     @property
     def admin(self) -> AdminClient:
@@ -282,30 +282,27 @@ class KafkaCluster:
         return self._list_offsets(tps, OffsetSpec.for_timestamp(timestamp_ms), none_is_an_answer=True)
 
     def commit_group_offsets(self, group: str, offsets: dict[TP, int]) -> bool:
-        """Mirror the ledger into the consumer group so lag tools see it. Informational only.
+        """Mirror the ledger into the consumer group so lag tools see it. Informational only: a mirror that
+        fails is logged and the next batch mirrors again.
 
-        A consumer's synchronous commit, bounded by `kafka.timeout_seconds` per try. The consumer is kept
-        until `close` (a new one would look the group's coordinator up again at every batch); after a failed
-        mirror the next batch starts with a new one. librdkafka waits for
-        the group's coordinator up to `session.timeout.ms` (45 s by default) whatever `socket.timeout.ms`
-        says: with the broker gone right after a batch, a commit took 45.0 s, a stream's round with it
-        (2.0 s with both set to 2 s; this consumer never joins the group, so the session timeout means
-        nothing else here). Not the admin client's alter_consumer_group_offsets: a coordinator-bound admin
-        request aborts the process on a dropped connection (librdkafka issue 4605; see check_access).
+        Through an OffsetCommitter per group, kept until `close` (a new one would look the group's
+        coordinator up again at every batch); a try the broker does not answer in time is tried again
+        through a new one, for `kafka.retry_seconds`. Not the admin client's alter_consumer_group_offsets:
+        a coordinator-bound admin request aborts the process on a dropped connection (librdkafka issue
+        4605; see check_access).
 
-        This consumer (and `group_offsets`') never assigns a partition, so it never fetches: fetch sizes
-        do not apply. The planner only lists offsets (admin requests). Every consumer that fetches records,
-        the batch's readers and audit's read of Kafka alike, is reader.RangeReader, sized in reader.py."""
+        The committer (and `group_offsets`' consumer) never assigns a partition, so it never fetches: fetch
+        sizes do not apply. The planner only lists offsets (admin requests). Every consumer that fetches
+        records, the batch's readers and audit's read of Kafka alike, is reader.RangeReader, sized in
+        reader.py."""
         if not offsets:
             return True
         try:
-            consumer = self._committer(group)
             retrying(
                 f"consumer group {group}: cannot mirror offsets",
-                lambda: consumer.commit(
-                    offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
-                ),
+                lambda: self._committer(group).commit(offsets),
                 self.settings.retry_seconds,
+                before_retry=lambda err: self._drop_unanswered(group),
                 stop=self.stop,
             )
             return True
@@ -316,12 +313,22 @@ class KafkaCluster:
             log.warning("could not mirror offsets to consumer group %s: %s", group, _describe(err))
             return False
 
-    def _committer(self, group: str) -> Consumer:
+    def _committer(self, group: str) -> OffsetCommitter:
         if group not in self._committers:
-            self._committers[group] = self._group_consumer(
-                group, **{"socket.timeout.ms": self._socket_ms, "session.timeout.ms": self._socket_ms}
+            # librdkafka waits for the group's coordinator up to session.timeout.ms (45 s by default) whatever
+            # socket.timeout.ms says; this consumer never joins the group, so it means nothing else here.
+            bounded = {"socket.timeout.ms": self._socket_ms, "session.timeout.ms": self._socket_ms}
+            self._committers[group] = OffsetCommitter(
+                lambda on_commit: self._group_consumer(group, on_commit=on_commit, **bounded),
+                wait=self.timeout + GROUP_CALL_SLACK,
             )
         return self._committers[group]
+
+    def _drop_unanswered(self, group: str) -> None:
+        committer = self._committers.get(group)
+        if committer is not None and committer.unanswered:
+            del self._committers[group]
+            committer.close()
 
     def _group_consumer(self, group: str, **extra) -> Consumer:
         """A consumer of `group` that reads or commits its offsets and never joins it (no subscription)."""
@@ -337,6 +344,49 @@ class KafkaCluster:
             return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
         finally:
             consumer.close()
+
+
+class OffsetCommitter:
+    """A consumer of one group that commits its offsets and never joins it, each commit awaited for at most
+    `wait` seconds. librdkafka never answers a commit whose request was out when the broker went away: a
+    synchronous commit then waits until the broker is back, and so does closing the consumer that sent it
+    (librdkafka issue 3740; a stream's round hung so, docs/development/measurements.md). So commits are
+    asynchronous, and a committer whose commit went unanswered is released without a close."""
+
+    def __init__(self, make: Callable[[Callable[[Any, list[TopicPartition]], None]], Consumer], wait: float):
+        """`make(on_commit)`: the consumer, built with the callback its commits answer through."""
+        answers: list[KafkaException | None] = []
+
+        def on_commit(err: Any, partitions: list[TopicPartition]) -> None:  # no reference back to the consumer
+            refused = [tp.error for tp in partitions or [] if tp.error is not None]
+            error = err or (refused[0] if refused else None)
+            answers.append(None if error is None else KafkaException(error))
+
+        self.answers = answers
+        self.consumer: Consumer | None = make(on_commit)
+        self.wait = wait
+        self.unanswered = False
+
+    def commit(self, offsets: dict[TP, int]) -> None:
+        """Commit `offsets`: the broker's refusal is raised, and so is a timeout when no answer came in time."""
+        assert self.consumer is not None and not self.unanswered, "a committer left unanswered is not used again"
+        self.answers.clear()
+        self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=True)
+        deadline = time.monotonic() + self.wait
+        while not self.answers:
+            if time.monotonic() >= deadline:
+                self.unanswered = True
+                raise KafkaException(_KErr(_KErr._TIMED_OUT, f"the offset commit had no answer in {self.wait:g} s"))
+            self.consumer.poll(0.1)  # serves on_commit; a consumer that never assigns a partition reads nothing
+        if self.answers[0] is not None:
+            raise self.answers[0]
+
+    def close(self) -> None:
+        consumer, self.consumer = self.consumer, None
+        if consumer is not None and not self.unanswered:
+            consumer.close()
+        # Unanswered: dropping the last reference destroys the client without the consumer close that would
+        # wait for the answer (confluent-kafka's Consumer deallocates with RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE).
 
 
 def topic_lister(settings: KafkaSettings) -> Callable[[], list[str]]:
