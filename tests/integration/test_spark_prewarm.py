@@ -93,9 +93,16 @@ def sock_dir():
 
 @pytest.fixture
 def prewarmed():
-    """A process of this test's own (not the session's), stopped by its pid."""
+    """A process of this test's own (not the session's), stopped by its pid; listening when the test begins.
+    A daemon waits for the socket only BIND_WAIT_SECONDS (a JVM asks seconds after its driver started the
+    process), and on a busy machine this process's start took longer than that, so a request made at once
+    met no process and started its daemon itself, silently, whatever the test asked of the handover."""
     started = prewarm.launch()
     assert started is not None
+    deadline = time.monotonic() + 60
+    while not listening(started.address):
+        assert started.alive() and time.monotonic() < deadline, "the prewarmed process did not listen"
+        time.sleep(0.05)
     yield started
     started.stop()
 
@@ -126,6 +133,12 @@ def daemon_address(process: subprocess.Popen) -> str:
     assert len(head) == 4, process.stderr.read().decode()[-3000:]
     (length,) = struct.unpack("!i", head)
     return process.stdout.read(length).decode()
+
+
+def listening(address: str) -> bool:
+    """A socket at `address` accepts connections (/proc/net/unix: flag __SO_ACCEPTCON, 00010000)."""
+    lines = Path("/proc/net/unix").read_text().splitlines()
+    return any(line.split()[3] == "00010000" for line in lines if line.endswith(address))
 
 
 def listener_pid(address: str) -> int:

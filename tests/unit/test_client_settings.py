@@ -174,11 +174,12 @@ def test_the_offset_mirror_keeps_its_consumer_until_a_commit_fails_or_the_cluste
     commit the broker never answers is given up after kafka.timeout_seconds and the slack, and its consumer
     is released without a close (closing it would wait for the answer)."""
     from confluent_kafka import KafkaError as Code
+    from confluent_kafka import TopicPartition
 
     made = []
 
     class Consumer:
-        answer = "accepted"  # or "refused", or "never"
+        answer = "accepted"  # or "refused", "never", or "late" (only an earlier commit's answer comes)
 
         def __init__(self, settings):
             self.settings, self.commits, self.out, self.closed = settings, [], [], False
@@ -192,7 +193,9 @@ def test_the_offset_mirror_keeps_its_consumer_until_a_commit_fails_or_the_cluste
             if not self.out or Consumer.answer == "never":
                 return None
             offsets = self.out.pop()
-            if Consumer.answer == "refused":
+            if Consumer.answer == "late":
+                self.settings["on_commit"](None, [TopicPartition("orders", 0, 12)])
+            elif Consumer.answer == "refused":
                 self.settings["on_commit"](Code(Code.GROUP_AUTHORIZATION_FAILED), offsets)
             else:
                 self.commits.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
@@ -217,9 +220,11 @@ def test_the_offset_mirror_keeps_its_consumer_until_a_commit_fails_or_the_cluste
     Consumer.answer = "never"
     assert not cluster.commit_group_offsets("g", {("orders", 0): 14})
     assert len(made) == 2 and not made[1].closed  # released, not closed
+    Consumer.answer = "late"
+    assert not cluster.commit_group_offsets("g", {("orders", 0): 14})  # not this commit's answer
     Consumer.answer = "accepted"
     assert cluster.commit_group_offsets("g", {("orders", 0): 14})
-    assert len(made) == 3 and made[2].commits == [[("orders", 0, 14)]]
+    assert len(made) == 4 and made[3].commits == [[("orders", 0, 14)]]
 
     cluster.close()
-    assert made[2].closed
+    assert made[3].closed

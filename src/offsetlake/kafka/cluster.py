@@ -355,14 +355,14 @@ class OffsetCommitter:
 
     def __init__(self, make: Callable[[Callable[[Any, list[TopicPartition]], None]], Consumer], wait: float):
         """`make(on_commit)`: the consumer, built with the callback its commits answer through."""
-        answers: list[KafkaException | None] = []
+        answers: dict[frozenset[tuple[str, int, int]], KafkaException | None] = {}
 
         def on_commit(err: Any, partitions: list[TopicPartition]) -> None:  # no reference back to the consumer
             refused = [tp.error for tp in partitions or [] if tp.error is not None]
             error = err or (refused[0] if refused else None)
-            answers.append(None if error is None else KafkaException(error))
+            answers[_sent(partitions or [])] = None if error is None else KafkaException(error)
 
-        self.answers = answers
+        self.answers = answers  # by the offsets each answers for: a late answer to an earlier try is not this one's
         self.consumer: Consumer | None = make(on_commit)
         self.wait = wait
         self.unanswered = False
@@ -370,16 +370,19 @@ class OffsetCommitter:
     def commit(self, offsets: dict[TP, int]) -> None:
         """Commit `offsets`: the broker's refusal is raised, and so is a timeout when no answer came in time."""
         assert self.consumer is not None and not self.unanswered, "a committer left unanswered is not used again"
+        partitions = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        sent = _sent(partitions)
         self.answers.clear()
-        self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=True)
+        self.consumer.commit(offsets=partitions, asynchronous=True)
         deadline = time.monotonic() + self.wait
-        while not self.answers:
+        while sent not in self.answers:
             if time.monotonic() >= deadline:
                 self.unanswered = True
                 raise KafkaException(_KErr(_KErr._TIMED_OUT, f"the offset commit had no answer in {self.wait:g} s"))
             self.consumer.poll(0.1)  # serves on_commit; a consumer that never assigns a partition reads nothing
-        if self.answers[0] is not None:
-            raise self.answers[0]
+        refusal = self.answers[sent]
+        if refusal is not None:
+            raise refusal
 
     def close(self) -> None:
         consumer, self.consumer = self.consumer, None
@@ -387,6 +390,10 @@ class OffsetCommitter:
             consumer.close()
         # Unanswered: dropping the last reference destroys the client without the consumer close that would
         # wait for the answer (confluent-kafka's Consumer deallocates with RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE).
+
+
+def _sent(partitions: list[TopicPartition]) -> frozenset[tuple[str, int, int]]:
+    return frozenset((tp.topic, tp.partition, tp.offset) for tp in partitions)
 
 
 def topic_lister(settings: KafkaSettings) -> Callable[[], list[str]]:
