@@ -130,7 +130,7 @@ def test_an_offset_mirror_the_broker_never_answers_ends_and_the_next_one_lands(o
         daemon=True,  # were it to hang, the test fails rather than waits with it
     )
     mirror.start()
-    time.sleep(1)  # the commit is out, to a broker that reads nothing
+    time.sleep(1)  # the commit is out, to a broker that reads nothing (not yet out, it meets a dead broker: False too)
     processes.kill(own_broker.current.pid)
     mirror.join(timeout=60)  # a bound for a hang, far above the mirror's own (timeout and retry seconds)
     assert not mirror.is_alive(), "the offset mirror waited for an answer that never comes"

@@ -135,15 +135,19 @@ def daemon_address(process: subprocess.Popen) -> str:
     return process.stdout.read(length).decode()
 
 
+def unix_sockets_at(address: str) -> list[list[str]]:
+    """The fields of each socket bound at `address` (/proc/net/unix: Num RefCount Protocol Flags Type St Inode)."""
+    return [line.split() for line in Path("/proc/net/unix").read_text().splitlines() if line.endswith(address)]
+
+
 def listening(address: str) -> bool:
-    """A socket at `address` accepts connections (/proc/net/unix: flag __SO_ACCEPTCON, 00010000)."""
-    lines = Path("/proc/net/unix").read_text().splitlines()
-    return any(line.split()[3] == "00010000" for line in lines if line.endswith(address))
+    """A socket at `address` accepts connections (its flags are __SO_ACCEPTCON, 00010000)."""
+    return any(fields[3] == "00010000" for fields in unix_sockets_at(address))
 
 
 def listener_pid(address: str) -> int:
     """The process holding the listening socket `address` (from /proc/net/unix and the fds in /proc)."""
-    inode = next(line.split()[6] for line in Path("/proc/net/unix").read_text().splitlines() if line.endswith(address))
+    inode = next(fields[6] for fields in unix_sockets_at(address))
     for fd in Path("/proc").glob("[0-9]*/fd/*"):
         try:
             if os.readlink(fd) == f"socket:[{inode}]":
