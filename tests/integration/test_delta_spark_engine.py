@@ -71,8 +71,8 @@ def test_delta_spark_commits_each_batch_with_its_ledger_and_metadata_in_one_writ
 
 
 # What turns each feature on that only delta-spark writes: test_delta_spark's, and checkpoint protection, which
-# delta-spark adds when a feature is dropped (`DROP FEATURE deletionVectors` gives the table the same protocol,
-# but purges and checkpoints for 25-60 s; the property names the feature outright).
+# delta-spark adds when a feature is dropped. The property names it outright: `DROP FEATURE deletionVectors`
+# leaves the same protocol, but first purges the vectors and writes checkpoints (docs/development/tests.md).
 TURN_ON = {
     **{feature: [ENABLE[feature]] for feature in REFUSED},
     "checkpointProtection": ["SET TBLPROPERTIES ('delta.feature.checkpointProtection' = 'supported')"],
