@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,3 +65,4 @@ def no_task_context_left_behind():
 
 def pytest_sessionfinish(session, exitstatus):
     METADATA_DB.stop()
+    shutil.rmtree(AIRFLOW_HOME, ignore_errors=True)  # made at import by each pytest process (xdist's too)
