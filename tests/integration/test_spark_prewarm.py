@@ -140,14 +140,20 @@ def unix_sockets_at(address: str) -> list[list[str]]:
     return [line.split() for line in Path("/proc/net/unix").read_text().splitlines() if line.endswith(address)]
 
 
+def listeners_at(address: str) -> list[list[str]]:
+    """The sockets at `address` that accept connections (flags __SO_ACCEPTCON, 00010000): a connection the
+    listener accepted shows the same address, and may be held by another process (a forked daemon)."""
+    return [fields for fields in unix_sockets_at(address) if fields[3] == "00010000"]
+
+
 def listening(address: str) -> bool:
-    """A socket at `address` accepts connections (its flags are __SO_ACCEPTCON, 00010000)."""
-    return any(fields[3] == "00010000" for fields in unix_sockets_at(address))
+    """A socket at `address` accepts connections."""
+    return bool(listeners_at(address))
 
 
 def listener_pid(address: str) -> int:
     """The process holding the listening socket `address` (from /proc/net/unix and the fds in /proc)."""
-    inode = next(fields[6] for fields in unix_sockets_at(address))
+    inode = next(fields[6] for fields in listeners_at(address))
     for fd in Path("/proc").glob("[0-9]*/fd/*"):
         try:
             if os.readlink(fd) == f"socket:[{inode}]":
