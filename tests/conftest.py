@@ -8,8 +8,13 @@ import os
 import pytest
 
 from offsetlake_local import broker as embedded_broker
+from offsetlake_local import jvm as embedded_jvm
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# The local stack's JVMs (Kafka brokers, Kafka Connect, the Hive Metastore) compile with C1 only here: the
+# tests start them dozens of times and give them little to serve, and C2 compiling their start-up code was
+# most of each start's CPU (docs/development/tests.md, "The Kafka brokers"). The benchmarks keep the defaults.
+os.environ.setdefault(embedded_jvm.OPTIONS_ENV, "-XX:TieredStopAtLevel=1")
 
 # `make test` runs two pytest-xdist workers, each taking whole files (--dist loadfile) in collection order: the
 # longest files first, so that no long file starts last while the other worker sits idle, and the short ones

@@ -26,14 +26,21 @@ def java() -> str:
     return str(Path(home) / "bin" / "java") if home else "java"
 
 
+# Options every JVM of the local stack adds last (so they win), as Kafka's scripts take KAFKA_OPTS. The tests
+# set `-XX:TieredStopAtLevel=1` (tests/conftest.py); the demo and the benchmarks run the JVM's defaults.
+OPTIONS_ENV = "OFFSETLAKE_STACK_JAVA_OPTIONS"
+
+
 def command(stack: str, heap: str, log4j_file: Path, *options: str) -> list[str]:
-    """java with a capped heap and G1, the stack's jars (offsetlake_local.jars) on the class path."""
+    """java with a capped heap and G1, the stack's jars (offsetlake_local.jars) on the class path, and the
+    options of OFFSETLAKE_STACK_JAVA_OPTIONS."""
     return [
         java(),
         f"-Xmx{heap}",
         *options,
         "-XX:+UseG1GC",
         "-XX:+ExitOnOutOfMemoryError",
+        *os.environ.get(OPTIONS_ENV, "").split(),
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={log4j_file}",
         "-cp",
