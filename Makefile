@@ -36,6 +36,7 @@ $(STAMP): requirements.txt pyproject.toml | prerequisites
 	$(UV) --compile-bytecode -r requirements.txt
 	$(UV) --no-deps -e .
 	$(BIN)/python -m compileall -q src
+	-$(BIN)/python -m offsetlake.read.native
 	touch $(STAMP)
 
 # The JVM stacks' jars (the Apache Kafka broker; delta-spark for the tests; Kafka Connect with Debezium for change

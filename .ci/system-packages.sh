@@ -9,6 +9,8 @@
 #   mvn          maven                     resolves the JVM stacks' jars from Maven Central (src/offsetlake_local/poms)
 #   initdb       postgresql                the demo's captured database (change data capture) and its Hive Metastore's
 #                                          catalog; the tests start their own servers (Airflow's metadata too)
+#   cc           gcc, libc6-dev            builds the native Kafka reader (src/offsetlake/read/native_reader.c)
+#   rdkafka.h    librdkafka-dev            its librdkafka headers (it links to the librdkafka confluent-kafka ships)
 # The docs site:
 #   npm          npm                       fetches Mermaid, served with the site (docs/assets.py)
 # The tests only:
@@ -24,6 +26,9 @@ missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || missing+=(maven)
 has_postgres || missing+=(postgresql)
+command -v cc >/dev/null || missing+=(gcc)
+[ -e /usr/include/stdio.h ] || missing+=(libc6-dev)
+[ -e /usr/include/librdkafka/rdkafka.h ] || missing+=(librdkafka-dev)
 case "${1:-}" in docs | tests) command -v npm >/dev/null || missing+=(npm) ;; esac
 if [ "${1:-}" = tests ]; then
   command -v ip >/dev/null || missing+=(iproute2)

@@ -57,6 +57,7 @@ def built(monkeypatch):
     monkeypatch.setattr(kafka_cluster, "AdminClient", recorder("planner (admin)"))
     monkeypatch.setattr(kafka_cluster, "Consumer", recorder("group offsets"))
     monkeypatch.setattr(reader, "Consumer", recorder("reader"))
+    monkeypatch.setattr(reader, "NativeConsumer", recorder("reader"))
     monkeypatch.setattr(producer, "Producer", recorder("producer"))
     monkeypatch.setattr(producer, "AdminClient", recorder("topic admin"))
     return seen

@@ -190,12 +190,12 @@ def test_the_prerequisites_the_readme_and_getting_started_name_are_the_packages_
     demo, docs, tests_only_packages = (
         set(re.findall(r"missing\+=\(([\w.-]+)\)", part)) for part in (product, docs_line, tests_only)
     )
-    assert (len(demo), docs, len(tests_only_packages)) == (3, {"npm"}, 4), (demo, docs, tests_only_packages)
+    assert (len(demo), docs, len(tests_only_packages)) == (6, {"npm"}, 4), (demo, docs, tests_only_packages)
     for page in (REPO / "README.md", DOCS / "getting-started.md"):
         text = " ".join(page.read_text().split())
         shown = text[text.index("**Prerequisites:**") :].split("`make` installs", 1)[0]
         demo_part, test_part = shown.split("`make test` needs five more", 1)
-        assert "three Debian packages" in demo_part, page
+        assert "six Debian packages" in demo_part, page
         assert set(re.findall(r"`([\w.-]+)`", demo_part)) == demo, page
         assert set(re.findall(r"`([\w.-]+)`", test_part)) - {"make docs"} == tests_only_packages | docs, page
 

@@ -10,12 +10,13 @@ No group subscription and no commits: the Delta table is the only ledger.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import logging
 import re
 import time
-from collections.abc import Iterator
-from typing import Any, cast
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +27,9 @@ from offsetlake.config import KafkaSettings
 from offsetlake.errors import DataLossError, KafkaError
 from offsetlake.kafka import client_settings, librdkafka_log
 from offsetlake.protocol.ranges import OffsetRange
+from offsetlake.read import native
 from offsetlake.read.allocator import keep_freed_memory
+from offsetlake.read.native import NativeChunk, NativeConsumer, NativeOpenError, NativeReadError
 
 log = logging.getLogger("offsetlake.read.reader")
 
@@ -116,9 +119,12 @@ def read_range(
     stall_seconds: float,
     chunk: int = 20_000,
     headers: bool = False,
+    use_native: bool | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Yield the records of `rng` as Arrow batches (`message_schema(headers)`), in offset order."""
-    with RangeReader(settings, group, rng, stall_seconds, chunk, headers) as reader:
+    """Yield the records of `rng` as Arrow batches (`message_schema(headers)`), in offset order.
+    `use_native`: read with the native reader (offsetlake.read.native), through confluent-kafka, or (None)
+    with the native one wherever it is available."""
+    with RangeReader(settings, group, rng, stall_seconds, chunk, headers, use_native) as reader:
         yield from reader
 
 
@@ -135,6 +141,7 @@ class RangeReader:
         stall_seconds: float,
         chunk: int = 20_000,
         headers: bool = False,
+        use_native: bool | None = None,
     ):
         self.settings, self.rng, self.stall_seconds, self.chunk, self.headers = (
             settings,
@@ -143,7 +150,7 @@ class RangeReader:
             chunk,
             headers,
         )
-        self._consumer = None
+        self._consumer: Consumer | NativeConsumer | None = None
         if rng.size <= 0:
             return
         # In an executor nobody configured logging: librdkafka's own lines would reach stderr, one a second
@@ -153,7 +160,18 @@ class RangeReader:
         # A whole cluster away shows in no message: librdkafka reports it (all brokers down, connections
         # refused) only to error_cb, which runs inside consume(). Those reports count as transient errors.
         self._client_errors: list[str] = []
-        self._consumer = Consumer(reader_settings(settings, group, error_cb=self._client_error))
+        client = reader_settings(settings, group, error_cb=self._client_error)
+        if use_native is None:
+            use_native = native.usable(client)
+        elif use_native and not native.usable(client):
+            raise KafkaError(f"read of {rng}: the native reader cannot read here (see offsetlake.read.native)")
+        if use_native:
+            try:
+                self._consumer = NativeConsumer(client, rng.topic, rng.partition, rng.start)
+            except NativeOpenError as err:
+                raise KafkaError(f"read of {rng} failed: {err}") from err
+            return
+        self._consumer = Consumer(client)
         try:
             self._consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
         except KafkaException as err:
@@ -192,8 +210,13 @@ class RangeReader:
             limit = max(self.stall_seconds, self.settings.retry_seconds)
             log.warning("read of %s: %s; waiting for the broker (up to %s s)", self.rng, error, limit)
 
-    def _batches(self, consumer) -> Iterator[pa.RecordBatch]:
+    def _batches(self, consumer: Consumer | NativeConsumer) -> Iterator[pa.RecordBatch]:
         rng, settings, stall_seconds = self.rng, self.settings, self.stall_seconds
+        take: Callable[[int], _Taken] = (
+            functools.partial(self._take_native, consumer)
+            if isinstance(consumer, NativeConsumer)
+            else functools.partial(self._take, consumer)
+        )
         # A broker restarting or a leader moving shows as transient errors that librdkafka retries on its
         # own; while they last, the read may wait up to kafka.retry_seconds instead of the stall limit.
         transient: set[str] = set()
@@ -201,34 +224,25 @@ class RangeReader:
         while position < rng.end:
             # consume() waits for num_messages or the timeout: asking for no more than the range can
             # still hold, with a short timeout, keeps the last call of a small range from idling.
-            messages = consumer.consume(num_messages=min(self.chunk, rng.end - position), timeout=0.1)
-            if any(m.error() is not None for m in messages):  # rare: the readable end, a broker away
-                for msg in messages:
-                    err = msg.error()
-                    if err is None:
-                        continue
-                    position = max(position, _handle_error(err, msg, rng, position))
-                    if err.code() != _KErr._PARTITION_EOF:
-                        self._waiting(err.str(), transient)
-                messages = [m for m in messages if m.error() is None]
+            taken = take(min(self.chunk, rng.end - position))
+            for err, offset in taken.errors:  # rare: the readable end, a broker away
+                position = max(position, _handle_error(err, offset, rng, position))
+                if err.code() != _KErr._PARTITION_EOF:
+                    self._waiting(err.str(), transient)
             while self._client_errors:  # the cluster, not this partition: a broker away, all of them
                 self._waiting(self._client_errors.pop(0), transient)
-            if messages:
-                # One column at a time, not one record at a time: the per-record Python work is what
-                # bounds a reader (offsets ascend within a partition, so `end` cuts the list once).
-                offsets = cast(list[int], list(map(Message.offset, messages)))  # never None once consumed
-                cut = bisect.bisect_left(offsets, rng.end)
-                if cut < len(offsets):  # the rest belongs to the next batch
-                    messages, offsets, position = messages[:cut], offsets[:cut], rng.end
-                else:
-                    position = max(position, offsets[-1] + 1)
-                if offsets:
+            if taken.received:
+                if taken.cut:  # the rest belongs to the next batch
+                    position = rng.end
+                elif taken.last_offset is not None:
+                    position = max(position, taken.last_offset + 1)
+                if taken.batch is not None:
                     last_progress = time.monotonic()
                     transient.clear()
-                    yield _to_batch(messages, offsets, rng, self.headers)
+                    yield taken.batch
             elif position < rng.end:
                 # Markers and aborted records move the position without yielding anything.
-                fetched = consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset
+                fetched = _position(consumer, rng)
                 if fetched > position:
                     position, last_progress = fetched, time.monotonic()
             limit = max(stall_seconds, settings.retry_seconds) if transient else stall_seconds
@@ -238,15 +252,65 @@ class RangeReader:
                     f"(broker at {settings.bootstrap_servers} unreachable or topic truncated)"
                 )
 
+    def _take(self, consumer: Consumer, wanted: int) -> _Taken:
+        rng = self.rng
+        messages = consumer.consume(num_messages=wanted, timeout=CONSUME_TIMEOUT_MS / 1000)
+        errors: list[tuple[_KErr, int]] = []
+        if any(m.error() is not None for m in messages):
+            errors = [(cast(_KErr, m.error()), cast(int, m.offset())) for m in messages if m.error() is not None]
+            messages = [m for m in messages if m.error() is None]
+        if not messages:
+            return _Taken(errors, False, False, None, None)
+        # One column at a time, not one record at a time: the per-record Python work is what bounds a
+        # reader (offsets ascend within a partition, so `end` cuts the list once).
+        offsets = cast(list[int], list(map(Message.offset, messages)))  # never None once consumed
+        cut = bisect.bisect_left(offsets, rng.end)
+        messages, offsets, was_cut = messages[:cut], offsets[:cut], cut < len(offsets)
+        if not offsets:
+            return _Taken(errors, True, was_cut, None, None)
+        return _Taken(errors, True, was_cut, offsets[-1], _to_batch(messages, offsets, rng, self.headers))
+
+    def _take_native(self, consumer: NativeConsumer, wanted: int) -> _Taken:
+        rng = self.rng
+        try:
+            chunk = consumer.consume(wanted, CONSUME_TIMEOUT_MS, rng.end, self.headers)
+        except NativeReadError as err:
+            raise KafkaError(f"read of {rng} failed: {err}") from err
+        self._client_errors.extend(_AFTER_MS.sub("", error) for error in consumer.take_client_errors())
+        errors = [(_KErr(code, text), offset) for code, offset, text in chunk.errors]
+        if not chunk.length:
+            return _Taken(errors, chunk.cut, chunk.cut, None, None)
+        return _Taken(errors, True, chunk.cut, chunk.last_offset, _native_batch(chunk, rng, self.headers))
+
+
+class _Taken(NamedTuple):
+    """What one consume gave a reader: the messages' errors with their offsets, whether any message that is
+    not an error came, whether one was at or past the range's end, and the rest as a batch."""
+
+    errors: list[tuple[_KErr, int]]
+    received: bool
+    cut: bool
+    last_offset: int | None
+    batch: pa.RecordBatch | None
+
+
+CONSUME_TIMEOUT_MS = 100
+
+
+def _position(consumer: Consumer | NativeConsumer, rng: OffsetRange) -> int:
+    if isinstance(consumer, NativeConsumer):
+        return consumer.position()
+    return consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset
+
 
 def _read_failed(rng: OffsetRange, err: KafkaException) -> KafkaError:
     return KafkaError(f"read of {rng} failed: {err.args[0].str() if err.args else err}")
 
 
-def _handle_error(err, msg, rng: OffsetRange, position: int) -> int:
+def _handle_error(err, offset: int, rng: OffsetRange, position: int) -> int:
     code = err.code()
     if code == _KErr._PARTITION_EOF:
-        return msg.offset()  # the end of what is readable now (LSO or high watermark)
+        return offset  # the end of what is readable now (LSO or high watermark)
     if code in _LOST:
         raise DataLossError(
             f"records lost: {rng.topic}[{rng.partition}] offsets from {position} are no "
@@ -275,4 +339,20 @@ def _to_batch(messages: list, offsets: list[int], rng: OffsetRange, headers: boo
     ]
     if headers:  # every header, in order: [(name, bytes | None)]
         arrays.append(pa.array([m.headers() or [] for m in messages], HEADERS_FIELD.type))
+    return pa.record_batch(arrays, schema=message_schema(headers))
+
+
+def _native_batch(chunk: NativeChunk, rng: OffsetRange, headers: bool) -> pa.RecordBatch:
+    """The same batch as _to_batch, from the native reader's columns (no copy)."""
+    n = chunk.length
+    arrays = [
+        chunk.keys(),
+        chunk.values(),
+        pa.repeat(pa.scalar(rng.topic, pa.string()), n),
+        pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
+        chunk.offsets(),
+        chunk.timestamps(MESSAGE_SCHEMA.field("kafka_timestamp").type),
+    ]
+    if headers:
+        arrays.append(chunk.headers(HEADERS_FIELD.type))
     return pa.record_batch(arrays, schema=message_schema(headers))

@@ -1,0 +1,306 @@
+"""The native reader: `native_reader.c`, built once per machine, driven by reader.RangeReader.
+
+It makes the Arrow columns of a range straight from librdkafka's messages, with no Python object a message.
+It is built with the machine's C compiler against librdkafka's headers (`librdkafka-dev`) and linked to the
+librdkafka that confluent-kafka loaded, so the process keeps one librdkafka and both readers read with the
+same library and settings. The build (under a second) happens at `make install`, or on the first read of a
+machine that lacks it (a Spark worker elsewhere), into `~/.cache/offsetlake/native/` (a rename makes it
+appear whole). Where it cannot be built or loaded (no compiler or headers, a confluent-kafka without a
+shared librdkafka, a setting that is a Python callback) reader.py reads through confluent-kafka instead,
+with the same results: `OFFSETLAKE_NATIVE_READER=0` asks for that everywhere.
+
+    python -m offsetlake.read.native    # build it now; prints its path or why it cannot be built
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+import confluent_kafka.cimpl  # loads librdkafka, which the library links to
+import pyarrow as pa
+
+log = logging.getLogger("offsetlake.read.native")
+
+SOURCE = Path(__file__).with_name("native_reader.c")
+HEADER = Path("/usr/include/librdkafka/rdkafka.h")
+ENABLED_ENV = "OFFSETLAKE_NATIVE_READER"
+
+
+class NativeUnavailable(Exception):
+    """The native reader cannot be built or loaded here (the message says why)."""
+
+
+class _Binary(ctypes.Structure):
+    _fields_ = [
+        ("offsets", ctypes.c_void_p),
+        ("data", ctypes.c_void_p),
+        ("data_len", ctypes.c_int64),
+        ("validity", ctypes.c_void_p),
+        ("null_count", ctypes.c_int64),
+    ]
+
+
+class _Chunk(ctypes.Structure):
+    _fields_ = [
+        ("length", ctypes.c_int64),
+        ("last_offset", ctypes.c_int64),
+        ("cut", ctypes.c_int32),
+        ("received", ctypes.c_int32),
+        ("error_count", ctypes.c_int32),
+        ("error_codes", ctypes.POINTER(ctypes.c_int32)),
+        ("error_offsets", ctypes.POINTER(ctypes.c_int64)),
+        ("error_texts", ctypes.c_void_p),
+        ("keys", _Binary),
+        ("values", _Binary),
+        ("offsets", ctypes.c_void_p),
+        ("timestamps", ctypes.c_void_p),
+        ("timestamp_validity", ctypes.c_void_p),
+        ("timestamp_null_count", ctypes.c_int64),
+        ("header_offsets", ctypes.c_void_p),
+        ("header_names", _Binary),
+        ("header_values", _Binary),
+        ("header_count", ctypes.c_int64),
+    ]
+
+
+def librdkafka_path() -> Path:
+    """The librdkafka file this process loaded for confluent-kafka (read from the process's mappings)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split(maxsplit=5)[-1].strip()
+            if "librdkafka" in Path(path).name and ".so" in path:
+                return Path(path)
+    raise NativeUnavailable(f"confluent-kafka {confluent_kafka.version()[0]} loaded no shared librdkafka")
+
+
+def library_path() -> Path:
+    """Where the library built from this source for this librdkafka lives."""
+    rdkafka = librdkafka_path()
+    stat = rdkafka.stat()
+    identity = "\n".join([SOURCE.read_text(), str(rdkafka), str(stat.st_size), str(stat.st_mtime_ns)])
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    return Path(cache) / "offsetlake" / "native" / f"reader-{digest}.so"
+
+
+def build() -> Path:
+    """Build the library unless it is there; its path. Raises NativeUnavailable with the reason."""
+    target = library_path()
+    if target.exists():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise NativeUnavailable("no C compiler (cc) on this machine")
+    if not HEADER.exists():
+        raise NativeUnavailable(f"librdkafka's headers are not installed ({HEADER}: apt-get install librdkafka-dev)")
+    rdkafka = librdkafka_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=target.stem, suffix=".partial")
+    os.close(fd)
+    command = [compiler, "-O2", "-shared", "-fPIC", "-std=gnu11", "-o", partial, str(SOURCE), str(rdkafka)]
+    command += [f"-Wl,-rpath,{rdkafka.parent}", "-lpthread"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise NativeUnavailable(f"{Path(compiler).name} failed: {done.stderr.strip()[-500:]}")
+        os.replace(partial, target)  # whole or not at all: another process may be building it too
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return target
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, i32, i64, cstr = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_char_p
+    signatures: dict[str, tuple[list, Any]] = {
+        "ol_open": (
+            [ctypes.POINTER(cstr), ctypes.POINTER(cstr), ctypes.c_int, cstr, i32, i64, cstr, ctypes.c_size_t],
+            p,
+        ),
+        "ol_close": ([p], None),
+        "ol_take_client_errors": ([p], p),
+        "ol_free": ([p], None),
+        "ol_position": ([p], i64),
+        "ol_consume": ([p, i32, i32, i64, i32, cstr, ctypes.c_size_t], ctypes.POINTER(_Chunk)),
+        "ol_chunk_free": ([ctypes.POINTER(_Chunk)], None),
+    }
+    for name, (argtypes, restype) in signatures.items():
+        function = getattr(lib, name)
+        function.argtypes, function.restype = argtypes, restype
+    return lib
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded library, or None (logged once, with the reason) when this process reads through
+    confluent-kafka."""
+    if os.environ.get(ENABLED_ENV, "1") == "0":
+        return None
+    try:
+        return _declare(ctypes.CDLL(str(build())))
+    except (NativeUnavailable, OSError) as err:
+        log.warning("the native Kafka reader is not available (%s); reading through confluent-kafka", err)
+        return None
+
+
+def _setting(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+# The Python callbacks a reader's settings carry that the native reader does itself: librdkafka's log (its
+# critical lines only, as reader.py's logger) and the client errors (NativeConsumer.take_client_errors).
+OWN_CALLBACKS = ("logger", "error_cb")
+
+
+def usable(settings: dict[str, Any]) -> bool:
+    """Whether the native reader can read with these settings here: it is built and loaded, and no setting is
+    a Python callback it cannot call (an OAUTHBEARER token callback, statistics)."""
+    return library() is not None and not any(callable(v) for k, v in settings.items() if k not in OWN_CALLBACKS)
+
+
+class NativeConsumer:
+    """One partition's consumer, assigned at `start`: the part of confluent-kafka's Consumer the reader uses.
+    `settings` are a reader's (reader.reader_settings); only when `usable(settings)`."""
+
+    def __init__(self, settings: dict[str, Any], topic: str, partition: int, start: int):
+        lib = library()
+        assert lib is not None, "NativeConsumer made where usable() is False"
+        self._lib = lib
+        settings = {k: _setting(v) for k, v in settings.items() if k not in OWN_CALLBACKS}
+        names = (ctypes.c_char_p * len(settings))(*(k.encode() for k in settings))
+        values = (ctypes.c_char_p * len(settings))(*(v.encode() for v in settings.values()))
+        errstr = ctypes.create_string_buffer(512)
+        self._handle = lib.ol_open(names, values, len(settings), topic.encode(), partition, start, errstr, 512)
+        if not self._handle:
+            raise NativeOpenError(errstr.value.decode(errors="replace"))
+
+    def consume(self, wanted: int, timeout_ms: int, end: int, headers: bool) -> NativeChunk:
+        errstr = ctypes.create_string_buffer(512)
+        chunk = self._lib.ol_consume(self._handle, wanted, timeout_ms, end, int(headers), errstr, 512)
+        if not chunk:
+            raise NativeReadError(errstr.value.decode(errors="replace"))
+        return NativeChunk(self._lib, chunk)
+
+    def position(self) -> int:
+        return int(self._lib.ol_position(self._handle))
+
+    def take_client_errors(self) -> list[str]:
+        address = self._lib.ol_take_client_errors(self._handle)
+        if not address:
+            return []
+        try:
+            return ctypes.string_at(address).decode(errors="replace").splitlines()
+        finally:
+            self._lib.ol_free(address)
+
+    def close(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle:
+            self._lib.ol_close(handle)
+
+
+class NativeOpenError(Exception):
+    """librdkafka refused a setting, or the consumer could not be made or assigned."""
+
+
+class NativeReadError(Exception):
+    """A consume failed as a whole (not one message's error, which a chunk carries)."""
+
+
+class _Owner:
+    """Frees a chunk's buffers once Arrow lets go of the last array made from them."""
+
+    def __init__(self, free: Callable[[Any], None], chunk: Any):
+        self._free, self._chunk = free, chunk
+
+    def __del__(self) -> None:
+        self._free(self._chunk)
+
+
+_BINARY = pa.binary()
+
+
+class NativeChunk:
+    """What one consume returned: the kept messages' columns, and the errors among them."""
+
+    def __init__(self, lib: ctypes.CDLL, pointer: Any):
+        self._owner = _Owner(lib.ol_chunk_free, pointer)
+        c = pointer.contents
+        self.length, self.cut, self.received = int(c.length), bool(c.cut), int(c.received)
+        self.last_offset = int(c.last_offset) if self.length else None
+        self.errors = self._errors(c)
+        self._c = c
+
+    @staticmethod
+    def _errors(c: _Chunk) -> list[tuple[int, int, str]]:
+        """(code, offset, text) of each message that was an error, in order."""
+        if not c.error_count:
+            return []
+        texts = ctypes.string_at(c.error_texts, _texts_size(c)).split(b"\0")
+        return [
+            (int(c.error_codes[i]), int(c.error_offsets[i]), texts[i].decode(errors="replace"))
+            for i in range(c.error_count)
+        ]
+
+    def _buffer(self, address: int | None, size: int) -> pa.Buffer | None:
+        return None if not address else pa.foreign_buffer(address, size, base=self._owner)
+
+    def binary(self, b: _Binary, length: int, arrow_type: pa.DataType = _BINARY) -> pa.Array:
+        buffers = [
+            self._buffer(b.validity, (length + 7) // 8),
+            self._buffer(b.offsets, 4 * (length + 1)),
+            self._buffer(b.data, max(int(b.data_len), 1)),
+        ]
+        return pa.Array.from_buffers(arrow_type, length, buffers, null_count=int(b.null_count))
+
+    def keys(self) -> pa.Array:
+        return self.binary(self._c.keys, self.length)
+
+    def values(self) -> pa.Array:
+        return self.binary(self._c.values, self.length)
+
+    def offsets(self) -> pa.Array:
+        return pa.Array.from_buffers(pa.int64(), self.length, [None, self._buffer(self._c.offsets, 8 * self.length)])
+
+    def timestamps(self, arrow_type: pa.DataType) -> pa.Array:
+        c, n = self._c, self.length
+        buffers = [self._buffer(c.timestamp_validity, (n + 7) // 8), self._buffer(c.timestamps, 8 * n)]
+        return pa.Array.from_buffers(arrow_type, n, buffers, null_count=int(c.timestamp_null_count))
+
+    def headers(self, arrow_type: pa.MapType) -> pa.Array:
+        c, n, count = self._c, self.length, int(self._c.header_count)
+        names = self.binary(c.header_names, count, pa.string())
+        names.validate(full=True)  # header names are text: confluent-kafka refuses one that is not UTF-8 too
+        values = self.binary(c.header_values, count)
+        offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, self._buffer(c.header_offsets, 4 * (n + 1))])
+        return pa.MapArray.from_arrays(offsets, names, values, type=arrow_type)
+
+
+def _texts_size(c: _Chunk) -> int:
+    size, at = 0, c.error_texts
+    for _ in range(c.error_count):
+        length = len(ctypes.string_at(at + size)) + 1
+        size += length
+    return size
+
+
+if __name__ == "__main__":
+    try:
+        print(build())
+    except NativeUnavailable as err:
+        print(f"the native Kafka reader cannot be built here: {err}", file=sys.stderr)
+        sys.exit(1)
