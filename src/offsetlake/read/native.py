@@ -23,12 +23,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import confluent_kafka
 import confluent_kafka.cimpl  # loads librdkafka, which the library links to
+import numpy as np
 import pyarrow as pa
 
 log = logging.getLogger("offsetlake.read.native")
@@ -42,25 +42,39 @@ class NativeUnavailable(Exception):
     """The native reader cannot be built or loaded here (the message says why)."""
 
 
+class _Sizes(ctypes.Structure):
+    """native_reader.c's ol_sizes: what one consume took, measured."""
+
+    _fields_ = [
+        ("received", ctypes.c_int32),
+        ("cut", ctypes.c_int32),
+        ("length", ctypes.c_int64),
+        ("last_offset", ctypes.c_int64),
+        ("error_count", ctypes.c_int64),
+        ("error_texts_len", ctypes.c_int64),
+        ("keys_len", ctypes.c_int64),
+        ("values_len", ctypes.c_int64),
+        ("header_count", ctypes.c_int64),
+        ("header_names_len", ctypes.c_int64),
+        ("header_values_len", ctypes.c_int64),
+    ]
+
+
 class _Binary(ctypes.Structure):
     _fields_ = [
         ("offsets", ctypes.c_void_p),
         ("data", ctypes.c_void_p),
-        ("data_len", ctypes.c_int64),
         ("validity", ctypes.c_void_p),
         ("null_count", ctypes.c_int64),
     ]
 
 
-class _Chunk(ctypes.Structure):
+class _Columns(ctypes.Structure):
+    """native_reader.c's ol_columns: the buffers ol_fill fills."""
+
     _fields_ = [
-        ("length", ctypes.c_int64),
-        ("last_offset", ctypes.c_int64),
-        ("cut", ctypes.c_int32),
-        ("received", ctypes.c_int32),
-        ("error_count", ctypes.c_int32),
-        ("error_codes", ctypes.POINTER(ctypes.c_int32)),
-        ("error_offsets", ctypes.POINTER(ctypes.c_int64)),
+        ("error_codes", ctypes.c_void_p),
+        ("error_offsets", ctypes.c_void_p),
         ("error_texts", ctypes.c_void_p),
         ("keys", _Binary),
         ("values", _Binary),
@@ -71,7 +85,6 @@ class _Chunk(ctypes.Structure):
         ("header_offsets", ctypes.c_void_p),
         ("header_names", _Binary),
         ("header_values", _Binary),
-        ("header_count", ctypes.c_int64),
     ]
 
 
@@ -133,8 +146,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "ol_take_client_errors": ([p], p),
         "ol_free": ([p], None),
         "ol_position": ([p], i64),
-        "ol_consume": ([p, i32, i32, i64, i32, cstr, ctypes.c_size_t], ctypes.POINTER(_Chunk)),
-        "ol_chunk_free": ([ctypes.POINTER(_Chunk)], None),
+        "ol_consume": ([p, i32, i32, i64, i32, ctypes.POINTER(_Sizes), cstr, ctypes.c_size_t], ctypes.c_int),
+        "ol_fill": ([p, ctypes.POINTER(_Columns), ctypes.POINTER(_Sizes)], None),
     }
     for name, (argtypes, restype) in signatures.items():
         function = getattr(lib, name)
@@ -189,11 +202,13 @@ class NativeConsumer:
             raise NativeOpenError(errstr.value.decode(errors="replace"))
 
     def consume(self, wanted: int, timeout_ms: int, end: int, headers: bool) -> NativeChunk:
-        errstr = ctypes.create_string_buffer(512)
-        chunk = self._lib.ol_consume(self._handle, wanted, timeout_ms, end, int(headers), errstr, 512)
-        if not chunk:
+        """Up to `wanted` messages within `timeout_ms`, those at or past `end` left out."""
+        sizes, errstr = _Sizes(), ctypes.create_string_buffer(512)
+        if self._lib.ol_consume(self._handle, wanted, timeout_ms, end, int(headers), sizes, errstr, 512):
             raise NativeReadError(errstr.value.decode(errors="replace"))
-        return NativeChunk(self._lib, chunk)
+        chunk = NativeChunk(sizes, headers)
+        self._lib.ol_fill(self._handle, chunk.columns, sizes)
+        return chunk
 
     def position(self) -> int:
         return int(self._lib.ol_position(self._handle))
@@ -221,81 +236,87 @@ class NativeReadError(Exception):
     """A consume failed as a whole (not one message's error, which a chunk carries)."""
 
 
-class _Owner:
-    """Frees a chunk's buffers once Arrow lets go of the last array made from them."""
+def _allocate(size: int) -> pa.Buffer:
+    return pa.allocate_buffer(max(size, 1))  # Arrow's pool: it keeps freed pages for the next chunk
 
-    def __init__(self, free: Callable[[Any], None], chunk: Any):
-        self._free, self._chunk = free, chunk
 
-    def __del__(self) -> None:
-        self._free(self._chunk)
+class _BinaryBuffers:
+    def __init__(self, length: int, data_len: int):
+        self.length = length
+        self.offsets, self.data = _allocate(4 * (length + 1)), _allocate(data_len)
+        self.validity = _allocate((length + 7) // 8)
+
+    def into(self, b: _Binary) -> None:
+        b.offsets, b.data, b.validity = self.offsets.address, self.data.address, self.validity.address
+
+    def array(self, b: _Binary, arrow_type: pa.DataType) -> pa.Array:
+        nulls = int(b.null_count)
+        validity = self.validity if nulls else None
+        return pa.Array.from_buffers(arrow_type, self.length, [validity, self.offsets, self.data], null_count=nulls)
 
 
 _BINARY = pa.binary()
 
 
 class NativeChunk:
-    """What one consume returned: the kept messages' columns, and the errors among them."""
+    """What one consume returned: the kept messages' columns in buffers of Arrow's, and the errors among them
+    (`errors`: code, offset and text of each, in order)."""
 
-    def __init__(self, lib: ctypes.CDLL, pointer: Any):
-        self._owner = _Owner(lib.ol_chunk_free, pointer)
-        c = pointer.contents
-        self.length, self.cut, self.received = int(c.length), bool(c.cut), int(c.received)
-        self.last_offset = int(c.last_offset) if self.length else None
-        self.errors = self._errors(c)
-        self._c = c
+    def __init__(self, sizes: _Sizes, headers: bool):
+        self.length, self.cut, self.received = int(sizes.length), bool(sizes.cut), int(sizes.received)
+        self.last_offset = int(sizes.last_offset) if self.length else None
+        n, errors = self.length, int(sizes.error_count)
+        self._error_codes, self._error_offsets = _allocate(4 * errors), _allocate(8 * errors)
+        self._error_texts = _allocate(int(sizes.error_texts_len))
+        self._keys, self._values = _BinaryBuffers(n, int(sizes.keys_len)), _BinaryBuffers(n, int(sizes.values_len))
+        self._offsets, self._timestamps = _allocate(8 * n), _allocate(8 * n)
+        self._timestamp_validity = _allocate((n + 7) // 8)
+        c = self.columns = _Columns()
+        c.error_codes, c.error_offsets = self._error_codes.address, self._error_offsets.address
+        c.error_texts = self._error_texts.address
+        self._keys.into(c.keys)
+        self._values.into(c.values)
+        c.offsets, c.timestamps = self._offsets.address, self._timestamps.address
+        c.timestamp_validity = self._timestamp_validity.address
+        if headers:
+            count = int(sizes.header_count)
+            self._header_offsets = _allocate(4 * (n + 1))
+            self._header_names = _BinaryBuffers(count, int(sizes.header_names_len))
+            self._header_values = _BinaryBuffers(count, int(sizes.header_values_len))
+            c.header_offsets = self._header_offsets.address
+            self._header_names.into(c.header_names)
+            self._header_values.into(c.header_values)
+        self._error_count = errors
 
-    @staticmethod
-    def _errors(c: _Chunk) -> list[tuple[int, int, str]]:
-        """(code, offset, text) of each message that was an error, in order."""
-        if not c.error_count:
+    @property
+    def errors(self) -> list[tuple[int, int, str]]:
+        if not self._error_count:
             return []
-        texts = ctypes.string_at(c.error_texts, _texts_size(c)).split(b"\0")
-        return [
-            (int(c.error_codes[i]), int(c.error_offsets[i]), texts[i].decode(errors="replace"))
-            for i in range(c.error_count)
-        ]
-
-    def _buffer(self, address: int | None, size: int) -> pa.Buffer | None:
-        return None if not address else pa.foreign_buffer(address, size, base=self._owner)
-
-    def binary(self, b: _Binary, length: int, arrow_type: pa.DataType = _BINARY) -> pa.Array:
-        buffers = [
-            self._buffer(b.validity, (length + 7) // 8),
-            self._buffer(b.offsets, 4 * (length + 1)),
-            self._buffer(b.data, max(int(b.data_len), 1)),
-        ]
-        return pa.Array.from_buffers(arrow_type, length, buffers, null_count=int(b.null_count))
+        codes = np.frombuffer(self._error_codes, np.int32, count=self._error_count)
+        offsets = np.frombuffer(self._error_offsets, np.int64, count=self._error_count)
+        texts = self._error_texts.to_pybytes().split(b"\0")
+        return [(int(c), int(o), t.decode(errors="replace")) for c, o, t in zip(codes, offsets, texts)]
 
     def keys(self) -> pa.Array:
-        return self.binary(self._c.keys, self.length)
+        return self._keys.array(self.columns.keys, _BINARY)
 
     def values(self) -> pa.Array:
-        return self.binary(self._c.values, self.length)
+        return self._values.array(self.columns.values, _BINARY)
 
     def offsets(self) -> pa.Array:
-        return pa.Array.from_buffers(pa.int64(), self.length, [None, self._buffer(self._c.offsets, 8 * self.length)])
+        return pa.Array.from_buffers(pa.int64(), self.length, [None, self._offsets])
 
     def timestamps(self, arrow_type: pa.DataType) -> pa.Array:
-        c, n = self._c, self.length
-        buffers = [self._buffer(c.timestamp_validity, (n + 7) // 8), self._buffer(c.timestamps, 8 * n)]
-        return pa.Array.from_buffers(arrow_type, n, buffers, null_count=int(c.timestamp_null_count))
+        nulls = int(self.columns.timestamp_null_count)
+        validity = self._timestamp_validity if nulls else None
+        return pa.Array.from_buffers(arrow_type, self.length, [validity, self._timestamps], null_count=nulls)
 
     def headers(self, arrow_type: pa.MapType) -> pa.Array:
-        c, n, count = self._c, self.length, int(self._c.header_count)
-        names = self.binary(c.header_names, count, pa.string())
+        names = self._header_names.array(self.columns.header_names, pa.string())
         names.validate(full=True)  # header names are text: confluent-kafka refuses one that is not UTF-8 too
-        values = self.binary(c.header_values, count)
-        offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, self._buffer(c.header_offsets, 4 * (n + 1))])
+        values = self._header_values.array(self.columns.header_values, _BINARY)
+        offsets = pa.Array.from_buffers(pa.int32(), self.length + 1, [None, self._header_offsets])
         return pa.MapArray.from_arrays(offsets, names, values, type=arrow_type)
-
-
-def _texts_size(c: _Chunk) -> int:
-    size, at = 0, c.error_texts
-    for _ in range(c.error_count):
-        length = len(ctypes.string_at(at + size)) + 1
-        size += length
-    return size
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@
  * `bytes`) and the copy of every value from those objects into Arrow: here each message is copied once,
  * from librdkafka's buffer into the column it belongs to.
  *
- * Columns follow Arrow's layout (validity bitmaps least-significant bit first, int32 offsets), so Python
- * wraps the buffers without copying (pyarrow.foreign_buffer) and frees them with ol_chunk_free once Arrow
- * lets go of the last one.
+ * A chunk is taken in two calls: ol_consume takes the messages and measures them (ol_sizes), Python
+ * allocates the columns' buffers from Arrow's memory pool, and ol_fill copies the messages into them (Arrow's
+ * layout: validity bitmaps least-significant bit first, int32 offsets) and lets the messages go. Arrow's
+ * pool keeps the pages a chunk freed for the next; buffers of the C library's own would be fresh pages (a
+ * page fault every 4 KiB) for every chunk larger than glibc's mmap threshold.
  */
 #include <librdkafka/rdkafka.h>
 #include <pthread.h>
@@ -26,38 +28,49 @@ typedef struct {
     pthread_mutex_t errors_lock;
     char *client_errors; /* error_cb's reasons, each ended by '\n'; taken by ol_take_client_errors */
     size_t client_errors_len;
+    rd_kafka_message_t **held; /* the last ol_consume's messages, until ol_fill */
+    ssize_t held_count;
+    int64_t end;
+    int32_t with_headers;
 } ol_reader;
 
-/* A binary (or string) column: offsets[n + 1], data, validity (NULL when nothing is null). */
+/* What ol_consume took, measured: the sizes of the buffers ol_fill fills. */
+typedef struct {
+    int32_t received;    /* messages librdkafka returned, errors included */
+    int32_t cut;         /* 1 when a message at or past the end arrived: the range is read */
+    int64_t length;      /* the messages kept: no error, offset below the range's end */
+    int64_t last_offset; /* the last kept message's offset (-1 when none) */
+    int64_t error_count;
+    int64_t error_texts_len; /* each text ended by '\0' */
+    int64_t keys_len;
+    int64_t values_len;
+    int64_t header_count;
+    int64_t header_names_len;
+    int64_t header_values_len;
+} ol_sizes;
+
+/* A binary (or string) column's buffers, as Python allocated them: offsets[n + 1], data, validity. */
 typedef struct {
     int32_t *offsets;
     uint8_t *data;
-    int64_t data_len;
     uint8_t *validity;
-    int64_t null_count;
+    int64_t null_count; /* set by ol_fill */
 } ol_binary;
 
 typedef struct {
-    int64_t length;      /* the messages kept: no error, offset below the range's end */
-    int64_t last_offset; /* the last kept message's offset (-1 when none) */
-    int32_t cut;         /* 1 when a message at or past the end arrived: the range is read */
-    int32_t received;    /* messages librdkafka returned, errors included */
-    int32_t error_count;
     int32_t *error_codes;
     int64_t *error_offsets;
-    char *error_texts; /* each ended by '\0' */
+    char *error_texts;
     ol_binary keys;
     ol_binary values;
     int64_t *offsets;
     int64_t *timestamps;
     uint8_t *timestamp_validity;
-    int64_t timestamp_null_count;
-    /* headers (only when asked for): map<string, binary> as list offsets over names and values */
-    int32_t *header_offsets;
+    int64_t timestamp_null_count; /* set by ol_fill */
+    int32_t *header_offsets;      /* headers only when asked for: map<string, binary> */
     ol_binary header_names;
     ol_binary header_values;
-    int64_t header_count;
-} ol_chunk;
+} ol_columns;
 
 static void on_error(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
     (void)rk;
@@ -129,8 +142,15 @@ ol_reader *ol_open(const char **names, const char **values, int count, const cha
     return r;
 }
 
+static void release_held(ol_reader *r) {
+    for (ssize_t i = 0; i < r->held_count; i++) rd_kafka_message_destroy(r->held[i]);
+    r->held_count = 0;
+}
+
 void ol_close(ol_reader *r) {
     if (!r) return;
+    release_held(r);
+    free(r->held);
     if (r->rk) {
         if (r->queue) rd_kafka_queue_destroy(r->queue);
         rd_kafka_consumer_close(r->rk);
@@ -164,36 +184,72 @@ int64_t ol_position(ol_reader *r) {
     return offset;
 }
 
-static void *alloc(size_t size) { return calloc(size ? size : 1, 1); }
-
-static void binary_free(ol_binary *b) {
-    free(b->offsets);
-    free(b->data);
-    free(b->validity);
+static void header_sizes(rd_kafka_message_t *m, ol_sizes *sizes) {
+    rd_kafka_headers_t *headers;
+    if (rd_kafka_message_headers(m, &headers)) return;
+    const char *name;
+    const void *value;
+    size_t size;
+    for (size_t i = 0; !rd_kafka_header_get_all(headers, i, &name, &value, &size); i++) {
+        sizes->header_count++;
+        sizes->header_names_len += (int64_t)strlen(name);
+        sizes->header_values_len += value ? (int64_t)size : 0;
+    }
 }
 
-void ol_chunk_free(ol_chunk *c) {
-    if (!c) return;
-    free(c->error_codes);
-    free(c->error_offsets);
-    free(c->error_texts);
-    binary_free(&c->keys);
-    binary_free(&c->values);
-    free(c->offsets);
-    free(c->timestamps);
-    free(c->timestamp_validity);
-    free(c->header_offsets);
-    binary_free(&c->header_names);
-    binary_free(&c->header_values);
-    free(c);
+#define INT32_LIMIT 2147483647LL
+
+/* Takes up to `wanted` messages within `timeout_ms` and measures them into `sizes`; those at or past `end`
+ * will be dropped (the next batch's). -1, with errstr set, when the consume failed as a whole or a column
+ * would pass Arrow's 2 GiB; the messages are then let go. */
+int ol_consume(ol_reader *r, int32_t wanted, int32_t timeout_ms, int64_t end, int32_t with_headers,
+               ol_sizes *sizes, char *errstr, size_t errstr_size) {
+    release_held(r);
+    free(r->held);
+    r->held = malloc(sizeof(*r->held) * (size_t)(wanted > 0 ? wanted : 1));
+    if (!r->held) {
+        set_error(errstr, errstr_size, "out of memory", NULL);
+        return -1;
+    }
+    memset(sizes, 0, sizeof *sizes);
+    sizes->last_offset = -1;
+    ssize_t got = rd_kafka_consume_batch_queue(r->queue, timeout_ms, r->held, (size_t)wanted);
+    if (got < 0) {
+        set_error(errstr, errstr_size, rd_kafka_err2str(rd_kafka_last_error()), NULL);
+        return -1;
+    }
+    r->held_count = got;
+    r->end = end;
+    r->with_headers = with_headers;
+    sizes->received = (int32_t)got;
+    for (ssize_t i = 0; i < got; i++) {
+        rd_kafka_message_t *m = r->held[i];
+        if (m->err) {
+            sizes->error_count++;
+            sizes->error_texts_len += (int64_t)strlen(rd_kafka_message_errstr(m)) + 1;
+        } else if (m->offset >= end) {
+            sizes->cut = 1;
+        } else {
+            sizes->length++;
+            sizes->last_offset = m->offset;
+            sizes->keys_len += m->key ? (int64_t)m->key_len : 0;
+            sizes->values_len += m->payload ? (int64_t)m->len : 0;
+            if (with_headers) header_sizes(m, sizes);
+        }
+    }
+    if (sizes->keys_len > INT32_LIMIT || sizes->values_len > INT32_LIMIT || sizes->header_names_len > INT32_LIMIT ||
+        sizes->header_values_len > INT32_LIMIT || sizes->header_count > INT32_LIMIT) {
+        release_held(r);
+        set_error(errstr, errstr_size, "one chunk of messages holds more than 2 GiB in a column", NULL);
+        return -1;
+    }
+    return 0;
 }
 
-static int binary_alloc(ol_binary *b, int64_t length, int64_t data_len) {
-    b->offsets = alloc((size_t)(length + 1) * sizeof(int32_t));
-    b->data = alloc((size_t)data_len);
-    b->validity = alloc((size_t)(length + 7) / 8);
-    b->data_len = data_len;
-    return b->offsets && b->data && b->validity;
+static void binary_start(ol_binary *b, int64_t length) {
+    b->offsets[0] = 0;
+    b->null_count = 0;
+    memset(b->validity, 0, (size_t)(length + 7) / 8);
 }
 
 static void binary_put(ol_binary *b, int64_t i, const void *bytes, size_t len) {
@@ -208,114 +264,41 @@ static void binary_put(ol_binary *b, int64_t i, const void *bytes, size_t len) {
     }
 }
 
-static void binary_seal(ol_binary *b) { /* Arrow takes no bitmap when nothing is null */
-    if (b->null_count == 0) {
-        free(b->validity);
-        b->validity = NULL;
-    }
-}
-
-static size_t header_sizes(rd_kafka_message_t *m, int64_t *count, int64_t *names, int64_t *values) {
-    rd_kafka_headers_t *headers;
-    if (rd_kafka_message_headers(m, &headers)) return 0;
-    const char *name;
-    const void *value;
-    size_t size, i;
-    for (i = 0; !rd_kafka_header_get_all(headers, i, &name, &value, &size); i++) {
-        *names += (int64_t)strlen(name);
-        *values += value ? (int64_t)size : 0;
-    }
-    *count += (int64_t)i;
-    return i;
-}
-
-#define INT32_LIMIT 2147483647LL
-
-/* Up to `wanted` messages within `timeout_ms`; those at or past `end` are dropped (the next batch's).
- * NULL only when memory ran out or a column would pass Arrow's 2 GiB (errstr says which). */
-ol_chunk *ol_consume(ol_reader *r, int32_t wanted, int32_t timeout_ms, int64_t end, int32_t with_headers,
-                     char *errstr, size_t errstr_size) {
-    rd_kafka_message_t **messages = malloc(sizeof(*messages) * (size_t)(wanted > 0 ? wanted : 1));
-    ol_chunk *c = calloc(1, sizeof *c);
-    if (!messages || !c) {
-        free(messages);
-        free(c);
-        set_error(errstr, errstr_size, "out of memory", NULL);
-        return NULL;
-    }
-    ssize_t got = rd_kafka_consume_batch_queue(r->queue, timeout_ms, messages, (size_t)wanted);
-    if (got < 0) {
-        free(messages);
-        free(c);
-        set_error(errstr, errstr_size, rd_kafka_err2str(rd_kafka_last_error()), NULL);
-        return NULL;
-    }
-    c->received = (int32_t)got;
-    c->last_offset = -1;
-    int64_t keys_len = 0, values_len = 0, header_count = 0, names_len = 0, header_values_len = 0;
-    size_t texts_len = 0;
-    for (ssize_t i = 0; i < got; i++) {
-        rd_kafka_message_t *m = messages[i];
-        if (m->err) {
-            c->error_count++;
-            texts_len += strlen(rd_kafka_message_errstr(m)) + 1;
-        } else if (m->offset >= end) {
-            c->cut = 1;
-        } else {
-            c->length++;
-            keys_len += m->key ? (int64_t)m->key_len : 0;
-            values_len += m->payload ? (int64_t)m->len : 0;
-            if (with_headers) header_sizes(m, &header_count, &names_len, &header_values_len);
-        }
-    }
-    int ok = 1;
-    if (keys_len > INT32_LIMIT || values_len > INT32_LIMIT || names_len > INT32_LIMIT ||
-        header_values_len > INT32_LIMIT) {
-        set_error(errstr, errstr_size, "one chunk of messages holds more than 2 GiB in a column", NULL);
-        ok = 0;
-    }
-    int64_t n = c->length;
-    if (ok) {
-        c->error_codes = alloc(sizeof(int32_t) * (size_t)c->error_count);
-        c->error_offsets = alloc(sizeof(int64_t) * (size_t)c->error_count);
-        c->error_texts = alloc(texts_len);
-        c->offsets = alloc(sizeof(int64_t) * (size_t)n);
-        c->timestamps = alloc(sizeof(int64_t) * (size_t)n);
-        c->timestamp_validity = alloc((size_t)(n + 7) / 8);
-        ok = c->error_codes && c->error_offsets && c->error_texts && c->offsets && c->timestamps &&
-             c->timestamp_validity && binary_alloc(&c->keys, n, keys_len) &&
-             binary_alloc(&c->values, n, values_len);
-        if (ok && with_headers) {
-            c->header_offsets = alloc(sizeof(int32_t) * (size_t)(n + 1));
-            ok = c->header_offsets && binary_alloc(&c->header_names, header_count, names_len) &&
-                 binary_alloc(&c->header_values, header_count, header_values_len);
-        }
-        if (!ok) set_error(errstr, errstr_size, "out of memory", NULL);
-    }
-    int64_t row = 0, header = 0, error = 0;
+/* Copies the messages ol_consume took into `c`'s buffers (allocated to its sizes) and lets them go. */
+void ol_fill(ol_reader *r, ol_columns *c, const ol_sizes *sizes) {
+    int64_t n = sizes->length, row = 0, header = 0, error = 0;
     size_t text_at = 0;
-    for (ssize_t i = 0; i < got; i++) {
-        rd_kafka_message_t *m = messages[i];
-        if (ok && m->err) {
+    binary_start(&c->keys, n);
+    binary_start(&c->values, n);
+    memset(c->timestamp_validity, 0, (size_t)(n + 7) / 8);
+    c->timestamp_null_count = 0;
+    if (r->with_headers) {
+        binary_start(&c->header_names, sizes->header_count);
+        binary_start(&c->header_values, sizes->header_count);
+    }
+    for (ssize_t i = 0; i < r->held_count; i++) {
+        rd_kafka_message_t *m = r->held[i];
+        if (m->err) {
             const char *text = rd_kafka_message_errstr(m);
             size_t len = strlen(text) + 1;
             memcpy(c->error_texts + text_at, text, len);
             text_at += len;
             c->error_codes[error] = m->err;
             c->error_offsets[error++] = m->offset;
-        } else if (ok && m->offset < end) {
+        } else if (m->offset < r->end) {
             binary_put(&c->keys, row, m->key, m->key_len);
             binary_put(&c->values, row, m->payload, m->len);
             c->offsets[row] = m->offset;
             rd_kafka_timestamp_type_t kind;
             int64_t ms = rd_kafka_message_timestamp(m, &kind);
             if (kind == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE || ms < 0) {
+                c->timestamps[row] = 0;
                 c->timestamp_null_count++;
             } else {
                 c->timestamps[row] = ms;
                 c->timestamp_validity[row / 8] |= (uint8_t)(1u << (row % 8));
             }
-            if (with_headers) {
+            if (r->with_headers) {
                 c->header_offsets[row] = (int32_t)header;
                 rd_kafka_headers_t *headers;
                 if (!rd_kafka_message_headers(m, &headers)) {
@@ -329,27 +312,9 @@ ol_chunk *ol_consume(ol_reader *r, int32_t wanted, int32_t timeout_ms, int64_t e
                     }
                 }
             }
-            c->last_offset = m->offset;
             row++;
         }
-        rd_kafka_message_destroy(m);
     }
-    free(messages);
-    if (!ok) {
-        ol_chunk_free(c);
-        return NULL;
-    }
-    if (with_headers) {
-        c->header_offsets[n] = (int32_t)header;
-        c->header_count = header;
-        binary_seal(&c->header_names);
-        binary_seal(&c->header_values);
-    }
-    binary_seal(&c->keys);
-    binary_seal(&c->values);
-    if (c->timestamp_null_count == 0) {
-        free(c->timestamp_validity);
-        c->timestamp_validity = NULL;
-    }
-    return c;
+    if (r->with_headers) c->header_offsets[n] = (int32_t)header;
+    release_held(r);
 }
