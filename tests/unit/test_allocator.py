@@ -1,4 +1,4 @@
-"""The reader's allocator settings (offsetlake/read/allocator.py), in processes of their own: the pages one
+"""The reader's allocator settings (offsetlake/spark/allocator.py), in processes of their own: the pages one
 range freed serve the next, from the main thread as from librdkafka's, which glibc's defaults give back."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the s
 # made again; the page faults of the second making counted. `first_made_in`: the thread that made the first.
 SCRIPT = """
 import json, resource, sys, threading
-from offsetlake.read.allocator import keep_freed_memory
+from offsetlake.spark.allocator import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "kept" else False
 def values():
     return [bytes([i % 251]) * 3400 for i in range(20_000)]

@@ -28,8 +28,8 @@ from offsetlake.errors import DataLossError, KafkaError
 from offsetlake.kafka import client_settings, librdkafka_log
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.read import native
-from offsetlake.read.allocator import keep_freed_memory
 from offsetlake.read.native import NativeChunk, NativeConsumer, NativeOpenError, NativeReadError
+from offsetlake.spark.allocator import keep_freed_memory
 
 log = logging.getLogger("offsetlake.read.reader")
 

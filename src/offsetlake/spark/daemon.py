@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from offsetlake.spark.allocator import keep_freed_memory
+
 PREWARMED_ENV = "OFFSETLAKE_SPARK_PREWARMED"  # the socket of the driver's prewarmed process (prewarm.py)
 BIND_WAIT_SECONDS = 2.0  # an interpreter binds at once; a JVM takes seconds to ask (docs/development/measurements.md)
 
@@ -155,6 +157,7 @@ def main() -> None:
         if pid is not None:
             wait_for(pid)
             return
+    keep_freed_memory()  # before pyspark's daemon and any thread: the workers it forks read Kafka
     drop_spark_archives()
     run()
 

@@ -41,6 +41,7 @@ import traceback
 from pathlib import Path
 
 from offsetlake.spark import daemon as spark_daemon
+from offsetlake.spark.allocator import keep_freed_memory
 
 SWITCH_ENV = "OFFSETLAKE_SPARK_PREWARM"  # "0": sessions start without it (Spark's daemon starts as it would)
 # What Spark's daemon and its workers import (the latter on unpickling a batch's task): imported before any
@@ -141,6 +142,7 @@ _WARMED = "_offsetlake_warmed_up"  # set on a SparkContext whose warm-up job ran
 def serve(address: str) -> None:
     """Listen at `address` (a daemon asking meanwhile waits in the backlog), import PRELOADED, then fork a
     daemon for each acceptable request until the driver goes away; then remove the socket's directory."""
+    keep_freed_memory()  # before any thread: its workers read Kafka (allocator.py)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # daemons are reaped by the kernel
     for ending in (signal.SIGTERM, signal.SIGHUP):  # end through `finally`, which removes the directory
         signal.signal(ending, _exit_on_signal)

@@ -9,6 +9,11 @@ librdkafka's threads would otherwise have a heap of its own, each keeping its ow
 of up to `MMAP_THRESHOLD_BYTES` come from it, and up to `KEPT_BYTES` freed at its top stay with the process.
 A worker reading one range after another then reuses the pages the last range freed, and what it keeps
 between ranges is bounded by `KEPT_BYTES`, whatever the number of ranges or consumers it has made.
+
+glibc keeps the arenas threads made before the settings, and a thread started later may still be given one
+of them (each of which hands whole heaps back once they are empty): so the settings are made where a process
+that reads starts, before it has a thread (offsetlake.spark.daemon and .prewarm, whose forks are Spark's
+Python workers), and again in the reader for any other process (the driver reading a small batch).
 """
 
 from __future__ import annotations
