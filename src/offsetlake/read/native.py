@@ -46,7 +46,6 @@ class _Sizes(ctypes.Structure):
     """native_reader.c's ol_sizes: what one consume took, measured."""
 
     _fields_ = [
-        ("received", ctypes.c_int32),
         ("cut", ctypes.c_int32),
         ("length", ctypes.c_int64),
         ("last_offset", ctypes.c_int64),
@@ -263,7 +262,7 @@ class NativeChunk:
     (`errors`: code, offset and text of each, in order)."""
 
     def __init__(self, sizes: _Sizes, headers: bool):
-        self.length, self.cut, self.received = int(sizes.length), bool(sizes.cut), int(sizes.received)
+        self.length, self.cut = int(sizes.length), bool(sizes.cut)
         self.last_offset = int(sizes.last_offset) if self.length else None
         n, errors = self.length, int(sizes.error_count)
         self._error_codes, self._error_offsets = _allocate(4 * errors), _allocate(8 * errors)

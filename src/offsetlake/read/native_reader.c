@@ -36,7 +36,6 @@ typedef struct {
 
 /* What ol_consume took, measured: the sizes of the buffers ol_fill fills. */
 typedef struct {
-    int32_t received;    /* messages librdkafka returned, errors included */
     int32_t cut;         /* 1 when a message at or past the end arrived: the range is read */
     int64_t length;      /* the messages kept: no error, offset below the range's end */
     int64_t last_offset; /* the last kept message's offset (-1 when none) */
@@ -221,7 +220,6 @@ int ol_consume(ol_reader *r, int32_t wanted, int32_t timeout_ms, int64_t end, in
     r->held_count = got;
     r->end = end;
     r->with_headers = with_headers;
-    sizes->received = (int32_t)got;
     for (ssize_t i = 0; i < got; i++) {
         rd_kafka_message_t *m = r->held[i];
         if (m->err) {

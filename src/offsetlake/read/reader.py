@@ -329,30 +329,50 @@ def _to_batch(messages: list, offsets: list[int], rng: OffsetRange, headers: boo
     stamps = np.fromiter(itertools.chain.from_iterable(map(Message.timestamp, messages)), np.int64, count=2 * n)
     kinds, times = stamps[0::2], np.ascontiguousarray(stamps[1::2])
     missing = (kinds == TIMESTAMP_NOT_AVAILABLE) | (times < 0)
-    arrays = [
+    return _message_batch(
+        rng,
         pa.nulls(n, pa.binary()) if keys.count(None) == n else pa.array(keys, pa.binary()),
         pa.array(list(map(Message.value, messages)), pa.binary()),
-        pa.repeat(pa.scalar(rng.topic, pa.string()), n),
-        pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
         pa.array(offsets, pa.int64()),
-        pa.array(times, MESSAGE_SCHEMA.field("kafka_timestamp").type, mask=missing if missing.any() else None),
-    ]
-    if headers:  # every header, in order: [(name, bytes | None)]
-        arrays.append(pa.array([m.headers() or [] for m in messages], HEADERS_FIELD.type))
-    return pa.record_batch(arrays, schema=message_schema(headers))
+        pa.array(times, _TIMESTAMP, mask=missing if missing.any() else None),
+        # every header, in order: [(name, bytes | None)]
+        pa.array([m.headers() or [] for m in messages], HEADERS_FIELD.type) if headers else None,
+    )
 
 
 def _native_batch(chunk: NativeChunk, rng: OffsetRange, headers: bool) -> pa.RecordBatch:
     """The same batch as _to_batch, from the native reader's columns (no copy)."""
-    n = chunk.length
-    arrays = [
+    return _message_batch(
+        rng,
         chunk.keys(),
         chunk.values(),
+        chunk.offsets(),
+        chunk.timestamps(_TIMESTAMP),
+        chunk.headers(HEADERS_FIELD.type) if headers else None,
+    )
+
+
+_TIMESTAMP = MESSAGE_SCHEMA.field("kafka_timestamp").type
+
+
+def _message_batch(
+    rng: OffsetRange,
+    keys: pa.Array,
+    values: pa.Array,
+    offsets: pa.Array,
+    timestamps: pa.Array,
+    headers: pa.Array | None,
+) -> pa.RecordBatch:
+    """A range's messages as `message_schema`: their columns, and the range's topic and partition."""
+    n = len(offsets)
+    arrays = [
+        keys,
+        values,
         pa.repeat(pa.scalar(rng.topic, pa.string()), n),
         pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
-        chunk.offsets(),
-        chunk.timestamps(MESSAGE_SCHEMA.field("kafka_timestamp").type),
+        offsets,
+        timestamps,
     ]
-    if headers:
-        arrays.append(chunk.headers(HEADERS_FIELD.type))
-    return pa.record_batch(arrays, schema=message_schema(headers))
+    if headers is not None:
+        arrays.append(headers)
+    return pa.record_batch(arrays, schema=message_schema(headers is not None))
