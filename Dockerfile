@@ -14,8 +14,10 @@ RUN pip install --no-cache-dir -r requirements.txt
 COPY src ./src
 RUN pip install --no-cache-dir --no-deps -e . \
  && python -m offsetlake.spark.jvm_archive \
- && python -m offsetlake.read.native
-# jvm_archive: Spark driver classes pre-parsed, sessions start ~2 s sooner; native: the C Kafka reader
+ && python -m offsetlake.read.native \
+ && python -m offsetlake.formats.native
+# jvm_archive: Spark driver classes pre-parsed, sessions start ~2 s sooner; native: the C Kafka reader and
+# the formats' C decoders
 COPY jobs ./jobs
 COPY dags ./dags
 COPY include ./include

@@ -37,6 +37,7 @@ $(STAMP): requirements.txt pyproject.toml | prerequisites
 	$(UV) --no-deps -e .
 	$(BIN)/python -m compileall -q src
 	-$(BIN)/python -m offsetlake.read.native
+	-$(BIN)/python -m offsetlake.formats.native
 	touch $(STAMP)
 
 # The JVM stacks' jars (the Apache Kafka broker; delta-spark for the tests; Kafka Connect with Debezium for change

@@ -1,12 +1,13 @@
-"""JSON records to columns in one call to Arrow's JSON reader (C++), for chunks where every record is good.
+"""JSON records to columns in one call to a reader in C, for chunks where every record is good.
 
-The record-by-record path (`declared_json.FastDecoder`, then the reference parser `declared_json.parse_record`) makes
-Python objects for every field of every record; for ordinary topics that is most of a JSON task's time.
-Here a chunk's values are read as one newline-delimited document with the declared schema, and the
-chunk is handed back (None) to the record-by-record path whenever Arrow might decide a record
-differently from the reference parser. So this path never quarantines and never reads a value
-differently; `tests/unit/test_formats.py` checks it against the reference record by record. It answers
-only when all of these hold:
+The record-by-record path (`declared_json.FastDecoder`, then the reference parser
+`declared_json.parse_record`) makes Python objects for every field of every record; for ordinary topics that
+is most of a JSON task's time. Here a chunk's values are read at once with the declared schema, by
+offsetlake's own parser in C (`native_json`) where it is sure to read them as Arrow's JSON reader would, else
+by Arrow's reader (C++) as one newline-delimited document; the chunk is handed back (None) to the record-by-
+record path whenever Arrow might decide a record differently from the reference parser. So this path never
+quarantines and never reads a value differently; `tests/unit/test_formats.py` checks it against the reference
+record by record. It answers only when all of these hold:
 
 - every value is UTF-8, not null, and its text (without surrounding whitespace) starts with `{` and ends
   with `}`: each value then is exactly one row of the document (a JSON string cannot hold a raw
@@ -27,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from offsetlake.config import SchemaField
+from offsetlake.formats import native_json
 from offsetlake.formats.arrays import one_array
 
 # What Arrow parses each declared type as; the text types are converted afterwards (`_finish`).
@@ -59,7 +61,13 @@ def read_columns(fields: list[SchemaField], values: pa.Array, schema: pa.Schema,
     if not (objects(text) or objects(pc.utf8_trim_whitespace(text))):  # trimmed (a copy) only if needed
         return None
     parsed_as = pa.schema([(f.name, _PARSED_AS.get(f.type, pa.string())) for f in fields])  # decimal(p,s): text
-    table = read_document(lines(values), parsed_as, len(values))
+    # The native parser reads the timestamps too, where they are text Arrow's cast reads.
+    natively_as = pa.schema(
+        [(f.name, native_json.TIMESTAMP) if f.type == "timestamp" else parsed for f, parsed in zip(fields, parsed_as)]
+    )
+    table = native_json.read_objects(values, natively_as)
+    if table is None:
+        table = read_document(lines(values), parsed_as, len(values))
     if table is None:
         return None
     columns = []
@@ -74,6 +82,13 @@ def read_columns(fields: list[SchemaField], values: pa.Array, schema: pa.Schema,
 def objects(text: pa.Array) -> bool:
     """Whether every text starts with `{` and ends with `}`."""
     return bool(pc.all(pc.starts_with(text, "{")).as_py() and pc.all(pc.ends_with(text, "}")).as_py())
+
+
+def read_objects(values: pa.Array, parsed_as: pa.Schema) -> pa.Table | None:
+    """`values` (JSON texts, each one object: see `read_document`) read with `parsed_as`'s types: by the
+    native parser where it is sure (`native_json`), else by Arrow's reader; None if Arrow refuses them."""
+    table = native_json.read_objects(values, parsed_as)
+    return table if table is not None else read_document(lines(values), parsed_as, len(values))
 
 
 def read_document(document: pa.Buffer | bytes, parsed_as: pa.Schema, rows: int) -> pa.Table | None:
@@ -114,6 +129,8 @@ def _finish(column: pa.Array, type_: str, target: pa.DataType, coerce) -> pa.Arr
 
 
 def _timestamps(column: pa.Array, target: pa.DataType, coerce) -> pa.Array | None:
+    if column.type == native_json.TIMESTAMP:  # read so by the native parser
+        return column.cast(target)
     try:
         if pc.all(pc.match_substring_regex(column, _AWARE)).as_py() is not False:
             return column.cast(target)

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from offsetlake.formats.arrays import one_array
+from offsetlake.formats.native_avro import FlatDecoder
 from offsetlake.formats.registry_client import UnusableSchema
 from offsetlake.formats.schema_decoder import TIMESTAMP, SchemaDecoder
 
@@ -35,7 +36,8 @@ class AvroDecoder(SchemaDecoder):
 
 
 class FlatAvro:
-    """Many Avro records of one flat schema decoded in one call, by polars' Rust Avro reader.
+    """Many Avro records of one flat schema decoded in one call: in C (`native_avro`), or by polars' Rust
+    Avro reader where the C decoder is not sure or not built.
 
     The payloads are concatenated into one block of an in-memory Avro container file. A block has no
     record boundaries, so one payload with bytes too many or too few would shift every record after
@@ -69,6 +71,7 @@ class FlatAvro:
         self._sync = b"offsetlake-flat!"  # 16 bytes, any value: the block ends with it
         fastavro.write.Writer(header, fastavro.parse_schema(plain), codec="null", sync_marker=self._sync).flush()
         self._header = header.getvalue()
+        self._native = FlatDecoder.of(fields)
 
     @staticmethod
     def of(parsed, arrow_type: pa.DataType) -> FlatAvro | None:
@@ -96,6 +99,15 @@ class FlatAvro:
         return FlatAvro(fields, arrow_type)
 
     def decode(self, payloads: list[bytes] | pa.BinaryArray) -> pa.Array | None:
+        """The payloads as one StructArray of `arrow_type`, or None: record by record. In C where it is sure
+        (native_avro), else by polars."""
+        if self._native is not None and isinstance(payloads, pa.Array):
+            columns = self._native.decode(payloads)
+            if columns is not None:
+                return self._struct(columns)
+        return self.decode_by_polars(payloads)
+
+    def decode_by_polars(self, payloads: list[bytes] | pa.BinaryArray) -> pa.Array | None:
         import polars
 
         body, lengths = _concatenated(payloads)
@@ -103,21 +115,26 @@ class FlatAvro:
         container = b"".join([self._header, counts, body, self._sync])  # the payloads copied once
         try:
             table = polars.read_avro(io.BytesIO(container)).to_arrow()
-        except Exception:
+        except (Exception, polars.exceptions.PanicException):  # polars 2.1 panics on a nullable enum
             return None
         if table.num_rows != len(lengths):
             return None
         sizes = np.zeros(len(lengths), dtype=np.int64)
         columns = []
-        for (_name, kind, nullable, logical), column, target in zip(self._fields, table.columns, self.arrow_type):
+        for (_name, kind, nullable, _logical), column in zip(self._fields, table.columns):
             column = one_array(column)
             if isinstance(kind, dict):  # enum: polars gives a dictionary column
                 column = column.cast(pa.string())
             sizes += _avro_sizes(column, kind, nullable)
-            columns.append(_to_target(column, logical, target.type))
+            columns.append(column)
         if not np.array_equal(sizes, lengths):
             return None
-        return pa.StructArray.from_arrays(columns, fields=list(self.arrow_type))
+        return self._struct(columns)
+
+    def _struct(self, columns: list[pa.Array]) -> pa.StructArray:
+        """Each field's column as decoded (Avro's plain types) in its table type."""
+        targets = [_to_target(c, f[3], t.type) for c, f, t in zip(columns, self._fields, self.arrow_type)]
+        return pa.StructArray.from_arrays(targets, fields=list(self.arrow_type))
 
 
 def _concatenated(payloads: list[bytes] | pa.BinaryArray) -> tuple[bytes | memoryview, np.ndarray]:

@@ -1,11 +1,12 @@
-"""Kafka Connect JSON payloads of one schema decoded a batch at a time, by Arrow's JSON reader (C++).
+"""Kafka Connect JSON payloads of one schema decoded a batch at a time, by a JSON reader in C.
 
-The record path (`connect_json.ConnectDecoder.decode`) makes a Python object of every field of every event
-and converts it; a Debezium envelope has some thirty fields, so that is most of a CDC task's time. Here the
-payloads of one schema are read as one newline-delimited document with an Arrow type per field, then the
-logical types are finished column by column. The batch is handed back (None) to the record path whenever
-it might decide a value differently, so this path never quarantines and never reads a value differently;
-`tests/unit/test_connect_batches.py` checks it against the record path value for value. It answers only when:
+The record path (`connect_json.ConnectDecoder.decode`) makes a Python object of every field of every event and
+converts it; a Debezium envelope has some thirty fields, so that is most of a CDC task's time. Here the
+payloads of one schema are read at once with an Arrow type per field (`arrow_json.read_objects`: offsetlake's
+parser in C, or Arrow's JSON reader), then the logical types are finished column by column. The batch is
+handed back (None) to the record path whenever it might decide a value differently, so this path never
+quarantines and never reads a value differently; `tests/unit/test_connect_batches.py` checks it against the
+record path value for value. It answers only when:
 
 - the schema is a struct of structs, arrays, integers, float, double, boolean, string, Decimal, Date,
   Timestamp (Connect's, Debezium's micro and nano), Time (Connect's, Debezium's) and ZonedTimestamp; any
@@ -76,8 +77,7 @@ class FastConnect:
             payloads = pa.array(payloads, pa.binary())
         if payloads.null_count or not arrow_json.objects(payloads):
             return None  # a null or non-object payload
-        document = arrow_json.lines(payloads)
-        table = arrow_json.read_document(document, pa.schema(list(self.root.parsed_as)), len(payloads))
+        table = arrow_json.read_objects(payloads, pa.schema(list(self.root.parsed_as)))
         if table is None:
             return None
         parsed = pa.StructArray.from_arrays(

@@ -16,13 +16,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +27,14 @@ import confluent_kafka.cimpl  # loads librdkafka, which the library links to
 import numpy as np
 import pyarrow as pa
 
+from offsetlake import c_libraries
+from offsetlake.c_libraries import NativeUnavailable
+
 log = logging.getLogger("offsetlake.read.native")
 
 SOURCE = Path(__file__).with_name("native_reader.c")
 HEADER = Path("/usr/include/librdkafka/rdkafka.h")
 ENABLED_ENV = "OFFSETLAKE_NATIVE_READER"
-
-
-class NativeUnavailable(Exception):
-    """The native reader cannot be built or loaded here (the message says why)."""
 
 
 class _Sizes(ctypes.Structure):
@@ -97,41 +92,23 @@ def librdkafka_path() -> Path:
     raise NativeUnavailable(f"confluent-kafka {confluent_kafka.version()[0]} loaded no shared librdkafka")
 
 
+def _identity(rdkafka: Path) -> list[str]:
+    stat = rdkafka.stat()
+    return [str(rdkafka), str(stat.st_size), str(stat.st_mtime_ns)]
+
+
 def library_path() -> Path:
     """Where the library built from this source for this librdkafka lives."""
-    rdkafka = librdkafka_path()
-    stat = rdkafka.stat()
-    identity = "\n".join([SOURCE.read_text(), str(rdkafka), str(stat.st_size), str(stat.st_mtime_ns)])
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    return Path(cache) / "offsetlake" / "native" / f"reader-{digest}.so"
+    return c_libraries.library_path([SOURCE], "reader", _identity(librdkafka_path()))
 
 
 def build() -> Path:
     """Build the library unless it is there; its path. Raises NativeUnavailable with the reason."""
-    target = library_path()
-    if target.exists():
-        return target
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise NativeUnavailable("no C compiler (cc) on this machine")
-    if not HEADER.exists():
-        raise NativeUnavailable(f"librdkafka's headers are not installed ({HEADER}: apt-get install librdkafka-dev)")
     rdkafka = librdkafka_path()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=target.stem, suffix=".partial")
-    os.close(fd)
-    command = [compiler, "-O2", "-shared", "-fPIC", "-std=gnu11", "-o", partial, str(SOURCE), str(rdkafka)]
-    command += [f"-Wl,-rpath,{rdkafka.parent}", "-lpthread"]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise NativeUnavailable(f"{Path(compiler).name} failed: {done.stderr.strip()[-500:]}")
-        os.replace(partial, target)  # whole or not at all: another process may be building it too
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-    return target
+    if not c_libraries.library_path([SOURCE], "reader", _identity(rdkafka)).exists() and not HEADER.exists():
+        raise NativeUnavailable(f"librdkafka's headers are not installed ({HEADER}: apt-get install librdkafka-dev)")
+    link = [str(rdkafka), f"-Wl,-rpath,{rdkafka.parent}", "-lpthread"]
+    return c_libraries.build([SOURCE], "reader", _identity(rdkafka), link)
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
