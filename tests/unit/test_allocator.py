@@ -7,6 +7,7 @@ import json
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +49,41 @@ def test_a_second_range_reuses_the_pages_the_first_freed(first_made_in):
     assert kept["kept"] is True
     assert default["faults"] > PAGES // 2, default  # glibc's defaults give the pages back: the test can fail
     assert kept["faults"] < PAGES // 10, (kept, default)
+
+
+# Arrow's pool (mimalloc) with the settings and without: two chunks' buffers made, touched, freed and made
+# again; how much of them the kernel backed with huge pages, and the page faults of the second making.
+POOL_SCRIPT = """
+import json, re, resource, sys
+if sys.argv[1] == "kept":
+    from offsetlake.spark.allocator import keep_freed_memory
+    keep_freed_memory()
+import numpy as np, pyarrow as pa, time
+def chunk():
+    buffers = [pa.allocate_buffer(48 << 20) for _ in range(2)]
+    for b in buffers:
+        np.frombuffer(b, np.uint8)[:] = 1
+    return buffers
+first = chunk(); del first
+time.sleep(0.2)  # longer than mimalloc's default purge delay (10 ms)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+second = chunk()
+huge = sum(int(k) for k in re.findall(r"AnonHugePages:\\s+(\\d+) kB", open("/proc/self/smaps").read()))
+print(json.dumps({"faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, "huge_kb": huge}))
+"""
+
+
+def pool_of_second_chunk(mode: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", POOL_SCRIPT, mode], capture_output=True, text=True, check=True, timeout=60
+    )
+    return json.loads(done.stdout)
+
+
+def test_arrows_pool_keeps_ordinary_pages_for_the_next_chunk():
+    kept = pool_of_second_chunk("kept")
+    assert kept["huge_kb"] < 4096, kept  # no chunk in huge pages (each first touch would zero 2 MiB)
+    assert kept["faults"] < 2 * (48 << 20) // 4096 // 10, kept  # the second chunk reuses the first's pages
+    default = pool_of_second_chunk("default")
+    if "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text():
+        assert default["huge_kb"] >= 4096, default  # mimalloc asks for huge pages by default: the test can fail

@@ -10,6 +10,13 @@ of up to `MMAP_THRESHOLD_BYTES` come from it, and up to `KEPT_BYTES` freed at it
 A worker reading one range after another then reuses the pages the last range freed, and what it keeps
 between ranges is bounded by `KEPT_BYTES`, whatever the number of ranges or consumers it has made.
 
+Arrow's memory pool (mimalloc, for the chunks' columns) backs its arenas with transparent huge pages, so the
+first touch of any part of 2 MiB makes the kernel zero all of it, and it gives a freed page back to the
+kernel 10 ms after it was freed, so a range's next chunk, tens of milliseconds later, gets fresh pages: the
+kernel zeroing them was a third of a change data capture worker's CPU. Unless the environment says
+otherwise, mimalloc is asked for ordinary pages (`MIMALLOC_ALLOW_THP=0`) and to keep freed pages
+`POOL_PURGE_DELAY_MS` (`MIMALLOC_PURGE_DELAY`); it reads both when it first needs them.
+
 glibc keeps the arenas threads made before the settings, and a thread started later may still be given one
 of them (each of which hands whole heaps back once they are empty): so the settings are made where a process
 that reads starts, before it has a thread (offsetlake.spark.daemon and .prewarm, whose forks are Spark's
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import platform
 
 # glibc's mallopt parameters (malloc.h)
@@ -29,12 +37,15 @@ _M_ARENA_MAX = -8
 
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's largest on 64-bit: a fetch response is a block of the heap
 KEPT_BYTES = 256 << 20
+POOL_PURGE_DELAY_MS = 2000  # Arrow's pool: longer than between a range's chunks, short enough to give back
 
 
 @functools.cache
 def keep_freed_memory() -> bool:
     """Set once per process (before its first consumer); whether glibc took the settings. Elsewhere than
-    glibc the allocator is left as it is."""
+    glibc the allocator is left as it is (Arrow's pool's delay is set everywhere)."""
+    os.environ.setdefault("MIMALLOC_ALLOW_THP", "0")
+    os.environ.setdefault("MIMALLOC_PURGE_DELAY", str(POOL_PURGE_DELAY_MS))
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
