@@ -4,6 +4,7 @@ range freed serve the next, from the main thread as from librdkafka's, which gli
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -74,8 +75,10 @@ print(json.dumps({"faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt -
 
 
 def pool_of_second_chunk(mode: str) -> dict:
+    # mimalloc's own defaults: this process may have made the settings (the reader makes them) for its children
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
     done = subprocess.run(
-        [sys.executable, "-c", POOL_SCRIPT, mode], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", POOL_SCRIPT, mode], capture_output=True, text=True, check=True, timeout=60, env=env
     )
     return json.loads(done.stdout)
 

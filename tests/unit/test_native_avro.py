@@ -139,3 +139,27 @@ def test_it_gives_up_where_another_reader_might_decide(payload):
     decoder = AvroDecoder(SCHEMA).batches._native
     assert decoder.decode(pa.array([GOOD], pa.binary())) is not None
     assert decoder.decode(pa.array([GOOD, payload], pa.binary())) is None
+
+
+def test_mutated_payloads_are_decoded_as_fastavro_decodes_them_or_given_up():
+    rng = random.Random(19)
+    decoder = AvroDecoder(SCHEMA)
+    answered = 0
+    for _ in range(5000):
+        payload = bytearray(GOOD + b"")
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(payload))
+            if rng.random() < 0.5:
+                payload[at] = rng.randrange(256)
+            elif rng.random() < 0.5:
+                del payload[at]
+            else:
+                payload.insert(at, rng.randrange(256))
+            if not payload:
+                payload = bytearray(b"\x00")
+        decoded = decoder.batches._native.decode(pa.array([bytes(payload)], pa.binary()))
+        if decoded is not None:
+            answered += 1
+            expected = pa.array([decoder.decode(bytes(payload))], decoder.arrow_type)
+            assert decoder.batches._struct(decoded).equals(expected), bytes(payload)
+    assert answered > 100

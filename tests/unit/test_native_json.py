@@ -204,3 +204,33 @@ def test_timestamps_are_read_as_arrows_cast_reads_them():
     assert answered > 500
     aware_and_naive = [b'{"t": "2026-01-01T00:00:00Z"}', b'{"t": "2026-01-01T00:00:00"}']
     assert natively(aware_and_naive, schema) is None  # Arrow's path reads such a chunk record by record
+
+
+def mutated(rng: random.Random, value: bytes) -> bytes:
+    """`value` with a byte changed, dropped or added, or cut short."""
+    at = rng.randrange(len(value))
+    kind = rng.randrange(4)
+    if kind == 0:
+        return value[:at] + bytes([rng.randrange(256)]) + value[at + 1 :]
+    if kind == 1:
+        return value[:at] + value[at + 1 :]
+    if kind == 2:
+        return value[:at] + rng.choice([b"\\", b'"', b"{", b"[", b",", b":", b"\x00", b"\xc3", b"\xff"]) + value[at:]
+    return value[:at]
+
+
+def test_mutated_values_never_read_otherwise_than_by_arrow():
+    rng = random.Random(17)
+    good = [
+        b'{"id": 1, "name": "a\\u00e9\\ud83d\\ude00", "score": 1.5, "ok": true, "n": -5,'
+        b' "s": {"a": 3, "b": ["x", null], "c": [{"d": 2}]}, "undeclared": [1, {"q": null}]}',
+        '{"name": "ünï \\"q\\"", "score": -0.0, "s": {"b": [], "c": []}, "x": 1e5}'.encode(),
+    ]
+    answered = 0
+    for _ in range(5000):
+        values = [mutated(rng, rng.choice(good)) for _ in range(rng.randint(1, 2))]
+        table = natively(values)
+        if table is not None:
+            answered += 1
+            assert table.equals(by_arrow(pa.array(values, pa.binary()), NESTED)), values
+    assert answered > 100

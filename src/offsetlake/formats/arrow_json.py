@@ -65,9 +65,7 @@ def read_columns(fields: list[SchemaField], values: pa.Array, schema: pa.Schema,
     natively_as = pa.schema(
         [(f.name, native_json.TIMESTAMP) if f.type == "timestamp" else parsed for f, parsed in zip(fields, parsed_as)]
     )
-    table = native_json.read_objects(values, natively_as)
-    if table is None:
-        table = read_document(lines(values), parsed_as, len(values))
+    table = read_objects(values, parsed_as, natively_as)
     if table is None:
         return None
     columns = []
@@ -84,10 +82,11 @@ def objects(text: pa.Array) -> bool:
     return bool(pc.all(pc.starts_with(text, "{")).as_py() and pc.all(pc.ends_with(text, "}")).as_py())
 
 
-def read_objects(values: pa.Array, parsed_as: pa.Schema) -> pa.Table | None:
+def read_objects(values: pa.Array, parsed_as: pa.Schema, natively_as: pa.Schema | None = None) -> pa.Table | None:
     """`values` (JSON texts, each one object: see `read_document`) read with `parsed_as`'s types: by the
-    native parser where it is sure (`native_json`), else by Arrow's reader; None if Arrow refuses them."""
-    table = native_json.read_objects(values, parsed_as)
+    native parser where it is sure (`native_json`; with `natively_as`'s types if given), else by Arrow's
+    reader; None if Arrow refuses them."""
+    table = native_json.read_objects(values, natively_as or parsed_as)
     return table if table is not None else read_document(lines(values), parsed_as, len(values))
 
 

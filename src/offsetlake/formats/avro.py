@@ -71,7 +71,7 @@ class FlatAvro:
         self._sync = b"offsetlake-flat!"  # 16 bytes, any value: the block ends with it
         fastavro.write.Writer(header, fastavro.parse_schema(plain), codec="null", sync_marker=self._sync).flush()
         self._header = header.getvalue()
-        self._native = FlatDecoder.of(fields)
+        self._native = FlatDecoder.of(fields, _AVRO_PRIMITIVES)
 
     @staticmethod
     def of(parsed, arrow_type: pa.DataType) -> FlatAvro | None:

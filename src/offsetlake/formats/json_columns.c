@@ -68,14 +68,17 @@ static void fill_stops(void);
 
 /* ---------- the plan ---------- */
 
-static void reset_node(ol_node *n) {
+/* Empties `n`'s columns for a new call; -1: out of memory. */
+static int reset_node(ol_node *n) {
     n->length = n->null_count = 0;
     n->validity.len = n->values.len = n->data.len = 0;
     n->seen_in = -1;
     n->last_hit = 0;
     n->zones = 0;
-    if (n->kind == K_STRING || n->kind == K_LIST) put_offset(&n->values, 0);
-    for (int32_t i = 0; i < n->child_count; i++) reset_node(&n->children[i]);
+    if ((n->kind == K_STRING || n->kind == K_LIST) && put_offset(&n->values, 0)) return -1;
+    for (int32_t i = 0; i < n->child_count; i++)
+        if (reset_node(&n->children[i])) return -1;
+    return 0;
 }
 
 static void free_node(ol_node *n) {
@@ -288,6 +291,15 @@ static int number(ol_cursor *c, const uint8_t **start, int *integer) {
     return 0;
 }
 
+/* After a member of an object or an array: 1 at a comma (another follows), 0 at `close` (the end), -1 at
+ * anything else; the cursor passes the comma or `close`. */
+static int after_member(ol_cursor *c, uint8_t close) {
+    skip_space(c);
+    if (c->p >= c->end) return -1;
+    uint8_t b = *c->p++;
+    return b == ',' ? 1 : b == close ? 0 : -1;
+}
+
 /* Any JSON value, its syntax checked, nothing kept. */
 static int skip_value(ol_cursor *c) {
     if (c->p >= c->end) return -1;
@@ -320,14 +332,9 @@ static int skip_value(ol_cursor *c) {
                     skip_space(c);
                 }
                 if (skip_value(c)) return -1;
-                skip_space(c);
-                if (c->p >= c->end) return -1;
-                if (*c->p == ',') {
-                    c->p++;
-                    continue;
-                }
-                if (*c->p != close) return -1;
-                c->p++;
+                int r = after_member(c, close);
+                if (r > 0) continue;
+                if (r) return r;
                 c->depth--;
                 return 0;
             }
@@ -433,15 +440,10 @@ static int object(ol_cursor *c, ol_node *n) {
             } else
                 r = skip_value(c);
             if (r) return r;
-            skip_space(c);
-            if (c->p >= c->end) return -1;
-            if (*c->p == ',') {
-                c->p++;
-                continue;
+            if ((r = after_member(c, '}')) <= 0) {
+                if (r) return r;
+                break;
             }
-            if (*c->p != '}') return -1;
-            c->p++;
-            break;
         }
     for (int32_t i = 0; i < n->child_count; i++)
         if (n->children[i].seen_in != me && append_null(&n->children[i])) return -2;
@@ -462,15 +464,10 @@ static int list(ol_cursor *c, ol_node *n) {
             skip_space(c);
             int r = value(c, item);
             if (r) return r;
-            skip_space(c);
-            if (c->p >= c->end) return -1;
-            if (*c->p == ',') {
-                c->p++;
-                continue;
+            if ((r = after_member(c, ']')) <= 0) {
+                if (r) return r;
+                break;
             }
-            if (*c->p != ']') return -1;
-            c->p++;
-            break;
         }
     c->depth--;
     if (put_offset(&n->values, item->length) || put_bit(&n->validity, n->length, 1)) return -2;
@@ -665,7 +662,7 @@ static int value(ol_cursor *c, ol_node *n) {
  * OL_NO_MEMORY. A value must be one JSON object, with JSON whitespace around it at most. */
 int ol_json_parse(void *handle, const int32_t *offsets, const uint8_t *data, int64_t count) {
     ol_parser *parser = handle;
-    reset_node(&parser->root);
+    if (reset_node(&parser->root)) return OL_NO_MEMORY;
     parser->objects = 0;
     for (int64_t i = 0; i < count; i++) {
         ol_cursor c = {data + offsets[i], data + offsets[i + 1], parser, 0};

@@ -1,7 +1,7 @@
 """Flat Avro records into Arrow columns in C (`flat_avro.c`), before polars' Avro reader.
 
 `avro.FlatAvro` asks this first: the payloads are decoded where they lie, field by field, into columns of
-Avro's plain types (`PLAIN_TYPES`; an enum as its symbol), and None comes back wherever polars or fastavro
+Avro's plain types (as avro.py maps them; an enum as its symbol), and None comes back wherever polars or fastavro
 might read a payload differently (the C source lists where). `tests/unit/test_native_avro.py` checks it
 against polars and fastavro on the same payloads. Without the formats' C library (`native`) polars decodes
 every group, as before.
@@ -19,22 +19,14 @@ from offsetlake.formats import native
 _KINDS = {"boolean": 1, "int": 2, "long": 3, "float": 4, "double": 5, "string": 6, "bytes": 7}
 _ENUM = 8
 _NULLABLE = {False: 0, "null first": 1, "null last": 2}
-PLAIN_TYPES = {
-    "boolean": pa.bool_(),
-    "int": pa.int32(),
-    "long": pa.int64(),
-    "float": pa.float32(),
-    "double": pa.float64(),
-    "string": pa.string(),
-    "bytes": pa.binary(),
-}
 
 
 class FlatDecoder:
     """The C decoder of one flat schema: `fields` as avro.FlatAvro holds them (name, plain Avro type or enum
-    schema, where a union puts null or False, logical type)."""
+    schema, where a union puts null or False, logical type); `plain_types`: each plain Avro type's Arrow
+    type."""
 
-    def __init__(self, lib: ctypes.CDLL, fields: list[tuple]):
+    def __init__(self, lib: ctypes.CDLL, fields: list[tuple], plain_types: dict[str, pa.DataType]):
         n = len(fields)
         kinds = (ctypes.c_int32 * n)(*(_ENUM if isinstance(k, dict) else _KINDS[k] for _, k, _, _ in fields))
         nullables = (ctypes.c_int32 * n)(*(_NULLABLE[nullable] for _, _, nullable, _ in fields))
@@ -42,16 +34,16 @@ class FlatDecoder:
         self._handle = lib.ol_avro_parser(kinds, nullables, symbols, n)
         if not self._handle:
             raise MemoryError("the native Avro decoder could not be made")
-        self._lib, self._fields = lib, fields
+        self._lib, self._fields, self._plain_types = lib, fields, plain_types
         self._lock = threading.Lock()  # a decode keeps its columns inside until they are copied out
 
     @staticmethod
-    def of(fields: list[tuple]) -> FlatDecoder | None:
+    def of(fields: list[tuple], plain_types: dict[str, pa.DataType]) -> FlatDecoder | None:
         lib = native.library()
-        return None if lib is None else FlatDecoder(lib, fields)
+        return None if lib is None else FlatDecoder(lib, fields, plain_types)
 
     def decode(self, payloads: pa.Array) -> list[pa.Array] | None:
-        """One column a field, of PLAIN_TYPES (an enum as its symbols' strings); None: ask polars."""
+        """One column a field, of its plain type (an enum as its symbols' strings); None: ask polars."""
         buffers = native.value_buffers(payloads)
         if buffers is None:
             return None
@@ -73,7 +65,7 @@ class FlatDecoder:
         buffers = [validity, column.values_buffer()]
         if kind in ("string", "bytes"):
             buffers.append(column.data_buffer())
-        return pa.Array.from_buffers(PLAIN_TYPES[kind], n, buffers, null_count=nulls)
+        return pa.Array.from_buffers(self._plain_types[kind], n, buffers, null_count=nulls)
 
     def __del__(self) -> None:
         handle, self._handle = getattr(self, "_handle", None), None
