@@ -29,6 +29,13 @@ ENABLED_ENV = "OFFSETLAKE_NATIVE_FORMATS"
 OK, GIVE_UP = 0, 1
 
 
+def answered(done: int, what: str) -> bool:
+    """Whether a decode (`ol_json_parse`, `ol_avro_parse`) answered; False: it gave up. Out of memory raises."""
+    if done not in (OK, GIVE_UP):
+        raise MemoryError(f"the native {what} ran out of memory")
+    return done == OK
+
+
 class Column(ctypes.Structure):
     """arrow_buffers.h's ol_column: one column's buffers after a parse."""
 

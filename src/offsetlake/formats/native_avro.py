@@ -48,11 +48,8 @@ class FlatDecoder:
         if buffers is None:
             return None
         with self._lock:
-            done = self._lib.ol_avro_parse(self._handle, *buffers, len(payloads))
-            if done == native.GIVE_UP:
+            if not native.answered(self._lib.ol_avro_parse(self._handle, *buffers, len(payloads)), "Avro decoder"):
                 return None
-            if done != native.OK:
-                raise MemoryError("the native Avro decoder ran out of memory")
             return [self._column(i, kind) for i, (_, kind, _, _) in enumerate(self._fields)]
 
     def _column(self, index: int, kind) -> pa.Array:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import threading
+from collections.abc import Iterator
 
 import pyarrow as pa
 
@@ -94,26 +96,22 @@ class _Parser:
             self._idle[self._schema].append(self)
 
     def parse(self, buffers: tuple[int, int], count: int) -> pa.Table | None:
-        done = self._lib.ol_json_parse(self._handle, *buffers, count)
-        if done == native.GIVE_UP:
+        if not native.answered(self._lib.ol_json_parse(self._handle, *buffers, count), "JSON parser"):
             return None
-        if done != native.OK:
-            raise MemoryError("the native JSON parser ran out of memory")
-        self._next = 1
-        columns = [self._array(f.type) for f in self._schema]
+        preorder = itertools.count(1)  # the plan's nodes in order, the root (0) left out
+        columns = [self._array(f.type, preorder) for f in self._schema]
         return pa.Table.from_arrays(columns, schema=self._schema)
 
-    def _array(self, type_: pa.DataType) -> pa.Array:
+    def _array(self, type_: pa.DataType, preorder: Iterator[int]) -> pa.Array:
         column = native.Column()
-        self._lib.ol_json_column(self._handle, self._next, column)
-        self._next += 1
+        self._lib.ol_json_column(self._handle, next(preorder), column)
         n, nulls, validity = int(column.length), int(column.null_count), column.validity_buffer()
         if pa.types.is_struct(type_):
-            children = [self._array(type_.field(i).type) for i in range(type_.num_fields)]
+            children = [self._array(type_.field(i).type, preorder) for i in range(type_.num_fields)]
             return pa.StructArray.from_buffers(type_, n, [validity], null_count=nulls, children=children)
         if pa.types.is_list(type_):
             offsets = column.values_buffer()
-            item = self._array(type_.value_type)
+            item = self._array(type_.value_type, preorder)
             return pa.ListArray.from_buffers(type_, n, [validity, offsets], null_count=nulls, children=[item])
         buffers = [validity, column.values_buffer()]
         if type_ == pa.string():

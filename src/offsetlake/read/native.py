@@ -105,10 +105,11 @@ def library_path() -> Path:
 def build() -> Path:
     """Build the library unless it is there; its path. Raises NativeUnavailable with the reason."""
     rdkafka = librdkafka_path()
-    if not c_libraries.library_path([SOURCE], "reader", _identity(rdkafka)).exists() and not HEADER.exists():
+    identity = _identity(rdkafka)
+    if not c_libraries.library_path([SOURCE], "reader", identity).exists() and not HEADER.exists():
         raise NativeUnavailable(f"librdkafka's headers are not installed ({HEADER}: apt-get install librdkafka-dev)")
     link = [str(rdkafka), f"-Wl,-rpath,{rdkafka.parent}", "-lpthread"]
-    return c_libraries.build([SOURCE], "reader", _identity(rdkafka), link)
+    return c_libraries.build([SOURCE], "reader", identity, link)
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
