@@ -11,6 +11,9 @@ jars come from Maven Central through `offsetlake_local.jars` (the `kafka-broker`
   `min.insync.replicas` 2, so one node can die (SIGKILL) while leaders move to the others.
 - `listeners`: extra listeners (SASL/SCRAM-SHA-512, SSL) and ACLs for the security tests
   (`offsetlake_local.broker_security`); the PLAINTEXT listener stays for the harness, as a super user.
+- `stack`: another POM of broker jars (`kafka-broker-4.1`: Apache Kafka 4.1.2), kept in the node's directory
+  so that a restart runs the same release. `python -m offsetlake_local.broker start|stop` starts nodes that
+  outlive the command, for a benchmark's `--bootstrap` (docs/speed.md, "On another broker").
 
 Measured on the 2-core machine this was written on (Apache Kafka 4.4.0, Java 17): a node answers its first
 metadata request 3-5 s after the JVM starts (formatting the directory takes another ~1 s, once); a
@@ -39,6 +42,8 @@ KAFKA_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
 HEAP = os.environ.get("OFFSETLAKE_BROKER_HEAP", "768m")
 CONFIG = "server.properties"
+STACK = "kafka-broker"  # the POM of the broker's jars (offsetlake_local.jars); another names another Kafka
+STACK_FILE = "jvm-stack"  # a node directory's stack, so that a restart runs the same Kafka
 INFO_LOGGERS = ("kafka.server.KafkaRaftServer", "kafka.server.BrokerServer")  # their info lines say a node is up
 
 # What every embedded node sets beyond Kafka's defaults, and why.
@@ -164,6 +169,7 @@ def start(
     netns: str | None = None,
     listeners: dict[str, int] | None = None,
     settings: dict[str, str] | None = None,
+    stack: str = STACK,
 ) -> Broker:
     """Start one KRaft node on `host` (127.0.0.1; a test host's address with `netns`, the network namespace
     that holds it: `ip netns exec` execs java, so the PID is still the broker's own). A directory that holds
@@ -173,7 +179,8 @@ def start(
         chosen = free_ports(2)
         port = port or chosen[0]
         voters = {1: (host, chosen[1] if netns is None else port + 1)}
-        _configure(data_dir, 1, host, port, voters, new_cluster_id(), replicas=1, listeners=listeners, extra=settings)
+        cluster_id = new_cluster_id()
+        _configure(data_dir, 1, host, port, voters, cluster_id, 1, listeners=listeners, extra=settings, stack=stack)
         _format(data_dir, netns)
     node = _node(0, data_dir, host)
     if port is not None and port != node.port:
@@ -192,6 +199,7 @@ def start_cluster(
     timeout: float = 120.0,
     host: str = HOST,
     settings: dict[str, str] | None = None,
+    stack: str = STACK,
 ) -> Cluster:
     """Start `size` KRaft nodes that are together broker and controller quorum, with replication factor
     `size` and `min.insync.replicas` size - 1 for every topic (internal ones too)."""
@@ -203,7 +211,7 @@ def start_cluster(
         voters = {i: (host, controller) for i, (_, controller) in ports.items()}
         cluster_id = new_cluster_id()
         for i, node_dir in enumerate(node_dirs, start=1):
-            _configure(node_dir, i, host, ports[i][0], voters, cluster_id, replicas=size, extra=settings)
+            _configure(node_dir, i, host, ports[i][0], voters, cluster_id, replicas=size, extra=settings, stack=stack)
             _format(node_dir, None)
     procs = [_launch(d, host, None) for d in node_dirs]
     nodes = [_node(p.pid, d, host) for p, d in zip(procs, node_dirs)]
@@ -226,8 +234,9 @@ def _configure(
     replicas: int,
     listeners: dict[str, int] | None = None,
     extra: dict[str, str] | None = None,
+    stack: str = STACK,
 ) -> None:
-    """Write the node's server.properties (and its log4j2 file) once; a restart reads them again."""
+    """Write the node's server.properties (and its log4j2 file and stack) once; a restart reads them again."""
     node_dir.mkdir(parents=True, exist_ok=True)
     controller_port = voters[node_id][1]
     named = {"PLAINTEXT": port, **(listeners or {})}
@@ -258,6 +267,7 @@ def _configure(
     (node_dir / CONFIG).write_text("\n".join(lines) + "\n")
     (node_dir / "cluster.id").write_text(cluster_id + "\n")
     (node_dir / "log4j2.properties").write_text(jvm.log4j2(node_dir / "broker.log", INFO_LOGGERS))
+    (node_dir / STACK_FILE).write_text(stack + "\n")
 
 
 def _protocol(listener: str) -> str:
@@ -278,7 +288,9 @@ def _node(pid: int, node_dir: Path, host: str) -> Broker:
 
 
 def _java(node_dir: Path) -> list[str]:
-    return jvm.command("kafka-broker", HEAP, node_dir / "log4j2.properties", "-Xms128m", "-XX:MaxGCPauseMillis=20")
+    stack_file = node_dir / STACK_FILE
+    stack = stack_file.read_text().strip() if stack_file.exists() else STACK
+    return jvm.command(stack, HEAP, node_dir / "log4j2.properties", "-Xms128m", "-XX:MaxGCPauseMillis=20")
 
 
 def _format(node_dir: Path, netns: str | None) -> None:
@@ -358,3 +370,38 @@ def stop_from_pid_file(pid_file: Path | str) -> bool:
 def running_from_pid_file(pid_file: Path | str) -> int | None:
     pid = processes.read_pid(Path(pid_file))
     return pid if processes.runs(pid, MARKER) else None
+
+
+PID_FILE = "broker.pids"  # the command line's record of the nodes it started, one PID per line
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`start` a node or a cluster that outlives this command (its bootstrap servers printed, its PIDs kept in
+    the directory), or `stop` the nodes a `start` on that directory recorded: a broker to point a benchmark's
+    `--bootstrap` at, of the Kafka a POM names (`--stack kafka-broker-4.1`: another release)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m offsetlake_local.broker", description=main.__doc__)
+    parser.add_argument("action", choices=("start", "stop"))
+    parser.add_argument("--data-dir", type=Path, required=True, help="the nodes' directory (created on start)")
+    parser.add_argument("--nodes", type=int, choices=(1, 3), default=1)
+    parser.add_argument("--stack", default=STACK, help="the POM in offsetlake_local/poms of the broker's jars")
+    args = parser.parse_args(argv)
+    pid_file = args.data_dir / PID_FILE
+    if args.action == "stop":
+        pids = [int(line) for line in pid_file.read_text().split()] if pid_file.exists() else []
+        processes.stop_all([pid for pid in pids if processes.runs(pid, MARKER)])
+        pid_file.unlink(missing_ok=True)
+        return
+    if pid_file.exists():
+        parser.error(f"{pid_file} exists: stop the nodes it names first")
+    if args.nodes == 1:
+        nodes = [start(args.data_dir, stack=args.stack)]
+    else:
+        nodes = start_cluster(args.data_dir, args.nodes, stack=args.stack).nodes
+    pid_file.write_text("".join(f"{n.pid}\n" for n in nodes))
+    print(",".join(n.bootstrap_servers for n in nodes))
+
+
+if __name__ == "__main__":
+    main()

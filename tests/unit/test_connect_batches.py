@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from offsetlake.formats import native_json
 from offsetlake.formats.connect_batches import _one_json_value_each
 from offsetlake.formats.connect_json import ConnectDecoder, ConnectDecoders
 from offsetlake.formats.wire_values import decode_values
@@ -139,6 +140,42 @@ def test_random_events_decode_together_exactly_as_one_by_one():
     assert together is not None and together.type == decoder.arrow_type
     expected = one_by_one(decoder, payloads)
     assert together.equals(expected)
+    assert together.to_pylist() == expected.to_pylist()
+
+
+def test_zoned_timestamps_with_their_zone_are_read_by_the_native_parser_as_one_by_one():
+    """A Debezium table's usual events (every ZonedTimestamp naming its zone): the native parser reads them,
+    ZonedTimestamps included, and the batch equals the record path."""
+    decoder = ConnectDecoder(ENVELOPE)
+    rng = random.Random(20261130)
+    aware = [ZONED[i] for i in (0, 1, 2, 3, 6, 7)]  # a zone each, to the microsecond at most
+
+    def row() -> dict:
+        return {
+            "int64": rng.randrange(-(2**63), 2**63),
+            "text": rng.choice(["", "row", "é ü"]),
+            "amount": unscaled(rng.randrange(-(10**9), 10**9)),
+            "zoned": rng.choice([*aware, None]),
+        }
+
+    events = [
+        {
+            "before": row() if rng.random() < 0.3 else None,
+            "after": row(),
+            "source": {"lsn": n, "table": "t"},
+            "op": rng.choice("cud"),
+        }
+        for n in range(500)
+    ]
+    payloads = [json.dumps(event).encode() for event in events]
+    fast = decoder.batches
+    assert fast is not None
+    natively = native_json.read_objects(pa.array(payloads, pa.binary()), fast._natively_as)
+    assert natively is not None  # the native parser answered, timestamps and all
+    assert natively.schema.field("after").type.field("zoned").type == native_json.TIMESTAMP
+    together = decoder.decode_many(payloads)
+    expected = one_by_one(decoder, payloads)
+    assert together is not None and together.equals(expected)
     assert together.to_pylist() == expected.to_pylist()
 
 

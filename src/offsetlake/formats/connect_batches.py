@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from offsetlake.formats import arrow_json
+from offsetlake.formats import arrow_json, native_json
 from offsetlake.formats.arrays import one_array
 
 # Microseconds since the epoch of 0001-01-01 and of 9999-12-31 23:59:59.999999, what Python's datetime holds.
@@ -70,6 +70,8 @@ class FastConnect:
         reading of a ZonedTimestamp, for the texts that are not strict RFC 3339."""
         assert root.kind == "struct"
         self.root, self._zoned = root, zoned
+        self._parsed_as = pa.schema(list(root.parsed_as))
+        self._natively_as = pa.schema(list(_natively_as(root)))
 
     def decode(self, payloads: list[bytes] | pa.Array) -> pa.Array | None:
         """Every payload (the JSON text of a Connect payload) as one StructArray, or None: one by one."""
@@ -77,11 +79,11 @@ class FastConnect:
             payloads = pa.array(payloads, pa.binary())
         if payloads.null_count or not arrow_json.objects(payloads):
             return None  # a null or non-object payload
-        table = arrow_json.read_objects(payloads, pa.schema(list(self.root.parsed_as)))
+        table = arrow_json.read_objects(payloads, self._parsed_as, self._natively_as)
         if table is None:
             return None
         parsed = pa.StructArray.from_arrays(
-            [one_array(table.column(i)) for i in range(table.num_columns)], fields=list(self.root.parsed_as)
+            [one_array(table.column(i)) for i in range(table.num_columns)], fields=list(table.schema)
         )
         try:
             return self._finish(self.root, parsed)
@@ -119,6 +121,20 @@ class FastConnect:
                 raise _Refused
             return zoned
         return _decimals(column, node.arrow_type)
+
+
+def _natively_as(node: Node) -> pa.DataType:
+    """`node.parsed_as`, but a ZonedTimestamp's text read by the native parser as a timestamp (as Arrow's cast
+    reads it: `_finish` then casts it as it casts a text that Arrow's reader left a string)."""
+    if node.kind == "zoned":
+        return native_json.TIMESTAMP
+    if node.kind == "struct":
+        fields = [f.with_type(_natively_as(child)) for f, (_, child) in zip(node.parsed_as, node.children)]
+        return pa.struct(fields)
+    if node.kind == "array":
+        item = node.parsed_as.value_field
+        return pa.list_(item.with_type(_natively_as(node.children[0][1])))
+    return node.parsed_as
 
 
 def _within(column: pa.Array, first: int, last: int) -> pa.Array:
