@@ -33,8 +33,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from offsetlake.errors import KafkaError
-from offsetlake_local import jvm, processes
+from offsetlake.errors import KafkaError, OffsetlakeError
+from offsetlake_local import jars, jvm, processes
 
 HOST = "127.0.0.1"
 MARKER = "kafka.Kafka"
@@ -176,11 +176,22 @@ def start(
     a node already is started again as it was (`port` must then be its port, or None)."""
     data_dir = Path(data_dir).resolve()
     if not (data_dir / CONFIG).exists():
+        jars.jar_dir(stack)  # resolved (or refused) before the directory holds anything
         chosen = free_ports(2)
         port = port or chosen[0]
         voters = {1: (host, chosen[1] if netns is None else port + 1)}
-        cluster_id = new_cluster_id()
-        _configure(data_dir, 1, host, port, voters, cluster_id, 1, listeners=listeners, extra=settings, stack=stack)
+        _configure(
+            data_dir,
+            1,
+            host,
+            port,
+            voters,
+            new_cluster_id(),
+            replicas=1,
+            listeners=listeners,
+            extra=settings,
+            stack=stack,
+        )
         _format(data_dir, netns)
     node = _node(0, data_dir, host)
     if port is not None and port != node.port:
@@ -206,6 +217,7 @@ def start_cluster(
     data_dir = Path(data_dir).resolve()
     node_dirs = [data_dir / f"node-{i}" for i in range(1, size + 1)]
     if not (node_dirs[0] / CONFIG).exists():
+        jars.jar_dir(stack)  # resolved (or refused) before the directories hold anything
         free = free_ports(2 * size)
         ports = {i: (free[2 * i - 2], free[2 * i - 1]) for i in range(1, size + 1)}
         voters = {i: (host, controller) for i, (_, controller) in ports.items()}
@@ -395,10 +407,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     if pid_file.exists():
         parser.error(f"{pid_file} exists: stop the nodes it names first")
-    if args.nodes == 1:
-        nodes = [start(args.data_dir, stack=args.stack)]
-    else:
-        nodes = start_cluster(args.data_dir, args.nodes, stack=args.stack).nodes
+    try:
+        if args.nodes == 1:
+            nodes = [start(args.data_dir, stack=args.stack)]
+        else:
+            nodes = start_cluster(args.data_dir, args.nodes, stack=args.stack).nodes
+    except OffsetlakeError as err:  # no such POM, its jars unresolvable, a node that did not come up
+        raise SystemExit(f"error: {err}") from err
     pid_file.write_text("".join(f"{n.pid}\n" for n in nodes))
     print(",".join(n.bootstrap_servers for n in nodes))
 
