@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     except OffsetlakeError as err:  # no such POM, its jars unresolvable, a node that did not come up
         raise SystemExit(f"error: {err}") from err
     pid_file.write_text("".join(f"{n.pid}\n" for n in nodes))
-    print(",".join(n.bootstrap_servers for n in nodes))
+    print(Cluster(nodes, args.data_dir).bootstrap_servers)
 
 
 if __name__ == "__main__":
