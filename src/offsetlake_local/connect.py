@@ -174,6 +174,10 @@ def debezium_postgres(
         # Heartbeats let Debezium confirm the server's LSN to its slot while the captured tables are quiet,
         # so the slot does not hold the database's WAL back (and "captured up to here" can be told).
         "heartbeat.interval.ms": "1000",
+        # With fewer events waiting than a batch holds, Debezium sleeps this long when the replication stream
+        # has nothing pending and again before it hands its queue to Connect: each change waits on both. Its
+        # 500 ms default is most of a change's way to Kafka.
+        "poll.interval.ms": "100",
         "topic.creation.default.replication.factor": "-1",
         "topic.creation.default.partitions": str(partitions),
     }

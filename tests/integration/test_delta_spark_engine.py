@@ -124,7 +124,9 @@ def test_an_upsert_on_the_delta_spark_engine_stays_exact_on_a_table_with_every_f
     user's UPDATE, offsetlake's repair rebuilds the table from the fold through delta-spark."""
     from test_upsert import UPSERT, keyed_event
 
-    cfg, topic = pipeline(partitions=2, batch=SMALL_BATCHES, table=DELTA_SPARK, **UPSERT)
+    # A batch per ingest: each MERGE into a table with every feature costs seconds, and the batches of one
+    # ingest following each other are the append tests' (test_delta_spark_commits_each_batch_...)
+    cfg, topic = pipeline(partitions=2, table=DELTA_SPARK, **UPSERT)
     produce(cfg.kafka, topic, 400, seed=199, make_record=keyed_event)
     ingest(spark, cfg)
     enable(spark, cfg, [feature for feature in ENABLE if feature != "appendOnly"])  # an upsert refuses it
@@ -260,7 +262,7 @@ def test_the_delta_spark_engine_maintains_repairs_and_restores_a_table_delta_rs_
     deleted, nothing else. offsetlake's repair backfills it through delta-spark, and its restore to the
     version before the DELETE makes the next ingest read the restored-away records again: each time the
     table is Kafka's, exactly."""
-    cfg, topic = pipeline(partitions=2, records=600, table=DELTA_SPARK, batch=SMALL_BATCHES)
+    cfg, topic = pipeline(partitions=2, records=600, table=DELTA_SPARK)  # a batch per ingest: seconds each
     ingest(spark, cfg)
     enable(spark, cfg, [feature for feature in ENABLE if feature != "appendOnly"])  # it refuses the user's DELETE
     rows_then = {(topic, r.kafka_partition, r.kafka_offset) for r in sql(spark, f"SELECT * FROM {delta(cfg)}")}

@@ -1,6 +1,8 @@
 """Which Kafka errors are retried, how long, and which fail at once (pure logic; the broker restart
 itself is tests/integration/test_broker_restart.py)."""
 
+import time
+
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
@@ -134,3 +136,53 @@ def test_a_listed_offset_of_minus_1001_is_asked_again_through_a_new_client_unles
     assert len(clients) == 2  # the first client's leaders may be a dead node's: the retry asks through a new one
     # A timestamp past the last record has no offset: that is the answer, not a broker still starting.
     assert cluster._list_offsets(tps, OffsetSpec.latest(), none_is_an_answer=True) == {("t", 0): -1, ("t", 1): -1}
+
+
+class AnsweringConsumer:
+    """A consumer whose commit is answered (through on_commit) at its `answer_at`-th poll; None: never. Each
+    poll lasts its timeout, as a real one's that reads nothing does, and is recorded."""
+
+    def __init__(self, on_commit, answer_at: int | None):
+        self.on_commit, self.answer_at, self.polls, self.sent = on_commit, answer_at, [], None
+
+    def commit(self, offsets, asynchronous):
+        assert asynchronous
+        self.sent = offsets
+
+    def poll(self, timeout):
+        self.polls.append(timeout)
+        time.sleep(timeout)
+        if len(self.polls) == self.answer_at:
+            self.on_commit(None, self.sent)
+
+
+def committer_answering_at(poll: int | None, wait: float):
+    """An OffsetCommitter on an AnsweringConsumer, and that consumer."""
+    made: list[AnsweringConsumer] = []
+
+    def make(on_commit):
+        made.append(AnsweringConsumer(on_commit, poll))
+        return made[0]
+
+    return kafka_cluster.OffsetCommitter(make, wait), made[0] if made else None
+
+
+def test_an_offset_commit_is_awaited_in_short_polls_first_then_longer_ones():
+    """A consumer that assigns nothing returns from poll() only at its timeout, answered or not: the committer
+    asks briefly first, so an answer that comes at once is not held for a long poll."""
+    committer, consumer = committer_answering_at(3, wait=5)
+
+    committer.commit({("t", 0): 7})
+
+    first = kafka_cluster.ANSWER_POLL_FIRST
+    assert consumer.polls == [first, 2 * first, 4 * first]
+
+
+def test_an_offset_commit_never_answered_polls_at_most_the_longest_pause_and_times_out():
+    committer, consumer = committer_answering_at(None, wait=0.5)
+
+    with pytest.raises(KafkaException, match="no answer in 0.5 s"):
+        committer.commit({("t", 0): 7})
+
+    assert committer.unanswered
+    assert consumer.polls == sorted(consumer.polls) and consumer.polls[-1] == kafka_cluster.ANSWER_POLL_LAST

@@ -346,6 +346,11 @@ class KafkaCluster:
             consumer.close()
 
 
+# How long OffsetCommitter.commit polls at a time for its answer: doubling from the first to the last.
+ANSWER_POLL_FIRST = 0.001
+ANSWER_POLL_LAST = 0.1
+
+
 class OffsetCommitter:
     """A consumer of one group that commits its offsets and never joins it, each commit awaited for at most
     `wait` seconds. librdkafka never answers a commit whose request was out when the broker went away: a
@@ -375,11 +380,16 @@ class OffsetCommitter:
         self.answers.clear()
         self.consumer.commit(offsets=partitions, asynchronous=True)
         deadline = time.monotonic() + self.wait
+        pause = ANSWER_POLL_FIRST
         while sent not in self.answers:
             if time.monotonic() >= deadline:
                 self.unanswered = True
                 raise KafkaException(_KErr(_KErr._TIMED_OUT, f"the offset commit had no answer in {self.wait:g} s"))
-            self.consumer.poll(0.1)  # serves on_commit; a consumer that never assigns a partition reads nothing
+            # Serves on_commit. A consumer that never assigns a partition reads nothing, so poll() returns only
+            # at its timeout, an answer served or not: short at first (a broker answers in milliseconds),
+            # longer while it does not.
+            self.consumer.poll(pause)
+            pause = min(2 * pause, ANSWER_POLL_LAST)
         refusal = self.answers[sent]
         if refusal is not None:
             raise refusal
