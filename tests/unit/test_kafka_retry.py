@@ -164,7 +164,8 @@ def committer_answering_at(poll: int | None, wait: float):
         made.append(AnsweringConsumer(on_commit, poll))
         return made[0]
 
-    return kafka_cluster.OffsetCommitter(make, wait), made[0] if made else None
+    committer = kafka_cluster.OffsetCommitter(make, wait)  # makes its consumer at once
+    return committer, made[0]
 
 
 def test_an_offset_commit_is_awaited_in_short_polls_first_then_longer_ones():
