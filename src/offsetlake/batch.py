@@ -125,6 +125,7 @@ def run_batch(
     if not plan.needs_commit:
         return BatchResult("up_to_date")
 
+    cluster.prepare_group_offsets(cfg.consumer_group)  # its coordinator looked up while the job runs
     attempt = new_attempt_id()
     tasks = split_ranges(plan.ranges, cfg.batch.max_records_per_task)
     columns = engine.columns(table)

@@ -945,7 +945,7 @@ def exactly_once_overhead(spark, make_cfg, rounds: int = 5) -> dict:
         with (
             time_spent(DeltaRs, "ledger", "commit") as spent,
             time_spent(batch_module, "plan_batch") as planning,
-            time_spent(KafkaCluster, "commit_group_offsets") as group,
+            time_spent(KafkaCluster, "prepare_group_offsets", "commit_group_offsets") as group,
         ):
             n, seconds = timed_ingest(spark, make_cfg(f"bench_eo_{i}"))
         protocol.append(seconds)

@@ -175,8 +175,7 @@ def test_an_offset_commit_is_awaited_in_short_polls_first_then_longer_ones():
 
     committer.commit({("t", 0): 7})
 
-    first = kafka_cluster.ANSWER_POLL_FIRST
-    assert consumer.polls == [first, 2 * first, 4 * first]
+    assert consumer.polls == [kafka_cluster.ANSWER_POLL_SHORT] * 3
 
 
 def test_an_offset_commit_never_answered_polls_at_most_the_longest_pause_and_times_out():
@@ -186,4 +185,27 @@ def test_an_offset_commit_never_answered_polls_at_most_the_longest_pause_and_tim
         committer.commit({("t", 0): 7})
 
     assert committer.unanswered
-    assert consumer.polls == sorted(consumer.polls) and consumer.polls[-1] == kafka_cluster.ANSWER_POLL_LAST
+    short, long = kafka_cluster.ANSWER_POLL_SHORT, kafka_cluster.ANSWER_POLL_LONG
+    assert consumer.polls == sorted(consumer.polls) and set(consumer.polls) == {short, long}
+    assert sum(p for p in consumer.polls if p == short) <= kafka_cluster.ANSWER_DUE_WITHIN + short
+
+
+def test_a_prepared_mirror_commits_through_the_consumer_it_created_before(monkeypatch):
+    """A batch prepares its group's mirror before its Spark job, so that the consumer looks the group's
+    coordinator up meanwhile: the commit after the job goes through that consumer, not a new one."""
+    from offsetlake.config import KafkaSettings
+
+    made: list[AnsweringConsumer] = []
+
+    def group_consumer(self, group, on_commit, **extra):
+        made.append(AnsweringConsumer(on_commit, answer_at=1))
+        return made[-1]
+
+    monkeypatch.setattr(kafka.KafkaCluster, "_group_consumer", group_consumer)
+    cluster = kafka.KafkaCluster(KafkaSettings(bootstrap_servers="127.0.0.1:9"))
+
+    cluster.prepare_group_offsets("orders")
+    assert len(made) == 1 and made[0].sent is None  # created, nothing committed yet
+
+    assert cluster.commit_group_offsets("orders", {("t", 0): 7})
+    assert len(made) == 1 and [(tp.topic, tp.partition, tp.offset) for tp in made[0].sent] == [("t", 0, 7)]

@@ -281,6 +281,12 @@ class KafkaCluster:
     def offsets_for_time(self, tps: list[TP], timestamp_ms: int) -> dict[TP, int]:
         return self._list_offsets(tps, OffsetSpec.for_timestamp(timestamp_ms), none_is_an_answer=True)
 
+    def prepare_group_offsets(self, group: str) -> None:
+        """Create `group`'s offset mirror now: its consumer looks the group's coordinator up in librdkafka's
+        own threads as soon as it exists, so a batch that calls this before its Spark job finds the lookup
+        done when it mirrors its offsets after the commit, instead of waiting for it then."""
+        self._committer(group)
+
     def commit_group_offsets(self, group: str, offsets: dict[TP, int]) -> bool:
         """Mirror the ledger into the consumer group so lag tools see it. Informational only: a mirror that
         fails is logged and the next batch mirrors again.
@@ -346,9 +352,11 @@ class KafkaCluster:
             consumer.close()
 
 
-# How long OffsetCommitter.commit polls at a time for its answer: doubling from the first to the last.
-ANSWER_POLL_FIRST = 0.001
-ANSWER_POLL_LAST = 0.1
+# How long OffsetCommitter.commit polls at a time for its answer: briefly while a broker's answer is due (each
+# poll lasts its whole timeout, so the pause is how late an answer is seen), then longer.
+ANSWER_POLL_SHORT = 0.001
+ANSWER_DUE_WITHIN = 0.1
+ANSWER_POLL_LONG = 0.1
 
 
 class OffsetCommitter:
@@ -379,17 +387,16 @@ class OffsetCommitter:
         sent = _sent(partitions)
         self.answers.clear()
         self.consumer.commit(offsets=partitions, asynchronous=True)
-        deadline = time.monotonic() + self.wait
-        pause = ANSWER_POLL_FIRST
+        sent_at = time.monotonic()
         while sent not in self.answers:
-            if time.monotonic() >= deadline:
+            waited = time.monotonic() - sent_at
+            if waited >= self.wait:
                 self.unanswered = True
                 raise KafkaException(_KErr(_KErr._TIMED_OUT, f"the offset commit had no answer in {self.wait:g} s"))
             # Serves on_commit. A consumer that never assigns a partition reads nothing, so poll() returns only
-            # at its timeout, an answer served or not: short at first (a broker answers in milliseconds),
-            # longer while it does not.
-            self.consumer.poll(pause)
-            pause = min(2 * pause, ANSWER_POLL_LAST)
+            # at its timeout, an answer served or not: short while a broker's answer is due (the first commit
+            # of a group also looks its coordinator up), longer while it does not come.
+            self.consumer.poll(ANSWER_POLL_SHORT if waited < ANSWER_DUE_WITHIN else ANSWER_POLL_LONG)
         refusal = self.answers[sent]
         if refusal is not None:
             raise refusal
