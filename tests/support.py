@@ -72,6 +72,25 @@ class RestartableBroker:
         return thread
 
 
+def freeze(pid: int, timeout: float = 10.0) -> None:
+    """Stop process `pid` (SIGSTOP) and return once every one of its threads has stopped: the signal is only
+    queued when kill() returns, and a thread busy on a loaded machine may first answer a request or two."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while not all(_thread_state(pid, tid) in ("T", "t", None) for tid in os.listdir(f"/proc/{pid}/task")):
+        assert time.monotonic() < deadline, f"process {pid} did not stop in {timeout:g} s"
+        time.sleep(0.005)
+
+
+def _thread_state(pid: int, tid: str) -> str | None:
+    """A thread's state letter from /proc (None: the thread has ended)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 

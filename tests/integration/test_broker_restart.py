@@ -5,8 +5,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 
@@ -20,6 +18,7 @@ from offsetlake_local import broker as embedded_broker
 from offsetlake_local import processes
 from support import (
     assert_exactly_once,
+    freeze,
     new_pipeline,
     pipeline_commits,
     produce,
@@ -124,7 +123,7 @@ def test_an_offset_mirror_the_broker_never_answers_ends_and_the_next_one_lands(o
 
     caplog.set_level(logging.WARNING, logger="offsetlake.kafka")
     outcome: list[bool] = []
-    os.kill(own_broker.current.pid, signal.SIGSTOP)
+    freeze(own_broker.current.pid)  # every thread stopped before the commit goes out
     mirror = threading.Thread(
         target=lambda: outcome.append(cluster.commit_group_offsets(cfg.consumer_group, {(topic, 0): 2, (topic, 1): 2})),
         daemon=True,  # were it to hang, the test fails rather than waits with it
