@@ -73,8 +73,9 @@ class RestartableBroker:
 
 
 def freeze(pid: int, timeout: float = 10.0) -> None:
-    """Stop process `pid` (SIGSTOP) and return once every one of its threads has stopped: the signal is only
-    queued when kill() returns, and a thread busy on a loaded machine may first answer a request or two."""
+    """Stop process `pid` (SIGSTOP) and return once every one of its threads has stopped: Linux wakes one thread
+    to take the signal, which then stops the others, so on a loaded machine the rest may answer a request or
+    two after kill() returns."""
     os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + timeout
     while not all(_thread_state(pid, tid) in ("T", "t", None) for tid in os.listdir(f"/proc/{pid}/task")):
