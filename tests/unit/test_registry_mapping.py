@@ -17,9 +17,10 @@ from offsetlake.errors import ConfigError
 from offsetlake.formats.avro import AvroDecoder
 from offsetlake.formats.evolution import Incompatible, adds_columns, merge_schema, merge_type
 from offsetlake.formats.json_schema import JsonSchemaDecoder, json_schema_to_arrow
-from offsetlake.formats.registry import UnusableSchema, split_frame
+from offsetlake.formats.registry import Decoders, UnusableSchema, split_frame
 from offsetlake.formats.registry_client import redacted_url
 from offsetlake.formats.schema_decoder import TIMESTAMP
+from offsetlake.formats.wire_values import decode_values
 
 EVERY_AVRO_CONSTRUCT = {
     "type": "record",
@@ -376,6 +377,40 @@ def test_one_payload_out_of_step_sends_the_batch_record_by_record(damage):
     else:
         payloads[50] += payloads[51]
     assert decoder.decode_many(payloads) is None  # the caller then decodes one by one and words any error
+
+
+class FlatSchemas(Decoders):
+    """Schema ids 1 and 2 are FLAT, each its own decoder (as two registered versions are); 3 is unusable."""
+
+    def __init__(self):
+        super().__init__("avro", None)
+
+    def _build(self, schema_id, guid, indexes):
+        if schema_id == 3:
+            raise UnusableSchema("a map of maps")
+        return AvroDecoder(FLAT)
+
+
+def confluent_framed(schema_id: int, payload: bytes) -> bytes:
+    return b"\x00" + struct.pack(">I", schema_id) + payload
+
+
+@pytest.mark.parametrize("mix", ["one schema", "two schemas, a null, a stray value and an unusable schema"])
+def test_framed_values_decode_together_each_at_its_position(mix):
+    payloads = flat_payloads(300)
+    if mix == "one schema":
+        raw: list[bytes | None] = [confluent_framed(1, p) for p in payloads]
+    else:
+        raw = [confluent_framed(1 + i % 2, p) for i, p in enumerate(payloads)]
+        raw[10], raw[20], raw[30] = None, b"junk", confluent_framed(3, payloads[30])
+    chunks = pa.chunked_array([pa.array(raw[:150], pa.binary()), pa.array(raw[150:], pa.binary())])
+    values, _, errors = decode_values(FlatSchemas(), chunks, None, "value", nulls_allowed=True)
+    one_by_one = AvroDecoder(FLAT)
+    expected = [None if i in errors or raw[i] is None else one_by_one.decode(p) for i, p in enumerate(payloads)]
+    assert values.to_pylist() == pa.array(expected, one_by_one.arrow_type).to_pylist()
+    assert sorted(errors) == ([] if mix == "one schema" else [20, 30])
+    assert all(type(position) is int for position in errors)
+    assert "a map of maps" in errors.get(30, "a map of maps")
 
 
 def test_nested_schemas_take_the_record_by_record_path():

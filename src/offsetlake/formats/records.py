@@ -312,7 +312,8 @@ def _convert_json(cfg: PipelineConfig, messages: pa.Table) -> tuple[pa.Table, pa
 
 def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schema | None, tombstones_in: bool):
     """Avro, Protobuf, JSON Schema and Connect JSON values: the payload columns are the table's plus what
-    writers add. `tombstones_in`: null values are tombstones, passed by (no row, no error)."""
+    writers add. `tombstones_in`: null values are tombstones, passed by (no row, no error). Returns (payload
+    columns, their positions in `messages` (None: all, in order), quarantine rows)."""
     decoders = registry_decoders(cfg)
     fixed = {KEY_COLUMN, HEADERS_COLUMN, *LINEAGE_COLUMNS}
     current = [f for f in (columns if columns is not None else table_schema(cfg)) if f.name not in fixed]
@@ -330,8 +331,10 @@ def _convert_registry(cfg: PipelineConfig, messages: pa.Table, columns: pa.Schem
     if envelope:
         payload, rows = _unwrap_events(payload, rows, errors, position, current, cfg)
     bad = sorted(errors)
-    quarantine = _quarantine_rows(messages.take(pa.array(bad, pa.int64())), [errors[i] for i in bad])
-    return payload, rows, quarantine
+    # Without a quarantined record, no take: a take of a table copies every chunk of each column into one.
+    bad_messages = messages.take(pa.array(bad, pa.int64())) if bad else messages.slice(0, 0)
+    quarantine = _quarantine_rows(bad_messages, [errors[i] for i in bad])
+    return payload, None if len(rows) == messages.num_rows and not envelope else rows, quarantine
 
 
 def _unwrap_events(

@@ -130,13 +130,16 @@ class Decoders:
         if len(framed) == 0:
             return [], np.arange(len(values))
         # Cut before taken: a value's frame is a few bytes of it, its payload most of it (copied once).
-        ids_bytes = pc.binary_slice(values, 1, 5).take(pa.array(framed)).cast(pa.binary(4))
+        every_framed = len(framed) == len(values)  # the usual case: no copy of the ids, no take
+        ids_bytes = pc.binary_slice(values, 1, 5)
+        ids_bytes = (ids_bytes if every_framed else ids_bytes.take(pa.array(framed))).cast(pa.binary(4))
         ids = np.frombuffer(ids_bytes.buffers()[1], dtype=">u4")[ids_bytes.offset : ids_bytes.offset + len(framed)]
         # An explicit stop: binary_slice without one fails in pyarrow 26 ("Negative buffer resize").
         payloads = pc.binary_slice(values, length, 2**31 - 1)
         groups: list[tuple[Any, np.ndarray, pa.Array]] = []
-        for schema_id in np.unique(ids):
-            positions = framed[ids == schema_id]
+        one_schema = bool((ids == ids[0]).all())  # the usual case again: no sort of the ids
+        for schema_id in ids[:1] if one_schema else np.unique(ids):
+            positions = framed if one_schema else framed[ids == schema_id]
             try:
                 decoder: Any = self.decoder(int(schema_id), None, indexes)
             except UnusableSchema as err:

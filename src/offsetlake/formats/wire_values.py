@@ -44,7 +44,7 @@ def decode_values(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None
         if isinstance(decoder, UnusableSchema):
             errors.update({int(i): f"{what}: {decoder}" for i in positions})
             continue
-        groups[id(decoder)] = (decoder, positions.tolist(), payloads)
+        groups[id(decoder)] = (decoder, positions, payloads)  # positions as numpy until a value joins them
     every = len(others) == len(values)  # values that carry their schema (Connect JSON): no copy taken first
     other_values = (values if every else values.take(pa.array(others, pa.int64()))).to_pylist()
     for i, value in zip(others.tolist(), other_values):
@@ -62,7 +62,8 @@ def decode_values(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None
         # Protobuf's first message type may also be framed with its index path written out ([1, 0]).
         decoder_id = id(decoder)
         if decoder_id in groups and isinstance(groups[decoder_id][2], pa.Array):
-            groups[decoder_id] = (decoder, groups[decoder_id][1], groups[decoder_id][2].to_pylist())
+            _, positions, payloads = groups[decoder_id]
+            groups[decoder_id] = (decoder, positions.tolist(), payloads.to_pylist())
         group = groups.setdefault(decoder_id, (decoder, [], []))
         group[1].append(i)
         group[2].append(payload)
@@ -72,19 +73,19 @@ def decode_values(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None
             merged = decoder.arrow_type if merged is None else merge_type(merged, decoder.arrow_type, "")
             usable.append((decoder, positions, payloads))
         except Incompatible as err:
-            errors.update({i: f"{what}: {decoder.label}: {err}" for i in positions})
+            errors.update({int(i): f"{what}: {decoder.label}: {err}" for i in positions})
     if merged is None:
         return pa.nulls(len(values), pa.binary()), pa.binary(), errors
-    arrays, order = [], []
+    arrays, orders = [], []
     for decoder, positions, payloads in usable:
         array, decoded = decode_group(decoder, positions, payloads, errors, what)
         arrays.append(array.cast(merged))
-        order += decoded
-    decoded_order = np.asarray(order, dtype=np.int64)
+        orders.append(np.asarray(decoded, dtype=np.int64))
+    decoded_order = np.concatenate(orders) if orders else np.empty(0, np.int64)
     if len(arrays) == 1 and len(decoded_order) == len(values) and np.array_equal(decoded_order, np.arange(len(values))):
         return arrays[0], merged, errors  # every value, in order: nothing to rearrange
     index = np.full(len(values), -1, dtype=np.int64)
-    index[decoded_order] = np.arange(len(order), dtype=np.int64)
+    index[decoded_order] = np.arange(len(decoded_order), dtype=np.int64)
     combined = pa.concat_arrays(arrays) if arrays else pa.nulls(0, merged)
     return combined.take(pa.array(index, mask=index < 0)), merged, errors
 
@@ -92,8 +93,9 @@ def decode_values(decoders, raw: pa.ChunkedArray, table_type: pa.DataType | None
 SPLIT_AT = 4096  # a group at least this long that will not decode together is tried again in halves
 
 
-def decode_group(decoder, positions: list[int], payloads: list[bytes], errors: dict[int, str], what: str):
-    """(an array of `decoder.arrow_type`, the positions it holds): every payload of one schema.
+def decode_group(decoder, positions, payloads, errors: dict[int, str], what: str):
+    """(an array of `decoder.arrow_type`, the positions it holds): every payload of one schema. `positions`:
+    a list or a numpy array of ints; `payloads`: a list of bytes or an Arrow array.
 
     Together when the decoder has a batch decoder (`decode_many`); a group it refuses (one corrupt
     payload refuses the whole group) is halved, down to SPLIT_AT, so that only the part around the
@@ -105,7 +107,8 @@ def decode_group(decoder, positions: list[int], payloads: list[bytes], errors: d
     )
     if len(spans) == 1 and spans[0].taken is not None:
         return spans[0].taken, positions
-    arrays, held = [], []
+    arrays: list[pa.Array] = []
+    held: list[int] = []
     for start, n, array in spans:
         if array is None:
             array, decoded = _decode_one_by_one(
@@ -114,12 +117,14 @@ def decode_group(decoder, positions: list[int], payloads: list[bytes], errors: d
         else:
             decoded = positions[start : start + n]
         arrays.append(array)
-        held.extend(decoded)
+        held.extend(int(i) for i in decoded)
     return pa.concat_arrays(arrays), held
 
 
-def _decode_one_by_one(decoder, positions: list[int], payloads, errors: dict[int, str], what: str):
+def _decode_one_by_one(decoder, positions, payloads, errors: dict[int, str], what: str):
     values, decoded = [], []
+    if isinstance(positions, np.ndarray):
+        positions = positions.tolist()  # plain ints: they key the errors
     if isinstance(payloads, pa.Array):
         payloads = payloads.to_pylist()
     for i, payload in zip(positions, payloads):
