@@ -6,7 +6,6 @@ Python workers are forked: DeltaTable objects live on the driver only.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -19,11 +18,9 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from offsetlake.errors import StorageError, TableError, TableMissing, one_line
 from offsetlake.formats.evolution import same_type
+from offsetlake.storage.delta_log import LEDGER_EXPIRING_PROPERTY, commit_actions
 from offsetlake.storage.location import Location, delete_if_there, despite_log_cleanup, retrying
 from offsetlake.storage.parquet import from_delta_path, plain_types, to_delta_path
-
-# Delta would drop `txn` actions older than this at a checkpoint: the ledger would be forgotten.
-LEDGER_EXPIRING_PROPERTY = "delta.setTransactionRetentionDuration"
 
 # The Delta writer features offsetlake writes tables with exactly, each enabled by delta-spark on an offsetlake
 # table and ingested into in tests/integration/test_delta_spark.py (docs/concepts/delta-features.md). delta-rs,
@@ -67,6 +64,29 @@ def open_table(
         table = _create(location, schema, partition_by or [], name, properties)
     except OSError as err:
         raise TableError(f"cannot open Delta table at {location}: {err}") from err
+    return _checked(location, table, schema, partition_by, writer)
+
+
+def create_table(
+    location: Location,
+    schema: pa.Schema,
+    partition_by: list[str] | None = None,
+    name: str | None = None,
+    properties: dict[str, str] | None = None,
+) -> DeltaTable:
+    """`open_table` for a caller that has just found no table there: created without loading it again (on an
+    object store, a load that finds nothing is two requests). A table another writer made meanwhile is
+    opened instead, and checked as `open_table` checks it."""
+    return _checked(location, _create(location, schema, partition_by or [], name, properties), schema, partition_by)
+
+
+def _checked(
+    location: Location,
+    table: DeltaTable,
+    schema: pa.Schema | None,
+    partition_by: list[str] | None,
+    writer: str = "delta-rs",
+) -> DeltaTable:
     if LEDGER_EXPIRING_PROPERTY in table.metadata().configuration:
         raise TableError(
             f"table {location} sets {LEDGER_EXPIRING_PROPERTY}: Delta would expire the offsets "
@@ -315,19 +335,8 @@ def query(location: Location, sql: str) -> pa.Table:
 def files_added_in(location: Location, version: int) -> set[str] | None:
     """Paths (relative, as on disk) of the data files one commit added; None once log clean-up removed its
     entry (the newest checkpoint holds the table's state, not which commit added what)."""
-    fs, root = location.filesystem()
-    entry = f"{root.rstrip('/')}/_delta_log/{version:020d}.json"
-
-    def read() -> set[str] | None:
-        try:
-            with fs.open_input_stream(entry) as stream:
-                lines = stream.read().decode().splitlines()
-        except FileNotFoundError:
-            return None
-        actions = [json.loads(line) for line in lines if line.strip()]
-        return {from_delta_path(a["add"]["path"]) for a in actions if "add" in a}
-
-    return retrying(location, read)
+    actions = commit_actions(location, version)
+    return None if actions is None else {from_delta_path(a["add"]["path"]) for a in actions if "add" in a}
 
 
 def committed_files(location: Location) -> set[str]:

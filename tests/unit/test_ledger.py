@@ -11,7 +11,7 @@ import time
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable
 
 from offsetlake.protocol.commit import Change, commit, new_attempt_id
 from offsetlake.protocol.ledger import (
@@ -19,11 +19,15 @@ from offsetlake.protocol.ledger import (
     commit_history,
     find_unrecorded_restore,
     ledger_at,
+    partition_app_id,
+    pipeline_app_id,
     pipeline_history,
     read_ledger,
     txn_actions,
+    txn_versions,
 )
 from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, Rewind, Run, flat_offsets
+from offsetlake.storage.delta_log import LEDGER_EXPIRING_PROPERTY
 from offsetlake.storage.location import Location
 from offsetlake.table import open_table
 
@@ -245,3 +249,61 @@ def test_a_restore_whose_target_log_clean_up_removed_is_named_in_one_line_and_a_
 
     ledger_commit(table, 3, {("t", 0): 12}, kind="reset")  # what reset commits
     assert read_ledger(table, DeltaTable(table.uri), "p", TPS).offsets == {("t", 0): 12}
+
+
+def delta_rs_asked(monkeypatch) -> list[str]:
+    """The app ids delta-rs is asked for (each such call replays the log), as `txn_versions` asks them."""
+    asked: list[str] = []
+    real = DeltaTable.transaction_version
+
+    def spy(self, app_id):
+        asked.append(app_id)
+        return real(self, app_id)
+
+    monkeypatch.setattr(DeltaTable, "transaction_version", spy)
+    return asked
+
+
+def test_txn_versions_read_from_the_newest_commit_equal_delta_rs_replaying_the_log(table, monkeypatch):
+    app_ids = [
+        *(pipeline_app_id(p) for p in ("p", "q", "never")),
+        *(partition_app_id(p, t, n) for p in ("p", "q", "never") for t, n in TPS),
+    ]
+    asked = delta_rs_asked(monkeypatch)
+    assert txn_versions(table, DeltaTable(table.uri), app_ids) == dict.fromkeys(app_ids)  # version 0
+    assert asked == []  # version 0's commit is the whole log
+
+    ledger_commit(table, 1, {("t", 0): 10, ("t", 1): 5})
+    ledger_commit(table, 1, {("t", 0): 3}, pipeline="q")
+    ledger_commit(table, 2, {("t", 0): 20, ("t", 1): 7})
+    for newest in ("p's batch commit", "another writer's commit"):
+        if newest == "another writer's commit":
+            other_write(table)
+        latest = DeltaTable(table.uri)
+        asked.clear()
+        read = txn_versions(table, latest, app_ids)
+        replayed = {app_id: latest.transaction_version(app_id) for app_id in app_ids}
+        assert read == replayed
+        assert read[partition_app_id("p", "t", 0)] == 20 and read[pipeline_app_id("q")] == 1
+        mine = [pipeline_app_id("p"), *(partition_app_id("p", t, n) for t, n in TPS)]
+        assert set(asked) == set(app_ids) if newest == "another writer's commit" else set(app_ids) - set(mine)
+
+
+def test_a_table_another_writer_set_to_expire_txn_actions_is_asked_of_delta_rs_alone(table, monkeypatch):
+    ledger_commit(table, 1, {("t", 0): 10})
+    DeltaTable(table.uri).alter.set_table_properties({LEDGER_EXPIRING_PROPERTY: "interval 7 days"})
+    ledger_commit_unchecked(table, 2, {("t", 0): 20})
+    asked = delta_rs_asked(monkeypatch)
+
+    assert txn_versions(table, DeltaTable(table.uri), [pipeline_app_id("p")]) == {pipeline_app_id("p"): 2}
+    assert asked == [pipeline_app_id("p")]
+
+
+def ledger_commit_unchecked(uri: Location, batch: int, offsets: dict) -> None:
+    """A ledger's txn actions written by delta-rs itself (offsetlake refuses such a table)."""
+    DeltaTable(uri.uri).create_write_transaction(
+        [],
+        mode="append",
+        schema=SCHEMA,
+        commit_properties=CommitProperties(app_transactions=txn_actions("p", batch, offsets)),
+    )

@@ -26,7 +26,7 @@ from offsetlake.protocol.upsert import read_staging
 from offsetlake.read.tasks import TaskContext, TaskResults
 from offsetlake.read_job import TaskFiles, evolved_schema, run_tasks, table_columns
 from offsetlake.storage.parquet import DataFile
-from offsetlake.table import check_mergeable, open_table, query
+from offsetlake.table import check_mergeable, create_table, open_table, query
 
 
 class DeltaRs:
@@ -58,7 +58,7 @@ class DeltaRs:
     def _create(self) -> DeltaTable:
         cfg = self.cfg
         schema = self.initial_schema()
-        return open_table(self.location, schema, cfg.table.partition_by, cfg.name, properties=cfg.table_properties())
+        return create_table(self.location, schema, cfg.table.partition_by, cfg.name, cfg.table_properties())
 
     def initial_schema(self) -> pa.Schema:
         """The columns a missing table is created with (a registry format's latest schema, checked)."""

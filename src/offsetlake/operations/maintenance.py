@@ -222,7 +222,7 @@ def reset(cfg: PipelineConfig, offsets: dict[TP, int], reason: str, run: Run | N
         try:
             ledger = read_ledger(cfg.table_location, table, cfg.name, tps)
         except RewindOutOfReach:  # what the reset is for: the offsets given replace what cannot be read
-            ledger = ledger_in_txns(table, cfg.name, tps)
+            ledger = ledger_in_txns(cfg.table_location, table, cfg.name, tps)
         new, batch = {**ledger.offsets, **offsets}, ledger.next_batch()
         metadata = CommitMetadata(
             cfg.name,

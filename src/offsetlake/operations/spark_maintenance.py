@@ -25,6 +25,7 @@ from offsetlake.errors import ConfigError, TableError, one_line
 from offsetlake.operations.compaction import MB, OptimizeResult
 from offsetlake.operations.maintenance import VacuumResult, check_retention, record_pending_rewind, retention_hours_of
 from offsetlake.protocol.metadata import CommitMetadata, Kind, Run
+from offsetlake.storage.delta_log import commit_actions
 from offsetlake.storage.location import Location
 from offsetlake.table import open_table
 
@@ -168,9 +169,7 @@ def _commit_after(location: Location, before: int, operation: str) -> tuple[int 
 
 
 def _rows_added(location: Location, version: int) -> int:
-    fs, root = location.filesystem()
-    with fs.open_input_stream(f"{root.rstrip('/')}/_delta_log/{version:020d}.json") as stream:
-        actions = [json.loads(line) for line in stream.read().decode().splitlines() if line.strip()]
+    actions = commit_actions(location, version) or []  # just committed: log clean-up has not reached it
     return sum(json.loads(a["add"].get("stats") or "{}").get("numRecords", 0) for a in actions if "add" in a)
 
 

@@ -24,14 +24,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow.fs as pafs
 from deltalake import DeltaTable, Transaction
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from offsetlake.errors import RewindOutOfReach
 from offsetlake.kafka import TP
 from offsetlake.protocol.metadata import CommitMetadata, HistoryEntry, Rewind, flat_offsets
-from offsetlake.storage.location import Location, despite_log_cleanup, retrying
+from offsetlake.storage.delta_log import LEDGER_EXPIRING_PROPERTY, commit_actions, commit_exists, txn_versions_in
+from offsetlake.storage.location import Location, despite_log_cleanup
 
 MAX_RESTORE_CHAIN = 20
 MAX_HISTORY_READS = 5  # re-read when a commit lands while we read the history
@@ -90,13 +90,13 @@ def pending_restore(location: Location, table: DeltaTable, pipeline: str) -> tup
     return find_unrecorded_restore(history, pipeline, table.version(), location)
 
 
-def ledger_in_txns(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
+def ledger_in_txns(location: Location, table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
     """The ledger as the table's `txn` actions hold it, whatever a RESTORE since did to the rows."""
-    return _txn_state(table, pipeline, tps)
+    return _txn_state(location, table, pipeline, tps)
 
 
 def _read_ledger(location: Location, table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
-    current = _txn_state(table, pipeline, tps)
+    current = _txn_state(location, table, pipeline, tps)
     restore = pending_restore(location, table, pipeline)
     if restore is None:
         return current
@@ -121,7 +121,7 @@ def _read_ledger(location: Location, table: DeltaTable, pipeline: str, tps: list
 def ledger_at(location: Location, pipeline: str, tps: list[TP], version: int, depth: int = 1) -> Ledger:
     """The ledger as of `version`, following RESTOREs that version itself had not recorded."""
     table = location.delta_table(version)
-    state = _txn_state(table, pipeline, tps)
+    state = _txn_state(location, table, pipeline, tps)
     if depth >= MAX_RESTORE_CHAIN:
         return state
     history = commit_history(location, table, until=_ledger_commit_of(pipeline))
@@ -194,20 +194,41 @@ def _latest(location: Location) -> DeltaTable:
 
 
 def _commit_after(location: Location, table: DeltaTable) -> bool:
-    """Is there a commit file after `table`'s version? One metadata request, not a table load."""
-    fs, root = location.filesystem()
-    path = f"{root.rstrip('/')}/_delta_log/{table.version() + 1:020d}.json"
-    info = retrying(location, lambda: fs.get_file_info(path))
-    return bool(info.type != pafs.FileType.NotFound)
+    """Is there a commit file after `table`'s version? One request (an object store's HEAD), not a table load."""
+    return commit_exists(location, table.version() + 1)
 
 
-def _txn_state(table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
-    offsets: dict[TP, int] = {}
-    for topic, partition in tps:
-        version = table.transaction_version(partition_app_id(pipeline, topic, partition))
-        if version is not None:
-            offsets[(topic, partition)] = version
-    return Ledger(table.transaction_version(pipeline_app_id(pipeline)), offsets, table.version())
+def _txn_state(location: Location, table: DeltaTable, pipeline: str, tps: list[TP]) -> Ledger:
+    app_ids = {tp: partition_app_id(pipeline, *tp) for tp in tps}
+    versions = txn_versions(location, table, [pipeline_app_id(pipeline), *app_ids.values()])
+    offsets = {tp: version for tp, app_id in app_ids.items() if (version := versions[app_id]) is not None}
+    return Ledger(versions[pipeline_app_id(pipeline)], offsets, table.version())
+
+
+def txn_versions(location: Location, table: DeltaTable, app_ids: list[str]) -> dict[str, int | None]:
+    """Each app id's `txn` version as `table`'s version holds it (None: never written).
+
+    delta-rs replays the log for each app id asked: once per partition in every batch, and on an object
+    store each replay reads the commits since the newest checkpoint again. The `txn` actions in the
+    version's own commit are the newest of their app ids, so one read of that commit answers every app id
+    it names -- a pipeline's batch commit names its batch and each of its partitions -- and delta-rs is asked
+    for the others. Version 0's commit is the whole log. A table that expires `txn` actions (which
+    `open_table` refuses, but another writer may set it since) is asked of delta-rs alone, which applies
+    that setting."""
+    version = table.version()
+    named = None if LEDGER_EXPIRING_PROPERTY in table.metadata().configuration else _txns_of_commit(location, version)
+    if named is None:
+        return {app_id: table.transaction_version(app_id) for app_id in app_ids}
+    return {
+        app_id: named[app_id] if app_id in named else None if version == 0 else table.transaction_version(app_id)
+        for app_id in app_ids
+    }
+
+
+def _txns_of_commit(location: Location, version: int) -> dict[str, int] | None:
+    """{app id: version} of the `txn` actions commit `version` wrote; None when its file is gone."""
+    actions = commit_actions(location, version)
+    return None if actions is None else txn_versions_in(actions)
 
 
 def find_unrecorded_restore(

@@ -18,7 +18,7 @@ from offsetlake.config import HEADERS_COLUMN
 from offsetlake.errors import TableMissing
 from offsetlake.formats.columns import QUARANTINE_SCHEMA
 from offsetlake.protocol.commit import AttemptFiles, Change, Committed, Settled, add_actions, commit
-from offsetlake.protocol.ledger import quarantine_app_id, txn_actions
+from offsetlake.protocol.ledger import quarantine_app_id, txn_actions, txn_versions
 from offsetlake.protocol.metadata import CommitMetadata, Run
 from offsetlake.protocol.planning import BatchPlan
 from offsetlake.protocol.ranges import OffsetRange
@@ -53,10 +53,9 @@ def commit_quarantine(
         return
 
     def decide(table: DeltaTable) -> Change | Settled:
-        covered = {
-            (r.topic, r.partition): table.transaction_version(quarantine_app_id(plan.pipeline, r.topic, r.partition))
-            for r in plan.ranges
-        }
+        app_ids = {(r.topic, r.partition): quarantine_app_id(plan.pipeline, r.topic, r.partition) for r in plan.ranges}
+        versions = txn_versions(location, table, list(app_ids.values()))
+        covered = {tp: versions[app_id] for tp, app_id in app_ids.items()}
         if all(done is not None and done >= plan.ends[tp] for tp, done in covered.items()):
             return Settled("already_committed", f"batch {plan.batch}: its bad records are quarantined already")
         adds = [

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -83,24 +84,27 @@ def write_file(location: Location, rel_path: str, data: pa.Table, partition_valu
     fs, root = location.filesystem()
     full = f"{root.rstrip('/')}/{rel_path}"
 
-    def write() -> pafs.FileInfo:
+    def write() -> int:
+        """The file's size, as the writer counted it: asking the store (a HEAD) would cost a request a file."""
         try:
             if fs.type_name == "local":  # an object store has no directories: creating one costs 3 requests
                 fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
-            pq.write_table(data, full, filesystem=fs, compression="zstd", compression_level=1)
-            return fs.get_file_info(full)
+            with fs.open_output_stream(full, compression=None) as sink:  # closed: the object is stored
+                pq.write_table(data, sink, compression="zstd", compression_level=1)
+                size = sink.tell()
+            return int(size)
         except OSError:
             _delete_quietly(fs, full)  # no half-written file is left for the next attempt to trip on
             raise
 
     try:
-        info = retrying(location, write)
+        size = retrying(location, write)
     except OSError as err:  # a full disk, a quota, permissions, a store away too long: name the path
         raise StorageError(f"cannot write {full}: {_os_reason(err)}") from err
     return DataFile(
         path=to_delta_path(rel_path),
-        size=info.size,
-        modification_time=int(info.mtime.timestamp() * 1000) if info.mtime else 0,
+        size=size,
+        modification_time=int(time.time() * 1000),  # when it was written
         partition_values=dict(partition_values),
         stats=delta_stats(data),
         num_records=data.num_rows,
