@@ -90,7 +90,9 @@ def write_file(location: Location, rel_path: str, data: pa.Table, partition_valu
             if fs.type_name == "local":  # an object store has no directories: creating one costs 3 requests
                 fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
             with fs.open_output_stream(full, compression=None) as sink:  # closed: the object is stored
-                pq.write_table(data, sink, compression="zstd", compression_level=1)
+                pq.write_table(
+                    data, sink, compression="zstd", compression_level=1, use_dictionary=dictionary_columns(data)
+                )
                 size = sink.tell()
             return int(size)
         except OSError:
@@ -109,6 +111,26 @@ def write_file(location: Location, rel_path: str, data: pa.Table, partition_valu
         stats=delta_stats(data),
         num_records=data.num_rows,
     )
+
+
+DICTIONARY_SAMPLE = 2000  # a column's first values, which say whether its values repeat
+
+
+def dictionary_columns(data: pa.Table) -> list[str] | bool:
+    """The columns to write with a dictionary: those of whose first DICTIONARY_SAMPLE values fewer than half
+    are distinct. Parquet's writer otherwise starts a dictionary for every column and gives it up only once
+    it outgrows its page (1 MiB), having hashed every value until then: an offset, an id, a timestamp of each
+    record's own are unique. A table with a nested column keeps the writer's default (a nested column's
+    dictionaries are its leaves', named by their paths)."""
+    if any(pa.types.is_nested(f.type) for f in data.schema):
+        return True
+    chosen = []
+    for name in data.column_names:
+        sample = data.column(name).slice(0, DICTIONARY_SAMPLE)
+        present = len(sample) - sample.null_count
+        if present == 0 or 2 * pc.count_distinct(sample).as_py() < present:
+            chosen.append(name)
+    return chosen
 
 
 def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
