@@ -85,7 +85,10 @@ _LEDGERS_LOCK = threading.Lock()
 
 
 def pending_restore(location: Location, table: DeltaTable, pipeline: str) -> tuple[int, int] | None:
-    """(restored version, RESTORE commit version) of a RESTORE no ledger commit has recorded yet, or None."""
+    """(restored version, RESTORE commit version) of a RESTORE no ledger commit has recorded yet, or None.
+    Version 0 made the table: it has no history to read."""
+    if table.version() == 0:
+        return None
     history = commit_history(location, table, until=_ledger_commit_of(pipeline))
     return find_unrecorded_restore(history, pipeline, table.version(), location)
 
