@@ -644,7 +644,16 @@ class Chaos:
 
     # -- processes -------------------------------------------------------------------------------
 
-    def start(self, command: str, *args: str, fault: str | None = None, fault_dir: Path | None = None) -> Job:
+    def start(
+        self,
+        command: str,
+        *args: str,
+        fault: str | None = None,
+        fault_dir: Path | None = None,
+        ledger_moves: int | None = None,
+    ) -> Job:
+        """`ledger_moves`: the restores counted when the job's arguments were read from the ledger (a backfill's
+        span), if before now."""
         with self.lock:
             self.jobs += 1
             number = self.jobs
@@ -687,7 +696,8 @@ class Chaos:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        job = Job(f"{command}#{number}", proc, log, self.broker_restarts, self.ledger_moves)
+        moves = self.ledger_moves if ledger_moves is None else ledger_moves
+        job = Job(f"{command}#{number}", proc, log, self.broker_restarts, moves)
         with self.lock:
             self.live = [j for j in self.live if j.proc.poll() is None] + [job]
             closing = self.closing
@@ -785,10 +795,11 @@ class Chaos:
         return ()
 
     def kill_random(self, rng: random.Random, command: str) -> bool:
+        moves = self.ledger_moves  # before a backfill's span is read from the ledger
         args = self.job_args(rng, command)
         if args is None:
             return False
-        job = self.start(command, *args)
+        job = self.start(command, *args, ledger_moves=moves)
         if job.wait(rng.uniform(0.5, 10.0)) is not None:
             self.finish(job)
             return False  # done before the kill: no fault
@@ -910,6 +921,15 @@ class Chaos:
                 self.ledger_moves += 1
                 self.summary.restores_tried += 1
             try:
+                restore_once()
+            finally:
+                # Counted again once it has landed (or failed): a backfill whose span was read from the ledger
+                # while the restore was under way sees the count move when the ledger does.
+                with self.lock:
+                    self.ledger_moves += 1
+
+        def restore_once():
+            try:
                 if how == "offsetlake":
                     restore(self.cfg, target)
                     reached.append(True)
@@ -999,10 +1019,11 @@ class Chaos:
 
     def optimize_during(self, rng: random.Random, command: str) -> bool:
         """Compaction commits beside a job that commits too: both must land exactly once, or stand down."""
+        moves = self.ledger_moves  # before a backfill's span is read from the ledger
         args = self.job_args(rng, command, stream_seconds=rng.uniform(5, 15))
         if args is None or not self.table_exists():
             return False
-        job = self.start(command, *args)
+        job = self.start(command, *args, ledger_moves=moves)
         time.sleep(rng.uniform(0.5, 6.0))
         overlapped = job.proc.poll() is None
         self.compact()
