@@ -18,9 +18,8 @@ LEDGER_EXPIRING_PROPERTY = "delta.setTransactionRetentionDuration"
 Action = dict[str, Any]  # one line of a commit file: {"add": {...}}, {"txn": {...}}, {"commitInfo": {...}}...
 
 
-def commit_file(location: Location, version: int) -> str:
-    """The path of version `version`'s commit file in the table's store."""
-    _, root = location.filesystem()
+def commit_file(root: str, version: int) -> str:
+    """The path of version `version`'s commit file under the table's root in its store."""
     return f"{root.rstrip('/')}/_delta_log/{version:020d}.json"
 
 
@@ -28,8 +27,8 @@ def commit_actions(location: Location, version: int) -> list[Action] | None:
     """The actions of commit `version`, in the file's order; None once log clean-up removed its file (the
     newest checkpoint then holds the table's state, not which commit did what). An object store's transient
     answers are asked again (`retrying`)."""
-    fs, _ = location.filesystem()
-    path = commit_file(location, version)
+    fs, root = location.filesystem()
+    path = commit_file(root, version)
 
     def read() -> list[Action] | None:
         try:
@@ -45,8 +44,8 @@ def commit_actions(location: Location, version: int) -> list[Action] | None:
 def commit_exists(location: Location, version: int) -> bool:
     """Whether commit `version`'s file is there. Opening it costs an object store one HEAD; asking for its
     file info, a HEAD and then a listing (is it a directory?) when it is not there."""
-    fs, _ = location.filesystem()
-    path = commit_file(location, version)
+    fs, root = location.filesystem()
+    path = commit_file(root, version)
 
     def opens() -> bool:
         try:
