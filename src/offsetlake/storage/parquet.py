@@ -84,23 +84,30 @@ def write_file(location: Location, rel_path: str, data: pa.Table, partition_valu
     fs, root = location.filesystem()
     full = f"{root.rstrip('/')}/{rel_path}"
 
-    def write() -> int:
-        """The file's size, as the writer counted it: asking the store (a HEAD) would cost a request a file."""
+    def write() -> tuple[int, pq.FileMetaData]:
+        """The file's size, as the writer counted it (asking the store, a HEAD, would cost a request a
+        file), and the footer it wrote."""
+        footer: list[pq.FileMetaData] = []
         try:
             if fs.type_name == "local":  # an object store has no directories: creating one costs 3 requests
                 fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
             with fs.open_output_stream(full, compression=None) as sink:  # closed: the object is stored
                 pq.write_table(
-                    data, sink, compression="zstd", compression_level=1, use_dictionary=dictionary_columns(data)
+                    data,
+                    sink,
+                    compression="zstd",
+                    compression_level=1,
+                    use_dictionary=dictionary_columns(data),
+                    metadata_collector=footer,
                 )
                 size = sink.tell()
-            return int(size)
+            return int(size), footer[0]
         except OSError:
             _delete_quietly(fs, full)  # no half-written file is left for the next attempt to trip on
             raise
 
     try:
-        size = retrying(location, write)
+        size, footer = retrying(location, write)
     except OSError as err:  # a full disk, a quota, permissions, a store away too long: name the path
         raise StorageError(f"cannot write {full}: {_os_reason(err)}") from err
     return DataFile(
@@ -108,7 +115,7 @@ def write_file(location: Location, rel_path: str, data: pa.Table, partition_valu
         size=size,
         modification_time=int(time.time() * 1000),  # when it was written
         partition_values=dict(partition_values),
-        stats=delta_stats(data),
+        stats=delta_stats(data, footer),
         num_records=data.num_rows,
     )
 
@@ -226,15 +233,18 @@ def _dir_value(value: Any) -> str:
     return HIVE_NULL if text is None else quote(text, safe="")
 
 
-def delta_stats(table: pa.Table) -> str:
-    """Delta per-file statistics JSON for data skipping."""
+def delta_stats(table: pa.Table, footer: pq.FileMetaData | None = None) -> str:
+    """Delta per-file statistics JSON for data skipping. `footer`: the Parquet footer written for `table`,
+    whose string columns' bounds are taken from the writer's own statistics (it has compared every value
+    already; comparing them again took most of the time this function took)."""
     mins, maxs, nulls = {}, {}, {}
+    written = _written_string_bounds(table, footer) if footer is not None else {}
     for name in table.column_names:
         column = table[name]
         nulls[name] = column.null_count
         if column.null_count == len(column):
             continue
-        bounds = _bounds(column)
+        bounds = _bounds(column, written.get(name))
         if bounds is not None:
             mins[name], maxs[name] = bounds
     return json.dumps(
@@ -242,7 +252,34 @@ def delta_stats(table: pa.Table) -> str:
     )
 
 
-def _bounds(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
+def _written_string_bounds(table: pa.Table, footer: pq.FileMetaData) -> dict[str, tuple[str, str]]:
+    """The smallest and largest value of each string column by the footer's row groups' statistics, for the
+    columns every row group holding a value has them for. A table with a nested column gets none (its
+    columns are not the footer's leaves one for one). Parquet's writer orders strings by their UTF-8 bytes,
+    which is the order of their code points, as Arrow's min_max and Python's comparison are."""
+    if any(pa.types.is_nested(f.type) for f in table.schema) or footer.num_columns != table.num_columns:
+        return {}
+    found = {}
+    for index, field in enumerate(table.schema):
+        if not pa.types.is_string(field.type):
+            continue
+        lows, highs = [], []
+        for group in range(footer.num_row_groups):
+            stats = footer.row_group(group).column(index).statistics
+            if stats is not None and stats.has_min_max:
+                lows.append(stats.min)
+                highs.append(stats.max)
+            elif stats is None or stats.num_values > 0:
+                break  # a row group with values but no bounds (one too long to keep): compared as before
+        else:
+            if lows:
+                found[field.name] = (min(lows), max(highs))
+    return found
+
+
+def _bounds(column: pa.ChunkedArray, written: tuple[str, str] | None = None) -> tuple[Any, Any] | None:
+    """The column's Delta min and max, or None when Delta gets none for it; `written`: a string column's
+    bounds as the Parquet writer found them."""
     t = column.type
     if not (
         pa.types.is_integer(t)
@@ -252,8 +289,13 @@ def _bounds(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
         or pa.types.is_date(t)
     ):
         return None  # binary and booleans: nullCount only
-    result = pc.min_max(column)
-    low, high = result["min"].as_py(), result["max"].as_py()
+    low: Any
+    high: Any
+    if written is not None:
+        low, high = written
+    else:
+        result = pc.min_max(column)
+        low, high = result["min"].as_py(), result["max"].as_py()
     if pa.types.is_floating(t) and not (math.isfinite(low) and math.isfinite(high)):
         return None
     if pa.types.is_string(t):
