@@ -1,5 +1,6 @@
 """make bench's change-data-capture line: a 10-table PostgreSQL workload captured by Debezium's PostgreSQL
-connector (a Kafka Connect worker, JsonConverter with schemas) into the embedded Apache Kafka broker, applied
+connector (a Kafka Connect worker, JsonConverter with schemas) into the embedded Apache Kafka broker (or
+`--bootstrap`, a plaintext cluster of yours: the run's topics and consumer groups are deleted after), applied
 to Delta by one offsetlake upsert pipeline with a table per topic (format connect_json, envelope debezium) in
 one Spark session, `--tables-at-once` tables at a time (`batch.tables_at_once`), as `offsetlake ingest` runs.
 
@@ -21,7 +22,7 @@ Targets, printed as met or not: at least APPLIED_TARGET change events a second a
 DELAY_P99_TARGET seconds at 100 transactions a second.
 
     python tests/benchmarks/bench_cdc.py [--events 20000] [--rate 100] [--seconds 60] [--tables-at-once 4]
-        [--stream-tables-at-once 2] [--interval 0.1] [--driver-reads-up-to 1000]
+        [--stream-tables-at-once 2] [--interval 0.1] [--driver-reads-up-to 1000] [--bootstrap HOST:PORT]
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from offsetlake.config import parse_pipeline
@@ -58,17 +61,25 @@ APPLIED_TARGET = 70_000  # change events a second, the ten tables' backlogs appl
 DELAY_P99_TARGET = 2.0  # seconds, source statement to Delta commit
 TABLES = [f"t{i}" for i in range(10)]
 SCHEMA = "bench"
-PREFIX = "cdc"
+PREFIX = "cdc"  # Debezium's topic prefix on the embedded broker; a cluster of yours gets one of the run's own
 TABLE_SQL = "CREATE TABLE bench.{t} (id bigint PRIMARY KEY, amount numeric(12, 2), name text, changed_at timestamptz)"
 
 
-def pipeline(bootstrap: str, lake: Path, tables_at_once: int, interval: float = 5.0, driver_reads_up_to: int = 0):
-    """One pipeline for the schema's tables, a Delta table per topic, as a Debezium source is set up; the
-    stream settings as docs/how-to/capture-postgresql.md gives them for a short delay, or the defaults."""
+def pipeline(
+    bootstrap: str,
+    prefix: str,
+    lake: Path,
+    tables_at_once: int,
+    interval: float = 5.0,
+    driver_reads_up_to: int = 0,
+):
+    """One pipeline for the schema's tables (Debezium's topics under `prefix`), a Delta table per topic, as a
+    Debezium source is set up; the stream settings as docs/how-to/capture-postgresql.md gives them for a
+    short delay, or the defaults."""
     return parse_pipeline(
         {
-            "name": "cdc",
-            "topics": [rf"^{PREFIX}\.{SCHEMA}\.t\d+$"],
+            "name": prefix,
+            "topics": [rf"^{prefix}\.{SCHEMA}\.t\d+$"],
             "kafka": {"bootstrap_servers": bootstrap},
             "table": {"path": str(lake / "{table}")},
             "format": {"type": "connect_json", "envelope": "debezium"},
@@ -149,12 +160,14 @@ class Rounds:
         return self._tables()
 
 
-def stop_after_capture(server: postgres.Postgres, writer: threading.Thread, rounds: Rounds, stop: threading.Event):
+def stop_after_capture(
+    server: postgres.Postgres, prefix: str, writer: threading.Thread, rounds: Rounds, stop: threading.Event
+):
     """Stop the stream once the workload is over, Debezium has captured all of it (its slot confirmed), and
     a whole round has begun and ended since: every change is then in its table, applied as the stream
     applies them (a last ingest after the stream would hold the last changes back by its own start)."""
     writer.join()
-    server.wait_confirmed(connect.slot_name(PREFIX), timeout=300)
+    server.wait_confirmed(connect.slot_name(prefix), timeout=300)
     after = rounds.begun + 1
     while rounds.begun <= after:
         time.sleep(0.05)
@@ -200,6 +213,22 @@ def delays(cfgs: dict, since_ms: int) -> dict[str, list[float]]:
     return out
 
 
+def drop_topics_and_groups(bootstrap: str, prefix: str) -> None:
+    """On a cluster of yours: delete the topics Debezium made under the run's `prefix` (its tables' and its
+    heartbeat's) and the consumer groups its tables' offsets were mirrored to, and nothing else."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topics = [t for t in admin.list_topics(timeout=30).topics if t.startswith(f"{prefix}.") or t.endswith(f".{prefix}")]
+    deleting = list(admin.delete_topics(topics, operation_timeout=30).values()) if topics else []
+    listed = admin.list_consumer_groups(request_timeout=30).result().valid
+    groups = [g.group_id for g in listed if g.group_id.startswith(f"offsetlake.{prefix}")]
+    deleting += admin.delete_consumer_groups(groups, request_timeout=30).values() if groups else []
+    for done in deleting:
+        try:
+            done.result()
+        except Exception as err:  # noqa: BLE001 - report and go on: the rest still gets deleted
+            print(f"bench_cdc: could not delete {err}")
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
@@ -229,15 +258,22 @@ def main(argv=None) -> int:
         help="batch.driver_reads_up_to: a batch of at most this many offsets is read by the driver (0: never)",
     )
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        help="a plaintext Kafka cluster instead of the embedded broker (the run's topics and groups deleted after)",
+    )
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="offsetlake-bench-cdc-"))
     log = lambda *a: print(*a, flush=True)  # noqa: E731
-    broker = embedded_broker.start(work / "broker")
+    broker = None if args.bootstrap else embedded_broker.start(work / "broker")
+    bootstrap = args.bootstrap or broker.bootstrap_servers
+    prefix = f"{PREFIX}_{uuid.uuid4().hex[:8]}" if args.bootstrap else PREFIX
     server = postgres.start("shop", "bench", settings=postgres.LOGICAL_DECODING)
     worker = None
     spark = build_session("offsetlake-bench-cdc", "local[2]")
     try:
-        bootstrap = broker.bootstrap_servers
+        log(f"cdc: Apache Kafka at {bootstrap} ({'yours' if args.bootstrap else 'embedded'}), topics {prefix}.*")
         server.execute(f"CREATE SCHEMA {SCHEMA}", *(TABLE_SQL.format(t=t) for t in TABLES))
         server.execute(f"CREATE TABLE {SCHEMA}.heartbeat (id integer PRIMARY KEY, at timestamptz)")
         config = connect.debezium_postgres(
@@ -245,16 +281,16 @@ def main(argv=None) -> int:
             server.port,
             server.user,
             server.database,
-            PREFIX,
+            prefix,
             [SCHEMA],
             heartbeat_table=f"{SCHEMA}.heartbeat",
         )
         connect.create_publication(server, config)
-        worker = connect.start(work / "connect", bootstrap, {PREFIX: config}, schemas_enable=True)
+        worker = connect.start(work / "connect", bootstrap, {prefix: config}, schemas_enable=True)
         lake = work / "lake"
-        cfg = pipeline(bootstrap, lake, args.tables_at_once)
+        cfg = pipeline(bootstrap, prefix, lake, args.tables_at_once)
         server.execute(*(f"INSERT INTO {SCHEMA}.{t} VALUES (0, 0, 'warm-up', clock_timestamp())" for t in TABLES))
-        server.wait_confirmed(connect.slot_name(PREFIX), timeout=300)
+        server.wait_confirmed(connect.slot_name(prefix), timeout=300)
         ingest_all(spark, cfg)  # warm-up: Spark's first run, and each table created
         cfgs = {t.name: t.cfg for t in tables_of(cfg)}
         assert sorted(cfgs) == sorted(TABLES), f"the pipeline's tables are {sorted(cfgs)}"
@@ -262,7 +298,7 @@ def main(argv=None) -> int:
         log(f"cdc: {len(TABLES)} tables, {args.events:,} inserts each, then updates of half and deletes of a tenth")
         started = time.perf_counter()
         events = backlog(server, args.events)
-        server.wait_confirmed(connect.slot_name(PREFIX), timeout=1800)
+        server.wait_confirmed(connect.slot_name(prefix), timeout=1800)
         captured = time.perf_counter() - started
         log(f"  Debezium captured {events:,} events in {captured:.0f} s ({events / captured:,.0f} events/s)")
         started = time.perf_counter()
@@ -280,10 +316,10 @@ def main(argv=None) -> int:
             target=steady_workload, args=(server, args.rate, args.seconds, args.events + 1, stop), daemon=True
         )
         writer.start()
-        streamed = pipeline(bootstrap, lake, args.stream_tables_at_once, args.interval, args.driver_reads_up_to)
+        streamed = pipeline(bootstrap, prefix, lake, args.stream_tables_at_once, args.interval, args.driver_reads_up_to)
         topics = KafkaCluster(streamed.kafka)  # as `offsetlake stream`: one client lists the topics each round
         rounds = Rounds(lambda: tables_of(streamed, topic_names=topics.topic_names))
-        threading.Thread(target=stop_after_capture, args=(server, writer, rounds, stop), daemon=True).start()
+        threading.Thread(target=stop_after_capture, args=(server, prefix, writer, rounds, stop), daemon=True).start()
         try:
             batches = stream(spark, streamed, stop, tables=rounds.tables)
         finally:
@@ -323,7 +359,10 @@ def main(argv=None) -> int:
         if worker is not None:
             worker.stop()
         server.stop()
-        embedded_broker.stop(broker.pid)
+        if broker is not None:
+            embedded_broker.stop(broker.pid)
+        else:
+            drop_topics_and_groups(bootstrap, prefix)
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0
