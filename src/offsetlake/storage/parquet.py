@@ -87,21 +87,18 @@ def write_file(location: Location, rel_path: str, data: pa.Table, partition_valu
     def write() -> tuple[int, pq.FileMetaData]:
         """The file's size, as the writer counted it (asking the store, a HEAD, would cost a request a
         file), and the footer it wrote."""
-        footer: list[pq.FileMetaData] = []
         try:
             if fs.type_name == "local":  # an object store has no directories: creating one costs 3 requests
                 fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
             with fs.open_output_stream(full, compression=None) as sink:  # closed: the object is stored
-                pq.write_table(
-                    data,
-                    sink,
-                    compression="zstd",
-                    compression_level=1,
-                    use_dictionary=dictionary_columns(data),
-                    metadata_collector=footer,
-                )
+                # A writer of our own rather than write_table's metadata_collector, which asks a writer that
+                # failed for its footer and raises that RuntimeError instead of the failure (a full disk).
+                with pq.ParquetWriter(
+                    sink, data.schema, compression="zstd", compression_level=1, use_dictionary=dictionary_columns(data)
+                ) as writer:
+                    writer.write_table(data)
                 size = sink.tell()
-            return int(size), footer[0]
+            return int(size), writer.writer.metadata
         except OSError:
             _delete_quietly(fs, full)  # no half-written file is left for the next attempt to trip on
             raise
