@@ -1038,8 +1038,13 @@ class PeakMemory(BackgroundSampler):
         super().__init__()
         self.peaks: dict[int, tuple[str, int]] = {}
 
+    @staticmethod
+    def processes() -> set[int]:
+        """This process and every process under it."""
+        return _descendants(os.getpid()) | {os.getpid()}
+
     def __enter__(self):
-        for pid in _descendants(os.getpid()) | {os.getpid()}:
+        for pid in self.processes():
             with contextlib.suppress(OSError):  # ended meanwhile
                 Path(f"/proc/{pid}/clear_refs").write_text("5")
         return super().__enter__()
@@ -1049,7 +1054,7 @@ class PeakMemory(BackgroundSampler):
         self.sample()
 
     def sample(self) -> None:
-        for pid in _descendants(os.getpid()) | {os.getpid()}:
+        for pid in self.processes():
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")

@@ -98,7 +98,7 @@ def write_file(location: Location, rel_path: str, data: pa.Table, partition_valu
                 ) as writer:
                     writer.write_table(data)
                 size = sink.tell()
-            return int(size), writer.writer.metadata
+            return int(size), writer.writer.metadata  # the footer, as pyarrow's own close reads it
         except OSError:
             _delete_quietly(fs, full)  # no half-written file is left for the next attempt to trip on
             raise
@@ -254,7 +254,7 @@ def _written_string_bounds(table: pa.Table, footer: pq.FileMetaData) -> dict[str
     columns every row group holding a value has them for. A table with a nested column gets none (its
     columns are not the footer's leaves one for one). Parquet's writer orders strings by their UTF-8 bytes,
     which is the order of their code points, as Arrow's min_max and Python's comparison are."""
-    if any(pa.types.is_nested(f.type) for f in table.schema) or footer.num_columns != table.num_columns:
+    if any(pa.types.is_nested(f.type) for f in table.schema):
         return {}
     found = {}
     for index, field in enumerate(table.schema):
