@@ -6,7 +6,8 @@ and check the table afterwards. With no OFFSETLAKE_FAULT set they do nothing.
 
     OFFSETLAKE_FAULT=<point>:<action>[,<point>:<action>]
       point:  after_plan | after_read | after_task_write | after_files_written | before_commit | after_commit
-              (after_read and after_task_write are hit inside each Spark task, the others on the driver)
+              (after_read and after_task_write are hit inside each Spark task, the others on the driver;
+              after_read once a range's first chunk is read, before any of its files is begun)
       action: exit  -> SIGKILL the job's driver process (no clean-up, no finally blocks), having touched
                        $OFFSETLAKE_FAULT_DIR/<point>.killed when that directory is given
               pause -> touch $OFFSETLAKE_FAULT_DIR/<point>.reached, then wait until

@@ -10,7 +10,7 @@ from offsetlake import kafka
 from offsetlake.config import parse_pipeline
 from offsetlake.kafka import cluster as kafka_cluster
 from offsetlake.protocol.ranges import OffsetRange
-from offsetlake.read import reader
+from offsetlake.read import reader, tasks
 from offsetlake_local import producer
 
 SECURITY = {
@@ -108,7 +108,7 @@ def test_secrets_are_redacted_from_the_config_repr(cfg):
 def test_the_reader_fetches_in_large_responses_with_bounded_memory(cfg, built):
     """On a broker that honours fetch limits (Apache Kafka), one reader of one partition asks for large
     responses (librdkafka's 1 MiB per partition made a reader ~4x slower there), and what it holds stays
-    bounded: librdkafka's queue, one response in flight, one range as Arrow."""
+    bounded: librdkafka's queue, one response in flight, one chunk of the range as Arrow."""
     with pytest.raises(Built):
         list(reader.read_range(cfg.kafka, "g", OffsetRange("orders", 0, 0, 10), 5))
     settings = built["reader"]
@@ -119,11 +119,11 @@ def test_the_reader_fetches_in_large_responses_with_bounded_memory(cfg, built):
     queue = settings["queued.max.messages.kbytes"] * 1024
     assert queue + per_fetch <= 32 * MiB  # what librdkafka holds for one reader, whatever the backlog
     assert settings["fetch.queue.backoff.ms"] <= 50  # a full queue is looked at again soon, not after 1 s
-    # The bound the docs state (docs/speed.md), for the default batch settings and the bench's ~110 B records (plus the
-    # lineage columns, ~30 B a row in Arrow): 32 MiB of librdkafka + 250k records as Arrow.
-    bound = reader.reader_memory_bound(cfg.batch.max_records_per_task, 140)
-    assert bound == queue + per_fetch + 250_000 * 140
-    assert bound < 70 * MiB
+    # The bound the docs state (docs/speed.md), for the bench's ~110 B records (plus the lineage columns, ~30 B a
+    # row in Arrow): 32 MiB of librdkafka + a chunk and a batch as Arrow, whatever max_records_per_task is.
+    bound = reader.reader_memory_bound(tasks.CHUNK_RECORDS, 140)
+    assert bound == queue + per_fetch + 70_000 * 140
+    assert bound < 45 * MiB
 
 
 def test_a_pipeline_cannot_shrink_the_readers_fetches_by_accident(monkeypatch, built):

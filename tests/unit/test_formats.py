@@ -16,7 +16,8 @@ from offsetlake.formats.records import convert
 from offsetlake.formats.values import coerce
 from offsetlake.read.reader import MESSAGE_SCHEMA
 from offsetlake.storage.location import Location
-from offsetlake.storage.parquet import delta_stats, write_files
+from offsetlake.storage.parquet import write_files
+from offsetlake.storage.statistics import delta_stats
 
 
 def pipeline(fmt):

@@ -82,14 +82,16 @@ FETCH_QUEUE_BACKOFF_MS = 10
 # exceeds FETCH_BYTES, plus one record batch, which the broker sends whole when it alone is larger (a
 # topic's max.message.bytes bounds that): room for a batch of up to 64 MiB. A bound, not a buffer.
 RECEIVE_BYTES = FETCH_BYTES + 64 * 1024 * 1024
+READ_BATCH_RECORDS = 20_000  # the most records of one batch a reader gives
 
 
-def reader_memory_bound(max_records_per_task: int, record_bytes: int) -> int:
+def reader_memory_bound(chunk_records: int, record_bytes: int) -> int:
     """What one reader holds at most, in bytes, on a broker that honours fetch limits: librdkafka's queue,
-    one fetch response in flight, and one range as Arrow (`record_bytes` each, lineage columns included).
-    A task holds two readers at once (it fetches the next range while writing the current one), but only
-    one range as Arrow (tasks.run_tasks_in_order), so a task's bound is this plus QUEUE_BYTES + FETCH_BYTES."""
-    return QUEUE_BYTES + FETCH_BYTES + max_records_per_task * record_bytes
+    one fetch response in flight, and what a task holds of its range as Arrow (`record_bytes` each, lineage
+    columns included): one chunk (`chunk_records`, tasks.CHUNK_RECORDS) and the batch after it. A task holds
+    two readers' librdkafka buffers at once (it fetches the next range while writing the current one's last
+    chunk), so a task's bound is this plus QUEUE_BYTES + FETCH_BYTES."""
+    return QUEUE_BYTES + FETCH_BYTES + (chunk_records + READ_BATCH_RECORDS) * record_bytes
 
 
 def reader_settings(settings: KafkaSettings, group: str, **extra: Any) -> dict:
@@ -117,7 +119,7 @@ def read_range(
     group: str,
     rng: OffsetRange,
     stall_seconds: float,
-    chunk: int = 20_000,
+    chunk: int = READ_BATCH_RECORDS,
     headers: bool = False,
     use_native: bool | None = None,
 ) -> Iterator[pa.RecordBatch]:
@@ -139,7 +141,7 @@ class RangeReader:
         group: str,
         rng: OffsetRange,
         stall_seconds: float,
-        chunk: int = 20_000,
+        chunk: int = READ_BATCH_RECORDS,
         headers: bool = False,
         use_native: bool | None = None,
     ):

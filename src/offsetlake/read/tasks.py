@@ -24,7 +24,7 @@ from offsetlake.formats.evolution import schema_from_text, schema_to_text
 from offsetlake.formats.records import convert, reads_headers
 from offsetlake.protocol.ranges import OffsetRange
 from offsetlake.read.reader import RangeReader, message_schema
-from offsetlake.storage.parquet import DataFile, attempt_file_name, write_files
+from offsetlake.storage.parquet import DataFile, DataFiles, attempt_file_name
 
 
 @dataclass(frozen=True)
@@ -131,29 +131,37 @@ def in_spark_worker() -> bool:
 
 def run_tasks_in_order(ctx: TaskContext, indexes: list[int]) -> list[dict]:
     """Run the tasks `indexes` one after another in this Spark task. The next task's range is opened
-    (librdkafka starts fetching and parsing it in its own threads) before the current one is converted
-    and written: a task's first records take a fifth to a third of it to arrive, mostly the broker's
-    time, and that wait now overlaps with work. At most two ranges are held at a time, one as Arrow
-    and the next in librdkafka's queue."""
+    (librdkafka starts fetching and parsing it in its own threads) once the current one is read, while its
+    last chunk is converted and written: a task's first records take a fifth to a third of it to arrive,
+    mostly the broker's time, and that wait now overlaps with work."""
     with pandas_left_out():
         return read_ranges(ctx, indexes)
+
+
+# A range is converted and written this many records at a time (the reader's batches gathered up to it), so
+# what a task holds as Arrow is one chunk, whatever the range's size.
+CHUNK_RECORDS = 50_000
 
 
 def read_ranges(ctx: TaskContext, indexes: list[int]) -> list[dict]:
     """The ranges `indexes` read, converted and written in order, in this thread, the collector paused: a
     Spark task's work (run_tasks_in_order), or a small batch's in the driver (read_job.read_in_driver)."""
     out: list[dict] = []
+    following = iter(indexes[1:])
+    upcoming: list[RangeReader] = []
+
+    def open_following() -> None:
+        index = next(following, None)
+        if index is not None:
+            upcoming.append(open_range(ctx, index))
+
     with collector_paused():
-        reader: RangeReader | None = open_range(ctx, indexes[0])
+        upcoming.append(open_range(ctx, indexes[0]))
         try:
-            for position, index in enumerate(indexes):
-                assert reader is not None  # opened for this index by the iteration before
-                messages = read_all(ctx, reader)
-                reader = open_range(ctx, indexes[position + 1]) if position + 1 < len(indexes) else None
-                out += convert_and_write(ctx, index, messages)
-                del messages  # before the next range is read: one range as Arrow at a time
+            for index in indexes:
+                out += write_range(ctx, index, in_chunks(ctx, upcoming.pop(0), when_read=open_following))
         finally:
-            if reader is not None:
+            for reader in upcoming:
                 reader.close()
     return out
 
@@ -169,32 +177,63 @@ def open_range(ctx: TaskContext, index: int) -> RangeReader:
     )
 
 
-def read_all(ctx: TaskContext, reader: RangeReader) -> pa.Table:
-    messages = pa.Table.from_batches(list(reader), schema=message_schema(reads_headers(ctx.cfg)))
-    faults.hit("after_read", ctx.fault_settings)
-    return messages
+def in_chunks(ctx: TaskContext, reader: RangeReader, when_read: Callable[[], None]) -> Iterator[pa.Table]:
+    """The range's messages as tables of about CHUNK_RECORDS (at least one, empty for a range with no
+    record). A full chunk is given once the range's next batch has come, so the last one is given after
+    the range is read and `when_read()` was called. The `after_read` fault is hit when the first chunk is
+    read, before anything of the range is written."""
+    schema = message_schema(reads_headers(ctx.cfg))
+    batches: list[pa.RecordBatch] = []
+    gathered, first = 0, True
+    try:
+        for batch in reader:
+            if gathered >= CHUNK_RECORDS:  # full, and the range goes on
+                if first:
+                    faults.hit("after_read", ctx.fault_settings)
+                chunk = pa.Table.from_batches(batches, schema=schema)
+                batches, gathered, first = [], 0, False
+                yield chunk
+                del chunk  # before the next chunk is gathered: one chunk as Arrow at a time
+            batches.append(batch)
+            gathered += batch.num_rows
+    finally:
+        reader.close()
+    when_read()
+    if first:
+        faults.hit("after_read", ctx.fault_settings)
+    yield pa.Table.from_batches(batches, schema=schema)
 
 
-def convert_and_write(ctx: TaskContext, index: int, messages: pa.Table) -> list[dict]:
+def write_range(ctx: TaskContext, index: int, chunks: Iterable[pa.Table]) -> list[dict]:
+    """Convert and write one range's chunks: its rows into data files, its bad records into quarantine files,
+    each file written as the chunks come. Returns what the task read and wrote, one dict each; kind: read
+    (record count) | schema (of the rows; again whenever a chunk's rows have other columns) | data and
+    quarantine (a DataFile as JSON, its row count)."""
     cfg = ctx.cfg
-    rows, bad = convert(cfg, messages, ctx.columns)
     task_attempt = spark_task_attempt()
 
     def name(part: int) -> str:
         return attempt_file_name(ctx.batch, ctx.attempt, index, task_attempt, part)
 
-    # What the task read and wrote, one dict each; kind: read (record count) | schema (of the rows) |
-    # data and quarantine (a DataFile as JSON, its row count).
-    out = [
-        {"task": index, "kind": "read", "file": None, "records": messages.num_rows},
-        {"task": index, "kind": "schema", "file": schema_to_text(_table_columns(rows.schema)), "records": 0},
-    ]
-    for kind, location, table, partition_by in (
-        ("data", cfg.table_location, rows, cfg.table.partition_by),  # the pipeline brought its credentials
-        ("quarantine", cfg.quarantine_location, bad, []),
+    records, schemas = 0, list[pa.Schema]()
+    # The pipeline brought the table's credentials with its locations.
+    with (
+        DataFiles(cfg.table_location, cfg.table.partition_by, name) as data,
+        DataFiles(cfg.quarantine_location, [], name) as quarantine,
     ):
-        for f in write_files(location, table, partition_by, name):
-            out.append({"task": index, "kind": kind, "file": f.to_json(), "records": f.num_records})
+        for messages in chunks:
+            rows, bad = convert(cfg, messages, ctx.columns)
+            records += messages.num_rows
+            columns = _table_columns(rows.schema)
+            if not schemas or not columns.equals(schemas[-1], check_metadata=True):
+                schemas.append(columns)
+            data.write(rows)
+            quarantine.write(bad)
+            del messages, rows, bad  # before the next chunk is read
+        written = [("data", f) for f in data.close()] + [("quarantine", f) for f in quarantine.close()]
+    out = [{"task": index, "kind": "read", "file": None, "records": records}]
+    out += [{"task": index, "kind": "schema", "file": schema_to_text(s), "records": 0} for s in schemas]
+    out += [{"task": index, "kind": kind, "file": f.to_json(), "records": f.num_records} for kind, f in written]
     faults.hit("after_task_write", ctx.fault_settings)  # its files are on disk, not yet reported
     return out
 

@@ -3,15 +3,16 @@
 Runs in executors. Files get unique names that carry the batch and the attempt
 id, and live in ordinary (non-hidden) directories, so an attempt that never
 commits leaves orphans that `cleanup` and the attempt itself can find by name.
-Statistics (numRecords, min/max, nullCount) are computed from the Arrow data
-already in memory, so the driver never re-reads a file to commit it.
+A file is written a table at a time, so a task holds one chunk of its range as
+Arrow, never the whole range; its statistics are gathered as it is written
+(`statistics.py`), so the driver never re-reads a file to commit it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
-import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -25,9 +26,9 @@ import pyarrow.parquet as pq
 
 from offsetlake.errors import StorageError, one_line
 from offsetlake.storage.location import Location, retrying
+from offsetlake.storage.statistics import FileStatistics
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-STRING_STATS_MAX = 32  # longer strings get no min/max: a truncated max would be wrong for skipping
 
 
 @dataclass(frozen=True)
@@ -67,54 +68,168 @@ def write_files(
     location: Location, table: pa.Table, partition_by: list[str], name_for_part: Callable[[int], str]
 ) -> list[DataFile]:
     """Write `table` (split by partition values) and return one DataFile per file written."""
-    if table.num_rows == 0:
-        return []
-    written = []
-    for part_no, (values, rows) in enumerate(_split_by_partition(table, partition_by)):
-        rel_dir = "/".join(f"{quote(c, safe='')}={_dir_value(values[c])}" for c in partition_by)
-        rel_path = f"{rel_dir}/{name_for_part(part_no)}" if rel_dir else name_for_part(part_no)
-        data = rows.drop_columns(partition_by) if partition_by else rows
-        written.append(write_file(location, rel_path, data, {c: _partition_string(values[c]) for c in partition_by}))
-    return written
+    with DataFiles(location, partition_by, name_for_part) as files:
+        files.write(table)
+        return files.close()
 
 
 def write_file(location: Location, rel_path: str, data: pa.Table, partition_values: dict[str, str | None]) -> DataFile:
-    """Write one Parquet file (data without partition columns) at `rel_path` under the table. On an object
-    store a retriable error is retried until the table's retry bound; a local error fails at once."""
-    fs, root = location.filesystem()
-    full = f"{root.rstrip('/')}/{rel_path}"
+    """Write one Parquet file (data without partition columns) at `rel_path` under the table."""
+    with FileWriter(location, rel_path, data, partition_values) as file:
+        file.write(data)
+        return file.close()
 
-    def write() -> tuple[int, pq.FileMetaData]:
-        """The file's size, as the writer counted it (asking the store, a HEAD, would cost a request a
-        file), and the footer it wrote."""
+
+class DataFiles:
+    """The data files of one writer of a table (a task's range, a fold): rows given a table at a time, each
+    split by the partition columns into one open file per partition. A table whose columns differ from its
+    partition's open file (a registry format's newer writer schema) closes that file and starts another.
+    Leaving the `with` block by an error deletes every file written or begun."""
+
+    def __init__(self, location: Location, partition_by: list[str], name_for_part: Callable[[int], str]) -> None:
+        self._location = location
+        self._partition_by = partition_by
+        self._name_for_part = name_for_part
+        self._open: dict[tuple[Any, ...], FileWriter] = {}
+        self._closed: list[DataFile] = []
+
+    def __enter__(self) -> DataFiles:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: Any) -> None:
+        if kind is not None:
+            self.abort()
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        for values, rows in _split_by_partition(table, self._partition_by):
+            key = tuple(values[c] for c in self._partition_by)
+            data = rows.drop_columns(self._partition_by) if self._partition_by else rows
+            file = self._open.get(key)
+            if file is not None and not file.schema.equals(data.schema):
+                self._closed.append(self._open.pop(key).close())
+                file = None
+            if file is None:
+                file = self._open[key] = self._start(values, data)
+            file.write(data)
+
+    def _start(self, values: dict[str, Any], first: pa.Table) -> FileWriter:
+        rel_dir = "/".join(f"{quote(c, safe='')}={_dir_value(values[c])}" for c in self._partition_by)
+        name = self._name_for_part(len(self._closed) + len(self._open))
+        rel_path = f"{rel_dir}/{name}" if rel_dir else name
+        partition_values = {c: _partition_string(values[c]) for c in self._partition_by}
+        return FileWriter(self._location, rel_path, first, partition_values)
+
+    def close(self) -> list[DataFile]:
+        """Close the open files; every file written, in the order they were closed."""
+        while self._open:
+            self._closed.append(self._open.pop(next(iter(self._open))).close())
+        return self._closed
+
+    def abort(self) -> None:
+        for file in self._open.values():
+            file.abort()
+        self._open.clear()
+        fs, root = self._location.filesystem()
+        for written in self._closed:
+            _delete_quietly(fs, f"{root.rstrip('/')}/{from_delta_path(written.path)}")
+
+
+class FileWriter:
+    """One Parquet data file at `rel_path` under the table, written a table at a time (each a row group or
+    more), its statistics gathered as it goes. `first`: its first rows, which choose the dictionary columns.
+
+    A local file is written as the rows come. On an object store the file is made in memory (compressed, a
+    fraction of its rows' size) and stored when closed, in one retried upload: a retriable error is retried
+    until the table's retry bound, as the whole file can be sent again; a local error fails at once. Any
+    error deletes what was written and is raised as one line naming the path."""
+
+    def __init__(
+        self, location: Location, rel_path: str, first: pa.Table, partition_values: dict[str, str | None]
+    ) -> None:
+        self._location = location
+        self._rel_path = rel_path
+        self._partition_values = dict(partition_values)
+        self._fs, root = location.filesystem()
+        self._full = f"{root.rstrip('/')}/{rel_path}"
+        self._local = self._fs.type_name == "local"
+        self.schema = first.schema
+        self._statistics = FileStatistics(first.schema)
+        self._sink: Any = None
+        self._writer: pq.ParquetWriter | None = None
+        with self._failing_as_storage_error():
+            if self._local:  # an object store has no directories: creating one costs 3 requests
+                self._fs.create_dir(self._full.rsplit("/", 1)[0], recursive=True)
+                self._sink = self._fs.open_output_stream(self._full, compression=None)
+            else:
+                self._sink = pa.BufferOutputStream()
+            self._writer = pq.ParquetWriter(
+                self._sink,
+                first.schema,
+                compression="zstd",
+                compression_level=1,
+                use_dictionary=dictionary_columns(first),
+            )
+
+    def __enter__(self) -> FileWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: Any) -> None:
+        if kind is not None:
+            self.abort()
+
+    def write(self, rows: pa.Table) -> None:
+        assert self._writer is not None, "written after it was closed"
+        with self._failing_as_storage_error():
+            self._writer.write_table(rows)
+        self._statistics.add(rows)
+
+    def close(self) -> DataFile:
+        assert self._writer is not None, "closed twice"
+        with self._failing_as_storage_error():
+            self._writer.close()
+            footer = self._writer.writer.metadata  # as pyarrow's own close reads it: no public way
+            self._writer = None
+            if self._local:
+                size = self._sink.tell()  # as the writer counted it: asking the store would cost a request
+                self._sink.close()
+            else:
+                contents = self._sink.getvalue()
+                size = contents.size
+                retrying(self._location, lambda: self._store(contents))
+        return DataFile(
+            path=to_delta_path(self._rel_path),
+            size=int(size),
+            modification_time=int(time.time() * 1000),  # when it was written
+            partition_values=self._partition_values,
+            stats=self._statistics.to_json(footer),
+            num_records=self._statistics.rows,
+        )
+
+    def _store(self, contents: pa.Buffer) -> None:
+        with self._fs.open_output_stream(self._full, compression=None) as sink:  # closed: the object is stored
+            sink.write(contents)
+
+    def abort(self) -> None:
+        """Close without keeping anything: the file, written or begun, is deleted."""
+        writer, self._writer = self._writer, None
+        with contextlib.suppress(Exception):  # it failed already, or it is being given up
+            if writer is not None:
+                writer.close()
+            if self._local and self._sink is not None:
+                self._sink.close()
+        _delete_quietly(self._fs, self._full)
+
+    @contextlib.contextmanager
+    def _failing_as_storage_error(self) -> Iterator[None]:
+        """A full disk, a quota, permissions, a store away too long: the file deleted (no half-written file
+        is left for the next attempt to trip on) and the error raised naming its path."""
         try:
-            if fs.type_name == "local":  # an object store has no directories: creating one costs 3 requests
-                fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
-            with fs.open_output_stream(full, compression=None) as sink:  # closed: the object is stored
-                # A writer of our own rather than write_table's metadata_collector, which asks a writer that
-                # failed for its footer and raises that RuntimeError instead of the failure (a full disk).
-                with pq.ParquetWriter(
-                    sink, data.schema, compression="zstd", compression_level=1, use_dictionary=dictionary_columns(data)
-                ) as writer:
-                    writer.write_table(data)
-                size = sink.tell()
-            return int(size), writer.writer.metadata  # the footer, as pyarrow's own close reads it
-        except OSError:
-            _delete_quietly(fs, full)  # no half-written file is left for the next attempt to trip on
-            raise
-
-    try:
-        size, footer = retrying(location, write)
-    except OSError as err:  # a full disk, a quota, permissions, a store away too long: name the path
-        raise StorageError(f"cannot write {full}: {_os_reason(err)}") from err
-    return DataFile(
-        path=to_delta_path(rel_path),
-        size=size,
-        modification_time=int(time.time() * 1000),  # when it was written
-        partition_values=dict(partition_values),
-        stats=delta_stats(data, footer),
-        num_records=data.num_rows,
-    )
+            yield
+        except OSError as err:
+            self.abort()
+            raise StorageError(f"cannot write {self._full}: {_os_reason(err)}") from err
 
 
 DICTIONARY_SAMPLE = 2000  # a column's first values, which say whether its values repeat
@@ -228,87 +343,3 @@ def _partition_string(value: Any) -> str | None:
 def _dir_value(value: Any) -> str:
     text = _partition_string(value)
     return HIVE_NULL if text is None else quote(text, safe="")
-
-
-def delta_stats(table: pa.Table, footer: pq.FileMetaData | None = None) -> str:
-    """Delta per-file statistics JSON for data skipping. `footer`: the Parquet footer written for `table`,
-    whose string columns' bounds are taken from the writer's own statistics (it has compared every value
-    already; comparing them again took most of the time this function took)."""
-    mins, maxs, nulls = {}, {}, {}
-    written = _written_string_bounds(table, footer) if footer is not None else {}
-    for name in table.column_names:
-        column = table[name]
-        nulls[name] = column.null_count
-        if column.null_count == len(column):
-            continue
-        bounds = _bounds(column, written.get(name))
-        if bounds is not None:
-            mins[name], maxs[name] = bounds
-    return json.dumps(
-        {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}, separators=(",", ":")
-    )
-
-
-def _written_string_bounds(table: pa.Table, footer: pq.FileMetaData) -> dict[str, tuple[str, str]]:
-    """The smallest and largest value of each string column by the footer's row groups' statistics, for the
-    columns every row group holding a value has them for. A table with a nested column gets none (its
-    columns are not the footer's leaves one for one). Parquet's writer orders strings by their UTF-8 bytes,
-    which is the order of their code points, as Arrow's min_max and Python's comparison are."""
-    if any(pa.types.is_nested(f.type) for f in table.schema):
-        return {}
-    found = {}
-    for index, field in enumerate(table.schema):
-        if not pa.types.is_string(field.type):
-            continue
-        lows, highs = [], []
-        for group in range(footer.num_row_groups):
-            stats = footer.row_group(group).column(index).statistics
-            if stats is not None and stats.has_min_max:
-                lows.append(stats.min)
-                highs.append(stats.max)
-            elif stats is None or stats.num_values > 0:
-                break  # a row group with values but no bounds (one too long to keep): compared as before
-        else:
-            if lows:
-                found[field.name] = (min(lows), max(highs))
-    return found
-
-
-def _bounds(column: pa.ChunkedArray, written: tuple[str, str] | None = None) -> tuple[Any, Any] | None:
-    """The column's Delta min and max, or None when Delta gets none for it; `written`: a string column's
-    bounds as the Parquet writer found them."""
-    t = column.type
-    if not (
-        pa.types.is_integer(t)
-        or pa.types.is_floating(t)
-        or pa.types.is_string(t)
-        or pa.types.is_timestamp(t)
-        or pa.types.is_date(t)
-    ):
-        return None  # binary and booleans: nullCount only
-    low: Any
-    high: Any
-    if written is not None:
-        low, high = written
-    else:
-        result = pc.min_max(column)
-        low, high = result["min"].as_py(), result["max"].as_py()
-    if pa.types.is_floating(t) and not (math.isfinite(low) and math.isfinite(high)):
-        return None
-    if pa.types.is_string(t):
-        if len(low) > STRING_STATS_MAX or len(high) > STRING_STATS_MAX:
-            return None
-        return low, high
-    if pa.types.is_timestamp(t):
-        # Delta stores millisecond precision: round the min down and the max up so skipping stays safe.
-        low = low.replace(microsecond=low.microsecond // 1000 * 1000)
-        if high.microsecond % 1000:
-            high = high.replace(microsecond=high.microsecond // 1000 * 1000) + dt.timedelta(milliseconds=1)
-        return _iso_ms(low), _iso_ms(high)
-    if pa.types.is_date(t):
-        return low.isoformat(), high.isoformat()
-    return low, high
-
-
-def _iso_ms(value: dt.datetime) -> str:
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
