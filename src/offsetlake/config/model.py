@@ -165,9 +165,8 @@ class BatchSettings(Strict):
     max_records_per_batch: StrictInt = Field(default=1_000_000, gt=0)
     """Offset span of one batch (one Delta commit)."""
     max_records_per_task: StrictInt = Field(default=250_000, gt=0)
-    """Offset span of one task (one partition slice; on a local master a Spark task per core runs several in
-    order, fetching the next while writing the last). A task converts and writes its span 50,000 records at a
-    time, so a larger span holds no more memory; it writes fewer, larger files."""
+    """Offset span of one task (one partition slice; a local master's Spark task per core runs several in order,
+    fetching the next while writing the last), converted and written 50,000 records at a time."""
     read_timeout_seconds: StrictInt = Field(default=60, gt=0)
     """A task that makes no progress this long fails."""
     tables_at_once: StrictInt = Field(default=4, gt=0)
