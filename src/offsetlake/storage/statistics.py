@@ -70,12 +70,14 @@ class FileStatistics:
     def to_json(self, footer: pq.FileMetaData | None) -> str:
         """The statistics as Delta's add action holds them; `footer`: the file's, as its writer wrote it
         (None only for statistics made with bounds_from_footer False)."""
-        unbounded = self._take_footer_bounds(footer)
+        written, unbounded = self._footer_bounds(footer)
         mins, maxs = {}, {}
         for name in self._names:
-            if name in unbounded or not self._lows[name]:
+            lows = self._lows[name] + [low for low, _ in written.get(name, [])]
+            highs = self._highs[name] + [high for _, high in written.get(name, [])]
+            if name in unbounded or not lows:
                 continue
-            bounds = _delta_bounds(self._types[name], self._lows[name], self._highs[name])
+            bounds = _delta_bounds(self._types[name], lows, highs)
             if bounds is not None:
                 mins[name], maxs[name] = bounds
         return json.dumps(
@@ -83,12 +85,13 @@ class FileStatistics:
             separators=(",", ":"),
         )
 
-    def _take_footer_bounds(self, footer: pq.FileMetaData | None) -> set[str]:
-        """Add each footer string column's row groups' bounds; return the columns that have a row group with
+    def _footer_bounds(self, footer: pq.FileMetaData | None) -> tuple[dict[str, list[tuple[Any, Any]]], set[str]]:
+        """Each footer string column's row groups' (min, max), and the columns that have a row group with
         values and no bounds from either side (none, unless the writer drops bounds below its stated limit:
         such a column gets none in the file's statistics, which is never wrong for skipping)."""
+        written: dict[str, list[tuple[Any, Any]]] = {name: [] for name in self._from_footer}
         if not self._from_footer:
-            return set()
+            return written, set()
         if footer is None:
             raise ValueError("a file's string bounds were left to its footer, and no footer was given")
         unbounded = set()
@@ -102,11 +105,10 @@ class FileStatistics:
                 first_row += row_group.num_rows
                 stats = row_group.column(index).statistics
                 if stats is not None and stats.has_min_max:
-                    self._lows[name].append(stats.min)
-                    self._highs[name].append(stats.max)
+                    written[name].append((stats.min, stats.max))
                 elif (stats is None or stats.num_values > 0) and name not in self._computed[table]:
                     unbounded.add(name)
-        return unbounded
+        return written, unbounded
 
 
 def _has_bounds(t: pa.DataType) -> bool:
