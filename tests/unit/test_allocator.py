@@ -90,3 +90,32 @@ def test_arrows_pool_keeps_ordinary_pages_for_the_next_chunk():
     default = pool_of_second_chunk("default")
     if "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text():
         assert default["huge_kb"] >= 4096, default  # mimalloc asks for huge pages by default: the test can fail
+
+
+# A first range's values (15,000 of 3,400 bytes) made in a process whose heap was, or was not, touched
+# beforehand (as a worker's is in the session's warm-up job); the page faults of that making counted.
+TOUCH_SCRIPT = """
+import json, resource, sys
+from offsetlake.spark.allocator import keep_freed_memory, touch_heap
+keep_freed_memory()
+touched = touch_heap(64 << 20) if sys.argv[1] == "touched" else False
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+first = [bytes([i % 251]) * 3400 for i in range(15_000)]
+print(json.dumps({"touched": touched, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
+"""
+FIRST_PAGES = 15_000 * 3_400 // 4096
+
+
+def faults_of_first_range(mode: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", TOUCH_SCRIPT, mode], capture_output=True, text=True, check=True, timeout=60
+    )
+    return json.loads(done.stdout)
+
+
+def test_a_touched_heap_serves_the_first_range_without_faults():
+    untouched = faults_of_first_range("untouched")
+    touched = faults_of_first_range("touched")
+    assert touched["touched"] is True
+    assert untouched["faults"] > FIRST_PAGES // 2, untouched  # a fresh heap faults its pages in: it can fail
+    assert touched["faults"] < FIRST_PAGES // 10, (touched, untouched)

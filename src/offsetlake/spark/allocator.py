@@ -17,6 +17,10 @@ kernel zeroing them was a third of a change data capture worker's CPU. Unless th
 otherwise, mimalloc is asked for ordinary pages (`MIMALLOC_ALLOW_THP=0`) and to keep freed pages
 `POOL_PURGE_DELAY_MS` (`MIMALLOC_PURGE_DELAY`); it reads both when it first needs them.
 
+A worker's first range still found its heap small: every page of what the range and the next one's reader
+hold faulted in during that range. `touch_heap` grows the heap to `WARM_HEAP_BYTES` and frees it, kept, in
+the session's warm-up job (offsetlake/spark/prewarm.py), while the session is still being built.
+
 glibc keeps the arenas threads made before the settings, and a thread started later may still be given one
 of them (each of which hands whole heaps back once they are empty): so the settings are made where a process
 that reads starts, before it has a thread (offsetlake.spark.daemon and .prewarm, whose forks are Spark's
@@ -37,6 +41,9 @@ _M_ARENA_MAX = -8
 
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's largest on 64-bit: a fetch response is a block of the heap
 KEPT_BYTES = 256 << 20
+# About what a worker's heap grows to while it reads a range of the default size and opens the next.
+WARM_HEAP_BYTES = 96 << 20
+_TOUCH_BLOCK_BYTES = 4 << 20  # below MMAP_THRESHOLD_BYTES: a block of the heap, kept there once freed
 POOL_PURGE_DELAY_MS = 2000  # Arrow's pool: longer than between a range's chunks, short enough to give back
 
 
@@ -55,3 +62,23 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     settings = ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES), (_M_TRIM_THRESHOLD, KEPT_BYTES))
     return all([mallopt(parameter, value) == 1 for parameter, value in settings])
+
+
+def touch_heap(size: int = WARM_HEAP_BYTES) -> bool:
+    """Grow this process's heap by about `size` bytes, touch every page and free it again: with the settings
+    of `keep_freed_memory` the pages stay with the process, and what it allocates next reuses them instead of
+    faulting them in. Whether it did (not where the settings were refused: freed, the pages would go back)."""
+    if not keep_freed_memory() or size > KEPT_BYTES:
+        return False
+    libc = ctypes.CDLL(None)
+    libc.malloc.argtypes, libc.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
+    libc.free.argtypes, libc.free.restype = [ctypes.c_void_p], None
+    blocks = [libc.malloc(_TOUCH_BLOCK_BYTES) for _ in range(size // _TOUCH_BLOCK_BYTES)]
+    try:
+        for block in blocks:
+            if block:
+                ctypes.memset(block, 0, _TOUCH_BLOCK_BYTES)
+    finally:
+        for block in reversed(blocks):  # the top last: the freed blocks join into one, at the heap's top
+            libc.free(block)
+    return True
