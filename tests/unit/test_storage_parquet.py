@@ -56,6 +56,44 @@ def test_columns_whose_values_repeat_get_a_dictionary_and_unique_ones_do_not(tmp
     }
 
 
+def encodings(path: str) -> dict[str, set[str]]:
+    """Each column's data encodings (levels and dictionary aside), as the file's own metadata says."""
+    meta = pq.ParquetFile(path).metadata
+    return {
+        meta.schema.column(i).path: set(meta.row_group(0).column(i).encodings) - {"RLE", "RLE_DICTIONARY"}
+        for i in range(meta.num_columns)
+    }
+
+
+def test_integer_and_time_columns_that_never_decrease_are_written_as_differences(tmp_path):
+    start = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    rising = list(range(ROWS - 3)) + [2**63 - 1, -(2**63), 5]  # past the sample, any value: still exact
+    table = pa.table(
+        {
+            "kafka_offset": pa.array(rising, pa.int64()),
+            "kafka_timestamp": pa.array([start + dt.timedelta(seconds=i // 2) for i in range(ROWS)]),
+            "day": pa.array([start.date() + dt.timedelta(days=i) for i in range(ROWS)], pa.date32()),
+            "shuffled": pa.array([(i * 7919) % ROWS for i in range(ROWS)], pa.int64()),
+            "falling": pa.array(range(ROWS, 0, -1), pa.int32()),
+            "partition": pa.array([3] * ROWS, pa.int32()),
+            "late": pa.array([None] * (ROWS - 2) + [1, 2], pa.int64()),
+        }
+    )
+    write_files(Location.of(str(tmp_path)), table, [], lambda n: f"part-{n}.parquet")
+    path = str(tmp_path / "part-0.parquet")
+
+    assert pq.read_table(path).equals(table)
+    assert encodings(path) == {
+        "kafka_offset": {"DELTA_BINARY_PACKED"},
+        "kafka_timestamp": {"DELTA_BINARY_PACKED"},
+        "day": {"DELTA_BINARY_PACKED"},
+        "shuffled": {"PLAIN"},
+        "falling": {"PLAIN"},
+        "partition": {"PLAIN"},  # its dictionary's page: one value
+        "late": {"PLAIN"},  # no values in its sample: the writer's default, a dictionary
+    }
+
+
 def test_a_table_with_a_nested_column_keeps_the_writers_default(tmp_path):
     table = pa.table(
         {

@@ -164,12 +164,14 @@ class FileWriter:
                 self._sink = self._fs.open_output_stream(self._full, compression=None)
             else:
                 self._sink = pa.BufferOutputStream()
+            dictionary = dictionary_columns(first)
             self._writer = pq.ParquetWriter(
                 self._sink,
                 first.schema,
                 compression="zstd",
                 compression_level=1,
-                use_dictionary=dictionary_columns(first),
+                use_dictionary=dictionary,
+                column_encoding=delta_encoded_columns(first, dictionary),
             )
 
     def __enter__(self) -> FileWriter:
@@ -250,6 +252,29 @@ def dictionary_columns(data: pa.Table) -> list[str] | bool:
         if present == 0 or 2 * pc.count_distinct(sample).as_py() < present:
             chosen.append(name)
     return chosen
+
+
+def delta_encoded_columns(data: pa.Table, dictionary: list[str] | bool) -> dict[str, str] | None:
+    """The integer, timestamp and date columns without a dictionary whose first DICTIONARY_SAMPLE values never
+    decrease (an offset, a sequence, a record's time), each to be written DELTA_BINARY_PACKED: a value as its
+    difference from the one before, in as few bits as the page's differences need. Such a column is then
+    smaller, and the file faster to compress, than written plain. None for a table `dictionary_columns` leaves
+    to the writer's defaults (it has a nested column)."""
+    if not isinstance(dictionary, list):
+        return None
+    chosen = {}
+    for field in data.schema:
+        if field.name in dictionary or not _delta_packable(field.type):
+            continue
+        sample = data.column(field.name).slice(0, DICTIONARY_SAMPLE).drop_null()
+        if len(sample) > 1 and pc.all(pc.greater_equal(sample[1:], sample[:-1])).as_py():
+            chosen[field.name] = "DELTA_BINARY_PACKED"
+    return chosen or None
+
+
+def _delta_packable(kind: pa.DataType) -> bool:
+    """Stored as Parquet's INT32 or INT64, which DELTA_BINARY_PACKED encodes."""
+    return bool(pa.types.is_integer(kind) or pa.types.is_timestamp(kind) or pa.types.is_date(kind))
 
 
 def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
