@@ -3,7 +3,12 @@ cluster for the failover tests), a Schema Registry, an S3-protocol server and Sp
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -56,6 +61,56 @@ LONGEST_FIRST = (
     "tests/integration/test_oracle_schema.py",  # ~20
     "tests/integration/test_disk_full.py",  # ~20
 )
+
+
+# A worker that dies (a signal, a fatal error in native code) takes what it would have said with it: its
+# output is captured, and pytest's fault handler writes there. Each worker's fault handler writes to files of
+# its own instead (one for fatal errors, one per ending signal), which the controller prints when that worker
+# goes down.
+CRASH_DIR_ENV = "OFFSETLAKE_PYTEST_CRASH_DIR"
+_CRASH_LOGS = pytest.StashKey()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own fault handler, which this one replaces in a worker
+def pytest_configure(config):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        os.environ[CRASH_DIR_ENV] = tempfile.mkdtemp(prefix="offsetlake-pytest-crashes-")  # the workers inherit it
+        return
+    if not os.environ.get(CRASH_DIR_ENV):
+        return
+    directory = Path(os.environ[CRASH_DIR_ENV])
+    logs = config.stash[_CRASH_LOGS] = {
+        name: open(directory / f"{worker} {name}.log", "w")  # noqa: SIM115 - open until the worker exits
+        for name in ("fatal error", "SIGTERM", "SIGHUP")
+    }
+    faulthandler.enable(file=logs["fatal error"], all_threads=True)
+    for ending in (signal.SIGTERM, signal.SIGHUP):  # where it was, then end as it would have
+        faulthandler.register(ending, file=logs[ending.name], all_threads=True, chain=True)
+
+
+def pytest_unconfigure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER") is None and os.environ.get(CRASH_DIR_ENV):
+        shutil.rmtree(os.environ.pop(CRASH_DIR_ENV), ignore_errors=True)
+
+
+def pytest_testnodedown(node, error):
+    """In the controller: a worker went down without finishing (`error`); print what its fault handler wrote
+    (nothing: it was killed by SIGKILL, or it exited)."""
+    if error is None:
+        return
+    worker = node.gateway.id
+    said = {
+        log.stem.removeprefix(f"{worker} "): log.read_text(errors="replace").strip()
+        for log in Path(os.environ.get(CRASH_DIR_ENV, "/nonexistent")).glob(f"{worker} *.log")
+    }
+    reporter = node.config.pluginmanager.get_plugin("terminalreporter")
+    reporter.write_line(f"\n[{worker}] went down ({error})")
+    for cause, text in said.items():
+        if text:
+            reporter.write_line(f"[{worker}] {cause}:\n{text}")
+    if not any(said.values()):
+        reporter.write_line(f"[{worker}] no fatal error and no SIGTERM or SIGHUP: a SIGKILL, or it exited")
 
 
 def pytest_collection_modifyitems(config, items):
