@@ -907,8 +907,10 @@ class Chaos:
         if not self.table_exists():
             return False
         version = self.delta_table().version()
-        # Version 0 is the empty table, version 1 the first batch; older than the last checkpoint, the
-        # log may no longer hold a version (the checkpoint fault cleans it up), so no RESTORE can reach it.
+        # Version 0 is the empty table, version 1 usually the first batch (two jobs creating an S3 table at
+        # once leave a second create there: a RESTORE to it empties the table, and every partition must be
+        # read again); older than the last checkpoint, the log may no longer hold a version (the checkpoint
+        # fault cleans it up), so no RESTORE can reach it.
         lowest = max(1, version - 6, self.last_checkpoint())
         if lowest > version - 1:
             return False

@@ -3,9 +3,9 @@
 Two jobs that create an S3 table at once leave it two commits before its first batch: the create that won
 version 0, and the loser's create, committed as version 1 (the chaos run of seed 74, docs/development/tests.md).
 A RESTORE to such a version empties the table, and the next ingest must read every partition from its start.
-Rewound by the ingest itself it does; recorded first by `record_pending_rewind` (as `offsetlake checkpoint`
-and the chaos harness's checkpoint fault do), the record names no partition, so the partitions' `txn` actions
-keep the offsets of the restored-away batches and their records are never read again.
+Rewound by the ingest itself it does. Recorded first by `record_pending_rewind` (as `offsetlake checkpoint`
+and the chaos harness's checkpoint fault do), the record once named no partition, so the partitions' `txn`
+actions kept the offsets of the restored-away batches and their records were never read again.
 """
 
 from __future__ import annotations
@@ -46,11 +46,6 @@ def test_an_ingest_after_a_restore_to_before_the_first_batch_reads_every_partiti
     assert_exactly_once(cfg)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect (docs/development/tests.md, the seventh flake): a recorded rewind to a version before "
-    "the first batch names no partition, and the partitions' txn actions keep the restored-away offsets",
-)
 def test_a_recorded_rewind_to_before_the_first_batch_reads_every_partition_again(
     spark, bootstrap, pipelines_dir, tmp_path
 ):

@@ -317,14 +317,19 @@ def record_pending_rewind(
         return None
     cluster = KafkaCluster(cfg.kafka)
     tps = cluster.partitions(cfg.topics)
-    starts = cluster.start_offsets(tps) if new_partitions_from_earliest else {}
+    starts = cluster.start_offsets(tps)
     attempt, run = new_attempt_id(), Run.here()
 
     def decide(table: DeltaTable) -> Change | Settled:
         ledger = read_ledger(location, table, cfg.name, tps)
         if ledger.rewind is None:
             return Settled("already_committed", "a commit recorded the restored ledger first")
-        rewind, offsets = ledger.rewind, {**starts, **ledger.offsets}
+        # A partition the table's `txn` actions name but the restored version had not read yet (a RESTORE to
+        # before its first batch) starts from the earliest offset, as the next batch would read it: left out
+        # of the record, its `txn` action would keep the offset of the batches the RESTORE took away.
+        forgotten = ledger_in_txns(location, table, cfg.name, tps).offsets.keys() - ledger.offsets.keys()
+        new = starts if new_partitions_from_earliest else {tp: starts[tp] for tp in forgotten if tp in starts}
+        rewind, offsets = ledger.rewind, {**new, **ledger.offsets}
         change = restore_ledger(
             cfg.name, rewind.restored_version, ledger.next_batch(), attempt, rewind.from_, offsets, run
         )
