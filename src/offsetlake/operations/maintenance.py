@@ -20,7 +20,7 @@ from offsetlake.formats.columns import table_schema
 from offsetlake.kafka import TP, KafkaCluster
 from offsetlake.protocol.commit import Change, Committed, Decide, Settled, commit, new_attempt_id
 from offsetlake.protocol.ledger import ledger_at, ledger_in_txns, pending_restore, read_ledger, txn_actions
-from offsetlake.protocol.metadata import CommitMetadata, Offsets, Run, flat_offsets
+from offsetlake.protocol.metadata import CommitMetadata, Offsets, Run, flat_offsets, unflat_offsets
 from offsetlake.storage.hadoop_checksums import drop_stale_checksums
 from offsetlake.storage.location import Location, delete_if_there, retrying
 from offsetlake.storage.parquet import from_delta_path
@@ -324,12 +324,14 @@ def record_pending_rewind(
         ledger = read_ledger(location, table, cfg.name, tps)
         if ledger.rewind is None:
             return Settled("already_committed", "a commit recorded the restored ledger first")
-        # A partition the table's `txn` actions name but the restored version had not read yet (a RESTORE to
-        # before its first batch) starts from the earliest offset, as the next batch would read it: left out
-        # of the record, its `txn` action would keep the offset of the batches the RESTORE took away.
-        forgotten = ledger_in_txns(location, table, cfg.name, tps).offsets.keys() - ledger.offsets.keys()
+        rewind = ledger.rewind
+        # A partition the table's `txn` actions name (the rewind's `from_`) but the restored version had not
+        # read yet (a RESTORE to before its first batch) starts from the earliest offset, as the next batch
+        # would read it: left out of the record, its `txn` action would keep the offset of the batches the
+        # RESTORE took away.
+        forgotten = unflat_offsets(rewind.from_).keys() - ledger.offsets.keys()
         new = starts if new_partitions_from_earliest else {tp: starts[tp] for tp in forgotten if tp in starts}
-        rewind, offsets = ledger.rewind, {**new, **ledger.offsets}
+        offsets = {**new, **ledger.offsets}
         change = restore_ledger(
             cfg.name, rewind.restored_version, ledger.next_batch(), attempt, rewind.from_, offsets, run
         )
